@@ -1,0 +1,414 @@
+//! A small persistent thread pool for data-parallel kernels: [`ThreadPool`].
+//!
+//! `pool.run(n_tasks, |task, thread| ..)` is a blocking parallel-for. The calling thread takes
+//! part (it is thread index 0; workers are 1..n_threads), tasks are handed out one by one from an
+//! atomic counter, and nothing is allocated per call: the closure is passed to the workers as a
+//! type-erased pointer plus a monomorphized trampoline, published under a generation number.
+//!
+//! Protocol (one job at a time, serialized by `call_lock`):
+//! - `state` packs `generation << GEN_SHIFT | CLOSED | joined`. The caller writes the job
+//!   fields, then stores a new generation with `joined = 0` and `CLOSED` clear (Release).
+//! - A worker that sees a new, open generation *joins* by a CAS that increments `joined`; only
+//!   a worker that joined may read the job fields. It then takes tasks from `next` until they
+//!   run out and increments `done`.
+//! - When the caller runs out of tasks it sets `CLOSED` (`fetch_or`), which tells it how many
+//!   workers joined, and waits until `done` reaches that number. Workers that wake late see a
+//!   closed job and go back to waiting, so a parked worker never delays a call.
+//! - Idle workers spin for [`SPIN_BEFORE_PARK`], then park on a condvar; the caller notifies
+//!   only when some worker is parked (`sleepers > 0`), so an idle process uses no CPU.
+//!
+//! A panic in a task is caught on whichever thread ran it, the remaining tasks are skipped, and
+//! the first payload is re-raised on the caller with `resume_unwind` after every worker has
+//! left the job (the closure lives on the caller's stack, so the caller must never return or
+//! unwind while a worker could still call it). A `run` from inside a task (of any pool) runs
+//! serially on the current thread, so nesting cannot deadlock.
+
+use std::any::Any;
+use std::cell::Cell;
+use std::cell::UnsafeCell;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins (checking for a new job) before it parks.
+/// Decode calls arrive every few tens of microseconds, so this keeps workers hot during
+/// generation while an idle process settles to zero CPU within a fraction of a millisecond.
+pub const SPIN_BEFORE_PARK: Duration = Duration::from_micros(300);
+
+/// The environment variable that sets the size of [`ThreadPool::global`].
+pub const THREADS_ENV: &str = "PAGEKV_THREADS";
+
+/// Largest accepted thread count (the join counter has 23 bits; this is far below it).
+pub const MAX_THREADS: usize = 1024;
+
+const GEN_SHIFT: u32 = 24;
+const CLOSED: u64 = 1 << 23;
+const JOINED_MASK: u64 = CLOSED - 1;
+
+/// Errors from building a pool out of configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ThreadPoolError {
+    /// `PAGEKV_THREADS` is set but is not an integer in `1..=MAX_THREADS`.
+    #[error("{THREADS_ENV}={value:?} is not a thread count: expected an integer from 1 to {MAX_THREADS}")]
+    InvalidThreadCount { value: String },
+    /// An OS thread could not be spawned.
+    #[error("could not spawn thread pool worker: {0}")]
+    Spawn(String),
+}
+
+thread_local! {
+    /// Set while this thread runs a task of some pool: a nested `run` goes serial.
+    static IN_TASK: Cell<bool> = const { Cell::new(false) };
+    /// The thread index within the pool whose task this thread is running (0 otherwise).
+    static THREAD_INDEX: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The published job: a type-erased `&F` and the trampoline that knows `F`.
+#[derive(Clone, Copy)]
+struct Job {
+    data: *const (),
+    call: unsafe fn(*const (), usize, usize),
+    n_tasks: usize,
+}
+
+/// Trampoline: calls `(*data as &F)(task, thread)`.
+///
+/// # Safety
+/// `data` must point to a live `F` (guaranteed by `run`, which outlives every worker's use).
+unsafe fn trampoline<F: Fn(usize, usize) + Sync>(data: *const (), task: usize, thread: usize) {
+    let f = unsafe { &*(data as *const F) };
+    f(task, thread)
+}
+
+unsafe fn no_job(_: *const (), _: usize, _: usize) {}
+
+struct Shared {
+    /// `generation << GEN_SHIFT | CLOSED | joined`.
+    state: AtomicU64,
+    /// Next task index to hand out.
+    next: AtomicUsize,
+    /// Workers that joined the current job and have left it.
+    done: AtomicUsize,
+    /// Written only by the caller holding `call_lock` while no worker is joined; read only by
+    /// workers that joined the open generation (see the module protocol).
+    job: UnsafeCell<Job>,
+    /// First panic payload of the current job.
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
+    /// Parking: workers wait on `wake` under `park` when idle.
+    park: Mutex<()>,
+    wake: Condvar,
+    sleepers: AtomicUsize,
+    shutdown: AtomicBool,
+}
+
+// SAFETY: `job` is the only non-Sync field; its accesses are ordered by the `state` protocol
+// described in the module docs (writes happen-before the Release store that opens a
+// generation; reads happen only after an Acquire CAS that joins that open generation, and the
+// caller does not write again until every joined worker has signalled `done`).
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+/// A persistent pool of `n_threads - 1` workers plus the calling thread.
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    n_threads: usize,
+    /// Serializes `run` calls from different threads (one job at a time).
+    call_lock: Mutex<()>,
+}
+
+impl std::fmt::Debug for ThreadPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadPool")
+            .field("n_threads", &self.n_threads)
+            .finish()
+    }
+}
+
+impl ThreadPool {
+    /// A pool with `n_threads` threads in all (the caller counts as one; `0` is taken as `1`,
+    /// counts above [`MAX_THREADS`] are clamped). Spawning failures are returned by
+    /// [`ThreadPool::try_new`]; this constructor panics on them, as `std::thread::spawn` does.
+    pub fn new(n_threads: usize) -> ThreadPool {
+        match Self::try_new(n_threads) {
+            Ok(p) => p,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Like [`ThreadPool::new`], returning an error when an OS thread cannot be spawned.
+    pub fn try_new(n_threads: usize) -> Result<ThreadPool, ThreadPoolError> {
+        let n_threads = n_threads.clamp(1, MAX_THREADS);
+        let shared = Arc::new(Shared {
+            state: AtomicU64::new(CLOSED),
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            job: UnsafeCell::new(Job {
+                data: std::ptr::null(),
+                call: no_job,
+                n_tasks: 0,
+            }),
+            panic: Mutex::new(None),
+            park: Mutex::new(()),
+            wake: Condvar::new(),
+            sleepers: AtomicUsize::new(0),
+            shutdown: AtomicBool::new(false),
+        });
+        let mut pool = ThreadPool {
+            shared,
+            workers: Vec::new(),
+            n_threads,
+            call_lock: Mutex::new(()),
+        };
+        for thread in 1..n_threads {
+            let shared = Arc::clone(&pool.shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("pagekv-worker-{thread}"))
+                .spawn(move || worker_loop(&shared, thread))
+                .map_err(|e| ThreadPoolError::Spawn(e.to_string()))?;
+            pool.workers.push(handle);
+        }
+        Ok(pool)
+    }
+
+    /// A pool sized from `PAGEKV_THREADS`, or from the number of available cores when unset.
+    pub fn from_env() -> Result<ThreadPool, ThreadPoolError> {
+        Self::try_new(threads_from_env()?)
+    }
+
+    /// The process-wide pool, built on first use by [`ThreadPool::from_env`].
+    /// An invalid `PAGEKV_THREADS` is an error here (every time), never a silent default.
+    pub fn global() -> Result<&'static ThreadPool, ThreadPoolError> {
+        static GLOBAL: OnceLock<Result<ThreadPool, ThreadPoolError>> = OnceLock::new();
+        GLOBAL
+            .get_or_init(ThreadPool::from_env)
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// Threads taking part in `run`, the caller included.
+    pub fn n_threads(&self) -> usize {
+        self.n_threads
+    }
+
+    /// Runs `f(task_index, thread_index)` once for every `task_index` in `0..n_tasks` and
+    /// returns when all have finished. `thread_index < n_threads()`; the caller is thread 0.
+    /// Tasks are handed out dynamically, so the task→thread mapping varies between calls.
+    ///
+    /// Called from inside a task (of any pool), it runs the tasks serially on the current
+    /// thread, passing that thread's index. A panic in a task skips the tasks not yet started
+    /// and is re-raised here once no thread is running the job any more.
+    pub fn run<F>(&self, n_tasks: usize, f: F)
+    where
+        F: Fn(usize, usize) + Sync,
+    {
+        if n_tasks == 0 {
+            return;
+        }
+        if self.n_threads == 1 || n_tasks == 1 || IN_TASK.with(Cell::get) {
+            let thread = THREAD_INDEX.with(Cell::get);
+            let _guard = TaskScope::enter(thread);
+            for task in 0..n_tasks {
+                f(task, thread);
+            }
+            return;
+        }
+        // A poisoned lock only means an earlier caller panicked after the job was finished.
+        let _call = self.call_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let shared = &*self.shared;
+
+        // Publish. SAFETY: no worker is joined (the previous call waited for all joined workers
+        // and closed its generation), so nobody reads `job` while we write it.
+        unsafe {
+            *shared.job.get() = Job {
+                data: &f as *const F as *const (),
+                call: trampoline::<F>,
+                n_tasks,
+            };
+        }
+        shared.next.store(0, Ordering::Relaxed);
+        shared.done.store(0, Ordering::Relaxed);
+        let generation = (shared.state.load(Ordering::Relaxed) >> GEN_SHIFT).wrapping_add(1);
+        shared
+            .state
+            .store(generation << GEN_SHIFT, Ordering::SeqCst);
+        if shared.sleepers.load(Ordering::SeqCst) > 0 {
+            let _park = shared.park.lock().unwrap_or_else(|p| p.into_inner());
+            shared.wake.notify_all();
+        }
+
+        // Take part, then close the job and wait for the workers that joined it.
+        let job = Job {
+            data: &f as *const F as *const (),
+            call: trampoline::<F>,
+            n_tasks,
+        };
+        // SAFETY: `f` is alive for the whole block.
+        unsafe { work_on(shared, job, 0) };
+        let joined = (shared.state.fetch_or(CLOSED, Ordering::AcqRel) & JOINED_MASK) as usize;
+        let mut spins = 0u32;
+        while shared.done.load(Ordering::Acquire) != joined {
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        let payload = shared
+            .panic
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(payload) = payload {
+            drop(_call);
+            resume_unwind(payload);
+        }
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        {
+            let _park = self.shared.park.lock().unwrap_or_else(|p| p.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for handle in self.workers.drain(..) {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// Marks the current thread as running a task (restored on drop, also when unwinding).
+struct TaskScope {
+    prev_in_task: bool,
+    prev_index: usize,
+}
+
+impl TaskScope {
+    fn enter(thread: usize) -> TaskScope {
+        let prev_in_task = IN_TASK.with(|c| c.replace(true));
+        let prev_index = THREAD_INDEX.with(|c| c.replace(thread));
+        TaskScope {
+            prev_in_task,
+            prev_index,
+        }
+    }
+}
+
+impl Drop for TaskScope {
+    fn drop(&mut self) {
+        IN_TASK.with(|c| c.set(self.prev_in_task));
+        THREAD_INDEX.with(|c| c.set(self.prev_index));
+    }
+}
+
+/// Takes tasks from `shared.next` until none are left; records the first panic and makes the
+/// other threads stop taking tasks.
+///
+/// # Safety
+/// `job.data` must stay valid for the duration of the call.
+unsafe fn work_on(shared: &Shared, job: Job, thread: usize) {
+    let _scope = TaskScope::enter(thread);
+    let result = catch_unwind(AssertUnwindSafe(|| loop {
+        let task = shared.next.fetch_add(1, Ordering::Relaxed);
+        if task >= job.n_tasks {
+            break;
+        }
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { (job.call)(job.data, task, thread) };
+    }));
+    if let Err(payload) = result {
+        shared.next.store(usize::MAX / 2, Ordering::Relaxed);
+        let mut slot = shared.panic.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(payload);
+        }
+    }
+}
+
+fn worker_loop(shared: &Shared, thread: usize) {
+    let mut seen = shared.state.load(Ordering::Acquire) >> GEN_SHIFT;
+    loop {
+        // Wait for a generation newer than `seen`: spin, then park.
+        let mut state = shared.state.load(Ordering::Acquire);
+        if state >> GEN_SHIFT == seen {
+            let start = Instant::now();
+            let mut spins = 0u32;
+            loop {
+                std::hint::spin_loop();
+                state = shared.state.load(Ordering::Acquire);
+                if state >> GEN_SHIFT != seen || shared.shutdown.load(Ordering::Relaxed) {
+                    break;
+                }
+                spins = spins.wrapping_add(1);
+                if spins % 64 == 0 && start.elapsed() > SPIN_BEFORE_PARK {
+                    let mut park = shared.park.lock().unwrap_or_else(|p| p.into_inner());
+                    shared.sleepers.fetch_add(1, Ordering::SeqCst);
+                    loop {
+                        state = shared.state.load(Ordering::SeqCst);
+                        if state >> GEN_SHIFT != seen || shared.shutdown.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        park = shared.wake.wait(park).unwrap_or_else(|p| p.into_inner());
+                    }
+                    shared.sleepers.fetch_sub(1, Ordering::SeqCst);
+                    break;
+                }
+            }
+        }
+        if shared.shutdown.load(Ordering::SeqCst) {
+            return;
+        }
+        seen = state >> GEN_SHIFT;
+        // Join the generation if it is still open.
+        loop {
+            if state & CLOSED != 0 || state >> GEN_SHIFT != seen {
+                break;
+            }
+            match shared.state.compare_exchange_weak(
+                state,
+                state + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    // SAFETY: we joined the open generation, so the job fields were written
+                    // before its publication and stay valid until we signal `done`.
+                    let job = unsafe { *shared.job.get() };
+                    unsafe { work_on(shared, job, thread) };
+                    shared.done.fetch_add(1, Ordering::Release);
+                    break;
+                }
+                Err(now) => state = now,
+            }
+        }
+    }
+}
+
+/// Thread count from `PAGEKV_THREADS`, or the number of available cores when it is unset.
+pub fn threads_from_env() -> Result<usize, ThreadPoolError> {
+    match std::env::var(THREADS_ENV) {
+        Ok(value) => parse_thread_count(&value),
+        Err(std::env::VarError::NotPresent) => Ok(std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(MAX_THREADS)),
+        Err(std::env::VarError::NotUnicode(v)) => Err(ThreadPoolError::InvalidThreadCount {
+            value: v.to_string_lossy().into_owned(),
+        }),
+    }
+}
+
+/// Parses a thread count in `1..=MAX_THREADS`.
+pub fn parse_thread_count(value: &str) -> Result<usize, ThreadPoolError> {
+    match value.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
+        _ => Err(ThreadPoolError::InvalidThreadCount {
+            value: value.to_string(),
+        }),
+    }
+}
