@@ -1,0 +1,136 @@
+//! One side (K or V) of a format: how a head vector of `head_dim` values becomes code bytes
+//! and f16 scales, and back. These are the scalar reference encoder and decoder; rotation
+//! (for rotated formats) is applied by the caller before `encode` and after `decode`.
+
+use half::{bf16, f16};
+
+use super::{group_len, groups, q4, q8, turbo, GROUP};
+
+/// The element codec of one side of a [`super::KvFormat`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Codec {
+    F32,
+    F16,
+    Bf16,
+    Q8,
+    Q4,
+    /// Lloyd–Max codes for N(0,1), `bits` ∈ {2, 3, 4, 8}.
+    LloydMax {
+        bits: u8,
+    },
+}
+
+impl Codec {
+    /// Code bytes of one head vector.
+    pub fn code_bytes(&self, head_dim: usize) -> usize {
+        match *self {
+            Codec::F32 => 4 * head_dim,
+            Codec::F16 | Codec::Bf16 => 2 * head_dim,
+            Codec::Q8 => head_dim,
+            Codec::Q4 => head_dim / 2,
+            Codec::LloydMax { bits } => head_dim * bits as usize / 8,
+        }
+    }
+
+    /// f16 scales of one head vector (0 for the float formats).
+    pub fn scales(&self, head_dim: usize) -> usize {
+        match self {
+            Codec::F32 | Codec::F16 | Codec::Bf16 => 0,
+            _ => groups(head_dim),
+        }
+    }
+
+    /// Encodes `x` (`[head_dim]`) into `codes` (`[code_bytes]`) and `scales` (`[scales]`).
+    pub fn encode(&self, x: &[f32], codes: &mut [u8], scales: &mut [f16]) {
+        let d = x.len();
+        debug_assert_eq!(codes.len(), self.code_bytes(d));
+        debug_assert_eq!(scales.len(), self.scales(d));
+        match *self {
+            Codec::F32 => {
+                for (c, v) in codes.chunks_exact_mut(4).zip(x) {
+                    c.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            Codec::F16 => {
+                for (c, v) in codes.chunks_exact_mut(2).zip(x) {
+                    c.copy_from_slice(&f16::from_f32(*v).to_le_bytes());
+                }
+            }
+            Codec::Bf16 => {
+                for (c, v) in codes.chunks_exact_mut(2).zip(x) {
+                    c.copy_from_slice(&bf16::from_f32(*v).to_le_bytes());
+                }
+            }
+            Codec::Q8 => {
+                for g in 0..groups(d) {
+                    let r = g * GROUP..g * GROUP + group_len(d, g);
+                    scales[g] = q8::encode_group(&x[r.clone()], &mut codes[r]);
+                }
+            }
+            Codec::Q4 => {
+                for g in 0..groups(d) {
+                    let n = group_len(d, g);
+                    let start = g * GROUP;
+                    scales[g] = q4::encode_group(&x[start..start + n], &mut codes[start / 2..(start + n) / 2]);
+                }
+            }
+            Codec::LloydMax { bits } => {
+                codes.fill(0);
+                for g in 0..groups(d) {
+                    let n = group_len(d, g);
+                    let start = g * GROUP;
+                    scales[g] = turbo::encode_group(&x[start..start + n], bits, start, codes);
+                }
+            }
+        }
+    }
+
+    /// Decodes `codes` and `scales` into `out` (`[head_dim]`).
+    pub fn decode(&self, codes: &[u8], scales: &[f16], out: &mut [f32]) {
+        let d = out.len();
+        debug_assert_eq!(codes.len(), self.code_bytes(d));
+        debug_assert_eq!(scales.len(), self.scales(d));
+        match *self {
+            Codec::F32 => {
+                for (o, c) in out.iter_mut().zip(codes.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            Codec::F16 => {
+                for (o, c) in out.iter_mut().zip(codes.chunks_exact(2)) {
+                    *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
+                }
+            }
+            Codec::Bf16 => {
+                for (o, c) in out.iter_mut().zip(codes.chunks_exact(2)) {
+                    *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
+                }
+            }
+            Codec::Q8 => {
+                for g in 0..groups(d) {
+                    let r = g * GROUP..g * GROUP + group_len(d, g);
+                    q8::decode_group(&codes[r.clone()], scales[g], &mut out[r]);
+                }
+            }
+            Codec::Q4 => {
+                for g in 0..groups(d) {
+                    let n = group_len(d, g);
+                    let start = g * GROUP;
+                    q4::decode_group(&codes[start / 2..(start + n) / 2], scales[g], &mut out[start..start + n]);
+                }
+            }
+            Codec::LloydMax { bits } => {
+                for g in 0..groups(d) {
+                    let n = group_len(d, g);
+                    let start = g * GROUP;
+                    turbo::decode_group(codes, bits, start, scales[g], &mut out[start..start + n]);
+                }
+            }
+        }
+    }
+}
+
+/// Reads the `bits`-wide Lloyd–Max code of value `i` from a head vector's code bytes.
+pub fn lloyd_max_code(codes: &[u8], bits: u8, i: usize) -> u8 {
+    turbo::get_bits(codes, i * bits as usize, bits)
+}
