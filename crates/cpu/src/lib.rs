@@ -1,2 +1,3 @@
 //! placeholder
 pub mod threadpool;
+pub mod quant;

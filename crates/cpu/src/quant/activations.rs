@@ -1,0 +1,131 @@
+//! Quantized activations and the reusable scratch that holds them ([`QuantScratch`]).
+//!
+//! Two layouts, chosen by the weight type of the matmul:
+//! - Q8 (for Q4_0, Q4_1, Q8_0 weights): ggml Q8_0 blocks stored as structure-of-arrays,
+//!   codes `qs: [n, k]` and per block `ds: [n, k/32]` of `(d, d * Σqs)`; `d` is the f16-rounded
+//!   scale (exactly what a ggml `block_q8_0` holds) widened to f32, and `d * Σqs` serves the
+//!   offset terms of Q4_0/Q4_1 (the role of ggml's Q8_1 `s`).
+//! - Q8_K (for K-quant weights): ggml `block_q8_K` super-blocks `[n, k/256]`.
+//! F32/F16/BF16 weights use the f32 activations directly.
+
+use super::blocks::{BlockQ8K, QK, QK_K};
+use super::quantize::{quantize_q8_0, quantize_q8_k};
+use crate::threadpool::ThreadPool;
+
+/// Reusable buffers for quantized activations. Grows to the largest `n * k` seen and is then
+/// reused, so a decode step allocates nothing. One per concurrent matmul caller.
+#[derive(Debug, Default)]
+pub struct QuantScratch {
+    /// Q8 codes, `[n, k]`.
+    q8_qs: Vec<i8>,
+    /// Q8 per-block `(d, d * Σqs)`, `[n, k / 32]`.
+    q8_ds: Vec<[f32; 2]>,
+    /// Q8_K super-blocks, `[n, k / 256]`.
+    q8k: Vec<BlockQ8K>,
+    /// Shape of the last quantization, `(n, k)`.
+    shape: (usize, usize),
+}
+
+/// Raw pointer that may be shared with pool tasks writing disjoint parts.
+#[derive(Clone, Copy)]
+pub(crate) struct SyncPtr<T>(pub(crate) *mut T);
+// SAFETY: users write disjoint index ranges from different tasks (documented at each use).
+unsafe impl<T> Sync for SyncPtr<T> {}
+unsafe impl<T> Send for SyncPtr<T> {}
+
+impl<T> SyncPtr<T> {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
+    #[inline(always)]
+    pub(crate) fn get(&self) -> *mut T {
+        self.0
+    }
+}
+
+/// Rows quantized per pool task.
+const ROWS_PER_TASK: usize = 4;
+
+impl QuantScratch {
+    /// An empty scratch; buffers grow on first use.
+    pub fn new() -> QuantScratch {
+        QuantScratch::default()
+    }
+
+    /// A scratch already sized for `n` rows of `k` activations in either layout.
+    pub fn with_capacity(n: usize, k: usize) -> QuantScratch {
+        QuantScratch {
+            q8_qs: vec![0; n * k],
+            q8_ds: vec![[0.0; 2]; n * k / QK],
+            q8k: vec![bytemuck::Zeroable::zeroed(); n * k / QK_K],
+            shape: (0, 0),
+        }
+    }
+
+    /// The Q8 layout of the last [`QuantScratch::quantize_q8`]: codes `[n, k]` and
+    /// `(d, d * Σqs)` per block `[n, k / 32]`.
+    pub fn q8(&self) -> (&[i8], &[[f32; 2]]) {
+        let (n, k) = self.shape;
+        (&self.q8_qs[..n * k], &self.q8_ds[..n * k / QK])
+    }
+
+    /// The Q8_K blocks of the last [`QuantScratch::quantize_q8k`], `[n, k / 256]`.
+    pub fn q8k(&self) -> &[BlockQ8K] {
+        let (n, k) = self.shape;
+        &self.q8k[..n * k / QK_K]
+    }
+
+    /// Quantizes `x: [n, k]` (k a multiple of 32) to the Q8 layout.
+    pub fn quantize_q8(&mut self, x: &[f32], n: usize, k: usize, pool: &ThreadPool) {
+        debug_assert!(k % QK == 0 && x.len() == n * k);
+        let nb = k / QK;
+        if self.q8_qs.len() < n * k {
+            self.q8_qs.resize(n * k, 0);
+        }
+        if self.q8_ds.len() < n * nb {
+            self.q8_ds.resize(n * nb, [0.0; 2]);
+        }
+        self.shape = (n, k);
+        let (qs, ds) = (SyncPtr(self.q8_qs.as_mut_ptr()), SyncPtr(self.q8_ds.as_mut_ptr()));
+        let rows = |r0: usize, r1: usize| {
+            for b in r0 * nb..r1 * nb {
+                let block = quantize_q8_0(x[b * QK..(b + 1) * QK].try_into().expect("block of QK"));
+                let d = block.d.to_f32();
+                let sum: i32 = block.qs.iter().map(|&q| q as i32).sum();
+                // SAFETY: block b lies in rows r0..r1, which only this task writes; the buffers
+                // hold n*k codes and n*nb scale pairs.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(block.qs.as_ptr(), qs.get().add(b * QK), QK);
+                    *ds.get().add(b) = [d, d * sum as f32];
+                }
+            }
+        };
+        for_rows(n, pool, &rows);
+    }
+
+    /// Quantizes `x: [n, k]` (k a multiple of 256) to Q8_K blocks.
+    pub fn quantize_q8k(&mut self, x: &[f32], n: usize, k: usize, pool: &ThreadPool) {
+        debug_assert!(k % QK_K == 0 && x.len() == n * k);
+        let nb = k / QK_K;
+        if self.q8k.len() < n * nb {
+            self.q8k.resize(n * nb, bytemuck::Zeroable::zeroed());
+        }
+        self.shape = (n, k);
+        let out = SyncPtr(self.q8k.as_mut_ptr());
+        let rows = |r0: usize, r1: usize| {
+            for b in r0 * nb..r1 * nb {
+                let block = quantize_q8_k(x[b * QK_K..(b + 1) * QK_K].try_into().expect("block of QK_K"));
+                // SAFETY: as in `quantize_q8`: rows r0..r1 belong to this task alone.
+                unsafe { *out.get().add(b) = block };
+            }
+        };
+        for_rows(n, pool, &rows);
+    }
+}
+
+/// Runs `f(r0, r1)` over row ranges, in parallel when there are enough rows.
+fn for_rows(n: usize, pool: &ThreadPool, f: &(dyn Fn(usize, usize) + Sync)) {
+    if n <= ROWS_PER_TASK {
+        f(0, n);
+        return;
+    }
+    pool.run(n.div_ceil(ROWS_PER_TASK), |t, _| f(t * ROWS_PER_TASK, ((t + 1) * ROWS_PER_TASK).min(n)));
+}

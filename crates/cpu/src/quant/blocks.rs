@@ -1,0 +1,118 @@
+//! GGML/GGUF quantized block layouts, bit-exact with ggml (`ggml-common.h`).
+//!
+//! Each block type is `#[repr(C)]`, `Pod`, and has a compile-time size assert. Values are
+//! little-endian on disk; these types are only ever read from byte slices with
+//! `bytemuck::pod_read_unaligned` or through raw pointers with unaligned loads, so tensor data
+//! needs no particular alignment.
+//!
+//! | type   | elements | bytes | fields                                                    |
+//! | ------ | -------- | ----- | --------------------------------------------------------- |
+//! | Q4_0   | 32       | 18    | `d: f16, qs: [u8; 16]` (two 4-bit codes per byte)         |
+//! | Q4_1   | 32       | 20    | `d: f16, m: f16, qs: [u8; 16]`                            |
+//! | Q8_0   | 32       | 34    | `d: f16, qs: [i8; 32]`                                    |
+//! | Q4_K   | 256      | 144   | `d, dmin: f16, scales: [u8; 12], qs: [u8; 128]`           |
+//! | Q5_K   | 256      | 176   | `d, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128]` |
+//! | Q6_K   | 256      | 210   | `ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16`   |
+//! | Q8_K   | 256      | 292   | `d: f32, qs: [i8; 256], bsums: [i16; 16]` (activations)   |
+
+use bytemuck::{Pod, Zeroable};
+use half::f16;
+use std::mem::size_of;
+
+/// Elements per block of the "legacy" formats (Q4_0, Q4_1, Q8_0).
+pub const QK: usize = 32;
+/// Elements per super-block of the K-quants (Q4_K, Q5_K, Q6_K, Q8_K).
+pub const QK_K: usize = 256;
+/// Bytes of packed 6-bit scales and mins in Q4_K / Q5_K.
+pub const K_SCALE_SIZE: usize = 12;
+
+/// `x[j] = d * ((qs[j] & 0xF) - 8)`, `x[j + 16] = d * ((qs[j] >> 4) - 8)` for `j < 16`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct BlockQ4_0 {
+    pub d: f16,
+    pub qs: [u8; QK / 2],
+}
+const _: () = assert!(size_of::<BlockQ4_0>() == 18);
+
+/// `x[j] = d * (qs[j] & 0xF) + m`, `x[j + 16] = d * (qs[j] >> 4) + m` for `j < 16`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct BlockQ4_1 {
+    pub d: f16,
+    pub m: f16,
+    pub qs: [u8; QK / 2],
+}
+const _: () = assert!(size_of::<BlockQ4_1>() == 20);
+
+/// `x[j] = d * qs[j]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct BlockQ8_0 {
+    pub d: f16,
+    pub qs: [i8; QK],
+}
+const _: () = assert!(size_of::<BlockQ8_0>() == 34);
+
+/// 8 sub-blocks of 32 with 6-bit scale `sc[j]` and min `mn[j]` (see [`scale_min_k4`]):
+/// `x[32 j + l] = d * sc[j] * q - dmin * mn[j]`, where the 4-bit `q` of sub-block `2c` is the
+/// low nibble of `qs[32 c + l]` and of sub-block `2c + 1` the high nibble.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct BlockQ4K {
+    pub d: f16,
+    pub dmin: f16,
+    pub scales: [u8; K_SCALE_SIZE],
+    pub qs: [u8; QK_K / 2],
+}
+const _: () = assert!(size_of::<BlockQ4K>() == 144);
+
+/// As [`BlockQ4K`] with a fifth bit: for sub-block `j = 2c + h`, `q = nibble + 16 * bit`,
+/// where bit = `(qh[l] >> j) & 1`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct BlockQ5K {
+    pub d: f16,
+    pub dmin: f16,
+    pub scales: [u8; K_SCALE_SIZE],
+    pub qh: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 2],
+}
+const _: () = assert!(size_of::<BlockQ5K>() == 176);
+
+/// 16 sub-blocks of 16 with an 8-bit signed scale each: `x = d * scales[i / 16] * (q - 32)`,
+/// `q` 6 bits: 4 low bits from `ql`, 2 high bits from `qh` (layout in `reference.rs`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct BlockQ6K {
+    pub ql: [u8; QK_K / 2],
+    pub qh: [u8; QK_K / 4],
+    pub scales: [i8; QK_K / 16],
+    pub d: f16,
+}
+const _: () = assert!(size_of::<BlockQ6K>() == 210);
+
+/// Activation super-block for the K-quant dot products: `x = d * qs`,
+/// `bsums[g] = sum(qs[16 g .. 16 g + 16])`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct BlockQ8K {
+    pub d: f32,
+    pub qs: [i8; QK_K],
+    pub bsums: [i16; QK_K / 16],
+}
+const _: () = assert!(size_of::<BlockQ8K>() == 292);
+
+/// The 6-bit scale and min of sub-block `j` (0..8) of a Q4_K/Q5_K block (ggml
+/// `get_scale_min_k4`): sub-blocks 0..4 keep their 6 bits in the low bits of `q[j]` and
+/// `q[j + 4]`; sub-blocks 4..8 keep 4 low bits in a nibble of `q[j + 4]` and their 2 high bits
+/// in the top bits of `q[j - 4]` (scale) and `q[j]` (min).
+#[inline]
+pub fn scale_min_k4(j: usize, q: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
+    debug_assert!(j < 8);
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}

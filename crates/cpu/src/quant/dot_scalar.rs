@@ -1,0 +1,174 @@
+//! Portable scalar row kernels: the fallback when AVX2 is missing. Same integer arithmetic as
+//! the SIMD kernels (weights × Q8/Q8_K activation codes, one float scale per block), so they
+//! double as a readable statement of what the SIMD code computes.
+//!
+//! Every kernel computes `out[t] = W_row · x_{j0 + t}` for `t < nj` (nj ≤ 4) and has the
+//! [`RowFn`](super::matmul::RowFn) signature.
+
+use super::blocks::*;
+use super::matmul::Acts;
+use bytemuck::pod_read_unaligned;
+use half::{bf16, f16};
+
+fn for_rows(nj: usize, out: &mut [f32; 4], mut f: impl FnMut(usize) -> f32) {
+    for (t, o) in out.iter_mut().enumerate().take(nj) {
+        *o = f(t);
+    }
+}
+
+/// Q4_0 × Q8: `Σ_b d_w (d_x Σ q_w q_x) - 8 d_w (d_x Σ q_x)`, `q_w` the raw nibble.
+pub fn q4_0(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
+    for_rows(nj, out, |t| {
+        let j = j0 + t;
+        let mut acc = 0.0f32;
+        for (b, bytes) in w.chunks_exact(18).enumerate() {
+            let blk: BlockQ4_0 = pod_read_unaligned(bytes);
+            let y = &a.q8_qs[j * a.k + b * QK..][..QK];
+            let [dx, sx] = a.q8_ds[j * a.k / QK + b];
+            let sumi = nibble_dot(&blk.qs, y);
+            let d = blk.d.to_f32();
+            acc += d * dx * sumi as f32 - 8.0 * d * sx;
+        }
+        acc
+    })
+}
+
+/// Q4_1 × Q8: `Σ_b d_w (d_x Σ q_w q_x) + m_w (d_x Σ q_x)`.
+pub fn q4_1(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
+    for_rows(nj, out, |t| {
+        let j = j0 + t;
+        let mut acc = 0.0f32;
+        for (b, bytes) in w.chunks_exact(20).enumerate() {
+            let blk: BlockQ4_1 = pod_read_unaligned(bytes);
+            let y = &a.q8_qs[j * a.k + b * QK..][..QK];
+            let [dx, sx] = a.q8_ds[j * a.k / QK + b];
+            let sumi = nibble_dot(&blk.qs, y);
+            acc += blk.d.to_f32() * dx * sumi as f32 + blk.m.to_f32() * sx;
+        }
+        acc
+    })
+}
+
+/// `Σ_j lo(qs[j]) y[j] + hi(qs[j]) y[j + 16]`.
+fn nibble_dot(qs: &[u8; 16], y: &[i8]) -> i32 {
+    (0..16).map(|j| (qs[j] & 0xF) as i32 * y[j] as i32 + (qs[j] >> 4) as i32 * y[j + 16] as i32).sum()
+}
+
+/// Q8_0 × Q8: `Σ_b d_w d_x Σ q_w q_x`.
+pub fn q8_0(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
+    for_rows(nj, out, |t| {
+        let j = j0 + t;
+        let mut acc = 0.0f32;
+        for (b, bytes) in w.chunks_exact(34).enumerate() {
+            let blk: BlockQ8_0 = pod_read_unaligned(bytes);
+            let y = &a.q8_qs[j * a.k + b * QK..][..QK];
+            let sumi: i32 = blk.qs.iter().zip(y).map(|(&p, &q)| p as i32 * q as i32).sum();
+            acc += blk.d.to_f32() * a.q8_ds[j * a.k / QK + b][0] * sumi as f32;
+        }
+        acc
+    })
+}
+
+/// Q4_K/Q5_K × Q8_K for one super-block, given the unpacked codes `q` (0..31):
+/// `d d_x Σ_j sc_j Σ q y - dmin d_x Σ_j mn_j (bsums[2j] + bsums[2j+1])`.
+fn k_superblock(q: &[u8; QK_K], scales: &[u8; K_SCALE_SIZE], d: f32, dmin: f32, y: &BlockQ8K) -> f32 {
+    let (mut sumi, mut summ) = (0i32, 0i32);
+    for j in 0..8 {
+        let (sc, mn) = scale_min_k4(j, scales);
+        let s: i32 = (0..32).map(|l| q[32 * j + l] as i32 * y.qs[32 * j + l] as i32).sum();
+        sumi += sc as i32 * s;
+        summ += mn as i32 * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32);
+    }
+    d * y.d * sumi as f32 - dmin * y.d * summ as f32
+}
+
+/// Q4_K × Q8_K.
+pub fn q4_k(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
+    let nb = a.k / QK_K;
+    for_rows(nj, out, |t| {
+        let mut acc = 0.0f32;
+        for (b, bytes) in w.chunks_exact(144).enumerate() {
+            let blk: BlockQ4K = pod_read_unaligned(bytes);
+            let mut q = [0u8; QK_K];
+            for c in 0..4 {
+                for l in 0..32 {
+                    q[64 * c + l] = blk.qs[32 * c + l] & 0xF;
+                    q[64 * c + 32 + l] = blk.qs[32 * c + l] >> 4;
+                }
+            }
+            let y = &a.q8k[(j0 + t) * nb + b];
+            acc += k_superblock(&q, &blk.scales, blk.d.to_f32(), blk.dmin.to_f32(), y);
+        }
+        acc
+    })
+}
+
+/// Q5_K × Q8_K.
+pub fn q5_k(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
+    let nb = a.k / QK_K;
+    for_rows(nj, out, |t| {
+        let mut acc = 0.0f32;
+        for (b, bytes) in w.chunks_exact(176).enumerate() {
+            let blk: BlockQ5K = pod_read_unaligned(bytes);
+            let mut q = [0u8; QK_K];
+            for c in 0..4 {
+                for l in 0..32 {
+                    q[64 * c + l] = (blk.qs[32 * c + l] & 0xF) | (((blk.qh[l] >> (2 * c)) & 1) << 4);
+                    q[64 * c + 32 + l] = (blk.qs[32 * c + l] >> 4) | (((blk.qh[l] >> (2 * c + 1)) & 1) << 4);
+                }
+            }
+            let y = &a.q8k[(j0 + t) * nb + b];
+            acc += k_superblock(&q, &blk.scales, blk.d.to_f32(), blk.dmin.to_f32(), y);
+        }
+        acc
+    })
+}
+
+/// Q6_K × Q8_K: `d d_x Σ_g sc_g Σ_{i in g} (q_i - 32) y_i` over 16 groups of 16.
+pub fn q6_k(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
+    let nb = a.k / QK_K;
+    for_rows(nj, out, |t| {
+        let mut acc = 0.0f32;
+        for (b, bytes) in w.chunks_exact(210).enumerate() {
+            let blk: BlockQ6K = pod_read_unaligned(bytes);
+            let mut q = [0i32; QK_K];
+            for h in 0..2 {
+                let (ql, qh) = (&blk.ql[64 * h..], &blk.qh[32 * h..]);
+                for l in 0..32 {
+                    q[128 * h + l] = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+                    q[128 * h + l + 32] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                    q[128 * h + l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                    q[128 * h + l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                }
+            }
+            let y = &a.q8k[(j0 + t) * nb + b];
+            let sumi: i32 = (0..16)
+                .map(|g| blk.scales[g] as i32 * (0..16).map(|i| q[16 * g + i] * y.qs[16 * g + i] as i32).sum::<i32>())
+                .sum();
+            acc += blk.d.to_f32() * y.d * sumi as f32;
+        }
+        acc
+    })
+}
+
+/// F32 weights × f32 activations.
+pub fn f32_row(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
+    float_row(w, 4, a, j0, nj, out, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// F16 weights × f32 activations.
+pub fn f16_row(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
+    float_row(w, 2, a, j0, nj, out, |b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+}
+
+/// BF16 weights × f32 activations.
+pub fn bf16_row(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
+    float_row(w, 2, a, j0, nj, out, |b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+}
+
+fn float_row(w: &[u8], size: usize, a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4], get: impl Fn(&[u8]) -> f32) {
+    for_rows(nj, out, |t| {
+        let x = &a.x[(j0 + t) * a.k..][..a.k];
+        w.chunks_exact(size).zip(x).map(|(b, &v)| get(b) * v).sum()
+    })
+}
