@@ -18,7 +18,7 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     pub fn zeroed(len: usize) -> AlignedBuf {
         if len == 0 {
-            return AlignedBuf { ptr: NonNull::dangling(), len: 0 };
+            return AlignedBuf { ptr: NonNull::<u64>::dangling().cast(), len: 0 };
         }
         let layout = Layout::from_size_align(len, ALIGN).expect("buffer size overflows a Layout");
         // SAFETY: layout has nonzero size.

@@ -89,6 +89,9 @@ pub struct SequenceCache {
     table: Vec<u32>,
     first_live: usize,
     offset: usize,
+    /// Positions `[.., valid_end)` hold written tokens in blocks held since they were written
+    /// (`valid_end ≥ offset`); a snapshot may be restored up to here.
+    valid_end: usize,
     /// Blocks the sequence may hold without a grow event.
     reserved: usize,
     pending: Option<Pending>,
@@ -119,6 +122,7 @@ impl SequenceCache {
             table,
             first_live: 0,
             offset: 0,
+            valid_end: 0,
             reserved: n,
             pending: None,
             policy,
@@ -336,6 +340,7 @@ impl SequenceCache {
     pub fn commit_append<S: PageStore>(&mut self, pool: &mut KvPool<S>) {
         if let Some(p) = self.pending.take() {
             self.offset = p.start + p.len;
+            self.valid_end = self.valid_end.max(self.offset);
             CacheCounters::add(&pool.counters().tokens_written, p.len as u64);
         }
     }
@@ -355,6 +360,7 @@ impl SequenceCache {
         self.offset -= n;
         let keep = self.offset.div_ceil(self.block_size).max(self.first_live);
         self.release_from(pool, keep);
+        self.valid_end = self.valid_end.min(keep * self.block_size);
         let c = pool.counters();
         CacheCounters::add(&c.trims, 1);
         CacheCounters::add(&c.trimmed_tokens, n as u64);
@@ -373,8 +379,9 @@ impl SequenceCache {
     }
 
     /// Returns to a snapshot's offset. The positions up to it must still be held: restoring
-    /// past capacity (blocks since trimmed away) or before the window's reclaimed start is an
-    /// error. Tokens written since the snapshot at positions below its offset stay as written.
+    /// past what is held (blocks since trimmed away, or never written) or before the window's
+    /// reclaimed start is an error. Tokens written since the snapshot at positions below its
+    /// offset stay as written.
     pub fn restore(&mut self, snap: &Snapshot) -> Result<(), CacheError> {
         self.ensure_idle()?;
         if (snap.block_size, snap.num_layers, snap.row_len) != (self.block_size, self.num_layers, self.row_len) {
@@ -383,11 +390,10 @@ impl SequenceCache {
                 self.block_size, self.num_layers, self.row_len
             )));
         }
-        let end = self.table.len() * self.block_size;
-        if snap.offset > end {
+        if snap.offset > self.valid_end {
             return Err(CacheError::Restore {
                 offset: snap.offset,
-                reason: format!("past capacity: positions up to {end} are held"),
+                reason: format!("past capacity: only positions up to {} are still held", self.valid_end),
             });
         }
         if snap.offset < self.live_start() {
@@ -419,7 +425,8 @@ impl SequenceCache {
         }
         table.extend(new_blocks);
         CacheCounters::add(&pool.counters().forks, 1);
-        let fork = SequenceCache { table, slots: Vec::new(), pending: None, ..*self };
+        let valid_end = self.valid_end.min(used * self.block_size);
+        let fork = SequenceCache { table, valid_end, slots: Vec::new(), pending: None, ..*self };
         fork.debug_print("fork");
         Ok(fork)
     }
