@@ -1,0 +1,223 @@
+//! Every matmul kernel (every available instruction set × every weight type) against the
+//! references, on fresh random data each run (the seed is printed on failure).
+//!
+//! Two oracles:
+//! 1. **Exact integer reference.** The activations quantized by the reference quantizer (the
+//!    test checks the scratch holds exactly those codes) times the reference-dequantized
+//!    weights, in f64. The kernel differs only by float rounding:
+//!    `|fast - exact| <= 2e-5 · Σ|w_i xq_i| + 1e-6`.
+//! 2. **f32 reference.** Reference-dequantized weights times the original f32 activations, in
+//!    f64. 8-bit activation quantization moves each value by at most `0.5 d + 127 |d - d16|
+//!    <= 0.54 d` (`d = amax_block / 127`, f16-rounded for Q8_0), so
+//!    `|fast - ref| <= Σ_i |w_i| · 0.54 · amax_block(i) / 127 + 2e-5 · Σ|w_i x_i| + 1e-6`.
+//!    Float weight types do not quantize activations: `|fast - ref| <= 2e-5 · Σ|w_i x_i| + 1e-6`.
+
+use half::f16;
+use pagekv_cpu::quant::blocks::*;
+use pagekv_cpu::quant::quantize::{quantize_q8_0, quantize_q8_k, quantize_row};
+use pagekv_cpu::quant::{
+    dequantize_row, matmul, matmul_with_isa, Isa, QuantError, QuantScratch, WeightType, WeightView,
+};
+use pagekv_cpu::threadpool::ThreadPool;
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+use rand_distr::{Distribution, Normal};
+
+fn fresh_seed() -> u64 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
+}
+
+fn normal_vec(rng: &mut StdRng, len: usize, scale: f32) -> Vec<f32> {
+    let dist = Normal::new(0.0f32, scale).unwrap();
+    (0..len)
+        .map(|i| {
+            let v = dist.sample(rng);
+            // A few outliers, as real activations have.
+            if i % 97 == 13 {
+                v * 8.0
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+fn random_f16(rng: &mut StdRng, lo: f32, hi: f32) -> [u8; 2] {
+    f16::from_f32(rng.gen_range(lo..hi)).to_le_bytes()
+}
+
+/// Random weight bytes for `rows × cols` of `ty`: quantized normal data where a reference
+/// quantizer exists, random packed fields with sane f16 scales for the K-quants.
+fn random_weights(rng: &mut StdRng, ty: WeightType, rows: usize, cols: usize) -> Vec<u8> {
+    let mut data = Vec::new();
+    match ty {
+        WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => {
+            let n_blocks = rows * cols / QK_K;
+            for _ in 0..n_blocks {
+                let mut block = vec![0u8; ty.block_bytes()];
+                rng.fill_bytes(&mut block);
+                match ty {
+                    WeightType::Q6K => block[208..210].copy_from_slice(&random_f16(rng, 1e-4, 2e-3)),
+                    _ => {
+                        block[0..2].copy_from_slice(&random_f16(rng, 1e-4, 2e-3));
+                        block[2..4].copy_from_slice(&random_f16(rng, 1e-4, 2e-3));
+                    }
+                }
+                data.extend_from_slice(&block);
+            }
+        }
+        _ => {
+            let w = normal_vec(rng, rows * cols, 0.05);
+            for r in 0..rows {
+                quantize_row(ty, &w[r * cols..(r + 1) * cols], &mut data).unwrap();
+            }
+        }
+    }
+    data
+}
+
+fn dequantize_all(w: &WeightView) -> Vec<f32> {
+    let mut out = vec![0.0; w.rows * w.cols];
+    for r in 0..w.rows {
+        dequantize_row(w.ty, w.row(r).unwrap(), &mut out[r * w.cols..(r + 1) * w.cols]).unwrap();
+    }
+    out
+}
+
+/// The activations as the kernels see them after reference quantization (f32 values), plus the
+/// per-value bound on the quantization error.
+fn quantized_activations(ty: WeightType, x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    match ty {
+        WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => {
+            let mut xq = Vec::with_capacity(x.len());
+            let mut err = Vec::with_capacity(x.len());
+            for chunk in x.chunks_exact(QK) {
+                let b = quantize_q8_0(chunk.try_into().unwrap());
+                let d = b.d.to_f32();
+                xq.extend(b.qs.iter().map(|&q| q as f32 * d));
+                let amax = chunk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                err.extend(std::iter::repeat(0.54 * amax / 127.0).take(QK));
+            }
+            (xq, err)
+        }
+        WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => {
+            let mut xq = Vec::with_capacity(x.len());
+            let mut err = Vec::with_capacity(x.len());
+            for chunk in x.chunks_exact(QK_K) {
+                let b = quantize_q8_k(chunk.try_into().unwrap());
+                xq.extend(b.qs.iter().map(|&q| q as f32 * b.d));
+                let amax = chunk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                err.extend(std::iter::repeat(0.54 * amax / 127.0).take(QK_K));
+            }
+            (xq, err)
+        }
+        _ => (x.to_vec(), vec![0.0; x.len()]),
+    }
+}
+
+/// Checks that the scratch holds exactly the reference quantization of `x`.
+fn check_scratch(ty: WeightType, scratch: &QuantScratch, x: &[f32], seed: u64) {
+    match ty {
+        WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => {
+            let (qs, ds) = scratch.q8();
+            for (b, chunk) in x.chunks_exact(QK).enumerate() {
+                let r = quantize_q8_0(chunk.try_into().unwrap());
+                assert_eq!(&qs[b * QK..(b + 1) * QK], &r.qs, "seed {seed}: codes of block {b}");
+                let sum: i32 = r.qs.iter().map(|&q| q as i32).sum();
+                assert_eq!(ds[b], [r.d.to_f32(), r.d.to_f32() * sum as f32], "seed {seed}: scales of block {b}");
+            }
+        }
+        WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => {
+            let blocks = scratch.q8k();
+            for (b, chunk) in x.chunks_exact(QK_K).enumerate() {
+                let r = quantize_q8_k(chunk.try_into().unwrap());
+                assert_eq!(bytemuck::bytes_of(&blocks[b]), bytemuck::bytes_of(&r), "seed {seed}: Q8_K block {b}");
+            }
+        }
+        _ => {}
+    }
+}
+
+fn check_case(isa: Isa, ty: WeightType, m: usize, k: usize, n: usize, pool: &ThreadPool, scratch: &mut QuantScratch) {
+    let seed = fresh_seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let data = random_weights(&mut rng, ty, m, k);
+    let w = WeightView::new(ty, m, k, &data).unwrap();
+    let x = normal_vec(&mut rng, n * k, 1.0);
+    let mut out = vec![f32::NAN; n * m];
+    matmul_with_isa(isa, w, &x, n, &mut out, scratch, pool).unwrap();
+    check_scratch(ty, scratch, &x, seed);
+
+    let wf = dequantize_all(&w);
+    let (xq, xerr) = quantized_activations(ty, &x);
+    for j in 0..n {
+        for r in 0..m {
+            let wr = &wf[r * k..(r + 1) * k];
+            let (xj, xqj, ej) = (&x[j * k..(j + 1) * k], &xq[j * k..(j + 1) * k], &xerr[j * k..(j + 1) * k]);
+            let got = out[j * m + r] as f64;
+            let exact: f64 = wr.iter().zip(xqj).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let exact_mag: f64 = wr.iter().zip(xqj).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+            let ctx = format!("seed {seed} {isa:?} {ty:?} m={m} k={k} n={n} row {r} act {j}");
+            assert!(got.is_finite(), "{ctx}: output not written ({got})");
+            assert!((got - exact).abs() <= 2e-5 * exact_mag + 1e-6, "{ctx}: {got} vs exact {exact} (mag {exact_mag})");
+            let reference: f64 = wr.iter().zip(xj).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let mag: f64 = wr.iter().zip(xj).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+            let quant_bound: f64 = wr.iter().zip(ej).map(|(&a, &e)| (a as f64).abs() * e as f64).sum();
+            let bound = quant_bound + 2e-5 * mag + 1e-6;
+            assert!((got - reference).abs() <= bound, "{ctx}: {got} vs f32 reference {reference}, bound {bound}");
+        }
+    }
+}
+
+fn shapes(ty: WeightType) -> Vec<(usize, usize, usize)> {
+    // (m, k, n): m not a multiple of the thread count; n covers the 1..4 row tiles and panels.
+    match ty.block_elems() {
+        QK_K => vec![(37, 1536, 1), (13, 256, 5), (50, 512, 3), (9, 2304, 4), (19, 256, 70)],
+        _ => vec![(37, 576, 1), (50, 1536, 3), (13, 32, 5), (9, 96, 4), (29, 576, 70), (5, 40, 2)],
+    }
+}
+
+#[test]
+fn every_kernel_matches_references() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(3)];
+    let mut scratch = QuantScratch::new();
+    for isa in Isa::available() {
+        for ty in WeightType::ALL {
+            for (m, k, n) in shapes(ty) {
+                if k % ty.block_elems() != 0 {
+                    continue;
+                }
+                for pool in &pools {
+                    check_case(isa, ty, m, k, n, pool, &mut scratch);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn avx2_is_tested_where_available() {
+    // On x86-64 machines with AVX2 the fast path must be among the tested families.
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+        assert_eq!(Isa::best(), Isa::Avx2);
+        assert!(Isa::available().contains(&Isa::Avx2));
+    }
+}
+
+#[test]
+fn shape_errors_are_reported() {
+    let pool = ThreadPool::new(2);
+    let mut scratch = QuantScratch::new();
+    let data = vec![0u8; 2 * 20 * 2];
+    let w = WeightView { ty: WeightType::Q4_1, rows: 2, cols: 64, data: &data };
+    let mut out = vec![0.0; 2];
+    assert!(matches!(matmul(w, &[0.0; 63], 1, &mut out, &mut scratch, &pool), Err(QuantError::Length { .. })));
+    assert!(matches!(matmul(w, &[0.0; 64], 1, &mut out[..1], &mut scratch, &pool), Err(QuantError::Length { .. })));
+    let short = WeightView { data: &data[..79], ..w };
+    assert!(matches!(matmul(short, &[0.0; 64], 1, &mut out, &mut scratch, &pool), Err(QuantError::Length { .. })));
+    let ragged = WeightView { cols: 48, ..w };
+    assert!(matches!(matmul(ragged, &[0.0; 48], 1, &mut out, &mut scratch, &pool), Err(QuantError::RaggedRow { .. })));
+    assert!(matmul(w, &[], 0, &mut [], &mut scratch, &pool).is_ok());
+}
