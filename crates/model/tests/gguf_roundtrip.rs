@@ -49,10 +49,7 @@ fn every_value() -> Vec<(String, MetaValue)> {
         out.push((format!("test.scalar.{i}.{}", v.type_name()), v));
     }
     for (i, a) in arrays.into_iter().enumerate() {
-        out.push((
-            format!("test.array.{i}.{}", a.elem_type_name()),
-            MetaValue::Array(a),
-        ));
+        out.push((format!("test.array.{i}.{}", a.elem_type_name()), MetaValue::Array(a)));
     }
     out
 }
@@ -66,11 +63,7 @@ fn every_value_and_array_type_round_trips_in_order() {
     }
     let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
     assert_eq!(file.version(), 3);
-    let read: Vec<(String, MetaValue)> = file
-        .metadata()
-        .iter()
-        .map(|(k, v)| (k.to_owned(), v.clone()))
-        .collect();
+    let read: Vec<(String, MetaValue)> = file.metadata().iter().map(|(k, v)| (k.to_owned(), v.clone())).collect();
     // PartialEq on f32/f64 is fine here: no NaNs above.
     assert_eq!(read, values);
     assert!(file.tensors().is_empty());
@@ -84,10 +77,7 @@ fn typed_getters_on_a_written_file() {
         .set("llama.context_length", 8192u64)
         .set("llama.rope.freq_base", 10000.0f32)
         .set("tokenizer.ggml.add_bos_token", true)
-        .set(
-            "tokenizer.ggml.tokens",
-            vec!["<s>".to_string(), "a".to_string()],
-        )
+        .set("tokenizer.ggml.tokens", vec!["<s>".to_string(), "a".to_string()])
         .set("tokenizer.ggml.token_type", vec![3i32, 1])
         .set("tokenizer.ggml.scores", vec![0.0f32, -1.0]);
     let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
@@ -98,28 +88,12 @@ fn typed_getters_on_a_written_file() {
     assert_eq!(m.get_u64("llama.block_count").unwrap(), 30);
     assert_eq!(m.get_f32("llama.rope.freq_base").unwrap(), 10000.0);
     assert!(m.get_bool("tokenizer.ggml.add_bos_token").unwrap());
-    assert_eq!(
-        m.get_str_array("tokenizer.ggml.tokens").unwrap(),
-        ["<s>", "a"]
-    );
-    assert_eq!(
-        m.get_i32_array("tokenizer.ggml.token_type").unwrap(),
-        [3, 1]
-    );
-    assert_eq!(
-        m.get_f32_array("tokenizer.ggml.scores").unwrap(),
-        [0.0, -1.0]
-    );
+    assert_eq!(m.get_str_array("tokenizer.ggml.tokens").unwrap(), ["<s>", "a"]);
+    assert_eq!(m.get_i32_array("tokenizer.ggml.token_type").unwrap(), [3, 1]);
+    assert_eq!(m.get_f32_array("tokenizer.ggml.scores").unwrap(), [0.0, -1.0]);
     match m.get_str("llama.block_count") {
-        Err(GgufError::WrongType {
-            key,
-            expected,
-            found,
-        }) => {
-            assert_eq!(
-                (key.as_str(), expected, found),
-                ("llama.block_count", "string", "u32")
-            );
+        Err(GgufError::WrongType { key, expected, found }) => {
+            assert_eq!((key.as_str(), expected, found), ("llama.block_count", "string", "u32"));
         }
         other => panic!("expected WrongType, got {other:?}"),
     }
@@ -192,11 +166,8 @@ fn f32_tensor_helper_and_element_count() {
     let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
     let info = file.tensor("w").unwrap();
     assert_eq!(info.n_elements(), 12);
-    let back: Vec<f32> = file
-        .tensor_data(info)
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let back: Vec<f32> =
+        file.tensor_data(info).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     assert_eq!(back, values);
 }
 
@@ -216,17 +187,13 @@ fn writer_rejects_inconsistent_tensors() {
 #[test]
 fn version_2_reads_like_version_3_and_others_are_rejected() {
     let mut w = GgufWriter::new();
-    w.set("general.architecture", "llama")
-        .set("k", vec![1u64, 2]);
+    w.set("general.architecture", "llama").set("k", vec![1u64, 2]);
     w.add_f32_tensor("x", &[2], &[1.0, 2.0]).unwrap();
     w.version(2);
     let v2 = GgufFile::from_bytes(w.to_bytes()).unwrap();
     assert_eq!(v2.version(), 2);
     assert_eq!(v2.metadata().get_u32("k").ok(), None); // an array, not an integer
-    assert_eq!(
-        v2.tensor_data(&v2.tensors()[0]),
-        &[0, 0, 128, 63, 0, 0, 0, 64]
-    );
+    assert_eq!(v2.tensor_data(&v2.tensors()[0]), &[0, 0, 128, 63, 0, 0, 0, 64]);
     for bad in [0u32, 1, 4, 0x0300_0000] {
         w.version(bad);
         match GgufFile::from_bytes(w.to_bytes()) {
@@ -251,10 +218,7 @@ fn open_reads_a_file_from_disk_and_names_a_missing_one() {
 
     let missing = GgufFile::open(&path).unwrap_err();
     assert!(matches!(missing, GgufError::Io { .. }));
-    assert!(
-        missing.to_string().contains("pagekv-gguf-open"),
-        "{missing}"
-    );
+    assert!(missing.to_string().contains("pagekv-gguf-open"), "{missing}");
 }
 
 #[test]

@@ -40,11 +40,7 @@ pub enum GgufError {
     /// A value that is well-formed but not allowed (a bool byte other than 0/1, too deep
     /// array nesting, a duplicate key).
     #[error("{what} at offset {offset}: {reason}")]
-    BadValue {
-        what: String,
-        offset: u64,
-        reason: String,
-    },
+    BadValue { what: String, offset: u64, reason: String },
     /// `general.alignment` is zero or not a power of two.
     #[error("general.alignment must be a nonzero power of two, found {0}")]
     BadAlignment(String),
@@ -56,16 +52,8 @@ pub enum GgufError {
     MissingKey(String),
     /// A metadata lookup for a key whose value has another type.
     #[error("metadata key '{key}': expected {expected}, found {found}")]
-    WrongType {
-        key: String,
-        expected: &'static str,
-        found: &'static str,
-    },
+    WrongType { key: String, expected: &'static str, found: &'static str },
     /// A metadata integer or float that does not fit the requested type.
     #[error("metadata key '{key}': value {value} does not fit in {expected}")]
-    OutOfRange {
-        key: String,
-        value: String,
-        expected: &'static str,
-    },
+    OutOfRange { key: String, value: String, expected: &'static str },
 }

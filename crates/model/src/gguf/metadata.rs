@@ -295,8 +295,7 @@ impl Metadata {
     }
 
     fn require(&self, key: &str) -> Result<&MetaValue, GgufError> {
-        self.get(key)
-            .ok_or_else(|| GgufError::MissingKey(key.to_owned()))
+        self.get(key).ok_or_else(|| GgufError::MissingKey(key.to_owned()))
     }
 
     fn require_array(&self, key: &str) -> Result<&MetaArray, GgufError> {
@@ -331,9 +330,7 @@ impl Metadata {
 
     fn get_integer<T: TryFrom<i128>>(&self, key: &str, name: &'static str) -> Result<T, GgufError> {
         let value = self.require(key)?;
-        let wide = value
-            .as_integer()
-            .ok_or_else(|| wrong_type(key, "integer", value.type_name()))?;
+        let wide = value.as_integer().ok_or_else(|| wrong_type(key, "integer", value.type_name()))?;
         T::try_from(wide).map_err(|_| GgufError::OutOfRange {
             key: key.to_owned(),
             value: wide.to_string(),
@@ -381,9 +378,7 @@ impl Metadata {
         if let MetaArray::I32(v) = array {
             return Ok(v.clone());
         }
-        let wide = array
-            .integers()
-            .ok_or_else(|| wrong_type(key, "array of integer", array_type_name(array)))?;
+        let wide = array.integers().ok_or_else(|| wrong_type(key, "array of integer", array_type_name(array)))?;
         wide.into_iter()
             .map(|x| {
                 i32::try_from(x).map_err(|_| GgufError::OutOfRange {
@@ -415,11 +410,7 @@ impl Metadata {
 }
 
 fn wrong_type(key: &str, expected: &'static str, found: &'static str) -> GgufError {
-    GgufError::WrongType {
-        key: key.to_owned(),
-        expected,
-        found,
-    }
+    GgufError::WrongType { key: key.to_owned(), expected, found }
 }
 
 fn array_type_name(a: &MetaArray) -> &'static str {
@@ -443,11 +434,7 @@ fn array_type_name(a: &MetaArray) -> &'static str {
 fn f64_to_f32(key: &str, v: f64) -> Result<f32, GgufError> {
     let narrow = v as f32;
     if v.is_finite() && !narrow.is_finite() {
-        return Err(GgufError::OutOfRange {
-            key: key.to_owned(),
-            value: v.to_string(),
-            expected: "f32",
-        });
+        return Err(GgufError::OutOfRange { key: key.to_owned(), value: v.to_string(), expected: "f32" });
     }
     Ok(narrow)
 }
@@ -476,21 +463,9 @@ mod tests {
         assert_eq!(m.get_u32("a.u8").unwrap(), 7);
         assert_eq!(m.get_u64("a.big").unwrap(), 1 << 40);
         assert_eq!(m.get_i64("a.i64").unwrap(), -3);
-        assert!(
-            matches!(m.get_u32("a.big"), Err(GgufError::OutOfRange { key, .. }) if key == "a.big")
-        );
-        assert!(matches!(
-            m.get_u64("a.i64"),
-            Err(GgufError::OutOfRange { .. })
-        ));
-        assert!(matches!(
-            m.get_u32("a.s"),
-            Err(GgufError::WrongType {
-                expected: "integer",
-                found: "string",
-                ..
-            })
-        ));
+        assert!(matches!(m.get_u32("a.big"), Err(GgufError::OutOfRange { key, .. }) if key == "a.big"));
+        assert!(matches!(m.get_u64("a.i64"), Err(GgufError::OutOfRange { .. })));
+        assert!(matches!(m.get_u32("a.s"), Err(GgufError::WrongType { expected: "integer", found: "string", .. })));
         assert!(matches!(m.get_u32("nope"), Err(GgufError::MissingKey(k)) if k == "nope"));
     }
 
@@ -499,31 +474,13 @@ mod tests {
         let m = sample();
         assert_eq!(m.get_f32("a.f64").unwrap(), 0.5);
         assert_eq!(m.get_f32("a.u8").unwrap(), 7.0);
-        assert!(matches!(
-            m.get_f32("a.huge"),
-            Err(GgufError::OutOfRange { .. })
-        ));
+        assert!(matches!(m.get_f32("a.huge"), Err(GgufError::OutOfRange { .. })));
         assert_eq!(m.get_i32_array("a.ints").unwrap(), vec![1, 2, 65535]);
         assert_eq!(m.get_f32_array("a.ints").unwrap(), vec![1.0, 2.0, 65535.0]);
-        assert!(matches!(
-            m.get_i32_array("a.wide"),
-            Err(GgufError::OutOfRange { .. })
-        ));
+        assert!(matches!(m.get_i32_array("a.wide"), Err(GgufError::OutOfRange { .. })));
         assert_eq!(m.get_str_array("a.strs").unwrap(), ["x"]);
-        assert!(matches!(
-            m.get_str_array("a.ints"),
-            Err(GgufError::WrongType {
-                found: "array of u16",
-                ..
-            })
-        ));
-        assert!(matches!(
-            m.get_str_array("a.s"),
-            Err(GgufError::WrongType {
-                found: "string",
-                ..
-            })
-        ));
+        assert!(matches!(m.get_str_array("a.ints"), Err(GgufError::WrongType { found: "array of u16", .. })));
+        assert!(matches!(m.get_str_array("a.s"), Err(GgufError::WrongType { found: "string", .. })));
     }
 
     #[test]

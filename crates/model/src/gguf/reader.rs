@@ -23,8 +23,7 @@ use memmap2::Mmap;
 
 use super::metadata::{value_type, value_type_name, MetaArray, MetaValue, Metadata};
 use super::{
-    GgmlType, GgufError, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_ARRAY_LEN, MAX_DIMS,
-    MAX_STRING_LEN, MAX_TENSORS,
+    GgmlType, GgufError, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_ARRAY_LEN, MAX_DIMS, MAX_STRING_LEN, MAX_TENSORS,
 };
 
 /// The 4 bytes every GGUF file starts with.
@@ -101,10 +100,7 @@ impl GgufFile {
     /// The mapping assumes nobody truncates or rewrites the file while it is open (the
     /// usual contract of mmap-based model loaders).
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
-        let io = |source| GgufError::Io {
-            path: path.to_owned(),
-            source,
-        };
+        let io = |source| GgufError::Io { path: path.to_owned(), source };
         let file = File::open(path).map_err(io)?;
         // SAFETY: the mapping is read-only and private to this value; the file is a model
         // the caller asked for, not expected to change underneath us (see the doc above).
@@ -208,9 +204,7 @@ fn parse(bytes: &[u8]) -> Result<Parsed, GgufError> {
 
     let magic = r.take(4, "magic")?;
     if magic != GGUF_MAGIC {
-        return Err(GgufError::BadMagic {
-            found: magic.to_vec(),
-        });
+        return Err(GgufError::BadMagic { found: magic.to_vec() });
     }
     let version = r.u32("version")?;
     if version != 2 && version != 3 {
@@ -219,12 +213,7 @@ fn parse(bytes: &[u8]) -> Result<Parsed, GgufError> {
     let n_tensors = r.u64("tensor count")?;
     let n_kv = r.u64("metadata key count")?;
     // Both counts are bounded by the smallest possible entry before anything is reserved.
-    r.check_count(
-        "tensor count",
-        n_tensors,
-        MAX_TENSORS,
-        MIN_TENSOR_INFO_BYTES,
-    )?;
+    r.check_count("tensor count", n_tensors, MAX_TENSORS, MIN_TENSOR_INFO_BYTES)?;
     r.check_count("metadata key count", n_kv, u64::MAX, MIN_KV_BYTES)?;
 
     let mut metadata = Metadata::new();
@@ -266,10 +255,7 @@ fn parse(bytes: &[u8]) -> Result<Parsed, GgufError> {
         if t.offset % alignment != 0 {
             return Err(bad_tensor(
                 &t.name,
-                format!(
-                    "data offset {} is not a multiple of the alignment {alignment}",
-                    t.offset
-                ),
+                format!("data offset {} is not a multiple of the alignment {alignment}", t.offset),
             ));
         }
         let start = data_start.checked_add(t.offset);
@@ -289,14 +275,7 @@ fn parse(bytes: &[u8]) -> Result<Parsed, GgufError> {
         }
     }
 
-    Ok(Parsed {
-        version,
-        metadata,
-        tensors,
-        by_name,
-        alignment,
-        data_start,
-    })
+    Ok(Parsed { version, metadata, tensors, by_name, alignment, data_start })
 }
 
 /// `general.alignment` if present (any integer type whose value fits), else 32; must be a
@@ -308,9 +287,7 @@ fn alignment_of(metadata: &Metadata) -> Result<u64, GgufError> {
     };
     match metadata.get_u64(key) {
         Ok(a) if a.is_power_of_two() && a <= u64::from(u32::MAX) => Ok(a),
-        Ok(_) | Err(GgufError::OutOfRange { .. }) => {
-            Err(GgufError::BadAlignment(value.to_string()))
-        }
+        Ok(_) | Err(GgufError::OutOfRange { .. }) => Err(GgufError::BadAlignment(value.to_string())),
         Err(e) => Err(e),
     }
 }
@@ -321,10 +298,7 @@ fn align_up(pos: u64, alignment: u64) -> Option<u64> {
 }
 
 fn bad_tensor(name: &str, reason: String) -> GgufError {
-    GgufError::BadTensor {
-        name: name.to_owned(),
-        reason,
-    }
+    GgufError::BadTensor { name: name.to_owned(), reason }
 }
 
 /// A read position over the file. Every read checks the bytes left first.
@@ -342,10 +316,7 @@ impl<'a> Cursor<'a> {
     /// The next `n` bytes, or `Truncated` naming `what` and where it starts.
     fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8], GgufError> {
         if n > self.remaining() {
-            return Err(GgufError::Truncated {
-                what: what.to_owned(),
-                offset: self.pos,
-            });
+            return Err(GgufError::Truncated { what: what.to_owned(), offset: self.pos });
         }
         // Both fit in usize: they are within `bytes`.
         let start = self.pos as usize;
@@ -371,19 +342,9 @@ impl<'a> Cursor<'a> {
     /// Checks a declared element count against `cap` and against the bytes left, given
     /// that every element takes at least `min_elem_bytes`. After this, reserving `count`
     /// elements is bounded by the file size.
-    fn check_count(
-        &self,
-        what: &str,
-        count: u64,
-        cap: u64,
-        min_elem_bytes: u64,
-    ) -> Result<(), GgufError> {
+    fn check_count(&self, what: &str, count: u64, cap: u64, min_elem_bytes: u64) -> Result<(), GgufError> {
         if count > cap {
-            return Err(GgufError::TooLarge {
-                what: format!("{what} at offset {}", self.pos),
-                len: count,
-                cap,
-            });
+            return Err(GgufError::TooLarge { what: format!("{what} at offset {}", self.pos), len: count, cap });
         }
         let room = self.remaining() / min_elem_bytes.max(1);
         if count > room {
@@ -405,22 +366,14 @@ impl<'a> Cursor<'a> {
         let start = self.pos;
         let len = self.u64(what)?;
         if len > MAX_STRING_LEN {
-            return Err(GgufError::TooLarge {
-                what: format!("{what} at offset {start}"),
-                len,
-                cap: MAX_STRING_LEN,
-            });
+            return Err(GgufError::TooLarge { what: format!("{what} at offset {start}"), len, cap: MAX_STRING_LEN });
         }
-        let raw = self.take(len, what).map_err(|_| GgufError::Truncated {
-            what: format!("{what} ({len} bytes)"),
-            offset: start,
-        })?;
+        let raw = self
+            .take(len, what)
+            .map_err(|_| GgufError::Truncated { what: format!("{what} ({len} bytes)"), offset: start })?;
         match std::str::from_utf8(raw) {
             Ok(s) => Ok(s.to_owned()),
-            Err(_) => Err(GgufError::InvalidUtf8 {
-                what: what.to_owned(),
-                offset: start,
-            }),
+            Err(_) => Err(GgufError::InvalidUtf8 { what: what.to_owned(), offset: start }),
         }
     }
 
@@ -428,11 +381,7 @@ impl<'a> Cursor<'a> {
         let offset = self.pos;
         let id = self.u32(what)?;
         if id > value_type::F64 {
-            return Err(GgufError::UnknownValueType {
-                what: what.to_owned(),
-                id,
-                offset,
-            });
+            return Err(GgufError::UnknownValueType { what: what.to_owned(), id, offset });
         }
         Ok(id)
     }
@@ -505,9 +454,7 @@ impl<'a> Cursor<'a> {
                 const SIZE: usize = std::mem::size_of::<$t>();
                 let raw = self.take(count * SIZE as u64, &elem_what)?;
                 MetaArray::$variant(
-                    raw.chunks_exact(SIZE)
-                        .map(|c| <$t>::from_le_bytes(c.try_into().expect("chunk of SIZE")))
-                        .collect(),
+                    raw.chunks_exact(SIZE).map(|c| <$t>::from_le_bytes(c.try_into().expect("chunk of SIZE"))).collect(),
                 )
             }};
         }
@@ -568,43 +515,24 @@ impl<'a> Cursor<'a> {
         let type_id = self.u32(&format!("{what} type"))?;
         let offset = self.u64(&format!("{what} data offset"))?;
 
-        let ggml_type = GgmlType::from_id(type_id)
-            .map_err(|_| bad_tensor(&name, format!("unknown ggml type id {type_id}")))?;
+        let ggml_type =
+            GgmlType::from_id(type_id).map_err(|_| bad_tensor(&name, format!("unknown ggml type id {type_id}")))?;
         let n_elements = dims
             .iter()
             .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| {
-                bad_tensor(
-                    &name,
-                    format!("element count of dims {dims:?} overflows u64"),
-                )
-            })?;
+            .ok_or_else(|| bad_tensor(&name, format!("element count of dims {dims:?} overflows u64")))?;
         let block = ggml_type.block_size() as u64;
-        if dims.first().copied().unwrap_or(1) % block != 0 {
+        // A tensor with no dims is a scalar: one element along the (absent) first dim.
+        let first_dim = dims.first().copied().unwrap_or(1);
+        if first_dim % block != 0 {
             return Err(bad_tensor(
                 &name,
-                format!(
-                    "first dim {} is not a multiple of the {} block size {block}",
-                    dims[0],
-                    ggml_type.name()
-                ),
+                format!("first dim {first_dim} is not a multiple of the {} block size {block}", ggml_type.name()),
             ));
         }
         let n_bytes = ggml_type.bytes_for(n_elements).ok_or_else(|| {
-            bad_tensor(
-                &name,
-                format!(
-                    "size of {n_elements} {} elements overflows u64",
-                    ggml_type.name()
-                ),
-            )
+            bad_tensor(&name, format!("size of {n_elements} {} elements overflows u64", ggml_type.name()))
         })?;
-        Ok(TensorInfo {
-            name,
-            dims,
-            ggml_type,
-            offset,
-            n_bytes,
-        })
+        Ok(TensorInfo { name, dims, ggml_type, offset, n_bytes })
     }
 }

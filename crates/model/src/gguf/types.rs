@@ -104,11 +104,7 @@ impl GgmlType {
 
     /// The type for a ggml id; unknown or retired ids are `GgufError::UnknownType(id)`.
     pub fn from_id(id: u32) -> Result<GgmlType, GgufError> {
-        TABLE
-            .iter()
-            .find(|row| row.1 == id)
-            .map(|row| row.0)
-            .ok_or(GgufError::UnknownType(id))
+        TABLE.iter().find(|row| row.1 == id).map(|row| row.0).ok_or(GgufError::UnknownType(id))
     }
 
     /// ggml's numeric id (what a GGUF tensor info stores).

@@ -44,11 +44,7 @@ impl Default for GgufWriter {
 impl GgufWriter {
     /// An empty v3 file.
     pub fn new() -> GgufWriter {
-        GgufWriter {
-            version: 3,
-            metadata: Vec::new(),
-            tensors: Vec::new(),
-        }
+        GgufWriter { version: 3, metadata: Vec::new(), tensors: Vec::new() }
     }
 
     /// Sets the version number written in the header (v2 and v3 share the layout; other
@@ -78,30 +74,18 @@ impl GgufWriter {
         ggml_type: GgmlType,
         data: Vec<u8>,
     ) -> Result<&mut Self, GgufError> {
-        let bad = |reason: String| GgufError::BadTensor {
-            name: name.to_owned(),
-            reason,
-        };
+        let bad = |reason: String| GgufError::BadTensor { name: name.to_owned(), reason };
         if dims.len() > super::MAX_DIMS as usize {
-            return Err(bad(format!(
-                "{} dims, at most {}",
-                dims.len(),
-                super::MAX_DIMS
-            )));
+            return Err(bad(format!("{} dims, at most {}", dims.len(), super::MAX_DIMS)));
         }
         if self.tensors.iter().any(|t| t.name == name) {
             return Err(bad("duplicate tensor name".to_owned()));
         }
         let block = ggml_type.block_size() as u64;
         if dims.first().copied().unwrap_or(1) % block != 0 {
-            return Err(bad(format!(
-                "first dim is not a multiple of the block size {block}"
-            )));
+            return Err(bad(format!("first dim is not a multiple of the block size {block}")));
         }
-        let expected = dims
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            .and_then(|n| ggml_type.bytes_for(n));
+        let expected = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).and_then(|n| ggml_type.bytes_for(n));
         if expected != Some(data.len() as u64) {
             return Err(bad(format!(
                 "{} data bytes given, dims {dims:?} of {} need {expected:?}",
@@ -109,22 +93,12 @@ impl GgufWriter {
                 ggml_type.name()
             )));
         }
-        self.tensors.push(PendingTensor {
-            name: name.to_owned(),
-            dims: dims.to_vec(),
-            ggml_type,
-            data,
-        });
+        self.tensors.push(PendingTensor { name: name.to_owned(), dims: dims.to_vec(), ggml_type, data });
         Ok(self)
     }
 
     /// Adds an F32 tensor from values (`values.len()` = product of `dims`).
-    pub fn add_f32_tensor(
-        &mut self,
-        name: &str,
-        dims: &[u64],
-        values: &[f32],
-    ) -> Result<&mut Self, GgufError> {
+    pub fn add_f32_tensor(&mut self, name: &str, dims: &[u64], values: &[f32]) -> Result<&mut Self, GgufError> {
         let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.add_tensor(name, dims, GgmlType::F32, data)
     }
