@@ -216,6 +216,12 @@ fn open_reads_a_file_from_disk_and_names_a_missing_one() {
     assert_eq!(file.metadata().architecture().unwrap(), "llama");
     assert_eq!(file.tensor_data(file.tensor("x").unwrap()).len(), 12);
 
+    // An empty file maps (or fails to) without panicking, and is not a GGUF file.
+    std::fs::write(&path, b"").unwrap();
+    let empty = GgufFile::open(&path);
+    std::fs::remove_file(&path).unwrap();
+    assert!(matches!(empty, Err(GgufError::Truncated { .. } | GgufError::Io { .. })), "{empty:?}");
+
     let missing = GgufFile::open(&path).unwrap_err();
     assert!(matches!(missing, GgufError::Io { .. }));
     assert!(missing.to_string().contains("pagekv-gguf-open"), "{missing}");

@@ -82,6 +82,12 @@ pub struct GgufFile {
     data_start: u64, // absolute offset of the tensor data section
 }
 
+// A loaded model is shared between threads (engine, server) behind an `Arc`.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<GgufFile>();
+};
+
 impl std::fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GgufFile")
