@@ -1,3 +1,4 @@
 //! placeholder
+pub mod attention;
 pub mod threadpool;
 pub mod quant;
