@@ -197,6 +197,35 @@ fn every_kernel_matches_references() {
 }
 
 #[test]
+fn activation_quantizers_round_ties_like_the_reference() {
+    // amax 127 makes d = 1 exactly, so x · (1/d) lands on exact .5 ties (rounded away from
+    // zero by the reference) and on values just below them.
+    let pool = ThreadPool::new(1);
+    let mut x = vec![0.0f32; 64];
+    for (i, v) in x.iter_mut().enumerate() {
+        let base = (i as f32 - 31.0) * 1.5;
+        *v = if i % 3 == 0 {
+            base + 0.5
+        } else if i % 3 == 1 {
+            base - 0.5
+        } else {
+            f32::from_bits((base + 0.5).to_bits() - 1)
+        };
+    }
+    x[5] = 127.0;
+    x[40] = -127.0;
+    let data = vec![0u8; 2 * 34];
+    let w = WeightView::new(WeightType::Q8_0, 1, 64, &data).unwrap();
+    for isa in Isa::available() {
+        let mut scratch = QuantScratch::new();
+        let mut out = [f32::NAN];
+        matmul_with_isa(isa, w, &x, 1, &mut out, &mut scratch, &pool).unwrap();
+        check_scratch(WeightType::Q8_0, &scratch, &x, 0);
+        assert_eq!(out[0], 0.0);
+    }
+}
+
+#[test]
 fn avx2_is_tested_where_available() {
     // On x86-64 machines with AVX2 the fast path must be among the tested families.
     #[cfg(target_arch = "x86_64")]

@@ -9,6 +9,7 @@
 //! F32/F16/BF16 weights use the f32 activations directly.
 
 use super::blocks::{BlockQ8K, QK, QK_K};
+use super::matmul::Isa;
 use super::quantize::{quantize_q8_0, quantize_q8_k};
 use crate::threadpool::ThreadPool;
 
@@ -73,8 +74,14 @@ impl QuantScratch {
         &self.q8k[..n * k / QK_K]
     }
 
-    /// Quantizes `x: [n, k]` (k a multiple of 32) to the Q8 layout.
+    /// Quantizes `x: [n, k]` (k a multiple of 32) to the Q8 layout, with the fastest
+    /// quantizer of this CPU (all are bit-exact with the reference).
     pub fn quantize_q8(&mut self, x: &[f32], n: usize, k: usize, pool: &ThreadPool) {
+        self.quantize_q8_with(Isa::best(), x, n, k, pool)
+    }
+
+    /// [`QuantScratch::quantize_q8`] with the quantizer of `isa` (which must be available).
+    pub(crate) fn quantize_q8_with(&mut self, isa: Isa, x: &[f32], n: usize, k: usize, pool: &ThreadPool) {
         debug_assert!(k % QK == 0 && x.len() == n * k);
         let nb = k / QK;
         if self.q8_qs.len() < n * k {
@@ -86,6 +93,18 @@ impl QuantScratch {
         self.shape = (n, k);
         let (qs, ds) = (SyncPtr(self.q8_qs.as_mut_ptr()), SyncPtr(self.q8_ds.as_mut_ptr()));
         let rows = |r0: usize, r1: usize| {
+            #[cfg(target_arch = "x86_64")]
+            if isa == Isa::Avx2 {
+                // SAFETY: rows r0..r1 belong to this task alone, the buffers hold n*k codes and
+                // n*nb scale pairs, and AVX2 is available (the caller's contract).
+                unsafe {
+                    let codes = std::slice::from_raw_parts_mut(qs.get().add(r0 * k), (r1 - r0) * k);
+                    let scales = std::slice::from_raw_parts_mut(ds.get().add(r0 * nb), (r1 - r0) * nb);
+                    super::activations_avx2::quantize_q8_row(&x[r0 * k..r1 * k], codes, scales);
+                }
+                return;
+            }
+            let _ = isa;
             for b in r0 * nb..r1 * nb {
                 let block = quantize_q8_0(x[b * QK..(b + 1) * QK].try_into().expect("block of QK"));
                 let d = block.d.to_f32();

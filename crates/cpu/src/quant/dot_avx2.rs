@@ -1,4 +1,4 @@
-//! AVX2 + FMA + F16C row kernels for Q4_0, Q4_1 and Q8_0 weights × Q8 activations.
+//! AVX2 + FMA + F16C tile kernels for Q4_0, Q4_1 and Q8_0 weights × Q8 activations.
 //!
 //! Per 32-value block (as llama.cpp): unpack the 4-bit codes to 32 unsigned bytes,
 //! `_mm256_maddubs_epi16` against the signed activation codes (u8 × i8 → pairs of i16; no
@@ -7,7 +7,8 @@
 //! The offset terms (`m_w` of Q4_1, `-8 d_w` of Q4_0) multiply `d_x Σq_x`, so the two scales
 //! `[d_w, off_w]` meet `[d_x, d_x Σq_x]` in one 2-lane multiply per block; lane 1 accumulates
 //! the offsets and lane 0 feeds the FMA.
-//! Each weight block is unpacked once and used for up to four activation rows (`NJ`).
+//! Kernels work on tiles of `NR` weight rows × `NJ` activation rows (4×1 for decode, 1×4 for
+//! prefill): each weight block is unpacked once per tile, each activation block loaded once.
 
 use super::blocks::QK;
 use super::matmul::Acts;
@@ -51,76 +52,127 @@ unsafe fn header_scales<const Q4_1: bool>(blk: *const u8) -> __m128 {
     }
 }
 
-/// Shared body of Q4_0/Q4_1 (`Q4_1` selects the format: block size and header).
+/// Shared body of Q4_0/Q4_1 (`Q4_1` selects the format): `NR` weight rows × `NJ` activation
+/// rows, `NR * NJ <= 4` independent accumulator chains (which also hides the FMA latency).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn nibble_rows<const NJ: usize, const Q4_1: bool>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
+unsafe fn nibble_tile<const NR: usize, const NJ: usize, const Q4_1: bool>(
+    w: &[u8],
+    a: &Acts,
+    j0: usize,
+    out: &mut [[f32; 4]; 4],
+) {
     let (block, qs_off) = if Q4_1 { (20, 4) } else { (18, 2) };
     let nb = a.k / QK;
-    debug_assert!(w.len() == nb * block && a.q8_qs.len() >= (j0 + NJ) * a.k);
+    let row_bytes = nb * block;
+    debug_assert!(w.len() == NR * row_bytes && a.q8_qs.len() >= (j0 + NJ) * a.k);
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); NJ];
-    let mut acc_off = [_mm_setzero_ps(); NJ];
+    let mut acc = [[_mm256_setzero_ps(); NJ]; NR];
+    let mut acc_off = [[_mm_setzero_ps(); NJ]; NR];
     let wp = w.as_ptr();
     let ys = a.q8_qs.as_ptr().add(j0 * a.k);
     let ds = a.q8_ds.as_ptr().add(j0 * nb) as *const f64;
     for b in 0..nb {
-        let blk = wp.add(b * block);
-        let dw = header_scales::<Q4_1>(blk);
-        let qw = unpack_nibbles(blk.add(qs_off));
+        let mut y = [_mm256_setzero_si256(); NJ];
+        let mut dx = [_mm_setzero_ps(); NJ];
         for t in 0..NJ {
-            let y = _mm256_loadu_si256(ys.add(t * a.k + b * QK) as *const __m256i);
-            let dx = _mm_castpd_ps(_mm_load_sd(ds.add(t * nb + b)));
-            let prod = _mm_mul_ps(dw, dx); // [d_w d_x, off_w d_x Σq_x]
-            acc_off[t] = _mm_add_ps(acc_off[t], prod);
-            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qw, y), ones);
-            acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), _mm256_cvtepi32_ps(p), acc[t]);
+            y[t] = _mm256_loadu_si256(ys.add(t * a.k + b * QK) as *const __m256i);
+            dx[t] = _mm_castpd_ps(_mm_load_sd(ds.add(t * nb + b)));
+        }
+        for i in 0..NR {
+            let blk = wp.add(i * row_bytes + b * block);
+            let dw = header_scales::<Q4_1>(blk);
+            let qw = unpack_nibbles(blk.add(qs_off));
+            for t in 0..NJ {
+                let prod = _mm_mul_ps(dw, dx[t]); // [d_w d_x, off_w d_x Σq_x]
+                acc_off[i][t] = _mm_add_ps(acc_off[i][t], prod);
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qw, y[t]), ones);
+                acc[i][t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), _mm256_cvtepi32_ps(p), acc[i][t]);
+            }
         }
     }
-    for t in 0..NJ {
-        out[t] = hsum(acc[t]) + _mm_cvtss_f32(_mm_movehdup_ps(acc_off[t]));
+    for i in 0..NR {
+        for t in 0..NJ {
+            out[i][t] = hsum(acc[i][t]) + _mm_cvtss_f32(_mm_movehdup_ps(acc_off[i][t]));
+        }
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_1_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
-    nibble_rows::<NJ, true>(w, a, j0, out)
+unsafe fn q4_1_t<const NR: usize, const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [[f32; 4]; 4]) {
+    nibble_tile::<NR, NJ, true>(w, a, j0, out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
-    nibble_rows::<NJ, false>(w, a, j0, out)
+unsafe fn q4_0_t<const NR: usize, const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [[f32; 4]; 4]) {
+    nibble_tile::<NR, NJ, false>(w, a, j0, out)
 }
 
+/// Q8_0: `NR` weight rows × `NJ` activation rows, `NR * NJ <= 4`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
+unsafe fn q8_0_t<const NR: usize, const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [[f32; 4]; 4]) {
     const BLOCK: usize = 34;
     let nb = a.k / QK;
-    debug_assert!(w.len() == nb * BLOCK && a.q8_qs.len() >= (j0 + NJ) * a.k);
+    let row_bytes = nb * BLOCK;
+    debug_assert!(w.len() == NR * row_bytes && a.q8_qs.len() >= (j0 + NJ) * a.k);
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); NJ];
+    let mut acc = [[_mm256_setzero_ps(); NJ]; NR];
     let wp = w.as_ptr();
     let ys = a.q8_qs.as_ptr().add(j0 * a.k);
     let ds = a.q8_ds.as_ptr().add(j0 * nb) as *const f32;
     for b in 0..nb {
-        let blk = wp.add(b * BLOCK);
-        let dw = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const u16) as i32));
-        let qw = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-        // u8 × i8 trick: |w| × (y with w's sign).
-        let aw = _mm256_sign_epi8(qw, qw);
+        let mut y = [_mm256_setzero_si256(); NJ];
+        let mut dx = [_mm_setzero_ps(); NJ];
         for t in 0..NJ {
-            let y = _mm256_loadu_si256(ys.add(t * a.k + b * QK) as *const __m256i);
-            let sy = _mm256_sign_epi8(y, qw);
-            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sy), ones);
-            let d = _mm_mul_ss(dw, _mm_load_ss(ds.add(2 * (t * nb + b))));
-            acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(p), acc[t]);
+            y[t] = _mm256_loadu_si256(ys.add(t * a.k + b * QK) as *const __m256i);
+            dx[t] = _mm_load_ss(ds.add(2 * (t * nb + b)));
+        }
+        for i in 0..NR {
+            let blk = wp.add(i * row_bytes + b * BLOCK);
+            let dw = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const u16) as i32));
+            let qw = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+            // u8 × i8 trick: |w| × (y with w's sign).
+            let aw = _mm256_sign_epi8(qw, qw);
+            for t in 0..NJ {
+                let sy = _mm256_sign_epi8(y[t], qw);
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sy), ones);
+                let d = _mm_mul_ss(dw, dx[t]);
+                acc[i][t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(p), acc[i][t]);
+            }
         }
     }
-    for t in 0..NJ {
-        out[t] = hsum(acc[t]);
+    for i in 0..NR {
+        for t in 0..NJ {
+            out[i][t] = hsum(acc[i][t]);
+        }
     }
 }
 
+/// Defines a [`TileFn`](super::matmul::TileFn) from a const-generic `(NR, NJ)` tile kernel.
+macro_rules! dispatch_tile {
+    ($name:ident, $inner:ident) => {
+        /// Tile kernel (see [`TileFn`](super::matmul::TileFn)); requires AVX2, FMA and F16C.
+        pub(super) unsafe fn $name(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut [[f32; 4]; 4]) {
+            debug_assert!(nr == 1 || nj == 1);
+            match (nr, nj) {
+                (1, 1) => $inner::<1, 1>(w, a, j0, out),
+                (1, 2) => $inner::<1, 2>(w, a, j0, out),
+                (1, 3) => $inner::<1, 3>(w, a, j0, out),
+                (1, _) => $inner::<1, 4>(w, a, j0, out),
+                (2, _) => $inner::<2, 1>(w, a, j0, out),
+                (3, _) => $inner::<3, 1>(w, a, j0, out),
+                (_, _) => $inner::<4, 1>(w, a, j0, out),
+            }
+        }
+    };
+}
+
+dispatch_tile!(q4_0, q4_0_t);
+dispatch_tile!(q4_1, q4_1_t);
+dispatch_tile!(q8_0, q8_0_t);
+
+/// Defines a single-row kernel with the [`RowFn`](super::matmul::RowFn) signature from a
+/// const-generic `NJ` kernel.
 macro_rules! dispatch_nj {
     ($name:ident, $inner:ident) => {
         /// Row kernel (see [`RowFn`](super::matmul::RowFn)); requires AVX2, FMA and F16C.
@@ -135,7 +187,3 @@ macro_rules! dispatch_nj {
     };
 }
 pub(super) use dispatch_nj;
-
-dispatch_nj!(q4_0, q4_0_n);
-dispatch_nj!(q4_1, q4_1_n);
-dispatch_nj!(q8_0, q8_0_n);

@@ -46,6 +46,49 @@ pub struct Acts<'a> {
 /// type holds at least `j0 + nj` rows, and the CPU supports the kernel's instruction set.
 pub type RowFn = unsafe fn(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]);
 
+/// A tile kernel: `out[i][t] = W_{r + i} · x_{j0 + t}` for `i < nr`, `t < nj`, where `w` holds
+/// the `nr` consecutive weight rows `r..r + nr`. Callers pass `nr == 1` (any `nj <= 4`) or
+/// `nj == 1` (any `nr <= 4`).
+///
+/// # Safety
+/// As [`RowFn`], for each of the `nr` rows.
+pub type TileFn = unsafe fn(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut [[f32; 4]; 4]);
+
+/// Defines a [`TileFn`] that runs a [`RowFn`] row by row.
+macro_rules! tile_from_rows {
+    ($name:ident, $row:path) => {
+        #[allow(unused_unsafe)]
+        pub(super) unsafe fn $name(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut [[f32; 4]; 4]) {
+            let row_bytes = w.len() / nr;
+            for i in 0..nr {
+                // SAFETY: forwarded from the TileFn contract, one row at a time.
+                unsafe { $row(&w[i * row_bytes..(i + 1) * row_bytes], a, j0, nj, &mut out[i]) };
+            }
+        }
+    };
+}
+
+tile_from_rows!(scalar_q4_0, dot_scalar::q4_0);
+tile_from_rows!(scalar_q4_1, dot_scalar::q4_1);
+tile_from_rows!(scalar_q8_0, dot_scalar::q8_0);
+tile_from_rows!(scalar_q4_k, dot_scalar::q4_k);
+tile_from_rows!(scalar_q5_k, dot_scalar::q5_k);
+tile_from_rows!(scalar_q6_k, dot_scalar::q6_k);
+tile_from_rows!(scalar_f32, dot_scalar::f32_row);
+tile_from_rows!(scalar_f16, dot_scalar::f16_row);
+tile_from_rows!(scalar_bf16, dot_scalar::bf16_row);
+#[cfg(target_arch = "x86_64")]
+mod avx2_rows {
+    use super::super::{dot_avx2_float as f, dot_avx2_k as kq};
+    use super::Acts;
+    tile_from_rows!(q4_k, kq::q4_k);
+    tile_from_rows!(q5_k, kq::q5_k);
+    tile_from_rows!(q6_k, kq::q6_k);
+    tile_from_rows!(f32_row, f::f32_row);
+    tile_from_rows!(f16_row, f::f16_row);
+    tile_from_rows!(bf16_row, f::bf16_row);
+}
+
 /// Instruction-set families with row kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Isa {
@@ -81,34 +124,34 @@ impl Isa {
     }
 }
 
-/// The row kernel for `ty` on `isa` (which must be available).
-fn row_fn(isa: Isa, ty: WeightType) -> RowFn {
+/// The tile kernel for `ty` on `isa` (which must be available).
+fn tile_fn(isa: Isa, ty: WeightType) -> TileFn {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 {
-        use super::{dot_avx2 as v, dot_avx2_float as f, dot_avx2_k as kq};
+        use super::dot_avx2 as v;
         return match ty {
             WeightType::Q4_0 => v::q4_0,
             WeightType::Q4_1 => v::q4_1,
             WeightType::Q8_0 => v::q8_0,
-            WeightType::Q4K => kq::q4_k,
-            WeightType::Q5K => kq::q5_k,
-            WeightType::Q6K => kq::q6_k,
-            WeightType::F32 => f::f32_row,
-            WeightType::F16 => f::f16_row,
-            WeightType::BF16 => f::bf16_row,
+            WeightType::Q4K => avx2_rows::q4_k,
+            WeightType::Q5K => avx2_rows::q5_k,
+            WeightType::Q6K => avx2_rows::q6_k,
+            WeightType::F32 => avx2_rows::f32_row,
+            WeightType::F16 => avx2_rows::f16_row,
+            WeightType::BF16 => avx2_rows::bf16_row,
         };
     }
     let _ = isa;
     match ty {
-        WeightType::Q4_0 => dot_scalar::q4_0,
-        WeightType::Q4_1 => dot_scalar::q4_1,
-        WeightType::Q8_0 => dot_scalar::q8_0,
-        WeightType::Q4K => dot_scalar::q4_k,
-        WeightType::Q5K => dot_scalar::q5_k,
-        WeightType::Q6K => dot_scalar::q6_k,
-        WeightType::F32 => dot_scalar::f32_row,
-        WeightType::F16 => dot_scalar::f16_row,
-        WeightType::BF16 => dot_scalar::bf16_row,
+        WeightType::Q4_0 => scalar_q4_0,
+        WeightType::Q4_1 => scalar_q4_1,
+        WeightType::Q8_0 => scalar_q8_0,
+        WeightType::Q4K => scalar_q4_k,
+        WeightType::Q5K => scalar_q5_k,
+        WeightType::Q6K => scalar_q6_k,
+        WeightType::F32 => scalar_f32,
+        WeightType::F16 => scalar_f16,
+        WeightType::BF16 => scalar_bf16,
     }
 }
 
@@ -154,7 +197,7 @@ pub fn matmul_with_isa(
     }
     let mut acts = Acts { k, q8_qs: &[], q8_ds: &[], q8k: &[], x: &[] };
     match w.ty {
-        WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => scratch.quantize_q8(x, n, k, pool),
+        WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => scratch.quantize_q8_with(isa, x, n, k, pool),
         WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => scratch.quantize_q8k(x, n, k, pool),
         WeightType::F32 | WeightType::F16 | WeightType::BF16 => acts.x = x,
     }
@@ -163,30 +206,47 @@ pub fn matmul_with_isa(
         WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => acts.q8k = scratch.q8k(),
         _ => {}
     }
-    let kernel = row_fn(isa, w.ty);
+    let kernel = tile_fn(isa, w.ty);
     let row_bytes = w.row_bytes()?;
-    let rows_per_task = m.div_ceil(pool.n_threads() * TASKS_PER_THREAD).max(MIN_ROWS_PER_TASK);
+    let rows_per_task = m.div_ceil(pool.n_threads() * TASKS_PER_THREAD).max(MIN_ROWS_PER_TASK).next_multiple_of(4);
     let n_tasks = m.div_ceil(rows_per_task);
     let out_ptr = SyncPtr(out.as_mut_ptr());
     let data = w.data;
     pool.run(n_tasks, |task, _| {
         let r0 = task * rows_per_task;
         let r1 = (r0 + rows_per_task).min(m);
-        let mut dots = [0.0f32; 4];
+        let mut dots = [[0.0f32; 4]; 4];
+        // Writes out[j, r..r + nr] for j in j0..j0 + nj from the tile `dots[i][t]`.
+        let store = |dots: &[[f32; 4]; 4], r: usize, nr: usize, j0: usize, nj: usize| {
+            for (i, row) in dots.iter().enumerate().take(nr) {
+                for (t, &d) in row.iter().enumerate().take(nj) {
+                    // SAFETY: j0 + t < n and r + i < m, so the index is inside out[n, m];
+                    // rows r0..r1 belong to this task alone.
+                    unsafe { *out_ptr.get().add((j0 + t) * m + r + i) = d };
+                }
+            }
+        };
+        if n == 1 {
+            // Decode: 4 weight rows per kernel call, one activation row.
+            for r in (r0..r1).step_by(4) {
+                let nr = (r1 - r).min(4);
+                let rows = &data[r * row_bytes..(r + nr) * row_bytes];
+                // SAFETY: `rows` is nr full rows (checked by `w.check()`), `acts` holds n rows
+                // of the kernel's layout, and `isa` is available (checked above).
+                unsafe { kernel(rows, nr, &acts, 0, 1, &mut dots) };
+                store(&dots, r, nr, 0, 1);
+            }
+            return;
+        }
         for p0 in (0..n).step_by(ACT_PANEL) {
             let p1 = (p0 + ACT_PANEL).min(n);
             for r in r0..r1 {
                 let row = &data[r * row_bytes..(r + 1) * row_bytes];
                 for j0 in (p0..p1).step_by(4) {
                     let nj = (p1 - j0).min(4);
-                    // SAFETY: `row` is one full row (checked by `w.check()`), `acts` holds n
-                    // rows of the kernel's layout, and `isa` is available (checked above).
-                    unsafe { kernel(row, &acts, j0, nj, &mut dots) };
-                    for (t, &d) in dots.iter().enumerate().take(nj) {
-                        // SAFETY: (j0 + t) < n and r < m, so the index is inside out[n, m];
-                        // row r belongs to this task alone.
-                        unsafe { *out_ptr.get().add((j0 + t) * m + r) = d };
-                    }
+                    // SAFETY: as above, with one row and nj activation rows.
+                    unsafe { kernel(row, 1, &acts, j0, nj, &mut dots) };
+                    store(&dots, r, 1, j0, nj);
                 }
             }
         }

@@ -20,6 +20,8 @@ pub mod quantize;
 pub mod reference;
 
 #[cfg(target_arch = "x86_64")]
+mod activations_avx2;
+#[cfg(target_arch = "x86_64")]
 mod dot_avx2;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx2_float;
