@@ -2,4 +2,18 @@
 //!
 //! - [`gguf`]: the GGUF reader (metadata first, tensors on demand over mmap) and a writer
 //!   for tests and tools.
+//! - [`tokenizer`]: byte-level BPE and SentencePiece vocabularies from GGUF metadata,
+//!   streaming detokenization.
+//! - [`template`]: the chat template, rendered with minijinja.
+//! - [`llama`]: model configuration, weights and the forward pass over the paged cache.
+//! - [`Batch`]: the plain arrays one forward step consumes.
+pub mod batch;
+pub mod error;
 pub mod gguf;
+pub mod llama;
+pub mod template;
+pub mod tokenizer;
+
+pub use batch::{Batch, BatchSeq, Logits};
+pub use error::ModelError;
+pub use llama::{Model, ModelConfig};

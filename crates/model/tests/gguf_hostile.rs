@@ -338,7 +338,7 @@ fn bad_alignment_values() {
 #[test]
 fn tensor_data_out_of_range_or_misaligned() {
     // Offsets past the end, near u64::MAX (overflow), and data running off the end.
-    for offset in [1 << 20, 1 << 63, u64::MAX & !31, u64::MAX] {
+    for offset in [1 << 20, 1 << 63, !31u64, u64::MAX] {
         let err = expect_err(Raw::header(1, 0).tensor("w", &[4], 0, offset).data(32, 16).parse());
         assert!(matches!(err, GgufError::BadTensor { ref name, .. } if name == "w"), "{err:?}");
     }

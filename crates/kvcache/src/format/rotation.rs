@@ -38,6 +38,12 @@ impl Rotation {
         self.block
     }
 
+    /// `[head_dim]` the ±1.0 diagonal applied before the Hadamard transform (device backends
+    /// upload it so their rotation matches this one bit for bit).
+    pub fn signs(&self) -> &[f32] {
+        &self.signs
+    }
+
     /// `x ← R x` in place. `x`: `[head_dim]`.
     pub fn apply(&self, x: &mut [f32]) {
         debug_assert_eq!(x.len(), self.head_dim);

@@ -1,0 +1,129 @@
+//! Hyper-parameters of a llama-family model, read from GGUF metadata (`{arch}.*` keys).
+
+use crate::error::ModelError;
+use crate::gguf::Metadata;
+
+/// How RoPE pairs dimensions: `Norm` rotates adjacent pairs `(2i, 2i+1)` (llama, mistral as
+/// converted to GGUF); `Neox` rotates `(i, i + d/2)` (qwen2, qwen3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    Norm,
+    Neox,
+}
+
+/// The architectures this runtime implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Qwen2,
+    Qwen3,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    /// The `general.architecture` string as found (`llama`, `mistral`, `qwen2`, `qwen3`).
+    pub arch_name: String,
+    pub name: String,
+    pub num_layers: usize,
+    pub hidden: usize,
+    pub ffn: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub context_length: usize,
+    pub rms_eps: f32,
+    pub rope_base: f32,
+    /// Dimensions of each head that RoPE rotates (≤ head_dim).
+    pub rope_dims: usize,
+    pub rope_style: RopeStyle,
+    /// Linear position scaling (`rope.scaling.factor` with type linear), 1.0 if none.
+    pub rope_linear_scale: f32,
+    pub sliding_window: Option<usize>,
+}
+
+impl ModelConfig {
+    pub fn from_metadata(meta: &Metadata) -> Result<ModelConfig, ModelError> {
+        let arch_name = meta.architecture()?.to_string();
+        let architecture = match arch_name.as_str() {
+            "llama" | "mistral" => Architecture::Llama,
+            "qwen2" => Architecture::Qwen2,
+            "qwen3" => Architecture::Qwen3,
+            other => return Err(ModelError::UnsupportedArchitecture(other.to_string())),
+        };
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let u = |k: &str| -> Result<usize, ModelError> { Ok(meta.get_u32(&key(k))? as usize) };
+        let num_layers = u("block_count")?;
+        let hidden = u("embedding_length")?;
+        let num_heads = u("attention.head_count")?;
+        let num_kv_heads = if meta.get(&key("attention.head_count_kv")).is_some() { u("attention.head_count_kv")? } else { num_heads };
+        if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(ModelError::Invalid(format!("{num_heads} heads is not a multiple of {num_kv_heads} kv heads")));
+        }
+        let head_dim = if meta.get(&key("attention.key_length")).is_some() { u("attention.key_length")? } else { hidden / num_heads };
+        if head_dim == 0 || head_dim % 2 != 0 || head_dim > 1024 {
+            return Err(ModelError::Invalid(format!("head dimension {head_dim} is not supported")));
+        }
+        let rope_dims = if meta.get(&key("rope.dimension_count")).is_some() { u("rope.dimension_count")? } else { head_dim };
+        if rope_dims > head_dim || rope_dims % 2 != 0 {
+            return Err(ModelError::Invalid(format!("rope dimension count {rope_dims} vs head dim {head_dim}")));
+        }
+        let vocab_size = match meta.get(&key("vocab_size")) {
+            Some(_) => u("vocab_size")?,
+            None => meta.get_str_array("tokenizer.ggml.tokens")?.len(),
+        };
+        let opt_f32 = |k: &str, d: f32| -> Result<f32, ModelError> {
+            Ok(if meta.get(&key(k)).is_some() { meta.get_f32(&key(k))? } else { d })
+        };
+        let rope_linear_scale = match meta.get(&key("rope.scaling.type")) {
+            Some(_) if meta.get_str(&key("rope.scaling.type"))? == "linear" => opt_f32("rope.scaling.factor", 1.0)?,
+            _ => 1.0,
+        };
+        let sliding_window = match meta.get(&key("attention.sliding_window")) {
+            Some(_) => Some(u("attention.sliding_window")?).filter(|&w| w > 0),
+            None => None,
+        };
+        let config = ModelConfig {
+            architecture,
+            name: meta.get_str("general.name").unwrap_or(&arch_name).to_string(),
+            num_layers,
+            hidden,
+            ffn: u("feed_forward_length")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            vocab_size,
+            context_length: u("context_length")?,
+            rms_eps: opt_f32("attention.layer_norm_rms_epsilon", 1e-5)?,
+            rope_base: opt_f32("rope.freq_base", 10000.0)?,
+            rope_dims,
+            rope_style: match architecture {
+                Architecture::Llama => RopeStyle::Norm,
+                Architecture::Qwen2 | Architecture::Qwen3 => RopeStyle::Neox,
+            },
+            rope_linear_scale,
+            sliding_window,
+            arch_name,
+        };
+        if config.num_layers == 0 || config.hidden == 0 || config.ffn == 0 || config.vocab_size == 0 {
+            return Err(ModelError::Invalid("zero-sized model dimension".into()));
+        }
+        Ok(config)
+    }
+
+    /// Queries per kv head (grouped-query attention ratio).
+    pub fn group_size(&self) -> usize {
+        self.num_heads / self.num_kv_heads
+    }
+
+    /// Width of the query projection.
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// Width of the key and value projections.
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+}

@@ -1,0 +1,315 @@
+//! The llama-family forward pass over the paged cache.
+//!
+//! One readable path, as in llama2.c: embed → per layer (RMSNorm, QKV projections, optional
+//! bias and q/k norms, RoPE, cache write, paged attention, output projection, residual,
+//! RMSNorm, SwiGLU MLP, residual) → final norm → logits for the rows asked for. Every buffer
+//! is allocated up front in [`Scratch`] and grows only when a larger batch arrives, so a
+//! decode step allocates nothing.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kvcache::{PageStore, KvPool, LayerView};
+use pagekv_cpu::attention::{Attention, AttentionConfig, AttentionParams};
+use pagekv_cpu::quant::{dequantize_row, matmul, QuantScratch};
+use pagekv_cpu::threadpool::ThreadPool;
+
+use super::config::ModelConfig;
+use super::ops::{add_in_place, rms_norm, rms_norm_chunks, silu_mul, Rope};
+use super::weights::{Tensor, Weights};
+use crate::batch::{Batch, Logits};
+use crate::error::ModelError;
+use crate::gguf::GgufFile;
+
+/// Working buffers, sized for `cap` tokens and `cap_logits` logit rows.
+#[derive(Default)]
+struct Scratch {
+    cap: usize,
+    cap_logits: usize,
+    x: Vec<f32>,      // [cap, hidden] residual stream
+    xn: Vec<f32>,     // [cap, hidden] normed input of a block
+    q: Vec<f32>,      // [cap, q_dim]
+    k: Vec<f32>,      // [cap, kv_dim]
+    v: Vec<f32>,      // [cap, kv_dim]
+    attn: Vec<f32>,   // [cap, q_dim]
+    proj: Vec<f32>,   // [cap, hidden]
+    gate: Vec<f32>,   // [cap, ffn]
+    up: Vec<f32>,     // [cap, ffn]
+    rows: Vec<f32>,   // [cap_logits, hidden] normed rows whose logits are wanted
+    logits: Vec<f32>, // [cap_logits, vocab]
+    quant: QuantScratch,
+    /// Recycled storage for the per-call block-table slice list.
+    tables: Vec<&'static [u32]>,
+    /// `[sequences in one attention call]` context lengths.
+    lens: Vec<usize>,
+}
+
+impl Scratch {
+    fn ensure(&mut self, c: &ModelConfig, tokens: usize, logit_rows: usize) {
+        if tokens > self.cap {
+            let n = tokens.next_power_of_two();
+            self.x.resize(n * c.hidden, 0.0);
+            self.xn.resize(n * c.hidden, 0.0);
+            self.q.resize(n * c.q_dim(), 0.0);
+            self.k.resize(n * c.kv_dim(), 0.0);
+            self.v.resize(n * c.kv_dim(), 0.0);
+            self.attn.resize(n * c.q_dim(), 0.0);
+            self.proj.resize(n * c.hidden, 0.0);
+            self.gate.resize(n * c.ffn, 0.0);
+            self.up.resize(n * c.ffn, 0.0);
+            self.cap = n;
+        }
+        if logit_rows > self.cap_logits {
+            let n = logit_rows.next_power_of_two();
+            self.rows.resize(n * c.hidden, 0.0);
+            self.logits.resize(n * c.vocab_size, 0.0);
+            self.cap_logits = n;
+        }
+    }
+}
+
+/// A loaded model, ready to run forward steps.
+pub struct Model {
+    pub config: ModelConfig,
+    pub weights: Weights,
+    rope: Rope,
+    attention: Attention,
+    threads: &'static ThreadPool,
+    scratch: Scratch,
+}
+
+impl Model {
+    /// Loads a GGUF file (mapped, not read) with the attention configuration given.
+    pub fn load(path: &Path, attention: AttentionConfig) -> Result<Model, ModelError> {
+        let file = GgufFile::open(path)?;
+        Model::from_file(Arc::new(file), attention)
+    }
+
+    pub fn from_file(file: Arc<GgufFile>, attention: AttentionConfig) -> Result<Model, ModelError> {
+        let config = ModelConfig::from_metadata(file.metadata())?;
+        let weights = Weights::load(file, &config)?;
+        let threads = ThreadPool::global().map_err(|e| ModelError::Invalid(e.to_string()))?;
+        let factors = weights.rope_freqs.as_ref().map(|t| weights.f32s(t).to_vec());
+        let rope = Rope::new(
+            config.rope_style,
+            config.head_dim,
+            config.rope_dims,
+            config.rope_base,
+            config.rope_linear_scale,
+            factors.as_deref(),
+        );
+        Ok(Model { rope, attention: Attention::new(attention, threads), threads, scratch: Scratch::default(), weights, config })
+    }
+
+    /// Runs one step: writes the batch's K/V into `pool` (every layer) and returns the logits
+    /// asked for, `[batch.num_logit_rows(), vocab]`, in sequence order.
+    pub fn forward(&mut self, batch: &Batch, pool: &mut KvPool) -> Result<&[f32], ModelError> {
+        self.validate(batch, pool)?;
+        let c = &self.config;
+        let n = batch.num_tokens();
+        let n_logits = batch.num_logit_rows();
+        self.scratch.ensure(c, n, n_logits);
+        let counters = pool.counters().clone();
+        let s = &mut self.scratch;
+        let w = &self.weights;
+        let (h, qd, kvd, f) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn);
+
+        // Embed.
+        let embd = w.view(&w.token_embd);
+        for (i, &tok) in batch.tokens.iter().enumerate() {
+            let row = embd.row(tok as usize).map_err(|e| kernel(&w.token_embd, e))?;
+            dequantize_row(embd.ty, row, &mut s.x[i * h..(i + 1) * h]).map_err(|e| kernel(&w.token_embd, e))?;
+        }
+
+        for (li, lw) in w.layers.iter().enumerate() {
+            // Attention block.
+            let norm = w.f32s(&lw.attn_norm);
+            for i in 0..n {
+                rms_norm(&s.x[i * h..(i + 1) * h], norm, c.rms_eps, &mut s.xn[i * h..(i + 1) * h]);
+            }
+            let xn = &s.xn[..n * h];
+            mm(w, &lw.wq, xn, n, &mut s.q[..n * qd], &mut s.quant, self.threads)?;
+            mm(w, &lw.wk, xn, n, &mut s.k[..n * kvd], &mut s.quant, self.threads)?;
+            mm(w, &lw.wv, xn, n, &mut s.v[..n * kvd], &mut s.quant, self.threads)?;
+            for (bias, buf, width) in [(&lw.bq, &mut s.q, qd), (&lw.bk, &mut s.k, kvd), (&lw.bv, &mut s.v, kvd)] {
+                if let Some(b) = bias {
+                    let b = w.f32s(b);
+                    for row in buf[..n * width].chunks_exact_mut(width) {
+                        add_in_place(row, b);
+                    }
+                }
+            }
+            if let Some(qn) = &lw.q_norm {
+                rms_norm_chunks(&mut s.q[..n * qd], w.f32s(qn), c.rms_eps);
+            }
+            if let Some(kn) = &lw.k_norm {
+                rms_norm_chunks(&mut s.k[..n * kvd], w.f32s(kn), c.rms_eps);
+            }
+            for i in 0..n {
+                self.rope.apply(&mut s.q[i * qd..(i + 1) * qd], batch.positions[i] as usize);
+                self.rope.apply_cached(&mut s.k[i * kvd..(i + 1) * kvd]);
+            }
+            pool.pages_mut().write(li, &batch.slots, &s.k[..n * kvd], &s.v[..n * kvd]);
+            let layer = pool.layer(li);
+            attend(&mut self.attention, &layer, batch, c, &s.q[..n * qd], &counters, &mut s.attn[..n * qd], &mut s.tables, &mut s.lens)?;
+            mm(w, &lw.wo, &s.attn[..n * qd], n, &mut s.proj[..n * h], &mut s.quant, self.threads)?;
+            add_in_place(&mut s.x[..n * h], &s.proj[..n * h]);
+
+            // MLP block.
+            let norm = w.f32s(&lw.ffn_norm);
+            for i in 0..n {
+                rms_norm(&s.x[i * h..(i + 1) * h], norm, c.rms_eps, &mut s.xn[i * h..(i + 1) * h]);
+            }
+            mm(w, &lw.w_gate, &s.xn[..n * h], n, &mut s.gate[..n * f], &mut s.quant, self.threads)?;
+            mm(w, &lw.w_up, &s.xn[..n * h], n, &mut s.up[..n * f], &mut s.quant, self.threads)?;
+            silu_mul(&mut s.gate[..n * f], &s.up[..n * f]);
+            mm(w, &lw.w_down, &s.gate[..n * f], n, &mut s.proj[..n * h], &mut s.quant, self.threads)?;
+            add_in_place(&mut s.x[..n * h], &s.proj[..n * h]);
+        }
+
+        // Final norm of the rows whose logits are wanted, then the output projection.
+        let norm = w.f32s(&w.output_norm);
+        let mut r = 0;
+        for seq in &batch.seqs {
+            let rows = match seq.logits {
+                Logits::None => 0..0,
+                Logits::Last => seq.token_start + seq.num_tokens - 1..seq.token_start + seq.num_tokens,
+                Logits::All => seq.token_start..seq.token_start + seq.num_tokens,
+            };
+            for i in rows {
+                rms_norm(&s.x[i * h..(i + 1) * h], norm, c.rms_eps, &mut s.rows[r * h..(r + 1) * h]);
+                r += 1;
+            }
+        }
+        let v = c.vocab_size;
+        if n_logits > 0 {
+            mm(w, &w.output, &s.rows[..n_logits * h], n_logits, &mut s.logits[..n_logits * v], &mut s.quant, self.threads)?;
+        }
+        Ok(&self.scratch.logits[..n_logits * v])
+    }
+
+    /// Checks a batch against the model and the pool before anything is written.
+    fn validate(&self, batch: &Batch, pool: &KvPool) -> Result<(), ModelError> {
+        let c = &self.config;
+        let g = pool.geometry();
+        if (g.num_layers, g.num_kv_heads, g.head_dim) != (c.num_layers, c.num_kv_heads, c.head_dim) {
+            return Err(ModelError::Batch(format!(
+                "cache geometry (layers {}, kv heads {}, head dim {}) does not match the model ({}, {}, {})",
+                g.num_layers, g.num_kv_heads, g.head_dim, c.num_layers, c.num_kv_heads, c.head_dim
+            )));
+        }
+        let n = batch.num_tokens();
+        if batch.positions.len() != n || batch.slots.len() != n {
+            return Err(ModelError::Batch("tokens, positions and slots differ in length".into()));
+        }
+        if let Some(&id) = batch.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
+        }
+        if let Some(&slot) = batch.slots.iter().find(|&&s| s as usize >= g.slots()) {
+            return Err(ModelError::Batch(format!("slot {slot} outside the pool of {} slots", g.slots())));
+        }
+        let mut next = 0;
+        for (i, s) in batch.seqs.iter().enumerate() {
+            if s.token_start != next || s.num_tokens == 0 || s.context_len < s.num_tokens {
+                return Err(ModelError::Batch(format!("sequence {i}: bad token range or context length")));
+            }
+            next += s.num_tokens;
+            let first = s.context_len - s.num_tokens;
+            for t in 0..s.num_tokens {
+                let tok = s.token_start + t;
+                if batch.positions[tok] as usize != first + t {
+                    return Err(ModelError::Batch(format!("sequence {i}: position of token {t} is not {}", first + t)));
+                }
+                let b = s.block_table.get((first + t) / g.block_size).copied();
+                let want = b.map(|b| b * g.block_size as u32 + ((first + t) % g.block_size) as u32);
+                if want != Some(batch.slots[tok]) {
+                    return Err(ModelError::Batch(format!("sequence {i}: slot of token {t} disagrees with its block table")));
+                }
+            }
+        }
+        if next != n {
+            return Err(ModelError::Batch("sequences do not cover the batch's tokens".into()));
+        }
+        Ok(())
+    }
+
+    /// The logits of the last [`Self::forward`] (`[rows, vocab]`, valid up to that call's rows).
+    pub fn last_logits(&self) -> &[f32] {
+        &self.scratch.logits
+    }
+
+    /// Bytes one decode step reads from the weights.
+    pub fn weight_bytes_per_token(&self) -> usize {
+        self.weights.decode_bytes()
+    }
+}
+
+fn kernel(t: &Tensor, source: pagekv_cpu::quant::QuantError) -> ModelError {
+    ModelError::Kernel { name: t.name.clone(), source }
+}
+
+/// `out[n, rows] = x[n, cols] · Wᵀ`.
+fn mm(w: &Weights, t: &Tensor, x: &[f32], n: usize, out: &mut [f32], q: &mut QuantScratch, pool: &ThreadPool) -> Result<(), ModelError> {
+    matmul(w.view(t), x, n, out, q, pool).map_err(|e| kernel(t, e))
+}
+
+/// Paged attention for every sequence: decodes (one new token) batched in one call, each
+/// prefill chunk in its own causal call.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    attention: &mut Attention,
+    layer: &LayerView,
+    batch: &Batch,
+    c: &ModelConfig,
+    q: &[f32],      // [n, q_dim]
+    counters: &kvcache::CacheCounters,
+    out: &mut [f32], // [n, q_dim]
+    tables_buf: &mut Vec<&'static [u32]>,
+    lens_buf: &mut Vec<usize>,
+) -> Result<(), ModelError> {
+    let qd = c.q_dim();
+    let scale = 1.0 / (c.head_dim as f32).sqrt();
+    let mut tables: Vec<&[u32]> = recycle(std::mem::take(tables_buf));
+    let mut i = 0;
+    let seqs = &batch.seqs;
+    while i < seqs.len() {
+        // A run of consecutive single-token sequences goes in one call.
+        let mut j = i + 1;
+        if seqs[i].num_tokens == 1 {
+            while j < seqs.len() && seqs[j].num_tokens == 1 {
+                j += 1;
+            }
+        }
+        tables.clear();
+        tables.extend(seqs[i..j].iter().map(|s| s.block_table.as_slice()));
+        lens_buf.clear();
+        lens_buf.extend(seqs[i..j].iter().map(|s| s.context_len));
+        let q_len = seqs[i].num_tokens;
+        let t0 = seqs[i].token_start;
+        let t1 = seqs[j - 1].token_start + seqs[j - 1].num_tokens;
+        let params = AttentionParams {
+            queries: &q[t0 * qd..t1 * qd],
+            num_seqs: j - i,
+            q_len,
+            num_heads: c.num_heads,
+            block_tables: &tables,
+            context_lens: lens_buf,
+            scale,
+            sliding_window: batch.sliding_window,
+            causal: q_len > 1,
+        };
+        attention
+            .forward(layer, &params, counters, &mut out[t0 * qd..t1 * qd])
+            .map_err(|e| ModelError::Attention(e.to_string()))?;
+        i = j;
+    }
+    *tables_buf = recycle(tables);
+    Ok(())
+}
+
+/// Reuses a vector's allocation for references of another lifetime (it is emptied first,
+/// so no reference outlives its borrow).
+fn recycle<'a, 'b>(mut v: Vec<&'a [u32]>) -> Vec<&'b [u32]> {
+    v.clear();
+    v.into_iter().map(|_| -> &'b [u32] { unreachable!() }).collect()
+}

@@ -1,0 +1,158 @@
+//! The model's tensors as typed references into the mapped GGUF file. Nothing is copied:
+//! a [`Tensor`] names where its bytes lie and [`Weights::view`] borrows them for a kernel.
+
+use std::sync::Arc;
+
+use pagekv_cpu::quant::{WeightType, WeightView};
+
+use super::config::{Architecture, ModelConfig};
+use crate::error::ModelError;
+use crate::gguf::GgufFile;
+
+/// A matrix `[rows, cols]` (GGUF dims `[cols, rows]`) or a vector (`rows = 1`).
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    pub name: String,
+    pub ty: WeightType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Index into the file's tensor table.
+    index: usize,
+    len: usize,
+}
+
+/// Per-layer tensors. Shapes: `[rows, cols]` as multiplied (`out = W · x`).
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    pub attn_norm: Tensor,    // [1, hidden] f32
+    pub wq: Tensor,           // [q_dim, hidden]
+    pub wk: Tensor,           // [kv_dim, hidden]
+    pub wv: Tensor,           // [kv_dim, hidden]
+    pub wo: Tensor,           // [hidden, q_dim]
+    pub bq: Option<Tensor>,   // [1, q_dim] (qwen2)
+    pub bk: Option<Tensor>,   // [1, kv_dim]
+    pub bv: Option<Tensor>,   // [1, kv_dim]
+    pub q_norm: Option<Tensor>, // [1, head_dim] (qwen3)
+    pub k_norm: Option<Tensor>, // [1, head_dim]
+    pub ffn_norm: Tensor,     // [1, hidden]
+    pub w_gate: Tensor,       // [ffn, hidden]
+    pub w_up: Tensor,         // [ffn, hidden]
+    pub w_down: Tensor,       // [hidden, ffn]
+}
+
+pub struct Weights {
+    file: Arc<GgufFile>,
+    pub token_embd: Tensor, // [vocab, hidden]
+    pub output_norm: Tensor, // [1, hidden]
+    /// `[vocab, hidden]`; the token embedding when the model ties them.
+    pub output: Tensor,
+    pub tied_embeddings: bool,
+    /// `[1, rope_dims / 2]` frequency divisors (Llama 3.1 `rope_freqs.weight`), if present.
+    pub rope_freqs: Option<Tensor>,
+    pub layers: Vec<LayerWeights>,
+}
+
+impl Weights {
+    pub fn load(file: Arc<GgufFile>, c: &ModelConfig) -> Result<Weights, ModelError> {
+        let get = |name: &str, rows: usize, cols: usize| tensor(&file, name, rows, cols);
+        let opt = |name: &str, rows: usize, cols: usize| -> Result<Option<Tensor>, ModelError> {
+            if file.tensor(name).is_some() {
+                Ok(Some(tensor(&file, name, rows, cols)?))
+            } else {
+                Ok(None)
+            }
+        };
+        let (h, q, kv, f, d) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn, c.head_dim);
+        let token_embd = get("token_embd.weight", c.vocab_size, h)?;
+        let output = opt("output.weight", c.vocab_size, h)?;
+        let tied_embeddings = output.is_none();
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for i in 0..c.num_layers {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let qwen3 = c.architecture == Architecture::Qwen3;
+            layers.push(LayerWeights {
+                attn_norm: get(&n("attn_norm.weight"), 1, h)?,
+                wq: get(&n("attn_q.weight"), q, h)?,
+                wk: get(&n("attn_k.weight"), kv, h)?,
+                wv: get(&n("attn_v.weight"), kv, h)?,
+                wo: get(&n("attn_output.weight"), h, q)?,
+                bq: opt(&n("attn_q.bias"), 1, q)?,
+                bk: opt(&n("attn_k.bias"), 1, kv)?,
+                bv: opt(&n("attn_v.bias"), 1, kv)?,
+                q_norm: if qwen3 { Some(get(&n("attn_q_norm.weight"), 1, d)?) } else { opt(&n("attn_q_norm.weight"), 1, d)? },
+                k_norm: if qwen3 { Some(get(&n("attn_k_norm.weight"), 1, d)?) } else { opt(&n("attn_k_norm.weight"), 1, d)? },
+                ffn_norm: get(&n("ffn_norm.weight"), 1, h)?,
+                w_gate: get(&n("ffn_gate.weight"), f, h)?,
+                w_up: get(&n("ffn_up.weight"), f, h)?,
+                w_down: get(&n("ffn_down.weight"), h, f)?,
+            });
+        }
+        for (t, what) in layers.iter().flat_map(|l| [(&l.attn_norm, "norm"), (&l.ffn_norm, "norm")]) {
+            if t.ty != WeightType::F32 {
+                return Err(ModelError::Tensor { name: t.name.clone(), reason: format!("{what} weights must be F32, found {:?}", t.ty) });
+            }
+        }
+        Ok(Weights {
+            output_norm: get("output_norm.weight", 1, h)?,
+            output: output.unwrap_or_else(|| token_embd.clone()),
+            rope_freqs: opt("rope_freqs.weight", 1, c.rope_dims / 2)?,
+            token_embd,
+            tied_embeddings,
+            layers,
+            file,
+        })
+    }
+
+    /// The bytes of `t` as a kernel operand.
+    pub fn view(&self, t: &Tensor) -> WeightView<'_> {
+        WeightView { ty: t.ty, rows: t.rows, cols: t.cols, data: self.bytes(t) }
+    }
+
+    pub fn bytes(&self, t: &Tensor) -> &[u8] {
+        self.file.tensor_data(&self.file.tensors()[t.index])
+    }
+
+    /// An F32 vector tensor's values.
+    pub fn f32s(&self, t: &Tensor) -> &[f32] {
+        debug_assert_eq!(t.ty, WeightType::F32);
+        bytemuck::cast_slice(self.bytes(t))
+    }
+
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// Bytes a decode step reads from the weights (every matrix once, the embedding row aside).
+    pub fn decode_bytes(&self) -> usize {
+        let mut total = self.output.len;
+        for l in &self.layers {
+            total += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|t| t.len).sum::<usize>();
+        }
+        total
+    }
+}
+
+fn tensor(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Tensor, ModelError> {
+    let index = file
+        .tensors()
+        .iter()
+        .position(|t| t.name == name)
+        .ok_or_else(|| ModelError::Tensor { name: name.into(), reason: "missing".into() })?;
+    let info = &file.tensors()[index];
+    let bad = |reason: String| ModelError::Tensor { name: name.into(), reason };
+    let ty = WeightType::from_ggml_id(info.ggml_type.id()).map_err(|e| bad(e.to_string()))?;
+    let dims: Vec<u64> = info.dims.iter().copied().filter(|&d| d != 1).collect();
+    let want: Vec<u64> = [cols as u64, rows as u64].into_iter().filter(|&d| d != 1).collect();
+    if dims != want {
+        return Err(bad(format!("shape {:?}, expected [{cols}, {rows}]", info.dims)));
+    }
+    let row_bytes = ty.row_bytes(cols).map_err(|e| bad(e.to_string()))?;
+    let len = row_bytes * rows;
+    if len as u64 != info.n_bytes {
+        return Err(bad(format!("{} bytes, expected {len}", info.n_bytes)));
+    }
+    if ty == WeightType::F32 && file.tensor_data(info).as_ptr() as usize % 4 != 0 {
+        return Err(bad("F32 data is not 4-byte aligned".into()));
+    }
+    Ok(Tensor { name: name.into(), ty, rows, cols, index, len })
+}

@@ -1,0 +1,162 @@
+//! The real default model against llama.cpp's golden data (../shared/reference/smollm2):
+//! teacher-forced top-1 agreement and perplexity, first-step logits, greedy continuations.
+//! Skipped (with a visible message) when the model file is absent.
+
+use std::path::PathBuf;
+
+use kvcache::{CacheConfig, KvFormat, KvPool, SequenceCache, SequencePolicy};
+use pagekv_cpu::attention::AttentionConfig;
+use pagekv_model::{Batch, Logits, Model};
+use serde_json::Value;
+
+fn model_path() -> Option<PathBuf> {
+    let home = std::env::var("PAGEKV_HOME").map(PathBuf::from).unwrap_or_else(|_| {
+        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/pagekv")
+    });
+    let p = home.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("skipped: default model not found at {} (run .ci/run or `pagekv run` to fetch it)", p.display());
+        None
+    }
+}
+
+fn golden() -> Value {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/smollm2/llamacpp.json");
+    serde_json::from_str(&std::fs::read_to_string(&p).expect("golden data")).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+struct Runner {
+    model: Model,
+    pool: KvPool,
+}
+
+impl Runner {
+    fn new(format: KvFormat) -> Option<Runner> {
+        let model = Model::load(&model_path()?, AttentionConfig::default()).unwrap();
+        let c = &model.config;
+        let mut cc = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
+        cc.format = format;
+        cc.num_blocks = 256;
+        let pool = KvPool::new(cc).unwrap();
+        Some(Runner { model, pool })
+    }
+
+    fn sequence(&mut self) -> SequenceCache {
+        let policy = SequencePolicy { dynamic_growth: true, context_window: Some(4096), sliding_window: None, debug_blocks: false };
+        SequenceCache::new(&mut self.pool, policy, 16).unwrap()
+    }
+
+    /// Feeds `tokens` to `seq` in one step, returns the logits asked for.
+    fn step(&mut self, seq: &mut SequenceCache, tokens: &[u32], logits: Logits) -> Vec<f32> {
+        seq.begin_append(&mut self.pool, tokens.len()).unwrap();
+        let mut batch = Batch::default();
+        batch.push(tokens, seq.offset() + tokens.len(), seq.pending_slots(), seq.block_table(), logits);
+        let out = self.model.forward(&batch, &mut self.pool).unwrap().to_vec();
+        seq.commit_append(&mut self.pool);
+        out
+    }
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn log_softmax_at(x: &[f32], i: usize) -> f64 {
+    let m = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
+    x[i] as f64 - lse
+}
+
+#[test]
+fn teacher_forced_agreement_perplexity_and_first_logits() {
+    let Some(mut r) = Runner::new(KvFormat::F16) else { return };
+    let g = golden();
+    let tf = &g["teacher_forced"][0];
+    let tokens = ids(&tf["ids"]);
+    let want_argmax = ids(&tf["argmax"]);
+    let vocab = r.model.config.vocab_size;
+    let mut seq = r.sequence();
+    let mut logits = Vec::new();
+    for chunk in tokens.chunks(256) {
+        logits.extend(r.step(&mut seq, chunk, Logits::All));
+    }
+    let n = tokens.len();
+    let want_lp: Vec<f64> = tf["next_token_logprob"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    if std::env::var("DBG").is_ok() {
+        let mut maxd = 0.0f64;
+        for i in 0..n - 1 {
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            let lp = log_softmax_at(row, tokens[i + 1] as usize);
+            maxd = maxd.max((lp - want_lp[i]).abs());
+            let a = argmax(row);
+            if a != want_argmax[i] {
+                eprintln!("pos {i}: ours {a} ({:.4}) theirs {} ({:.4}) lp diff {:.4}", row[a as usize], want_argmax[i], row[want_argmax[i] as usize], lp - want_lp[i]);
+            }
+        }
+        eprintln!("max logprob diff {maxd}");
+        let npy = std::fs::read(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/smollm2/logits_apache2_first.npy")).unwrap();
+        let hl = u16::from_le_bytes([npy[8], npy[9]]) as usize;
+        let data: &[f32] = bytemuck::cast_slice(&npy[10 + hl..]);
+        let md = data.iter().zip(&logits[..vocab]).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        let mean = data.iter().zip(&logits[..vocab]).map(|(a, b)| (a - b).abs()).sum::<f32>() / vocab as f32;
+        eprintln!("first-step max {md} mean {mean}");
+    }
+    let agree = (0..n - 1).filter(|&i| argmax(&logits[i * vocab..(i + 1) * vocab]) == want_argmax[i]).count();
+    let nll: f64 = (0..n - 1).map(|i| -log_softmax_at(&logits[i * vocab..(i + 1) * vocab], tokens[i + 1] as usize)).sum();
+    let ppl = (nll / (n - 1) as f64).exp();
+    let want_ppl = tf["perplexity"].as_f64().unwrap();
+    let agreement = agree as f64 / (n - 1) as f64;
+    eprintln!("teacher-forced: top-1 agreement {:.2}% ({agree}/{}), ppl {ppl:.4} vs llama.cpp {want_ppl:.4}", agreement * 100.0, n - 1);
+    assert!(agreement >= 0.97, "top-1 agreement {agreement}");
+    assert!((ppl / want_ppl - 1.0).abs() <= 0.02, "perplexity {ppl} vs {want_ppl}");
+
+    // First-step logits against the full dump.
+    let npy = std::fs::read(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/smollm2/logits_apache2_first.npy")).unwrap();
+    let header_len = u16::from_le_bytes([npy[8], npy[9]]) as usize;
+    let data: &[f32] = bytemuck::cast_slice(&npy[10 + header_len..]);
+    let want: Vec<f32> = data.to_vec();
+    assert_eq!(want.len(), vocab);
+    let max_diff = want.iter().zip(&logits[..vocab]).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    eprintln!("first-step logits: max abs difference {max_diff:.4}");
+    assert!(max_diff <= 0.5, "first-step logits differ by {max_diff}");
+}
+
+#[test]
+fn greedy_matches_llama_cpp_for_most_prompts() {
+    let Some(mut r) = Runner::new(KvFormat::F16) else { return };
+    let g = golden();
+    let mut matched = 0;
+    let cases = g["greedy"].as_array().unwrap();
+    for case in cases {
+        let prompt = ids(&case["prompt_ids"]);
+        let want = ids(&case["greedy_ids"]);
+        let mut seq = r.sequence();
+        let mut logits = r.step(&mut seq, &prompt, Logits::Last);
+        let mut got = Vec::new();
+        for _ in 0..16 {
+            let t = argmax(&logits);
+            got.push(t);
+            logits = r.step(&mut seq, &[t], Logits::Last);
+        }
+        let ok = got[..] == want[..16];
+        eprintln!("{:?}: {}", case["prompt"].as_str().unwrap(), if ok { "match" } else { "DIFFERENT" });
+        if !ok {
+            eprintln!("  got  {got:?}\n  want {:?}", &want[..16]);
+        }
+        matched += ok as usize;
+        seq.release(&mut r.pool);
+    }
+    assert!(matched + 1 >= cases.len(), "only {matched} of {} greedy continuations match", cases.len());
+}
