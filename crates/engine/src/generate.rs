@@ -1,0 +1,145 @@
+//! `Generator`: one sequence over its own pool — the single-user path behind `pagekv run`,
+//! `chat`, `eval` and `bench decode`. It keeps the tokens whose K/V are cached, so a new
+//! prompt that extends them (the next chat turn) computes only the new tokens: the cache is
+//! trimmed back to the common prefix and only the rest is prefilled.
+
+use kvcache::{CacheConfig, CacheError, KvPool, SequenceCache, SequencePolicy};
+use pagekv_model::{Batch, Logits, Model, ModelError};
+
+/// One sequence, its pool and the tokens it holds.
+pub struct Generator {
+    model: Model,
+    pool: KvPool,
+    seq: SequenceCache,
+    /// `[offset]` token ids whose K/V the cache holds.
+    tokens: Vec<u32>,
+    batch: Batch,
+    /// Tokens per prefill step (bounds the scratch buffers).
+    chunk: usize,
+    policy: SequencePolicy,
+}
+
+/// What a prefill did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prefill {
+    /// Prompt tokens found in the cache and not recomputed.
+    pub reused: usize,
+    /// Prompt tokens computed.
+    pub computed: usize,
+}
+
+impl Generator {
+    /// A generator over a pool built from `cache` (geometry taken from the model).
+    pub fn new(model: Model, mut cache: CacheConfig) -> Result<Generator, ModelError> {
+        let c = &model.config;
+        cache.num_layers = c.num_layers;
+        cache.num_kv_heads = c.num_kv_heads;
+        cache.head_dim = c.head_dim;
+        if cache.context_window.is_none() {
+            cache.context_window = Some(c.context_length);
+        }
+        if cache.sliding_window.is_none() {
+            cache.sliding_window = c.sliding_window;
+        }
+        let policy = SequencePolicy::from_config(&cache);
+        let reserve = if cache.dynamic_growth { cache.block_size } else { cache.num_blocks * cache.block_size };
+        let mut pool = KvPool::new(cache)?;
+        let seq = SequenceCache::new(&mut pool, policy, reserve)?;
+        Ok(Generator { model, pool, seq, tokens: Vec::new(), batch: Batch::default(), chunk: 512, policy })
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    pub fn pool(&self) -> &KvPool {
+        &self.pool
+    }
+
+    pub fn sequence(&self) -> &SequenceCache {
+        &self.seq
+    }
+
+    /// Token ids the cache holds.
+    pub fn cached_tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Sets the prefill chunk size (tokens per forward step).
+    pub fn set_chunk(&mut self, chunk: usize) {
+        self.chunk = chunk.max(1);
+    }
+
+    /// Drops the cached tokens: the sequence starts over with the same reservation.
+    pub fn reset(&mut self) -> Result<(), CacheError> {
+        let reserve = self.seq.reserved_blocks() * self.seq.block_size();
+        let empty = SequenceCache::new(&mut self.pool, self.policy, 0)?;
+        std::mem::replace(&mut self.seq, empty).release(&mut self.pool);
+        self.seq = SequenceCache::new(&mut self.pool, self.policy, reserve)?;
+        self.tokens.clear();
+        Ok(())
+    }
+
+    /// Makes the cache hold `prompt` and returns the logits of its last token. The longest
+    /// common prefix with what is cached is kept (at least one token is always computed,
+    /// since its logits are needed).
+    pub fn prefill(&mut self, prompt: &[u32]) -> Result<(Prefill, &[f32]), ModelError> {
+        if prompt.is_empty() {
+            return Err(ModelError::Batch("empty prompt".into()));
+        }
+        let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let keep = common.min(prompt.len() - 1);
+        if keep < self.seq.live_start() {
+            self.reset()?;
+        } else {
+            self.seq.trim(&mut self.pool, self.seq.offset() - keep)?;
+            self.tokens.truncate(keep);
+        }
+        let reused = self.tokens.len();
+        let rest = &prompt[reused..];
+        let chunks = rest.len().div_ceil(self.chunk);
+        for (i, chunk) in rest.chunks(self.chunk).enumerate() {
+            let logits = if i + 1 == chunks { Logits::Last } else { Logits::None };
+            self.run(chunk, logits)?;
+        }
+        let v = self.model.config.vocab_size;
+        let logits = self.model_logits(v);
+        Ok((Prefill { reused, computed: rest.len() }, logits))
+    }
+
+    /// Feeds `tokens` (teacher forcing) and returns the logits of every one of them,
+    /// `[tokens.len(), vocab]`.
+    pub fn score(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
+        self.run(tokens, Logits::All)?;
+        Ok(self.model_logits(tokens.len() * self.model.config.vocab_size))
+    }
+
+    /// Appends one generated token and returns the logits that follow it.
+    pub fn step(&mut self, token: u32) -> Result<&[f32], ModelError> {
+        self.run(&[token], Logits::Last)?;
+        Ok(self.model_logits(self.model.config.vocab_size))
+    }
+
+    fn model_logits(&self, n: usize) -> &[f32] {
+        &self.model.last_logits()[..n]
+    }
+
+    fn run(&mut self, tokens: &[u32], logits: Logits) -> Result<(), ModelError> {
+        self.seq.begin_append(&mut self.pool, tokens.len())?;
+        self.batch.clear();
+        self.batch.sliding_window = self.seq.attention_window(None);
+        self.batch.push(tokens, self.seq.offset() + tokens.len(), self.seq.pending_slots(), self.seq.block_table(), logits);
+        let result = self.model.forward(&self.batch, &mut self.pool).map(|_| ());
+        match result {
+            Ok(()) => {
+                self.seq.commit_append(&mut self.pool);
+                self.tokens.extend_from_slice(tokens);
+                Ok(())
+            }
+            Err(e) => {
+                self.seq.cancel_append();
+                Err(e)
+            }
+        }
+    }
+}
