@@ -1,0 +1,207 @@
+// common.cuh — types, conversions and the KV codecs shared by every pagekv kernel.
+//
+// The host (src/compile.rs) prepends this file to each kernel source and compiles it with NVRTC
+// for the device's architecture. Compile-time configuration comes from -D defines:
+//   PK_KC, PK_KBITS   codec of the K side (CODEC_* below; bits for Lloyd-Max codes)
+//   PK_VC, PK_VBITS   codec of the V side
+//   PK_D              head_dim
+//   PK_G              query heads per kv head (0: no attention kernels in this module)
+//   PK_ROT_BLOCK      Hadamard block of the rotation (largest power of two dividing PK_D)
+// Layout of one plane (K or V) of one layer, as in kvcache::pages:
+//   codes  [num_blocks, block_size, num_kv_heads, CODE_BYTES]
+//   scales [num_blocks, block_size, num_kv_heads, NS] f16 (one per 32 values; none for floats)
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define CODEC_F32 0
+#define CODEC_F16 1
+#define CODEC_BF16 2
+#define CODEC_Q8 3
+#define CODEC_Q4 4
+#define CODEC_LM 5
+
+#define PK_NEG_INF (__int_as_float(0xff800000))
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+// Byte i of w (0..255) as a float, via the 2^23 magic number: one PRMT and one FADD.
+__device__ __forceinline__ float byte_as_float(u32 w, int i, float bias) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440 + i)) - bias;
+}
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+// Asynchronous global→shared copy of N bytes (4, 8 or 16; both addresses N-aligned).
+template <int N>
+__device__ __forceinline__ void cp_async(void* dst, const void* src) {
+    if constexpr (N == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(smem_addr(dst)), "l"(src), "n"(N));
+    }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// One side's codec. Head vectors are handled in *units* of 8 values: unit u holds values
+// dim(u, 0..7) — contiguous except for q4, whose nibble packing puts values j and j+16 of a
+// 32-value group in one byte, so unit u = 4g+k holds group g's values 4k..4k+3 and 16+4k..16+4k+3
+// (its 4 code bytes are contiguous either way).
+template <int C, int BITS, int D>
+struct Codec {
+    static constexpr int CODE_BYTES = C == CODEC_F32 ? 4 * D
+                                    : (C == CODEC_F16 || C == CODEC_BF16) ? 2 * D
+                                    : C == CODEC_Q8 ? D
+                                    : C == CODEC_Q4 ? D / 2
+                                    : D * BITS / 8;
+    static constexpr int NS = (C == CODEC_F32 || C == CODEC_F16 || C == CODEC_BF16) ? 0 : D / 32;
+    static constexpr int NU = D / 8;                      // units per head vector
+    static constexpr int UB = CODE_BYTES / NU;            // code bytes per unit
+    static constexpr bool LEVELS = C == CODEC_LM;         // decodes through a level table
+    static constexpr int NLEVELS = C == CODEC_LM ? (1 << BITS) : 0;
+
+    __device__ static __forceinline__ int dim(int u, int i) {
+        if constexpr (C == CODEC_Q4) {
+            return (u >> 2) * 32 + (i < 4 ? 4 * (u & 3) + i : 16 + 4 * (u & 3) + (i - 4));
+        } else {
+            return u * 8 + i;
+        }
+    }
+
+    // Values of unit u (without the group scale) from a head vector's code bytes `row`
+    // (shared or global memory, 16-byte aligned).
+    __device__ static __forceinline__ void unit(const u8* row, int u, const float* levels, float v[8]) {
+        if constexpr (C == CODEC_F32) {
+            float4 a = *(const float4*)(row + u * 32);
+            float4 b = *(const float4*)(row + u * 32 + 16);
+            v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+            v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+        } else if constexpr (C == CODEC_F16) {
+            uint4 w = *(const uint4*)(row + u * 16);
+            u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[2 * k] = f16_to_f32((u16)(ws[k] & 0xffff));
+                v[2 * k + 1] = f16_to_f32((u16)(ws[k] >> 16));
+            }
+        } else if constexpr (C == CODEC_BF16) {
+            uint4 w = *(const uint4*)(row + u * 16);
+            u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[2 * k] = __uint_as_float(ws[k] << 16);
+                v[2 * k + 1] = __uint_as_float(ws[k] & 0xffff0000u);
+            }
+        } else if constexpr (C == CODEC_Q8) {
+            uint2 w = *(const uint2*)(row + u * 8);
+            u32 a = w.x ^ 0x80808080u, b = w.y ^ 0x80808080u; // int8 → biased uint8
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                v[i] = byte_as_float(a, i, 8388736.0f);
+                v[4 + i] = byte_as_float(b, i, 8388736.0f);
+            }
+        } else if constexpr (C == CODEC_Q4) {
+            u32 w = *(const u32*)(row + u * 4);
+            u32 lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                v[i] = byte_as_float(lo, i, 8388616.0f); // nibble − 8
+                v[4 + i] = byte_as_float(hi, i, 8388616.0f);
+            }
+        } else { // Lloyd–Max bit stream: value i of the head vector at bits [i·BITS, (i+1)·BITS)
+            if constexpr (BITS == 8) {
+                uint2 w = *(const uint2*)(row + u * 8);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    v[i] = levels[(w.x >> (8 * i)) & 0xff];
+                    v[4 + i] = levels[(w.y >> (8 * i)) & 0xff];
+                }
+            } else if constexpr (BITS == 4) {
+                u32 w = *(const u32*)(row + u * 4);
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[i] = levels[(w >> (4 * i)) & 0xf];
+            } else if constexpr (BITS == 2) {
+                u32 w = *(const u16*)(row + u * 2);
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[i] = levels[(w >> (2 * i)) & 0x3];
+            } else { // 3 bits: 8 values in 3 bytes
+                const u8* p = row + u * 3;
+                u32 w = (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16);
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[i] = levels[(w >> (3 * i)) & 0x7];
+            }
+        }
+    }
+
+    // Scale of group g (1 for the float formats); `scales` points at the head vector's scales.
+    __device__ static __forceinline__ float scale(const u8* scales, int g) {
+        if constexpr (NS == 0) {
+            return 1.0f;
+        } else {
+            return f16_to_f32(((const u16*)scales)[g]);
+        }
+    }
+};
+
+// Randomized Hadamard rotation of `nvec` head vectors of PK_D values in shared memory, with the
+// same operation order as kvcache::Rotation (signs, butterflies h = 1, 2, 4, …, then the norm;
+// the inverse: butterflies, norm, signs), so a rotation here equals the host's bit for bit.
+// Every thread of the block must call it.
+__device__ void rotate_smem(float* x, int nvec, const float* __restrict__ signs, float norm, bool inverse) {
+    const int n = nvec * PK_D;
+    if (!inverse) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = __fmul_rn(x[i], signs[i % PK_D]);
+        __syncthreads();
+    }
+    for (int h = 1; h < PK_ROT_BLOCK; h <<= 1) {
+        for (int p = threadIdx.x; p < n / 2; p += blockDim.x) {
+            const int i = (p / h) * 2 * h + (p % h);
+            const float a = x[i], b = x[i + h];
+            x[i] = __fadd_rn(a, b);
+            x[i + h] = __fsub_rn(a, b);
+        }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float y = __fmul_rn(x[i], norm);
+        if (inverse) y = __fmul_rn(y, signs[i % PK_D]);
+        x[i] = y;
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Lloyd–Max tables (kvcache::format::lloyd_max::codebook), uploaded by the host after loading
+// the module: levels ascending, bounds the midpoints (2^bits − 1 of them).
+__constant__ float pk_k_levels[256];
+__constant__ float pk_k_bounds[256];
+__constant__ float pk_v_levels[256];
+__constant__ float pk_v_bounds[256];

@@ -1,0 +1,237 @@
+//! Paged decode attention on the GPU: [`DecodeAttention::forward`].
+//!
+//! One query token per sequence (`q_len = 1`): queries `[num_seqs, num_heads, head_dim]` f32,
+//! each sequence's block table and context length, a scale and an optional sliding window; keys
+//! and values are read where they lie in [`DevicePages`], dequantized inside the kernel
+//! (`kernels/decode.cu`). Output `[num_seqs, num_heads, head_dim]` f32.
+//!
+//! Routes (see `../shared/DESIGN.md`):
+//! - [`DecodeRoute::Primitive`]: one CTA per (sequence, kv head) over the whole visible context;
+//!   its pages are read once for all query heads of the group.
+//! - [`DecodeRoute::Partitioned`]: split-K — the visible context is cut into partitions of
+//!   `partition_size` tokens, one CTA each, and `pk_merge` combines the partial softmaxes
+//!   exactly. [`auto_partition_size`] sizes partitions so that
+//!   batch × kv_heads × partitions ≥ 4 × the SM count.
+//!
+//! Visibility matches the CPU: the query of a sequence with context `C` sees keys `[lo, C)`,
+//! `lo = C − W` with a sliding window `W`, else 0. Rotated formats: the kernel rotates the query
+//! and un-rotates the output.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use crate::compile::{decode_smem_bytes, ModuleSpec};
+use crate::pages::dptr;
+use crate::{CudaDevice, CudaError, DevicePages};
+
+/// Largest query-head group per kv head the kernels serve (accumulators live in registers).
+pub const MAX_GROUP: usize = 16;
+
+/// Tokens per kernel tile; partition sizes are rounded up to a multiple of it.
+const TILE: usize = 32;
+
+/// Which implementation serves a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeRoute {
+    Primitive,
+    Partitioned { partition_size: usize },
+}
+
+impl DecodeRoute {
+    pub fn name(&self) -> &'static str {
+        match self {
+            DecodeRoute::Primitive => "primitive",
+            DecodeRoute::Partitioned { .. } => "partitioned",
+        }
+    }
+}
+
+/// Partition size (tokens, a multiple of 32) that gives at least `4 × sm_count` CTAs (or
+/// partitions of one tile when the context is too short for that).
+pub fn auto_partition_size(num_seqs: usize, num_kv_heads: usize, max_context: usize, sm_count: usize) -> usize {
+    let units = (num_seqs * num_kv_heads).max(1);
+    let parts = (4 * sm_count.max(1)).div_ceil(units).max(1);
+    // Rounded down to whole tiles so the partition count never falls below `parts`.
+    (max_context / parts / TILE).max(1) * TILE
+}
+
+/// One decode call over a batch of sequences. Device arrays; shapes in comments.
+#[derive(Clone, Copy)]
+pub struct DecodeBatch<'a> {
+    /// `[num_seqs, num_heads, head_dim]`
+    pub queries: &'a CudaSlice<f32>,
+    pub num_seqs: usize,
+    /// A multiple of the pages' `num_kv_heads`.
+    pub num_heads: usize,
+    /// `[num_seqs, max_blocks_per_seq]` physical block ids; entries for positions before a
+    /// sequence's window may be anything (they are not read).
+    pub block_tables: &'a CudaSlice<u32>,
+    pub max_blocks_per_seq: usize,
+    /// `[num_seqs]` tokens in the cache per sequence (≥ 1, ≤ `max_context_len`), including the
+    /// new one.
+    pub context_lens: &'a CudaSlice<u32>,
+    /// Host-side maximum of `context_lens`: sizes the partition grid.
+    pub max_context_len: usize,
+    /// Multiplies `q·k` (usually `1/sqrt(head_dim)`).
+    pub scale: f32,
+    pub sliding_window: Option<usize>,
+}
+
+/// The decode attention launcher, with its scratch buffers for the partitioned route.
+pub struct DecodeAttention {
+    device: Arc<CudaDevice>,
+    /// `[num_seqs, num_heads, max_parts, head_dim]` partial accumulators.
+    part_acc: Option<CudaSlice<f32>>,
+    /// `[num_seqs, num_heads, max_parts, 2]` partial (max, sum).
+    part_ml: Option<CudaSlice<f32>>,
+}
+
+impl DecodeAttention {
+    pub fn new(device: Arc<CudaDevice>) -> DecodeAttention {
+        DecodeAttention { device, part_acc: None, part_ml: None }
+    }
+
+    fn check(&self, pages: &DevicePages, layer: usize, b: &DecodeBatch, out_len: usize) -> Result<usize, CudaError> {
+        use kvcache::PageStore;
+        let g = pages.geometry();
+        let bad = |m: String| Err(CudaError::Invalid(m));
+        if layer >= g.num_layers {
+            return bad(format!("layer {layer} out of range ({} layers)", g.num_layers));
+        }
+        if b.num_heads == 0 || b.num_heads % g.num_kv_heads != 0 {
+            return bad(format!("{} query heads is not a multiple of {} kv heads", b.num_heads, g.num_kv_heads));
+        }
+        let group = b.num_heads / g.num_kv_heads;
+        if group > MAX_GROUP {
+            return Err(CudaError::Unsupported(format!("{group} query heads per kv head (at most {MAX_GROUP})")));
+        }
+        let n = b.num_seqs * b.num_heads * g.head_dim;
+        if b.num_seqs == 0 || b.queries.len() < n || out_len < n {
+            return bad(format!(
+                "{} sequences × {} heads × {}: queries {}, out {out_len}",
+                b.num_seqs,
+                b.num_heads,
+                g.head_dim,
+                b.queries.len()
+            ));
+        }
+        if b.context_lens.len() < b.num_seqs || b.block_tables.len() < b.num_seqs * b.max_blocks_per_seq {
+            return bad("context_lens or block_tables shorter than the batch".into());
+        }
+        if b.max_context_len == 0 || b.max_context_len > b.max_blocks_per_seq * g.block_size {
+            return bad(format!(
+                "max_context_len {} must be in 1..={} (max_blocks_per_seq × block_size)",
+                b.max_context_len,
+                b.max_blocks_per_seq * g.block_size
+            ));
+        }
+        if b.num_seqs > 65535 {
+            return Err(CudaError::Unsupported(format!("{} sequences in one call (at most 65535)", b.num_seqs)));
+        }
+        Ok(group)
+    }
+
+    /// `out [num_seqs, num_heads, head_dim]` ← attention of the batch's queries over `layer`.
+    pub fn forward(
+        &mut self,
+        pages: &DevicePages,
+        layer: usize,
+        b: &DecodeBatch,
+        route: DecodeRoute,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        use kvcache::PageStore;
+        let group = self.check(pages, layer, b, out.len())?;
+        let g = pages.geometry().clone();
+        let d = g.head_dim;
+        let module = self.device.module(&ModuleSpec::Kv { format: g.format, head_dim: d, group })?;
+        let span = b.sliding_window.map_or(b.max_context_len, |w| w.min(b.max_context_len)).max(1);
+        let (parts, part_size) = match route {
+            DecodeRoute::Primitive => (1, span),
+            DecodeRoute::Partitioned { partition_size } => {
+                if partition_size == 0 {
+                    return Err(CudaError::Invalid("partition_size 0".into()));
+                }
+                (span.div_ceil(partition_size), partition_size)
+            }
+        };
+        if parts > 65535 {
+            return Err(CudaError::Unsupported(format!("{parts} partitions (at most 65535)")));
+        }
+        let dev = self.device.clone();
+        let stream = dev.stream();
+        if parts > 1 {
+            let need_acc = b.num_seqs * b.num_heads * parts * d;
+            let need_ml = b.num_seqs * b.num_heads * parts * 2;
+            if self.part_acc.as_ref().is_none_or(|s| s.len() < need_acc) {
+                self.part_acc =
+                    Some(stream.alloc_zeros::<f32>(need_acc).map_err(|e| CudaError::driver("cuMemAlloc", e))?);
+            }
+            if self.part_ml.as_ref().is_none_or(|s| s.len() < need_ml) {
+                self.part_ml =
+                    Some(stream.alloc_zeros::<f32>(need_ml).map_err(|e| CudaError::driver("cuMemAlloc", e))?);
+            }
+        }
+        let p = pages.layer_ptrs(layer)?;
+        let (signs, norm) = pages.rotation_args();
+        let out_p = dptr(out, &dev);
+        let acc_p = self.part_acc.as_ref().map_or(0, |s| dptr(s, &dev));
+        let ml_p = self.part_ml.as_ref().map_or(0, |s| dptr(s, &dev));
+        let q_p = dptr(b.queries, &dev);
+        let tables = dptr(b.block_tables, &dev);
+        let ctx = dptr(b.context_lens, &dev);
+        let max_blocks = b.max_blocks_per_seq as u32;
+        let scale_log2 = b.scale * std::f32::consts::LOG2_E;
+        let window = b.sliding_window.unwrap_or(0) as u32;
+        let log2_bs = g.block_size.trailing_zeros();
+        let part_size_u = part_size as u32;
+        let parts_u = parts as u32;
+
+        let f = module.function("pk_decode")?;
+        let cfg = LaunchConfig {
+            grid_dim: (g.num_kv_heads as u32, b.num_seqs as u32, parts_u),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: decode_smem_bytes(g.format, d, group) as u32,
+        };
+        let mut l = stream.launch_builder(&f);
+        l.arg(&out_p).arg(&acc_p).arg(&ml_p).arg(&q_p);
+        l.arg(&p.k_codes).arg(&p.k_scales).arg(&p.v_codes).arg(&p.v_scales);
+        l.arg(&tables).arg(&max_blocks).arg(&ctx).arg(&signs).arg(&norm);
+        l.arg(&scale_log2).arg(&window).arg(&log2_bs).arg(&part_size_u);
+        // SAFETY: argument list matches pk_decode; buffer sizes were checked above; the caller
+        // guarantees context_lens ≤ max_context_len and valid block ids for visible positions.
+        unsafe { l.launch(cfg) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_decode)", e))?;
+
+        if parts > 1 {
+            let f = module.function("pk_merge")?;
+            let cfg = LaunchConfig {
+                grid_dim: (b.num_heads as u32, b.num_seqs as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: (4 * (d + parts)) as u32,
+            };
+            let mut l = stream.launch_builder(&f);
+            l.arg(&out_p).arg(&acc_p).arg(&ml_p).arg(&ctx).arg(&parts_u).arg(&window).arg(&part_size_u);
+            l.arg(&signs).arg(&norm);
+            // SAFETY: as above; partial buffers hold num_seqs × num_heads × parts entries.
+            unsafe { l.launch(cfg) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_merge)", e))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_partition_fills_the_machine() {
+        // H200: 132 SMs. 1 × 8 kv heads needs ≥ 66 partitions of a 4096 context.
+        let ps = auto_partition_size(1, 8, 4096, 132);
+        assert_eq!(ps % 32, 0);
+        assert!(8 * 4096usize.div_ceil(ps) >= 4 * 132 || ps == 32, "{ps}");
+        // Large batches need no split beyond 2.
+        assert_eq!(auto_partition_size(64, 8, 16384, 132), 8192);
+        assert_eq!(auto_partition_size(1, 8, 1, 132), 32);
+    }
+}

@@ -1,0 +1,305 @@
+//! The decode-attention benchmark: [`bench_attention`] times both routes for every format on
+//! scattered pages, plus roofline rows (read and device-to-device copy bandwidth over the same
+//! bytes) measured in the same run.
+//!
+//! Method: pages are filled on the device with valid random codes (never zeros); each
+//! sequence's blocks are a random permutation of the pool; every timed run uses a different
+//! copy of the KV (rotating over at least `min_footprint_bytes`, several times the L2) so small
+//! cases are not measured from cache; each run is timed with CUDA events around the kernels
+//! (attention + merge) and the median of `runs` runs after `warmup` is reported.
+//! Effective bandwidth = KV bytes of one layer (codes + scales) ÷ time.
+
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys::CUevent_flags, CudaSlice, LaunchConfig, PushKernelArg};
+use kvcache::{KvFormat, PageGeometry, PageStore};
+
+use crate::compile::ModuleSpec;
+use crate::pages::dptr;
+use crate::{auto_partition_size, CudaDevice, CudaError, DecodeAttention, DecodeBatch, DecodeRoute, DevicePages};
+
+/// One measured configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    /// `primitive`, `partitioned`, `roofline-read`, `roofline-copy`.
+    pub impl_name: String,
+    /// KV format name (`-` for roofline rows).
+    pub format: String,
+    pub batch: usize,
+    pub context: usize,
+    /// Median kernel time, milliseconds.
+    pub ms: f64,
+    /// KV bytes one call reads (codes + scales, one layer); for roofline rows the bytes of the
+    /// bf16 KV of the same shape.
+    pub kv_bytes: usize,
+    /// GB/s: `kv_bytes / ms` (the copy row counts bytes read + written).
+    pub gbps: f64,
+    /// Partition size of the partitioned route (0 otherwise).
+    pub partition_size: usize,
+}
+
+impl Row {
+    /// One JSON object (no dependency on serde).
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"impl\":\"{}\",\"format\":\"{}\",\"batch\":{},\"context\":{},\"ms\":{:.6},\"kv_bytes\":{},\"gbps\":{:.1},\"partition_size\":{}}}",
+            self.impl_name, self.format, self.batch, self.context, self.ms, self.kv_bytes, self.gbps, self.partition_size
+        )
+    }
+}
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    /// (batch, context) pairs.
+    pub cases: Vec<(usize, usize)>,
+    pub formats: Vec<KvFormat>,
+    pub routes: Vec<&'static str>,
+    pub warmup: usize,
+    pub runs: usize,
+    /// KV copies are rotated so each case touches at least this many bytes.
+    pub min_footprint_bytes: usize,
+}
+
+impl Default for BenchConfig {
+    fn default() -> BenchConfig {
+        BenchConfig {
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            block_size: 16,
+            cases: vec![(1, 4096), (1, 32768), (16, 4096), (64, 4096), (64, 16384)],
+            formats: vec![
+                KvFormat::Bf16,
+                KvFormat::F16,
+                KvFormat::F32,
+                KvFormat::Q8,
+                KvFormat::Q4 { rotate: false },
+                KvFormat::Q4 { rotate: true },
+                KvFormat::TURBO_DEFAULT,
+            ],
+            routes: vec!["primitive", "partitioned"],
+            warmup: 5,
+            runs: 30,
+            min_footprint_bytes: 512 << 20,
+        }
+    }
+}
+
+/// A small deterministic generator (xorshift64*) for block permutations and queries.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Times `f` (which enqueues work on the device's stream) `warmup + runs` times with CUDA events;
+/// `f` gets the run index. Returns the median in milliseconds.
+fn time_ms(
+    dev: &CudaDevice,
+    warmup: usize,
+    runs: usize,
+    mut f: impl FnMut(usize) -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    let stream = dev.stream();
+    let ev = |e| CudaError::driver("cuEventRecord", e);
+    for i in 0..warmup {
+        f(i)?;
+    }
+    dev.synchronize()?;
+    let mut times = Vec::with_capacity(runs);
+    for i in 0..runs {
+        let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(ev)?;
+        f(warmup + i)?;
+        let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(ev)?;
+        end.synchronize().map_err(|e| CudaError::driver("cuEventSynchronize", e))?;
+        times.push(start.elapsed_ms(&end).map_err(|e| CudaError::driver("cuEventElapsedTime", e))? as f64);
+    }
+    Ok(median(times))
+}
+
+/// Fills `n` bytes at `ptr` with valid random values of `kind` (see `kernels/bench.cu`).
+fn fill(dev: &CudaDevice, ptr: u64, n: usize, kind: u32, seed: u32) -> Result<(), CudaError> {
+    let m = dev.module(&ModuleSpec::Bench)?;
+    let f = m.function("pk_fill_random")?;
+    let n64 = n as u64;
+    let cfg =
+        LaunchConfig { grid_dim: (dev.sm_count() as u32 * 16, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mut l = dev.stream().launch_builder(&f);
+    l.arg(&ptr).arg(&n64).arg(&kind).arg(&seed);
+    // SAFETY: ptr is valid for n bytes.
+    unsafe { l.launch(cfg) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_fill_random)", e))?;
+    Ok(())
+}
+
+fn code_kind(c: kvcache::Codec) -> u32 {
+    match c {
+        kvcache::Codec::F16 => 1,
+        kvcache::Codec::Bf16 => 2,
+        kvcache::Codec::F32 => 3,
+        _ => 0,
+    }
+}
+
+/// Runs the benchmark; prints nothing. Cases that do not fit in device memory are skipped.
+pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<Row>, CudaError> {
+    let mut rows = Vec::new();
+    let stream = dev.stream().clone();
+    let alloc = |e| CudaError::driver("cuMemAlloc", e);
+    for &(batch, ctx) in &cfg.cases {
+        let bf16_bytes = batch * ctx * KvFormat::Bf16.bytes_per_token(cfg.num_kv_heads, cfg.head_dim);
+        rows.extend(roofline(dev, cfg, batch, ctx, bf16_bytes)?);
+        for &format in &cfg.formats {
+            let per_token = format.bytes_per_token(cfg.num_kv_heads, cfg.head_dim);
+            let kv_bytes = batch * ctx * per_token;
+            let copies = cfg.min_footprint_bytes.div_ceil(kv_bytes).clamp(1, 64);
+            let bps = ctx.div_ceil(cfg.block_size);
+            let num_blocks = copies * batch * bps;
+            let (free, _) = dev.memory()?;
+            if num_blocks * cfg.block_size * per_token + (256 << 20) > free {
+                eprintln!(
+                    "bench: skipping {format} {batch}x{ctx}: {} bytes do not fit",
+                    num_blocks * cfg.block_size * per_token
+                );
+                continue;
+            }
+            let geometry = PageGeometry {
+                num_layers: 1,
+                num_blocks,
+                block_size: cfg.block_size,
+                num_kv_heads: cfg.num_kv_heads,
+                head_dim: cfg.head_dim,
+                format,
+                rotation_seed: kvcache::format::DEFAULT_ROTATION_SEED,
+            };
+            let pages = DevicePages::new(dev.clone(), geometry)?;
+            {
+                let p = pages.layer_ptrs(0)?;
+                let g = pages.geometry();
+                let heads = g.slots() * g.num_kv_heads;
+                let (kc, vc) = (format.key_codec(), format.value_codec());
+                fill(dev, p.k_codes, heads * kc.code_bytes(g.head_dim), code_kind(kc), 1)?;
+                fill(dev, p.v_codes, heads * vc.code_bytes(g.head_dim), code_kind(vc), 2)?;
+                fill(dev, p.k_scales, heads * kc.scales(g.head_dim) * 2, 4, 3)?;
+                fill(dev, p.v_scales, heads * vc.scales(g.head_dim) * 2, 4, 4)?;
+            }
+            // Scattered pages: a random permutation of the pool, dealt out to sequences.
+            let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (batch * 131 + ctx) as u64);
+            let mut perm: Vec<u32> = (0..num_blocks as u32).collect();
+            for i in (1..perm.len()).rev() {
+                perm.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+            }
+            let tables: Vec<CudaSlice<u32>> =
+                perm.chunks(batch * bps).map(|c| stream.clone_htod(c).map_err(alloc)).collect::<Result<_, _>>()?;
+            let lens = stream.clone_htod(&vec![ctx as u32; batch]).map_err(alloc)?;
+            let q: Vec<f32> = (0..batch * cfg.num_heads * cfg.head_dim).map(|_| rng.f32()).collect();
+            let queries = stream.clone_htod(&q).map_err(alloc)?;
+            let mut out = stream.alloc_zeros::<f32>(q.len()).map_err(alloc)?;
+            let mut attn = DecodeAttention::new(dev.clone());
+            for &route_name in &cfg.routes {
+                let (route, ps) = match route_name {
+                    "primitive" => (DecodeRoute::Primitive, 0),
+                    _ => {
+                        let ps = auto_partition_size(batch, cfg.num_kv_heads, ctx, dev.sm_count());
+                        (DecodeRoute::Partitioned { partition_size: ps }, ps)
+                    }
+                };
+                let ms = time_ms(dev, cfg.warmup, cfg.runs, |i| {
+                    let b = DecodeBatch {
+                        queries: &queries,
+                        num_seqs: batch,
+                        num_heads: cfg.num_heads,
+                        block_tables: &tables[i % copies],
+                        max_blocks_per_seq: bps,
+                        context_lens: &lens,
+                        max_context_len: ctx,
+                        scale: 1.0 / (cfg.head_dim as f32).sqrt(),
+                        sliding_window: None,
+                    };
+                    attn.forward(&pages, 0, &b, route, &mut out)
+                })?;
+                rows.push(Row {
+                    impl_name: route_name.to_string(),
+                    format: format.name(),
+                    batch,
+                    context: ctx,
+                    ms,
+                    kv_bytes,
+                    gbps: kv_bytes as f64 / ms / 1e6,
+                    partition_size: ps,
+                });
+            }
+            let o = stream.clone_dtoh(&out).map_err(|e| CudaError::driver("cuMemcpyDtoH", e))?;
+            if o.iter().any(|x| !x.is_finite()) {
+                return Err(CudaError::Invalid(format!("benchmark output of {format} {batch}x{ctx} is not finite")));
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Read and copy bandwidth over `bytes`-sized buffers, rotated like the attention runs.
+fn roofline(
+    dev: &Arc<CudaDevice>,
+    cfg: &BenchConfig,
+    batch: usize,
+    ctx: usize,
+    bytes: usize,
+) -> Result<Vec<Row>, CudaError> {
+    let stream = dev.stream().clone();
+    let bytes = bytes / 16 * 16;
+    let copies = cfg.min_footprint_bytes.div_ceil(bytes).clamp(1, 64);
+    let buf = stream.alloc_zeros::<u8>(bytes * (copies + 1)).map_err(|e| CudaError::driver("cuMemAlloc", e))?;
+    let base = dptr(&buf, dev);
+    fill(dev, base, bytes * (copies + 1), 0, 9)?;
+    let sink = stream.alloc_zeros::<u32>(dev.sm_count() * 8).map_err(|e| CudaError::driver("cuMemAlloc", e))?;
+    let sink_p = dptr(&sink, dev);
+    let m = dev.module(&ModuleSpec::Bench)?;
+    let f = m.function("pk_read_bw")?;
+    let n16 = (bytes / 16) as u64;
+    let read_ms = time_ms(dev, cfg.warmup, cfg.runs, |i| {
+        let src = base + ((i % copies) * bytes) as u64;
+        let lc =
+            LaunchConfig { grid_dim: (dev.sm_count() as u32 * 8, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut l = stream.launch_builder(&f);
+        l.arg(&src).arg(&n16).arg(&sink_p);
+        // SAFETY: src is valid for n16 × 16 bytes; sink for grid blocks.
+        unsafe { l.launch(lc) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_read_bw)", e))?;
+        Ok(())
+    })?;
+    // Copy: copy i reads buffer i % copies and writes the spare one at the end.
+    let copy_ms = time_ms(dev, cfg.warmup, cfg.runs, |i| {
+        let src = base + ((i % copies) * bytes) as u64;
+        let dst = base + (copies * bytes) as u64;
+        // SAFETY: both ranges lie in `buf` and do not overlap.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }
+            .map_err(|e| CudaError::driver("cuMemcpyDtoDAsync", e))
+    })?;
+    let row = |name: &str, ms: f64, moved: usize| Row {
+        impl_name: name.into(),
+        format: "-".into(),
+        batch,
+        context: ctx,
+        ms,
+        kv_bytes: bytes,
+        gbps: moved as f64 / ms / 1e6,
+        partition_size: 0,
+    };
+    Ok(vec![row("roofline-read", read_ms, bytes), row("roofline-copy", copy_ms, 2 * bytes)])
+}

@@ -1,0 +1,177 @@
+//! [`CudaDevice`]: one GPU's context and stream, its properties, and the kernel modules loaded
+//! on it (compiled on first use through [`crate::compile`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::CUdevice_attribute as Attr;
+use cudarc::driver::{result, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+use kvcache::format::lloyd_max::codebook;
+use kvcache::Codec;
+
+use crate::compile::{self, ModuleSpec};
+use crate::CudaError;
+
+/// Number of CUDA devices; checks the driver library before calling into it.
+pub(crate) fn device_count() -> Result<usize, CudaError> {
+    // SAFETY: only tries to dlopen libcuda.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(CudaError::NoDriver);
+    }
+    result::init().map_err(|e| CudaError::Init(format!("{e:?}")))?;
+    let n = result::device::get_count().map_err(|e| CudaError::driver("cuDeviceGetCount", e))?;
+    Ok(n.max(0) as usize)
+}
+
+/// A loaded kernel module and its functions.
+pub(crate) struct KernelModule {
+    module: Arc<CudaModule>,
+}
+
+impl KernelModule {
+    pub(crate) fn function(&self, name: &str) -> Result<CudaFunction, CudaError> {
+        self.module.load_function(name).map_err(|e| CudaError::driver("cuModuleGetFunction", e))
+    }
+}
+
+/// A context and stream on one GPU.
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    ordinal: usize,
+    name: String,
+    arch: (u32, u32),
+    sm_count: usize,
+    modules: Mutex<HashMap<ModuleSpec, Arc<KernelModule>>>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CudaDevice({} {}: {}, sm_{}{}, {} SMs)",
+            "cuda", self.ordinal, self.name, self.arch.0, self.arch.1, self.sm_count
+        )
+    }
+}
+
+impl CudaDevice {
+    /// Opens device `ordinal`. Errors (never panics) when the driver library is missing, the
+    /// driver does not initialize, or the device does not exist.
+    pub fn new(ordinal: usize) -> Result<Arc<CudaDevice>, CudaError> {
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(CudaError::NoDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::driver("cuDevicePrimaryCtxRetain", e))?;
+        // One stream orders all work: per-buffer event tracking would only add launches.
+        // SAFETY: no buffers exist yet on this context.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| CudaError::driver("cuStreamCreate", e))?;
+        let attr = |a: Attr| ctx.attribute(a).map_err(|e| CudaError::driver("cuDeviceGetAttribute", e));
+        let arch = (
+            attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? as u32,
+            attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)? as u32,
+        );
+        if arch.0 < 8 {
+            return Err(CudaError::Unsupported(format!(
+                "compute capability {}.{}: the kernels need 8.0 or newer (cp.async, bf16)",
+                arch.0, arch.1
+            )));
+        }
+        let sm_count = attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let name = ctx.name().unwrap_or_else(|_| "unknown".into());
+        Ok(Arc::new(CudaDevice { ctx, stream, ordinal, name, arch, sm_count, modules: Mutex::new(HashMap::new()) }))
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Compute capability (major, minor); kernels are compiled for `sm_{major}{minor}`.
+    pub fn arch(&self) -> (u32, u32) {
+        self.arch
+    }
+
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn memory(&self) -> Result<(usize, usize), CudaError> {
+        self.ctx.mem_get_info().map_err(|e| CudaError::driver("cuMemGetInfo", e))
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Waits for all work queued on the stream; surfaces asynchronous kernel errors.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.stream.synchronize().map_err(|e| CudaError::driver("cuStreamSynchronize", e))
+    }
+
+    /// The module of `spec`, compiled or loaded from the disk cache on first use.
+    pub(crate) fn module(&self, spec: &ModuleSpec) -> Result<Arc<KernelModule>, CudaError> {
+        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = modules.get(spec) {
+            return Ok(m.clone());
+        }
+        if let ModuleSpec::Kv { format, head_dim, .. } = spec {
+            compile::check_supported(*format, *head_dim)?;
+        }
+        let bin = compile::cubin(spec, self.arch)?;
+        let module =
+            self.ctx.load_module(Ptx::from_binary(bin)).map_err(|e| CudaError::driver("cuModuleLoadData", e))?;
+        let km = Arc::new(KernelModule { module });
+        if let ModuleSpec::Kv { format, head_dim, group } = spec {
+            self.upload_codebooks(&km, format.key_codec(), "pk_k")?;
+            self.upload_codebooks(&km, format.value_codec(), "pk_v")?;
+            if *group > 0 {
+                let bytes = compile::decode_smem_bytes(*format, *head_dim, *group);
+                let f = km.function("pk_decode")?;
+                // SAFETY: a valid function handle of a loaded module.
+                unsafe {
+                    result::function::set_function_attribute(
+                        f.cu_function(),
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        bytes as i32,
+                    )
+                }
+                .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+            }
+        }
+        modules.insert(spec.clone(), km.clone());
+        Ok(km)
+    }
+
+    /// Uploads the Lloyd–Max levels and bounds of a codec into the module's constants.
+    fn upload_codebooks(&self, km: &KernelModule, codec: Codec, prefix: &str) -> Result<(), CudaError> {
+        let Codec::LloydMax { bits } = codec else { return Ok(()) };
+        let book = codebook(bits);
+        for (name, values) in [("levels", &book.levels), ("bounds", &book.bounds)] {
+            let sym = format!("{prefix}_{name}");
+            let mut table = [0f32; 256];
+            table[..values.len()].copy_from_slice(values);
+            let mut global =
+                km.module.get_global(&sym, &self.stream).map_err(|e| CudaError::driver("cuModuleGetGlobal", e))?;
+            let bytes: &[u8] = bytemuck_f32(&table);
+            self.stream.memcpy_htod(bytes, &mut global).map_err(|e| CudaError::driver("cuMemcpyHtoD", e))?;
+        }
+        Ok(())
+    }
+}
+
+fn bytemuck_f32(x: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and any byte pattern is a valid u8.
+    unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, std::mem::size_of_val(x)) }
+}
