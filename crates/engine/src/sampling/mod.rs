@@ -1,0 +1,265 @@
+//! Sampling: from one row of logits to one token id.
+//!
+//! - [`SamplingParams`] / [`SamplingError`] (`params.rs`): what a request asks for, validated.
+//! - [`Sampler`]: a request's sampler with its own seeded RNG (`StdRng`, ChaCha12: the same
+//!   seed gives the same tokens on every run). It keeps its scratch buffers between calls, so
+//!   `sample` allocates nothing after the first call.
+//! - penalties (`penalties.rs`), then temperature, top-k, top-p, min-p and the draw, here.
+//! - [`logprobs`] (`logprobs.rs`): log-softmax of the raw logits for OpenAI `logprobs`.
+
+mod logprobs;
+mod params;
+mod penalties;
+
+pub use logprobs::{logprobs, TokenLogprobs};
+pub use params::{SamplingError, SamplingParams, DEFAULT_SEED};
+
+use penalties::Penalties;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use std::cmp::Ordering;
+
+/// One request's sampler.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: StdRng,
+    penalties: Penalties,
+    /// `[vocab]` the logits after penalties.
+    work: Vec<f32>,
+    /// `[live candidates]` `(token, tempered logit)`; after top-k / top-p, most likely first.
+    candidates: Vec<(u32, f32)>,
+}
+
+/// Candidate order: higher logit first, lower id first among equals (a total order: NaN never
+/// reaches the candidates).
+fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// Index of the largest logit, the lowest index among equals; NaN is skipped, and a row with
+/// no comparable value gives 0.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_l = f32::NEG_INFINITY;
+    let mut found = false;
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() {
+            continue;
+        }
+        if !found || l > best_l {
+            best = i;
+            best_l = l;
+            found = true;
+        }
+    }
+    best as u32
+}
+
+impl Sampler {
+    /// A sampler for `params` (validated here) seeded with `params.seed`.
+    pub fn new(params: SamplingParams) -> Result<Sampler, SamplingError> {
+        params.validate()?;
+        Ok(Sampler {
+            params,
+            rng: StdRng::seed_from_u64(params.seed),
+            penalties: Penalties::default(),
+            work: Vec::new(),
+            candidates: Vec::new(),
+        })
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Chooses the next token from `logits` (`[vocab]`, raw model output), `history` being the
+    /// tokens so far (prompt and generated) for the penalties.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        debug_assert!(!logits.is_empty(), "empty logits row");
+        let logits: &[f32] = if self.params.has_penalties() && !history.is_empty() {
+            self.work.clear();
+            self.work.extend_from_slice(logits);
+            self.penalties.apply(&self.params, &mut self.work, history);
+            &self.work
+        } else {
+            logits
+        };
+        if self.params.is_greedy() {
+            return argmax(logits);
+        }
+        let inv_t = 1.0 / self.params.temperature;
+        self.candidates.clear();
+        self.candidates
+            .extend(logits.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &l)| (i as u32, l * inv_t)));
+        let max = self.candidates.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+        if !max.is_finite() {
+            // All impossible (or +inf, which softmax cannot weigh): fall back to the argmax.
+            return argmax(logits);
+        }
+        let sorted = self.top_k();
+        self.top_p(sorted);
+        self.min_p();
+        self.draw()
+    }
+
+    /// Keeps the `top_k` best candidates, sorted. Returns whether the candidates are sorted.
+    fn top_k(&mut self) -> bool {
+        let k = self.params.top_k;
+        if k == 0 || k >= self.candidates.len() {
+            return false;
+        }
+        self.candidates.select_nth_unstable_by(k - 1, by_logit_desc);
+        self.candidates.truncate(k);
+        self.candidates.sort_unstable_by(by_logit_desc);
+        true
+    }
+
+    /// Keeps the smallest most-likely prefix whose probability mass reaches `top_p` (at least
+    /// one token). Sorts only as much as needed: the best `n` candidates are selected and sorted,
+    /// doubling `n` until their mass (over the full normalizer) reaches `top_p`.
+    fn top_p(&mut self, mut sorted: bool) {
+        let p = self.params.top_p as f64;
+        if p >= 1.0 {
+            return;
+        }
+        let max = self.candidates.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+        let z: f64 = self.candidates.iter().map(|c| ((c.1 - max) as f64).exp()).sum();
+        let mut n = 64usize;
+        loop {
+            let len = self.candidates.len();
+            if !sorted {
+                if n < len {
+                    self.candidates.select_nth_unstable_by(n - 1, by_logit_desc);
+                    self.candidates[..n].sort_unstable_by(by_logit_desc);
+                } else {
+                    self.candidates.sort_unstable_by(by_logit_desc);
+                    sorted = true;
+                }
+            }
+            let head = n.min(len);
+            let mut cum = 0.0f64;
+            for (i, c) in self.candidates[..head].iter().enumerate() {
+                cum += ((c.1 - max) as f64).exp() / z;
+                if cum >= p {
+                    self.candidates.truncate(i + 1);
+                    return;
+                }
+            }
+            if head == len {
+                // Rounding left the total just under p: keep everything.
+                return;
+            }
+            n *= 2;
+        }
+    }
+
+    /// Drops candidates less likely than `min_p` × the most likely one, i.e. whose logit is
+    /// below `max + ln(min_p)`. The most likely candidate always stays.
+    fn min_p(&mut self) {
+        let m = self.params.min_p;
+        if m <= 0.0 {
+            return;
+        }
+        let max = self.candidates.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+        let floor = max + m.ln();
+        self.candidates.retain(|c| c.1 >= floor);
+        debug_assert!(!self.candidates.is_empty());
+    }
+
+    /// Draws from the softmax of the remaining candidates.
+    fn draw(&mut self) -> u32 {
+        debug_assert!(!self.candidates.is_empty());
+        let max = self.candidates.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+        let z: f64 = self.candidates.iter().map(|c| ((c.1 - max) as f64).exp()).sum();
+        let u = self.rng.gen::<f64>() * z;
+        let mut cum = 0.0f64;
+        for c in &self.candidates {
+            cum += ((c.1 - max) as f64).exp();
+            if u < cum {
+                return c.0;
+            }
+        }
+        // u landed on the rounding gap at the top: the last candidate with any mass.
+        self.candidates.iter().rev().find(|c| c.1 > f32::NEG_INFINITY).map_or(self.candidates[0].0, |c| c.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32) -> SamplingParams {
+        SamplingParams { temperature, ..SamplingParams::default() }
+    }
+
+    #[test]
+    fn argmax_ties_and_nan() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 2.0, f32::NAN, 2.0]), 1);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY]), 0);
+        assert_eq!(argmax(&[]), 0);
+    }
+
+    #[test]
+    fn invalid_params_are_refused() {
+        assert!(Sampler::new(SamplingParams { top_p: 0.0, ..params(1.0) }).is_err());
+    }
+
+    #[test]
+    fn top_p_keeps_the_nucleus() {
+        // Probabilities ∝ e^l: [0.5, 0.25, 0.125, 0.125] for logits ln of those.
+        let logits: Vec<f32> = [0.5f32, 0.25, 0.125, 0.125].iter().map(|p| p.ln()).collect();
+        for (top_p, keep) in [(0.5f32, 1usize), (0.6, 2), (0.75, 2), (0.8, 3), (1.0, 4)] {
+            let mut s = Sampler::new(SamplingParams { top_p, ..params(1.0) }).unwrap();
+            s.candidates = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+            s.top_p(false);
+            assert_eq!(s.candidates.len(), keep, "top_p {top_p}");
+        }
+    }
+
+    #[test]
+    fn top_p_over_a_large_vocab_equals_full_sort() {
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(3);
+        for _ in 0..20 {
+            let logits: Vec<f32> = (0..5000).map(|_| rng.gen_range(-4.0..4.0f32)).collect();
+            let top_p = rng.gen_range(0.05..0.99f32);
+            let mut s = Sampler::new(SamplingParams { top_p, ..params(1.0) }).unwrap();
+            s.candidates = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+            s.top_p(false);
+            // Reference: full sort, cumulative mass.
+            let mut all: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+            all.sort_by(by_logit_desc);
+            let z: f64 = all.iter().map(|c| (c.1 as f64).exp()).sum();
+            let mut cum = 0.0;
+            let keep = all.iter().position(|c| {
+                cum += (c.1 as f64).exp() / z;
+                cum >= top_p as f64
+            });
+            let keep = keep.map_or(all.len(), |i| i + 1);
+            assert!(s.candidates.len().abs_diff(keep) <= 1, "{} vs {keep}", s.candidates.len());
+            let n = s.candidates.len().min(keep);
+            assert_eq!(s.candidates[..n], all[..n]);
+        }
+    }
+
+    #[test]
+    fn no_allocation_after_first_call() {
+        let logits: Vec<f32> = (0..1000).map(|i| ((i * 37 % 101) as f32) / 10.0).collect();
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 0.8,
+            top_k: 50,
+            top_p: 0.9,
+            min_p: 0.05,
+            repetition_penalty: 1.1,
+            ..SamplingParams::default()
+        })
+        .unwrap();
+        let history = [1u32, 2, 3, 500];
+        s.sample(&logits, &history);
+        let caps = (s.work.capacity(), s.candidates.capacity(), s.work.as_ptr(), s.candidates.as_ptr());
+        for _ in 0..50 {
+            s.sample(&logits, &history);
+        }
+        assert_eq!(caps, (s.work.capacity(), s.candidates.capacity(), s.work.as_ptr(), s.candidates.as_ptr()));
+    }
+}
