@@ -1,0 +1,769 @@
+//! OpenAI-compatible endpoints: `POST /v1/chat/completions` and `POST /v1/completions`,
+//! streaming (SSE `data: {...}` chunks, `data: [DONE]`) and not, in OpenAI's exact shapes.
+//!
+//! Each handler: read the body (size limit) → parse and validate every field
+//! ([`parse_chat`], [`parse_completion`]) → [`generation::start`] → either collect and answer
+//! with one JSON object, or stream chunks through an [`Encoder`].
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+use crate::backend::{ChatMessage, FinishReason, LogprobEntry, Prompt, Role, TokenLogprob, Usage, MAX_TOP_LOGPROBS};
+use crate::error::ApiError;
+use crate::generation::{self, collect, sse_data, sse_response, sse_stream, Encoder, Spec, Step};
+use crate::params::{
+    check_model, kind_of, logprob_json, max_tokens_bound, parse_object, read_body, sampling, stop_strings, unsupported,
+    Fields, SamplingRanges,
+};
+use crate::server::{unix_now, AppState};
+
+/// Request fields accepted and ignored (they change nothing here).
+const IGNORED: &[&str] = &[
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "reasoning_effort",
+    "safety_identifier",
+    "prompt_cache_key",
+];
+
+const OPENAI_RANGES: SamplingRanges = SamplingRanges { max_temperature: 2.0 };
+
+/// Default completion budget of `/v1/completions` when `max_tokens` is absent (OpenAI's).
+const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
+
+/// Streaming choices shared by both endpoints.
+#[derive(Debug, Clone, Copy)]
+struct StreamOptions {
+    stream: bool,
+    include_usage: bool,
+}
+
+fn stream_options(f: &mut Fields) -> Result<StreamOptions, ApiError> {
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = match f.take("stream_options") {
+        None => false,
+        Some(_) if !stream => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            ))
+        }
+        Some(Value::Object(mut o)) => match o.remove("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => b,
+            Some(v) => {
+                return Err(ApiError::invalid(
+                    "stream_options.include_usage",
+                    format!(
+                        "Invalid type for 'stream_options.include_usage': expected a boolean, \
+                         but got {}.",
+                        kind_of(&v)
+                    ),
+                ))
+            }
+        },
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                format!("Invalid type for 'stream_options': expected an object, but got {}.", kind_of(&v)),
+            ))
+        }
+    };
+    Ok(StreamOptions { stream, include_usage })
+}
+
+/// `n` (and `best_of`) must be 1: one choice per request.
+fn single_choice(f: &mut Fields, name: &str) -> Result<(), ApiError> {
+    match f.integer(name)? {
+        None | Some(1) => Ok(()),
+        Some(n) => Err(unsupported(name, &format!("only 1 choice per request is supported, got {n}"))),
+    }
+}
+
+/// Parameters that would change the output in ways this server does not implement.
+fn reject_unsupported_common(f: &mut Fields) -> Result<(), ApiError> {
+    let empty_object = |v: &Value| v.as_object().is_some_and(Map::is_empty);
+    f.reject_unless("logit_bias", "logit biases are not implemented", empty_object)
+}
+
+fn is_empty_array(v: &Value) -> bool {
+    v.as_array().is_some_and(Vec::is_empty)
+}
+
+/// A parsed chat completion request.
+#[derive(Debug)]
+pub(crate) struct ChatRequest {
+    pub model: String,
+    pub spec: Spec,
+    stream: StreamOptions,
+}
+
+/// Validates a chat completion request body (everything except the prompt's length, which
+/// needs the tokenizer).
+pub(crate) fn parse_chat(f: &mut Fields, served: &str, window: usize) -> Result<ChatRequest, ApiError> {
+    let model = check_model(f, served)?;
+    let messages = match f.take("messages") {
+        None => return Err(ApiError::invalid("messages", "'messages' is required.")),
+        Some(Value::Array(items)) => parse_messages(items)?,
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "messages",
+                format!("Invalid type for 'messages': expected an array, but got {}.", kind_of(&v)),
+            ))
+        }
+    };
+    let stream = stream_options(f)?;
+    let (max_tokens, max_tokens_param) = match (f.integer("max_completion_tokens")?, f.integer("max_tokens")?) {
+        (Some(n), _) => (Some(max_tokens_bound("max_completion_tokens", n, window)?), "max_completion_tokens"),
+        (None, Some(n)) => (Some(max_tokens_bound("max_tokens", n, window)?), "max_tokens"),
+        (None, None) => (None, "max_tokens"),
+    };
+    let sampling = sampling(f, &OPENAI_RANGES)?;
+    let stop = stop_strings(f, "stop")?;
+    let want_logprobs = f.bool("logprobs")?.unwrap_or(false);
+    let logprobs = match (want_logprobs, f.integer("top_logprobs")?) {
+        (false, None) => None,
+        (false, Some(_)) => {
+            return Err(ApiError::invalid("top_logprobs", "'top_logprobs' requires 'logprobs' to be true."))
+        }
+        (true, top) => Some(top_logprobs("top_logprobs", top.unwrap_or(0))?),
+    };
+    single_choice(f, "n")?;
+    reject_unsupported_common(f)?;
+    f.reject_unless("tools", "tool calling is not implemented", is_empty_array)?;
+    f.reject_unless("functions", "function calling is not implemented", is_empty_array)?;
+    let no_tool_choice = |v: &Value| matches!(v.as_str(), Some("none" | "auto"));
+    f.reject_unless("tool_choice", "tool calling is not implemented", no_tool_choice)?;
+    f.reject_unless("function_call", "function calling is not implemented", no_tool_choice)?;
+    f.reject_unless("response_format", "only {\"type\": \"text\"} is supported", |v| {
+        v.get("type").and_then(Value::as_str) == Some("text")
+    })?;
+    f.reject_unless("modalities", "only text output is supported", |v| {
+        v.as_array().is_some_and(|m| m.iter().all(|x| x.as_str() == Some("text")))
+    })?;
+    f.reject_unless("audio", "audio output is not supported", |_| false)?;
+    f.reject_unless("prediction", "predicted outputs are not supported", |_| false)?;
+    f.reject_unless("web_search_options", "web search is not supported", |_| false)?;
+    Ok(ChatRequest {
+        model,
+        spec: Spec {
+            prompt: Prompt::Chat(messages),
+            prompt_param: "messages",
+            max_tokens,
+            max_tokens_param,
+            sampling,
+            stop,
+            logprobs,
+        },
+        stream,
+    })
+}
+
+fn top_logprobs(name: &str, k: i64) -> Result<usize, ApiError> {
+    match usize::try_from(k) {
+        Ok(k) if k <= MAX_TOP_LOGPROBS => Ok(k),
+        _ => Err(ApiError::invalid(name, format!("'{name}' must be between 0 and {MAX_TOP_LOGPROBS}, but got {k}."))),
+    }
+}
+
+/// Chat messages: roles system/developer/user/assistant, content a string or text parts.
+fn parse_messages(items: Vec<Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    if items.is_empty() {
+        return Err(ApiError::invalid("messages", "'messages' must contain at least one message."));
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        let at = |field: &str| format!("messages[{i}]{field}");
+        let Value::Object(mut m) = item else {
+            return Err(ApiError::invalid(
+                at(""),
+                format!("Invalid type for '{}': expected an object, but got {}.", at(""), kind_of(&item)),
+            ));
+        };
+        let role = match m.remove("role") {
+            Some(Value::String(r)) => match r.as_str() {
+                "system" | "developer" => Role::System,
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                "tool" | "function" => {
+                    return Err(ApiError::invalid(
+                        at(".role"),
+                        format!("Messages with role '{r}' are not supported (no tool calling)."),
+                    ))
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        at(".role"),
+                        format!(
+                            "Invalid value for '{}': '{r}'. Supported values are: 'system', \
+                             'developer', 'user' and 'assistant'.",
+                            at(".role")
+                        ),
+                    ))
+                }
+            },
+            None | Some(Value::Null) => {
+                return Err(ApiError::invalid(at(".role"), format!("'{}' is required.", at(".role"))))
+            }
+            Some(v) => {
+                return Err(ApiError::invalid(
+                    at(".role"),
+                    format!("Invalid type for '{}': expected a string, but got {}.", at(".role"), kind_of(&v)),
+                ))
+            }
+        };
+        for field in ["tool_calls", "function_call"] {
+            match m.remove(field) {
+                None | Some(Value::Null) => {}
+                Some(v) if is_empty_array(&v) => {}
+                Some(_) => return Err(unsupported(&at(&format!(".{field}")), "tool calling is not implemented")),
+            }
+        }
+        let content = match m.remove("content") {
+            None | Some(Value::Null) if role == Role::Assistant => String::new(),
+            None | Some(Value::Null) => {
+                return Err(ApiError::invalid(at(".content"), format!("'{}' is required.", at(".content"))))
+            }
+            Some(v) => content_text(v, &at(".content"))?,
+        };
+        out.push(ChatMessage { role, content });
+    }
+    Ok(out)
+}
+
+/// A message's content: a string, or an array of `{"type": "text", "text": ...}` parts
+/// (joined with newlines). Other part types are not supported.
+pub(crate) fn content_text(v: Value, param: &str) -> Result<String, ApiError> {
+    match v {
+        Value::String(s) => Ok(s),
+        Value::Array(parts) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (j, part) in parts.into_iter().enumerate() {
+                let at = format!("{param}[{j}]");
+                let kind = part.get("type").and_then(Value::as_str);
+                match (kind, part.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => texts.push(t.clone()),
+                    (Some("text"), _) => {
+                        return Err(ApiError::invalid(format!("{at}.text"), format!("'{at}.text' must be a string.")))
+                    }
+                    (Some(other), _) => {
+                        return Err(unsupported(
+                            &format!("{at}.type"),
+                            &format!("content parts of type '{other}' are not supported (text only)"),
+                        ))
+                    }
+                    (None, _) => {
+                        return Err(ApiError::invalid(
+                            format!("{at}.type"),
+                            format!("'{at}' must be an object with a 'type'."),
+                        ))
+                    }
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+        other => Err(ApiError::invalid(
+            param,
+            format!(
+                "Invalid type for '{param}': expected a string or an array of content parts, \
+                 but got {}.",
+                kind_of(&other)
+            ),
+        )),
+    }
+}
+
+/// A parsed (legacy) completion request.
+#[derive(Debug)]
+pub(crate) struct CompletionRequest {
+    pub model: String,
+    pub spec: Spec,
+    stream: StreamOptions,
+}
+
+/// Validates a `/v1/completions` request body.
+pub(crate) fn parse_completion(f: &mut Fields, served: &str, window: usize) -> Result<CompletionRequest, ApiError> {
+    let model = check_model(f, served)?;
+    let prompt = match f.take("prompt") {
+        None => return Err(ApiError::invalid("prompt", "'prompt' is required.")),
+        Some(v) => parse_prompt(v)?,
+    };
+    let stream = stream_options(f)?;
+    let max_tokens = match f.integer("max_tokens")? {
+        Some(n) => max_tokens_bound("max_tokens", n, window)?,
+        None => COMPLETIONS_DEFAULT_MAX_TOKENS.min(window),
+    };
+    let sampling = sampling(f, &OPENAI_RANGES)?;
+    let stop = stop_strings(f, "stop")?;
+    let logprobs = match f.integer("logprobs")? {
+        None => None,
+        Some(k) => Some(top_logprobs("logprobs", k)?),
+    };
+    single_choice(f, "n")?;
+    single_choice(f, "best_of")?;
+    reject_unsupported_common(f)?;
+    f.reject_unless("echo", "echoing the prompt is not implemented", |v| v.as_bool() == Some(false))?;
+    f.reject_unless("suffix", "insertion (suffix) is not implemented", |v| v.as_str() == Some(""))?;
+    Ok(CompletionRequest {
+        model,
+        spec: Spec {
+            prompt,
+            prompt_param: "prompt",
+            max_tokens: Some(max_tokens),
+            max_tokens_param: "max_tokens",
+            sampling,
+            stop,
+            logprobs,
+        },
+        stream,
+    })
+}
+
+/// `prompt`: a string, a one-string array, an array of token ids, or a one-element array of
+/// token-id arrays. Batches (several prompts) are not supported.
+fn parse_prompt(v: Value) -> Result<Prompt, ApiError> {
+    fn token_ids(items: &[Value], param: &str) -> Result<Vec<u32>, ApiError> {
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                t.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("{param}[{i}]"),
+                        format!("'{param}[{i}]' must be a token id (a non-negative integer)."),
+                    )
+                })
+            })
+            .collect()
+    }
+    let batch = || unsupported("prompt", "only one prompt per request is supported");
+    match v {
+        Value::String(s) => Ok(Prompt::Text(s)),
+        Value::Array(items) => match items.first() {
+            None => Err(ApiError::invalid("prompt", "'prompt' must not be empty.")),
+            Some(Value::String(_)) => match <[Value; 1]>::try_from(items) {
+                Ok([Value::String(s)]) => Ok(Prompt::Text(s)),
+                Ok(_) => Err(ApiError::invalid("prompt", "'prompt' must be a string.")),
+                Err(_) => Err(batch()),
+            },
+            Some(Value::Number(_)) => Ok(Prompt::Tokens(token_ids(&items, "prompt")?)),
+            Some(Value::Array(inner)) => {
+                if items.len() > 1 {
+                    return Err(batch());
+                }
+                Ok(Prompt::Tokens(token_ids(inner, "prompt[0]")?))
+            }
+            Some(other) => Err(ApiError::invalid(
+                "prompt[0]",
+                format!("Invalid type for 'prompt[0]': expected a string or a token id, but got {}.", kind_of(other)),
+            )),
+        },
+        other => Err(ApiError::invalid(
+            "prompt",
+            format!("Invalid type for 'prompt': expected a string or an array, but got {}.", kind_of(&other)),
+        )),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers
+
+pub(crate) async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let arrived = Instant::now();
+    chat(state, arrived, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn chat(
+    state: Arc<AppState>,
+    arrived: Instant,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = read_body(body, state.max_body_bytes)?;
+    let mut f = parse_object(&body)?;
+    let backend = &state.backend;
+    let req = parse_chat(&mut f, backend.model_id(), backend.context_window())?;
+    f.finish(IGNORED)?;
+    let want_logprobs = req.spec.logprobs.is_some();
+    let job = generation::start(&state, arrived, req.spec).await?;
+    let head = Head { id: state.request_id("chatcmpl-"), created: unix_now(), model: req.model };
+    if req.stream.stream {
+        let encoder = ChatEncoder { head, include_usage: req.stream.include_usage };
+        return Ok(sse_response(sse_stream(job, encoder)));
+    }
+    let c = collect(job).await?;
+    let logprobs = want_logprobs
+        .then(|| json!({"content": c.logprobs.iter().map(chat_logprob).collect::<Vec<_>>(), "refusal": null}));
+    Ok(Json(json!({
+        "id": head.id,
+        "object": "chat.completion",
+        "created": head.created,
+        "model": head.model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": c.text, "refusal": null},
+            "logprobs": logprobs,
+            "finish_reason": c.finish_reason.as_str(),
+        }],
+        "usage": usage_json(&c.usage),
+    }))
+    .into_response())
+}
+
+pub(crate) async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let arrived = Instant::now();
+    completion(state, arrived, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completion(
+    state: Arc<AppState>,
+    arrived: Instant,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = read_body(body, state.max_body_bytes)?;
+    let mut f = parse_object(&body)?;
+    let backend = &state.backend;
+    let req = parse_completion(&mut f, backend.model_id(), backend.context_window())?;
+    f.finish(IGNORED)?;
+    let want_logprobs = req.spec.logprobs.is_some();
+    let job = generation::start(&state, arrived, req.spec).await?;
+    let head = Head { id: state.request_id("cmpl-"), created: unix_now(), model: req.model };
+    if req.stream.stream {
+        let encoder = CompletionEncoder { head, include_usage: req.stream.include_usage, chars: 0 };
+        return Ok(sse_response(sse_stream(job, encoder)));
+    }
+    let c = collect(job).await?;
+    let logprobs = want_logprobs.then(|| completion_logprobs(&c.logprobs, &c.text_offsets));
+    Ok(Json(json!({
+        "id": head.id,
+        "object": "text_completion",
+        "created": head.created,
+        "model": head.model,
+        "choices": [{
+            "index": 0,
+            "text": c.text,
+            "logprobs": logprobs,
+            "finish_reason": c.finish_reason.as_str(),
+        }],
+        "usage": usage_json(&c.usage),
+    }))
+    .into_response())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Response shapes
+
+/// The fields every response object and chunk of one request repeats.
+#[derive(Debug)]
+struct Head {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+fn logprob_entry(e: &LogprobEntry) -> Value {
+    json!({"token": e.token, "logprob": logprob_json(e.logprob), "bytes": e.bytes})
+}
+
+/// One position of chat `logprobs.content`.
+fn chat_logprob(lp: &TokenLogprob) -> Value {
+    let mut v = logprob_entry(&lp.chosen);
+    v["top_logprobs"] = lp.top.iter().map(logprob_entry).collect();
+    v
+}
+
+/// The legacy completions `logprobs` object over some positions.
+fn completion_logprobs(lps: &[TokenLogprob], text_offsets: &[usize]) -> Value {
+    debug_assert_eq!(lps.len(), text_offsets.len());
+    let top: Vec<Value> = lps
+        .iter()
+        .map(|lp| {
+            let map: Map<String, Value> =
+                lp.top.iter().map(|e| (e.token.clone(), json!(logprob_json(e.logprob)))).collect();
+            Value::Object(map)
+        })
+        .collect();
+    json!({
+        "tokens": lps.iter().map(|lp| lp.chosen.token.clone()).collect::<Vec<_>>(),
+        "token_logprobs": lps.iter().map(|lp| logprob_json(lp.chosen.logprob)).collect::<Vec<_>>(),
+        "top_logprobs": top,
+        "text_offset": text_offsets,
+    })
+}
+
+const DONE: &[u8] = b"data: [DONE]\n\n";
+
+/// Error chunk then `[DONE]`, as vLLM does when a stream fails midway.
+fn stream_error(e: &ApiError, out: &mut Vec<Bytes>) {
+    out.push(sse_data(&e.body(crate::error::Dialect::OpenAi)));
+    out.push(Bytes::from_static(DONE));
+}
+
+/// `chat.completion.chunk` stream.
+struct ChatEncoder {
+    head: Head,
+    include_usage: bool,
+}
+
+impl ChatEncoder {
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
+        let mut v = json!({
+            "id": self.head.id,
+            "object": "chat.completion.chunk",
+            "created": self.head.created,
+            "model": self.head.model,
+            "choices": choices,
+        });
+        if self.include_usage {
+            v["usage"] = usage.unwrap_or(Value::Null);
+        }
+        sse_data(&v)
+    }
+
+    fn choice(delta: Value, logprobs: Option<Value>, finish: Option<FinishReason>) -> Value {
+        json!([{
+            "index": 0,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish.map(FinishReason::as_str),
+        }])
+    }
+}
+
+impl Encoder for ChatEncoder {
+    fn start(&mut self, out: &mut Vec<Bytes>) {
+        let delta = json!({"role": "assistant", "content": ""});
+        out.push(self.chunk(Self::choice(delta, None, None), None));
+    }
+
+    fn step(&mut self, step: Step, out: &mut Vec<Bytes>) {
+        match step {
+            Step::Token { text, logprob } => {
+                if text.is_empty() && logprob.is_none() {
+                    return;
+                }
+                let logprobs = logprob.as_ref().map(|lp| json!({"content": [chat_logprob(lp)], "refusal": null}));
+                let choices = Self::choice(json!({"content": text}), logprobs, None);
+                out.push(self.chunk(choices, None));
+            }
+            Step::Done { finish_reason, usage, .. } => {
+                out.push(self.chunk(Self::choice(json!({}), None, Some(finish_reason)), None));
+                if self.include_usage {
+                    out.push(self.chunk(json!([]), Some(usage_json(&usage))));
+                }
+                out.push(Bytes::from_static(DONE));
+            }
+            Step::Failed(e) => stream_error(&e, out),
+        }
+    }
+}
+
+/// `text_completion` stream.
+struct CompletionEncoder {
+    head: Head,
+    include_usage: bool,
+    /// Characters streamed so far (for `text_offset`).
+    chars: usize,
+}
+
+impl CompletionEncoder {
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
+        let mut v = json!({
+            "id": self.head.id,
+            "object": "text_completion",
+            "created": self.head.created,
+            "model": self.head.model,
+            "choices": choices,
+        });
+        if self.include_usage {
+            v["usage"] = usage.unwrap_or(Value::Null);
+        }
+        sse_data(&v)
+    }
+}
+
+impl Encoder for CompletionEncoder {
+    fn start(&mut self, _out: &mut Vec<Bytes>) {}
+
+    fn step(&mut self, step: Step, out: &mut Vec<Bytes>) {
+        match step {
+            Step::Token { text, logprob } => {
+                if text.is_empty() && logprob.is_none() {
+                    return;
+                }
+                let logprobs = logprob.as_ref().map(|lp| completion_logprobs(std::slice::from_ref(lp), &[self.chars]));
+                self.chars += text.chars().count();
+                let choices = json!([{
+                    "index": 0,
+                    "text": text,
+                    "logprobs": logprobs,
+                    "finish_reason": null,
+                }]);
+                out.push(self.chunk(choices, None));
+            }
+            Step::Done { finish_reason, usage, .. } => {
+                let choices = json!([{
+                    "index": 0,
+                    "text": "",
+                    "logprobs": null,
+                    "finish_reason": finish_reason.as_str(),
+                }]);
+                out.push(self.chunk(choices, None));
+                if self.include_usage {
+                    out.push(self.chunk(json!([]), Some(usage_json(&usage))));
+                }
+                out.push(Bytes::from_static(DONE));
+            }
+            Step::Failed(e) => stream_error(&e, out),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error a chat body produces, from parsing or from the unknown-field check.
+    fn chat_err(body: &str) -> ApiError {
+        let mut f = parse_object(body.as_bytes()).unwrap();
+        match parse_chat(&mut f, "m", 100) {
+            Err(e) => e,
+            Ok(_) => f.finish(IGNORED).expect_err(body),
+        }
+    }
+
+    #[test]
+    fn chat_messages_parse_roles_and_parts() {
+        let body = r#"{"model": "m", "messages": [
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": null}
+        ], "max_completion_tokens": 5, "max_tokens": 9, "logprobs": true, "top_logprobs": 2}"#;
+        let mut f = parse_object(body.as_bytes()).unwrap();
+        let r = parse_chat(&mut f, "m", 100).unwrap();
+        f.finish(IGNORED).unwrap();
+        assert_eq!(
+            r.spec.prompt,
+            Prompt::Chat(vec![
+                ChatMessage { role: Role::System, content: "be brief".into() },
+                ChatMessage { role: Role::User, content: "a\nb".into() },
+                ChatMessage { role: Role::Assistant, content: String::new() },
+            ])
+        );
+        assert_eq!(r.spec.max_tokens, Some(5));
+        assert_eq!(r.spec.max_tokens_param, "max_completion_tokens");
+        assert_eq!(r.spec.logprobs, Some(2));
+    }
+
+    #[test]
+    fn chat_rejections_name_the_field() {
+        let cases = [
+            (r#"{"messages": []}"#, "messages"),
+            (r#"{"messages": "hi"}"#, "messages"),
+            (r#"{}"#, "messages"),
+            (r#"{"messages": [{"role": "tool", "content": "x"}]}"#, "messages[0].role"),
+            (r#"{"messages": [{"role": "wizard", "content": "x"}]}"#, "messages[0].role"),
+            (r#"{"messages": [{"content": "x"}]}"#, "messages[0].role"),
+            (r#"{"messages": [{"role": "user"}]}"#, "messages[0].content"),
+            (r#"{"messages": [{"role": "user", "content": 5}]}"#, "messages[0].content"),
+            (r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#, "messages[0].content[0].type"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#, "n"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{}]}"#, "tools"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}"#, "max_tokens"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 101}"#, "max_tokens"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}"#, "top_logprobs"),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}"#,
+                "top_logprobs",
+            ),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "stream_options": {}}"#, "stream_options"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"1": 5}}"#, "logit_bias"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "frobnicate": 1}"#, "frobnicate"),
+        ];
+        for (body, param) in cases {
+            let e = chat_err(body);
+            assert_eq!(e.status, 400, "{body}");
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
+        }
+        let e = chat_err(r#"{"model": "other", "messages": [{"role": "user", "content": "x"}]}"#);
+        assert_eq!((e.status.as_u16(), e.code), (404, Some("model_not_found")));
+    }
+
+    #[test]
+    fn completion_prompts() {
+        let p = |s: &str| parse_prompt(serde_json::from_str(s).unwrap());
+        assert_eq!(p(r#""hi""#).unwrap(), Prompt::Text("hi".into()));
+        assert_eq!(p(r#"["hi"]"#).unwrap(), Prompt::Text("hi".into()));
+        assert_eq!(p(r#"[1, 2]"#).unwrap(), Prompt::Tokens(vec![1, 2]));
+        assert_eq!(p(r#"[[3]]"#).unwrap(), Prompt::Tokens(vec![3]));
+        assert!(p(r#"["a", "b"]"#).is_err());
+        assert!(p(r#"[[1], [2]]"#).is_err());
+        assert!(p(r#"[-1]"#).is_err());
+        assert!(p(r#"[]"#).is_err());
+        assert!(p(r#"{}"#).is_err());
+        assert!(p(r#"[true]"#).is_err());
+    }
+
+    #[test]
+    fn completion_defaults_and_rejections() {
+        let mut f = parse_object(br#"{"prompt": "x", "echo": false, "best_of": 1}"#).unwrap();
+        let r = parse_completion(&mut f, "m", 100).unwrap();
+        f.finish(IGNORED).unwrap();
+        assert_eq!(r.spec.max_tokens, Some(COMPLETIONS_DEFAULT_MAX_TOKENS));
+        for (body, param) in [
+            (r#"{"prompt": "x", "echo": true}"#, "echo"),
+            (r#"{"prompt": "x", "suffix": "y"}"#, "suffix"),
+            (r#"{"prompt": "x", "best_of": 3}"#, "best_of"),
+            (r#"{"prompt": "x", "logprobs": 50}"#, "logprobs"),
+            (r#"{"prompt": "x", "max_tokens": 0}"#, "max_tokens"),
+        ] {
+            let mut f = parse_object(body.as_bytes()).unwrap();
+            let e = parse_completion(&mut f, "m", 100).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+        }
+    }
+
+    #[test]
+    fn logprob_shapes() {
+        let e = |id, token: &str, logprob| LogprobEntry {
+            id,
+            token: token.into(),
+            bytes: token.as_bytes().to_vec(),
+            logprob,
+        };
+        let lp = TokenLogprob { chosen: e(1, "a", -0.1), top: vec![e(1, "a", -0.1), e(2, "b", f32::NEG_INFINITY)] };
+        assert_eq!(
+            chat_logprob(&lp),
+            json!({"token": "a", "logprob": -0.1, "bytes": [97], "top_logprobs": [
+                {"token": "a", "logprob": -0.1, "bytes": [97]},
+                {"token": "b", "logprob": -9999.0, "bytes": [98]},
+            ]})
+        );
+        assert_eq!(
+            completion_logprobs(&[lp], &[0]),
+            json!({"tokens": ["a"], "token_logprobs": [-0.1],
+                   "top_logprobs": [{"a": -0.1, "b": -9999.0}], "text_offset": [0]})
+        );
+    }
+}
