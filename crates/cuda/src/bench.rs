@@ -27,7 +27,7 @@ pub struct Row {
     pub format: String,
     pub batch: usize,
     pub context: usize,
-    /// Median kernel time, milliseconds.
+    /// Median kernel time, milliseconds (`us` in the JSON is the same in microseconds).
     pub ms: f64,
     /// KV bytes one call reads (codes + scales, one layer); for roofline rows the bytes of the
     /// bf16 KV of the same shape.
@@ -42,8 +42,19 @@ impl Row {
     /// One JSON object (no dependency on serde).
     pub fn to_json(&self) -> String {
         format!(
-            "{{\"impl\":\"{}\",\"format\":\"{}\",\"batch\":{},\"context\":{},\"ms\":{:.6},\"kv_bytes\":{},\"gbps\":{:.1},\"partition_size\":{}}}",
-            self.impl_name, self.format, self.batch, self.context, self.ms, self.kv_bytes, self.gbps, self.partition_size
+            concat!(
+                "{{\"device\":\"cuda\",\"impl\":\"{}\",\"format\":\"{}\",\"batch\":{},\"context\":{},",
+                "\"ms\":{:.6},\"us\":{:.2},\"kv_bytes\":{},\"gbps\":{:.1},\"partition_size\":{}}}"
+            ),
+            self.impl_name,
+            self.format,
+            self.batch,
+            self.context,
+            self.ms,
+            self.ms * 1e3,
+            self.kv_bytes,
+            self.gbps,
+            self.partition_size
         )
     }
 }
@@ -58,7 +69,10 @@ pub struct BenchConfig {
     /// (batch, context) pairs.
     pub cases: Vec<(usize, usize)>,
     pub formats: Vec<KvFormat>,
+    /// `primitive` and/or `partitioned`.
     pub routes: Vec<&'static str>,
+    /// Partition sizes for the partitioned route; empty: [`auto_partition_size`] per case.
+    pub partition_sizes: Vec<usize>,
     pub warmup: usize,
     pub runs: usize,
     /// KV copies are rotated so each case touches at least this many bytes.
@@ -83,6 +97,7 @@ impl Default for BenchConfig {
                 KvFormat::TURBO_DEFAULT,
             ],
             routes: vec!["primitive", "partitioned"],
+            partition_sizes: Vec::new(),
             warmup: 5,
             runs: 30,
             min_footprint_bytes: 512 << 20,
@@ -111,6 +126,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Times `f` (which enqueues work on the device's stream) `warmup + runs` times with CUDA events;
 /// `f` gets the run index. Returns the median in milliseconds.
+///
+/// The runs are queued back to back with an event between consecutive runs and one
+/// synchronization at the end, so the host runs ahead of the GPU and each interval is device
+/// time (kernels plus the gaps between them), not host launch latency.
 fn time_ms(
     dev: &CudaDevice,
     warmup: usize,
@@ -123,13 +142,16 @@ fn time_ms(
         f(i)?;
     }
     dev.synchronize()?;
-    let mut times = Vec::with_capacity(runs);
+    let mut events = Vec::with_capacity(runs + 1);
+    events.push(stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(ev)?);
     for i in 0..runs {
-        let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(ev)?;
         f(warmup + i)?;
-        let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(ev)?;
-        end.synchronize().map_err(|e| CudaError::driver("cuEventSynchronize", e))?;
-        times.push(start.elapsed_ms(&end).map_err(|e| CudaError::driver("cuEventElapsedTime", e))? as f64);
+        events.push(stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(ev)?);
+    }
+    dev.synchronize()?;
+    let mut times = Vec::with_capacity(runs);
+    for w in events.windows(2) {
+        times.push(w[0].elapsed_ms(&w[1]).map_err(|e| CudaError::driver("cuEventElapsedTime", e))? as f64);
     }
     Ok(median(times))
 }
@@ -212,14 +234,23 @@ pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<R
             let queries = stream.clone_htod(&q).map_err(alloc)?;
             let mut out = stream.alloc_zeros::<f32>(q.len()).map_err(alloc)?;
             let mut attn = DecodeAttention::new(dev.clone());
+            let mut runs: Vec<(&str, DecodeRoute, usize)> = Vec::new();
             for &route_name in &cfg.routes {
-                let (route, ps) = match route_name {
-                    "primitive" => (DecodeRoute::Primitive, 0),
-                    _ => {
+                match route_name {
+                    "primitive" => runs.push(("primitive", DecodeRoute::Primitive, 0)),
+                    "partitioned" if cfg.partition_sizes.is_empty() => {
                         let ps = auto_partition_size(batch, cfg.num_kv_heads, ctx, dev.sm_count());
-                        (DecodeRoute::Partitioned { partition_size: ps }, ps)
+                        runs.push(("partitioned", DecodeRoute::Partitioned { partition_size: ps }, ps));
                     }
-                };
+                    "partitioned" => {
+                        for &ps in &cfg.partition_sizes {
+                            runs.push(("partitioned", DecodeRoute::Partitioned { partition_size: ps }, ps));
+                        }
+                    }
+                    other => return Err(CudaError::Invalid(format!("bench route {other:?} (primitive, partitioned)"))),
+                }
+            }
+            for (route_name, route, ps) in runs {
                 let ms = time_ms(dev, cfg.warmup, cfg.runs, |i| {
                     let b = DecodeBatch {
                         queries: &queries,
@@ -284,6 +315,7 @@ fn roofline(
         Ok(())
     })?;
     // Copy: copy i reads buffer i % copies and writes the spare one at the end.
+    dev.bind()?;
     let copy_ms = time_ms(dev, cfg.warmup, cfg.runs, |i| {
         let src = base + ((i % copies) * bytes) as u64;
         let dst = base + (copies * bytes) as u64;

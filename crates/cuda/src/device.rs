@@ -43,6 +43,8 @@ pub struct CudaDevice {
     name: String,
     arch: (u32, u32),
     sm_count: usize,
+    /// Largest dynamic shared memory one block may opt into, bytes.
+    smem_optin: usize,
     modules: Mutex<HashMap<ModuleSpec, Arc<KernelModule>>>,
 }
 
@@ -81,8 +83,18 @@ impl CudaDevice {
             )));
         }
         let sm_count = attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let smem_optin = attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
         let name = ctx.name().unwrap_or_else(|_| "unknown".into());
-        Ok(Arc::new(CudaDevice { ctx, stream, ordinal, name, arch, sm_count, modules: Mutex::new(HashMap::new()) }))
+        Ok(Arc::new(CudaDevice {
+            ctx,
+            stream,
+            ordinal,
+            name,
+            arch,
+            sm_count,
+            smem_optin,
+            modules: Mutex::new(HashMap::new()),
+        }))
     }
 
     pub fn ordinal(&self) -> usize {
@@ -115,6 +127,12 @@ impl CudaDevice {
         &self.ctx
     }
 
+    /// Makes this device's context current on the calling thread (needed before raw driver
+    /// calls; cudarc's safe wrappers do it themselves).
+    pub fn bind(&self) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(|e| CudaError::driver("cuCtxSetCurrent", e))
+    }
+
     /// Waits for all work queued on the stream; surfaces asynchronous kernel errors.
     pub fn synchronize(&self) -> Result<(), CudaError> {
         self.stream.synchronize().map_err(|e| CudaError::driver("cuStreamSynchronize", e))
@@ -126,8 +144,16 @@ impl CudaDevice {
         if let Some(m) = modules.get(spec) {
             return Ok(m.clone());
         }
-        if let ModuleSpec::Kv { format, head_dim, .. } = spec {
+        if let ModuleSpec::Kv { format, head_dim, group } = spec {
             compile::check_supported(*format, *head_dim)?;
+            let smem = compile::decode_smem_bytes(*format, *head_dim, *group);
+            if *group > 0 && smem > self.smem_optin {
+                return Err(CudaError::Unsupported(format!(
+                    "{format} at head_dim {head_dim} with {group} query heads per kv head needs {smem} bytes of \
+                     shared memory per block; this device allows {}",
+                    self.smem_optin
+                )));
+            }
         }
         let bin = compile::cubin(spec, self.arch)?;
         let module =
@@ -139,6 +165,7 @@ impl CudaDevice {
             if *group > 0 {
                 let bytes = compile::decode_smem_bytes(*format, *head_dim, *group);
                 let f = km.function("pk_decode")?;
+                self.bind()?;
                 // SAFETY: a valid function handle of a loaded module.
                 unsafe {
                     result::function::set_function_attribute(

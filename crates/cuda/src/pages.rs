@@ -259,6 +259,7 @@ impl DevicePages {
         let slot_heads = g.block_size * g.num_kv_heads;
         let d = g.head_dim;
         let stream = self.device.stream();
+        self.device.bind()?;
         for (k, v) in &self.layers {
             for (plane, codec) in [(k, self.key_codec), (v, self.value_codec)] {
                 for (buf, per) in [(&plane.codes, codec.code_bytes(d)), (&plane.scales, codec.scales(d) * 2)] {

@@ -1,0 +1,556 @@
+//! The CUDA kernels against the CPU references, on fresh random inputs:
+//! - cache write: the codes and scales the GPU stores equal, byte for byte, what
+//!   [`kvcache::HostPages`] stores for the same tokens (every format, rotated ones too);
+//!   `copy_block` and `PageStore::read` agree with the host as well;
+//! - decode attention: `primitive` and `partitioned` against the scalar reference of
+//!   `pagekv-cpu` (f64 accumulation) run over a host copy of the *same* device pages, for every
+//!   format, GQA groups 1/3/4/8, sliding windows, odd context lengths, block sizes 8/16/32,
+//!   pages scattered over a pool whose spare blocks hold huge values, outputs poisoned with NaN
+//!   before each run;
+//! - bad input is a typed error, never a panic.
+//!
+//! Without a CUDA device (or without the `cuda` feature) every test prints
+//! `SKIPPED <test>: <reason>` on stderr, uncaptured so `cargo test` shows it, and passes.
+
+use std::io::Write;
+
+fn skip(test: &str, reason: &str) {
+    // Written to the real stderr (not through eprintln!, which the test harness captures).
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn gpu_tests_need_the_cuda_feature() {
+    skip("gpu_kernels", "pagekv-cuda was built without the `cuda` feature");
+    assert!(!pagekv_cuda::cuda_available());
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use std::sync::{Arc, OnceLock};
+
+    use cudarc::driver::CudaSlice;
+    use kvcache::{HostPages, KvFormat, PageGeometry, PageStore, NULL_BLOCK};
+    use pagekv_cpu::attention::{reference, AttentionParams};
+    use pagekv_cuda::{CudaDevice, CudaError, DecodeAttention, DecodeBatch, DecodeRoute, DevicePages};
+    use rand::rngs::StdRng;
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+    use rand_distr::StandardNormal;
+
+    use super::skip;
+
+    /// Every codec on both sides: floats, q8, q4 with and without rotation, and turbo at every
+    /// bit width for K and V.
+    const FORMATS: [KvFormat; 10] = [
+        KvFormat::F32,
+        KvFormat::F16,
+        KvFormat::Bf16,
+        KvFormat::Q8,
+        KvFormat::Q4 { rotate: false },
+        KvFormat::Q4 { rotate: true },
+        KvFormat::Turbo { k_bits: 8, v_bits: 3 },
+        KvFormat::Turbo { k_bits: 4, v_bits: 2 },
+        KvFormat::Turbo { k_bits: 2, v_bits: 4 },
+        KvFormat::Turbo { k_bits: 3, v_bits: 8 },
+    ];
+
+    /// The shared device, or `None` (after printing why) when there is none.
+    fn device(test: &str) -> Option<Arc<CudaDevice>> {
+        static DEVICE: OnceLock<Result<Arc<CudaDevice>, CudaError>> = OnceLock::new();
+        match DEVICE.get_or_init(|| CudaDevice::new(0)) {
+            Ok(d) => Some(d.clone()),
+            Err(e) => {
+                skip(test, &format!("no usable CUDA device ({e})"));
+                None
+            }
+        }
+    }
+
+    fn normal(rng: &mut StdRng) -> f32 {
+        rng.sample::<f32, _>(StandardNormal)
+    }
+
+    fn up<T: cudarc::driver::DeviceRepr>(dev: &CudaDevice, x: &[T]) -> CudaSlice<T> {
+        dev.stream().clone_htod(x).expect("upload")
+    }
+
+    fn down<T: cudarc::driver::DeviceRepr + Default + Clone>(dev: &CudaDevice, x: &CudaSlice<T>) -> Vec<T> {
+        dev.stream().clone_dtoh(x).expect("download")
+    }
+
+    /// Head vectors with a mix of magnitudes per group (so scales differ), a few outliers,
+    /// exact ties of magnitude (q4's first-max rule) and one all-zero head vector.
+    fn tokens(rng: &mut StdRng, n: usize, row: usize, d: usize) -> Vec<f32> {
+        let mut x: Vec<f32> = (0..n * row).map(|_| normal(rng) * (0.1 + 2.0 * rng.gen::<f32>())).collect();
+        for _ in 0..n.max(1) {
+            let i = rng.gen_range(0..n * row);
+            x[i] *= 40.0;
+        }
+        if n * row >= 2 * d {
+            // A tie of magnitude inside a group: +a then −a.
+            let g = rng.gen_range(0..n * row / 32) * 32;
+            x[g + 3] = 5.5;
+            x[g + 17] = -5.5;
+            // One head vector of zeros (scale 0).
+            let h = rng.gen_range(0..n * row / d) * d;
+            x[h..h + d].fill(0.0);
+        }
+        x
+    }
+
+    fn geometry(
+        format: KvFormat,
+        layers: usize,
+        blocks: usize,
+        bs: usize,
+        heads: usize,
+        d: usize,
+        seed: u64,
+    ) -> PageGeometry {
+        PageGeometry {
+            num_layers: layers,
+            num_blocks: blocks,
+            block_size: bs,
+            num_kv_heads: heads,
+            head_dim: d,
+            format,
+            rotation_seed: 0xC0DA ^ seed,
+        }
+    }
+
+    /// Asserts that device layer `layer` holds exactly the host's bytes.
+    fn assert_same_pages(dev_pages: &DevicePages, host: &HostPages, layer: usize, what: &str) {
+        let got = dev_pages.download_layer(layer).expect("download layer");
+        let want = host.layer(layer);
+        for (side, g_codes, w_codes, g_scales, w_scales) in [
+            ("K", &got.k_codes, want.keys.codes, &got.k_scales, want.keys.scales),
+            ("V", &got.v_codes, want.values.codes, &got.v_scales, want.values.scales),
+        ] {
+            assert_eq!(g_codes.len(), w_codes.len(), "{what}: {side} code length");
+            if let Some(i) = g_codes.iter().zip(w_codes).position(|(a, b)| a != b) {
+                panic!(
+                    "{what}: {side} codes differ first at byte {i}: gpu {:#04x}, host {:#04x}",
+                    g_codes[i], w_codes[i]
+                );
+            }
+            assert_eq!(g_scales.len(), w_scales.len(), "{what}: {side} scale count");
+            if let Some(i) = g_scales.iter().zip(w_scales).position(|(a, b)| a.to_bits() != b.to_bits()) {
+                panic!("{what}: {side} scales differ first at {i}: gpu {}, host {}", g_scales[i], w_scales[i]);
+            }
+        }
+    }
+
+    #[test]
+    fn cache_write_stores_the_host_codes_bit_for_bit() {
+        let Some(dev) = device("cache_write_stores_the_host_codes_bit_for_bit") else { return };
+        let mut rng = StdRng::seed_from_u64(0xCAC4E);
+        let mut checked = 0;
+        for format in FORMATS {
+            for d in [64usize, 80, 96, 128, 256] {
+                if pagekv_cuda::compile::check_supported(format, d).is_err() {
+                    continue; // quantized formats need a multiple of 32 on the GPU
+                }
+                let (bs, heads, blocks) = (16, 3, 7);
+                let g = geometry(format, 2, blocks, bs, heads, d, checked);
+                let mut host = HostPages::new(g.clone());
+                let mut gpu = DevicePages::new(dev.clone(), g.clone()).expect("device pages");
+                let row = heads * d;
+                // Two writes per layer into scattered slots (the second overwrites some).
+                for layer in 0..2 {
+                    for _ in 0..2 {
+                        let mut slots: Vec<u32> = (0..g.slots() as u32).collect();
+                        slots.shuffle(&mut rng);
+                        slots.truncate(rng.gen_range(1..=g.slots() / 2));
+                        let n = slots.len();
+                        let (k, v) = (tokens(&mut rng, n, row, d), tokens(&mut rng, n, row, d));
+                        host.write(layer, &slots, &k, &v);
+                        gpu.try_write(layer, &slots, &k, &v).expect("write");
+                    }
+                }
+                // Copy-on-write of a block, then a read back through PageStore::read.
+                host.copy_block(2, 5);
+                gpu.try_copy_block(2, 5).expect("copy_block");
+                for layer in 0..2 {
+                    assert_same_pages(&gpu, &host, layer, &format!("{format} d={d} layer {layer}"));
+                }
+                let (mut hk, mut hv) = (vec![0f32; row], vec![0f32; row]);
+                let (mut gk, mut gv) = (vec![f32::NAN; row], vec![f32::NAN; row]);
+                let slot = (5 * bs + 3) as u32;
+                host.read(1, slot, &mut hk, &mut hv);
+                gpu.read(1, slot, &mut gk, &mut gv);
+                assert_eq!(hk, gk, "{format} d={d}: read keys");
+                assert_eq!(hv, gv, "{format} d={d}: read values");
+                assert!(gpu.take_error().is_none());
+                checked += 1;
+            }
+        }
+        // 10 formats × {64, 96, 128, 256} + 3 float formats × {80}.
+        assert_eq!(checked, 43);
+    }
+
+    #[test]
+    fn cache_write_from_device_buffers_matches_host_writes() {
+        let Some(dev) = device("cache_write_from_device_buffers_matches_host_writes") else { return };
+        let mut rng = StdRng::seed_from_u64(77);
+        for format in [KvFormat::Bf16, KvFormat::Q8, KvFormat::TURBO_DEFAULT] {
+            let g = geometry(format, 1, 9, 8, 2, 128, 5);
+            let mut host = HostPages::new(g.clone());
+            let mut gpu = DevicePages::new(dev.clone(), g.clone()).expect("device pages");
+            let mut slots: Vec<u32> = (0..g.slots() as u32).collect();
+            slots.shuffle(&mut rng);
+            slots.truncate(29);
+            let (k, v) = (tokens(&mut rng, 29, 256, 128), tokens(&mut rng, 29, 256, 128));
+            host.write(0, &slots, &k, &v);
+            let (ds, dk, dv) = (up(&dev, &slots), up(&dev, &k), up(&dev, &v));
+            gpu.write_device(0, &ds, &dk, &dv, 29).expect("write_device");
+            assert_same_pages(&gpu, &host, 0, &format!("{format} write_device"));
+        }
+    }
+
+    #[test]
+    fn bad_page_calls_are_typed_errors() {
+        let Some(dev) = device("bad_page_calls_are_typed_errors") else { return };
+        let g = geometry(KvFormat::Q8, 1, 4, 16, 2, 64, 0);
+        let mut gpu = DevicePages::new(dev.clone(), g.clone()).expect("device pages");
+        let row = 2 * 64;
+        let x = vec![1.0f32; row];
+        assert!(matches!(gpu.try_write(0, &[64], &x, &x), Err(CudaError::Invalid(_))), "slot out of range");
+        assert!(matches!(gpu.try_write(1, &[0], &x, &x), Err(CudaError::Invalid(_))), "layer out of range");
+        assert!(matches!(gpu.try_write(0, &[0, 1], &x, &x), Err(CudaError::Invalid(_))), "short keys");
+        assert!(matches!(gpu.try_copy_block(0, 4), Err(CudaError::Invalid(_))), "block out of range");
+        // Through PageStore the first error is kept for take_error.
+        gpu.write(0, &[99], &x, &x);
+        assert!(matches!(gpu.take_error(), Some(CudaError::Invalid(_))));
+        assert!(gpu.take_error().is_none());
+        let (mut k, mut v) = (vec![0f32; row], vec![0f32; row]);
+        gpu.read(0, 1000, &mut k, &mut v);
+        assert!(k.iter().all(|x| x.is_nan()), "a failed read leaves NaN");
+        let bad = PageGeometry { block_size: 12, ..g.clone() };
+        assert!(matches!(DevicePages::new(dev.clone(), bad), Err(CudaError::Invalid(_))));
+        let bad = PageGeometry { head_dim: 80, ..g.clone() };
+        assert!(matches!(DevicePages::new(dev.clone(), bad), Err(CudaError::Unsupported(_))));
+        let count = pagekv_cuda::probe().expect("probe");
+        assert!(matches!(CudaDevice::new(count + 3), Err(CudaError::NoDevice { .. })));
+    }
+
+    /// One decode case: several sequences of different lengths over one scattered pool.
+    #[derive(Clone, Debug)]
+    struct Case {
+        format: KvFormat,
+        head_dim: usize,
+        num_kv_heads: usize,
+        group: usize,
+        contexts: Vec<usize>,
+        window: Option<usize>,
+        block_size: usize,
+        seed: u64,
+    }
+
+    /// Relative error bound against the reference over the same pages (the CPU's bounds:
+    /// both compute in f32 against an f64 oracle).
+    fn bound(format: KvFormat) -> f32 {
+        match format {
+            KvFormat::F32 | KvFormat::F16 | KvFormat::Bf16 => 1e-5,
+            _ => 1e-4,
+        }
+    }
+
+    /// Max over head vectors of `‖a − b‖∞ / ‖b‖∞`; NaN (an unwritten output) is infinite.
+    fn rel_error(a: &[f32], b: &[f32], d: usize) -> f32 {
+        let mut worst = 0f32;
+        for (ra, rb) in a.chunks(d).zip(b.chunks(d)) {
+            let scale = rb.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+            let err = ra
+                .iter()
+                .zip(rb)
+                .fold(0f32, |m, (x, y)| if (x - y).is_nan() { f32::INFINITY } else { m.max((x - y).abs()) });
+            worst = worst.max(err / scale);
+        }
+        worst
+    }
+
+    struct Built {
+        pages: DevicePages,
+        /// `[num_seqs][blocks]`; `NULL_BLOCK` for blocks wholly before the window.
+        tables: Vec<Vec<u32>>,
+        /// `[num_seqs, num_heads, head_dim]`
+        queries: Vec<f32>,
+        num_heads: usize,
+    }
+
+    fn build(dev: &Arc<CudaDevice>, case: &Case) -> Built {
+        let mut rng = StdRng::seed_from_u64(case.seed);
+        let (hkv, d, bs) = (case.num_kv_heads, case.head_dim, case.block_size);
+        let needed: usize = case.contexts.iter().map(|c| c.div_ceil(bs)).sum();
+        let num_blocks = 2 * needed + 3;
+        let g = geometry(case.format, 1, num_blocks, bs, hkv, d, case.seed);
+        let mut pages = DevicePages::new(dev.clone(), g).expect("device pages");
+        let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+        ids.shuffle(&mut rng);
+        let row = hkv * d;
+        // Spare blocks hold huge values: reading a wrong block shows.
+        let spare: Vec<u32> =
+            ids[needed..].iter().flat_map(|&b| (0..bs as u32).map(move |i| b * bs as u32 + i)).collect();
+        let junk: Vec<f32> = (0..spare.len() * row).map(|_| 1e3 * normal(&mut rng)).collect();
+        pages.try_write(0, &spare, &junk, &junk).expect("write junk");
+        let mut next = 0;
+        let mut tables = Vec::new();
+        for &ctx in &case.contexts {
+            let n = ctx.div_ceil(bs);
+            let mut table = ids[next..next + n].to_vec();
+            next += n;
+            let k: Vec<f32> = (0..ctx * row).map(|_| normal(&mut rng)).collect();
+            let v: Vec<f32> = (0..ctx * row).map(|_| normal(&mut rng)).collect();
+            let slots: Vec<u32> = (0..ctx).map(|p| table[p / bs] * bs as u32 + (p % bs) as u32).collect();
+            pages.try_write(0, &slots, &k, &v).expect("write");
+            if let Some(w) = case.window {
+                let lo = ctx.saturating_sub(w);
+                for entry in table.iter_mut().take(lo / bs) {
+                    *entry = NULL_BLOCK;
+                }
+            }
+            tables.push(table);
+        }
+        let num_heads = hkv * case.group;
+        // Queries ~ 3·N(0,1): peaky enough that softmax outputs are O(1).
+        let queries = (0..case.contexts.len() * num_heads * d).map(|_| 3.0 * normal(&mut rng)).collect();
+        Built { pages, tables, queries, num_heads }
+    }
+
+    /// Runs `case` through the reference and the given routes; returns (route, error) pairs.
+    fn run_case(dev: &Arc<CudaDevice>, case: &Case, routes: &[DecodeRoute]) -> Vec<(DecodeRoute, f32)> {
+        let built = build(dev, case);
+        let n_seqs = case.contexts.len();
+        let d = case.head_dim;
+        let scale = 1.0 / (d as f32).sqrt();
+        // Reference over a host copy of the device pages.
+        let host = built.pages.download_layer(0).expect("download");
+        let view = host.view();
+        let table_refs: Vec<&[u32]> = built.tables.iter().map(|t| t.as_slice()).collect();
+        let p = AttentionParams {
+            queries: &built.queries,
+            num_seqs: n_seqs,
+            q_len: 1,
+            num_heads: built.num_heads,
+            block_tables: &table_refs,
+            context_lens: &case.contexts,
+            scale,
+            sliding_window: case.window,
+            causal: false,
+        };
+        let mut want = vec![f32::NAN; built.queries.len()];
+        reference::attention(&view, &p, &mut want);
+        assert!(want.iter().all(|x| x.is_finite()), "{case:?}: reference not finite");
+        // Device inputs.
+        let max_blocks = built.tables.iter().map(Vec::len).max().unwrap_or(1);
+        let mut flat = vec![NULL_BLOCK; n_seqs * max_blocks];
+        for (s, t) in built.tables.iter().enumerate() {
+            flat[s * max_blocks..s * max_blocks + t.len()].copy_from_slice(t);
+        }
+        let tables = up(dev, &flat);
+        let lens: Vec<u32> = case.contexts.iter().map(|&c| c as u32).collect();
+        let lens_d = up(dev, &lens);
+        let queries = up(dev, &built.queries);
+        let poison = vec![f32::NAN; built.queries.len()];
+        let mut out = up(dev, &poison);
+        let mut attn = DecodeAttention::new(dev.clone());
+        let mut results = Vec::new();
+        for &route in routes {
+            dev.stream().memcpy_htod(&poison, &mut out).expect("poison");
+            let b = DecodeBatch {
+                queries: &queries,
+                num_seqs: n_seqs,
+                num_heads: built.num_heads,
+                block_tables: &tables,
+                max_blocks_per_seq: max_blocks,
+                context_lens: &lens_d,
+                max_context_len: *case.contexts.iter().max().expect("contexts"),
+                scale,
+                sliding_window: case.window,
+            };
+            attn.forward(&built.pages, 0, &b, route, &mut out).unwrap_or_else(|e| panic!("{case:?} {route:?}: {e}"));
+            dev.synchronize().unwrap_or_else(|e| panic!("{case:?} {route:?}: {e}"));
+            let got = down(dev, &out);
+            results.push((route, rel_error(&got, &want, d)));
+        }
+        results
+    }
+
+    #[allow(non_snake_case)]
+    fn PART(partition_size: usize) -> DecodeRoute {
+        DecodeRoute::Partitioned { partition_size }
+    }
+
+    /// Runs every case, prints one line per (case, route) with its error, then asserts all.
+    fn check_all(test: &str, dev: &Arc<CudaDevice>, cases: &[Case], routes: &[DecodeRoute]) {
+        let mut failures = Vec::new();
+        let mut worst = std::collections::BTreeMap::<String, f32>::new();
+        for case in cases {
+            for (route, err) in run_case(dev, case, routes) {
+                let w = worst.entry(format!("{} {}", case.format, route.name())).or_insert(0.0);
+                *w = w.max(err);
+                if !(err <= bound(case.format)) {
+                    failures.push(format!("{case:?} {route:?}: relative error {err:e} > {:e}", bound(case.format)));
+                }
+            }
+        }
+        let mut report = format!("{test}: {} cases × {} routes; worst relative error:", cases.len(), routes.len());
+        for (k, v) in &worst {
+            report.push_str(&format!("\n  {k:<24} {v:.2e}"));
+        }
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{report}\n").as_bytes());
+        assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    }
+
+    #[test]
+    fn decode_every_format_matches_the_reference() {
+        let Some(dev) = device("decode_every_format_matches_the_reference") else { return };
+        let mut cases = Vec::new();
+        for (i, format) in FORMATS.into_iter().enumerate() {
+            for d in [64usize, 128] {
+                cases.push(Case {
+                    format,
+                    head_dim: d,
+                    num_kv_heads: 2,
+                    group: 4,
+                    contexts: vec![1, 17, 300 + i, 1025],
+                    window: None,
+                    block_size: 16,
+                    seed: 100 + i as u64 * 7 + d as u64,
+                });
+            }
+        }
+        check_all("decode_every_format", &dev, &cases, &[DecodeRoute::Primitive, PART(64), PART(100), PART(512)]);
+    }
+
+    #[test]
+    fn decode_gqa_windows_block_sizes_and_odd_lengths() {
+        let Some(dev) = device("decode_gqa_windows_block_sizes_and_odd_lengths") else { return };
+        let formats =
+            [KvFormat::F32, KvFormat::Bf16, KvFormat::Q8, KvFormat::Q4 { rotate: true }, KvFormat::TURBO_DEFAULT];
+        let mut cases = Vec::new();
+        let mut seed = 1000;
+        for format in formats {
+            for group in [1usize, 3, 8] {
+                for (window, bs) in [(None, 8usize), (Some(37), 16), (Some(700), 32), (Some(1), 16)] {
+                    seed += 1;
+                    cases.push(Case {
+                        format,
+                        head_dim: 128,
+                        num_kv_heads: 3,
+                        group,
+                        contexts: vec![2999, 15, 16, 33, 511, 513],
+                        window,
+                        block_size: bs,
+                        seed,
+                    });
+                }
+            }
+        }
+        check_all("decode_gqa_windows", &dev, &cases, &[DecodeRoute::Primitive, PART(32), PART(256)]);
+    }
+
+    #[test]
+    fn decode_other_head_dims_and_wide_groups() {
+        let Some(dev) = device("decode_other_head_dims_and_wide_groups") else { return };
+        let mut cases = Vec::new();
+        let mut seed = 5000;
+        let shapes: [(KvFormat, usize, usize); 10] = [
+            (KvFormat::F16, 80, 4),
+            (KvFormat::Bf16, 96, 2),
+            (KvFormat::F32, 256, 8),
+            (KvFormat::Bf16, 256, 16),
+            (KvFormat::Q8, 96, 4),
+            (KvFormat::Q8, 256, 2),
+            (KvFormat::Q4 { rotate: false }, 256, 4),
+            (KvFormat::Q4 { rotate: true }, 96, 5),
+            (KvFormat::TURBO_DEFAULT, 256, 4),
+            (KvFormat::Turbo { k_bits: 4, v_bits: 2 }, 96, 16),
+        ];
+        for (format, d, group) in shapes {
+            seed += 1;
+            cases.push(Case {
+                format,
+                head_dim: d,
+                num_kv_heads: 2,
+                group,
+                contexts: vec![777, 1, 64, 129],
+                window: Some(500),
+                block_size: 16,
+                seed,
+            });
+        }
+        check_all("decode_head_dims", &dev, &cases, &[DecodeRoute::Primitive, PART(96)]);
+    }
+
+    #[test]
+    fn decode_auto_partitioning_of_a_large_batch() {
+        let Some(dev) = device("decode_auto_partitioning_of_a_large_batch") else { return };
+        let mut rng = StdRng::seed_from_u64(9);
+        let contexts: Vec<usize> = (0..37).map(|_| rng.gen_range(1..2500)).collect();
+        let max = *contexts.iter().max().expect("contexts");
+        let ps = pagekv_cuda::auto_partition_size(contexts.len(), 8, max, dev.sm_count());
+        let cases: Vec<Case> = [KvFormat::Bf16, KvFormat::Q4 { rotate: false }]
+            .into_iter()
+            .map(|format| Case {
+                format,
+                head_dim: 128,
+                num_kv_heads: 8,
+                group: 4,
+                contexts: contexts.clone(),
+                window: None,
+                block_size: 16,
+                seed: 4242,
+            })
+            .collect();
+        check_all("decode_auto_partitioning", &dev, &cases, &[DecodeRoute::Primitive, PART(ps)]);
+    }
+
+    #[test]
+    fn decode_rejects_bad_batches() {
+        let Some(dev) = device("decode_rejects_bad_batches") else { return };
+        let case = Case {
+            format: KvFormat::Bf16,
+            head_dim: 64,
+            num_kv_heads: 2,
+            group: 2,
+            contexts: vec![20],
+            window: None,
+            block_size: 16,
+            seed: 1,
+        };
+        let built = build(&dev, &case);
+        let queries = up(&dev, &built.queries);
+        let tables = up(&dev, &built.tables[0]);
+        let lens = up(&dev, &[20u32]);
+        let mut out = up(&dev, &vec![0f32; built.queries.len()]);
+        let good = DecodeBatch {
+            queries: &queries,
+            num_seqs: 1,
+            num_heads: 4,
+            block_tables: &tables,
+            max_blocks_per_seq: 2,
+            context_lens: &lens,
+            max_context_len: 20,
+            scale: 0.125,
+            sliding_window: None,
+        };
+        let mut attn = DecodeAttention::new(dev.clone());
+        attn.forward(&built.pages, 0, &good, DecodeRoute::Primitive, &mut out).expect("good batch");
+        let cases: [(DecodeBatch, usize, DecodeRoute); 6] = [
+            (DecodeBatch { num_heads: 3, ..good }, 0, DecodeRoute::Primitive),
+            (DecodeBatch { num_heads: 2 * 32, ..good }, 0, DecodeRoute::Primitive),
+            (DecodeBatch { max_context_len: 33, ..good }, 0, DecodeRoute::Primitive),
+            (DecodeBatch { num_seqs: 2, ..good }, 0, DecodeRoute::Primitive),
+            (good, 1, DecodeRoute::Primitive),
+            (good, 0, DecodeRoute::Partitioned { partition_size: 0 }),
+        ];
+        for (i, (b, layer, route)) in cases.iter().enumerate() {
+            let r = attn.forward(&built.pages, *layer, b, *route, &mut out);
+            assert!(matches!(r, Err(CudaError::Invalid(_)) | Err(CudaError::Unsupported(_))), "case {i}: {r:?}");
+        }
+        dev.synchronize().expect("no asynchronous error");
+    }
+}
