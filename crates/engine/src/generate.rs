@@ -48,6 +48,11 @@ impl Generator {
         Ok(Generator { model, pool, seq, tokens: Vec::new(), batch: Batch::default(), chunk: 512, policy })
     }
 
+    /// Gives the model back (the pool and the sequence are dropped).
+    pub fn into_model(self) -> Model {
+        self.model
+    }
+
     pub fn model(&self) -> &Model {
         &self.model
     }
@@ -128,7 +133,13 @@ impl Generator {
         self.seq.begin_append(&mut self.pool, tokens.len())?;
         self.batch.clear();
         self.batch.sliding_window = self.seq.attention_window(None);
-        self.batch.push(tokens, self.seq.offset() + tokens.len(), self.seq.pending_slots(), self.seq.block_table(), logits);
+        self.batch.push(
+            tokens,
+            self.seq.offset() + tokens.len(),
+            self.seq.pending_slots(),
+            self.seq.block_table(),
+            logits,
+        );
         let result = self.model.forward(&self.batch, &mut self.pool).map(|_| ());
         match result {
             Ok(()) => {

@@ -18,6 +18,7 @@
 //! No device code and no model code lives here.
 
 mod aligned;
+pub mod bench;
 pub mod config;
 pub mod error;
 pub mod format;

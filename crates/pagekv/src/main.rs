@@ -1,1 +1,122 @@
-fn main() {}
+//! `pagekv` — run, chat with, serve, evaluate and benchmark GGUF models over a paged KV cache.
+//!
+//! Every cache and kernel setting is a flag and a `PAGEKV_*` variable (the flag wins); see
+//! [`settings`]. Errors are one line on stderr and a non-zero exit code.
+
+mod commands;
+mod default_model;
+mod load;
+mod settings;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use settings::{Device, RuntimeArgs};
+
+#[derive(Parser, Debug)]
+#[command(name = "pagekv", version, about = "LLM inference over a request-sized paged KV cache")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Complete a prompt (argument or stdin), streamed to stdout.
+    Run(commands::run::RunArgs),
+    /// Interactive multi-turn chat that keeps the conversation's cache between turns.
+    Chat(commands::chat::ChatArgs),
+    /// Architecture, sizes, tensor types, tokenizer, template and KV bytes per token of a GGUF file.
+    Inspect {
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Perplexity and agreement with f16 KV for each KV format, teacher-forced over a text.
+    Eval(commands::eval::EvalArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Bytes per token and append speed of every KV format.
+    Cache {
+        #[arg(long)]
+        json: bool,
+        /// Comma-separated formats (default: all).
+        #[arg(long)]
+        formats: Option<String>,
+        #[arg(long, default_value_t = 7)]
+        runs: usize,
+    },
+    /// Decode attention over scattered pages: every path × format, with a streaming-read roofline.
+    Attention {
+        #[arg(long)]
+        json: bool,
+        /// Comma-separated formats (default: all).
+        #[arg(long)]
+        formats: Option<String>,
+        /// Comma-separated BATCHxCONTEXT shapes (default: 1x512,1x4096,1x32768,16x4096,64x4096).
+        #[arg(long)]
+        shapes: Option<String>,
+        /// Comma-separated paths (default: reference,primitive,partitioned,auto).
+        #[arg(long)]
+        impls: Option<String>,
+        #[arg(long, default_value_t = 7)]
+        runs: usize,
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+    },
+    /// Prompt-processing and decode tokens/s of a model at short and long context, per KV format.
+    Decode(commands::decode::DecodeArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match dispatch(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pagekv: error: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run(a) => {
+            a.model.export();
+            commands::run::run(a)
+        }
+        Command::Chat(a) => {
+            a.model.export();
+            commands::chat::run(a)
+        }
+        Command::Inspect { file, json } => commands::inspect::run(&file, json),
+        Command::Eval(a) => {
+            a.model.export();
+            commands::eval::run(a)
+        }
+        Command::Bench(BenchCommand::Cache { json, formats, runs }) => {
+            commands::bench::cache(json, formats.as_deref(), runs)
+        }
+        Command::Bench(BenchCommand::Attention { json, formats, shapes, impls, runs, runtime }) => {
+            runtime.export();
+            let device = Device::from_env()?;
+            commands::bench::attention(json, device, formats.as_deref(), shapes.as_deref(), impls.as_deref(), runs)
+        }
+        Command::Bench(BenchCommand::Decode(a)) => {
+            a.model.export();
+            commands::decode::run(a)
+        }
+    }
+}
+
+/// The error and its causes on one line.
+fn one_line(e: &anyhow::Error) -> String {
+    e.chain().map(|c| c.to_string().replace('\n', " ")).collect::<Vec<_>>().join(": ")
+}

@@ -1,0 +1,178 @@
+//! `pagekv bench decode`: prompt-processing and decode tokens/s of a model at short and long
+//! context, per KV format, on the threads given (`--threads` / `PAGEKV_THREADS`).
+//!
+//! For each (format, context): prefill `context` tokens of real text (timed: pp tok/s), then
+//! decode `--decode-tokens` tokens greedily (timed: tg tok/s); the median over `--runs` decode
+//! runs (the cache is trimmed back to the prompt between runs). With `--llama-cpp PYTHON`, the
+//! same shapes are measured with llama-cpp-python (that interpreter must have it installed) in
+//! the same run, for a like-for-like comparison.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use kvcache::KvFormat;
+use pagekv_engine::sampling::argmax;
+use pagekv_engine::Generator;
+use serde_json::json;
+
+use super::bench::round;
+use crate::load::{cache_config, load};
+use crate::settings::ModelArgs;
+
+#[derive(Args, Debug)]
+pub struct DecodeArgs {
+    #[arg(long)]
+    pub json: bool,
+    /// Comma-separated contexts (prompt tokens before decoding).
+    #[arg(long, default_value = "128,4096")]
+    pub contexts: String,
+    /// Comma-separated KV formats (default: f16,q8,q4r,turbo; --kv-quant picks one).
+    #[arg(long)]
+    pub formats: Option<String>,
+    /// Tokens decoded per run.
+    #[arg(long, default_value_t = 64)]
+    pub decode_tokens: usize,
+    /// Decode runs per row; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Text the prompts are cut from (repeated as needed).
+    #[arg(long, default_value = "/usr/share/common-licenses/Apache-2.0")]
+    pub text: PathBuf,
+    /// Also measure llama.cpp through this Python interpreter's llama-cpp-python.
+    #[arg(long, value_name = "PYTHON")]
+    pub llama_cpp: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+pub fn run(a: DecodeArgs) -> Result<()> {
+    super::run::require_cpu()?;
+    let contexts: Vec<usize> = a
+        .contexts
+        .split(',')
+        .map(|c| {
+            c.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&c| c > 0)
+                .with_context(|| format!("invalid context {c:?} in --contexts"))
+        })
+        .collect::<Result<_>>()?;
+    if a.decode_tokens == 0 || a.runs == 0 {
+        bail!("--decode-tokens and --runs must be positive");
+    }
+    let text = std::fs::read_to_string(&a.text).with_context(|| format!("cannot read {}", a.text.display()))?;
+    let loaded = load(a.model.model.as_deref(), None)?;
+    let base = cache_config(&loaded.model)?;
+    let formats = match (&a.formats, &a.model.cache.kv_quant) {
+        (Some(list), _) => super::parse_formats(list)?,
+        (None, Some(_)) => vec![base.format],
+        (None, None) => vec![KvFormat::F16, KvFormat::Q8, KvFormat::Q4 { rotate: true }, KvFormat::TURBO_DEFAULT],
+    };
+    let max_ctx = *contexts.iter().max().unwrap_or(&1);
+    let limit = loaded.model.config.context_length;
+    if max_ctx + a.decode_tokens > limit {
+        bail!("context {max_ctx} + {} decoded tokens exceeds the model's context length {limit}", a.decode_tokens);
+    }
+    let text_ids = loaded.tokenizer.encode(&text, false)?;
+    if text_ids.is_empty() {
+        bail!("{} holds no text", a.text.display());
+    }
+    let prompt: Vec<u32> = text_ids.iter().copied().cycle().take(max_ctx).collect();
+    let threads = pagekv_cpu::threadpool::ThreadPool::global()?.n_threads();
+    let model_name = loaded.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut model = loaded.model;
+    if !a.json {
+        println!(
+            "{model_name}, {threads} threads, {} decoded tokens per run, median of {} runs",
+            a.decode_tokens, a.runs
+        );
+        println!("{:<12} {:<12} {:>8} {:>10} {:>10}", "engine", "format", "context", "pp tok/s", "tg tok/s");
+    }
+    for format in formats {
+        let mut cfg = base.clone();
+        cfg.format = format;
+        cfg.dynamic_growth = true;
+        cfg.num_blocks = cfg.num_blocks.max((max_ctx + a.decode_tokens).div_ceil(cfg.block_size) + 1);
+        let mut g = Generator::new(model, cfg)?;
+        for &ctx in &contexts {
+            g.reset()?;
+            let t = Instant::now();
+            let (_, logits) = g.prefill(&prompt[..ctx])?;
+            let first = argmax(logits);
+            let pp = ctx as f64 / t.elapsed().as_secs_f64();
+            let mut tg = Vec::new();
+            for _ in 0..a.runs {
+                let mut token = first;
+                let t = Instant::now();
+                for _ in 0..a.decode_tokens {
+                    token = argmax(g.step(token)?);
+                }
+                tg.push(a.decode_tokens as f64 / t.elapsed().as_secs_f64());
+                // Back to the prompt for the next run.
+                g.prefill(&prompt[..ctx])?;
+            }
+            tg.sort_by(f64::total_cmp);
+            print_row(a.json, "pagekv", &format.name(), ctx, pp, tg[tg.len() / 2], threads, &model_name);
+        }
+        model = g.into_model();
+    }
+    if let Some(python) = &a.llama_cpp {
+        let path = crate::default_model::resolve(a.model.model.as_deref())?;
+        for (ctx, pp, tg) in llama_cpp(python, &path, &prompt, &contexts, a.decode_tokens, a.runs, threads)? {
+            print_row(a.json, "llama.cpp", "f16", ctx, pp, tg, threads, &model_name);
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn print_row(json_out: bool, engine: &str, format: &str, ctx: usize, pp: f64, tg: f64, threads: usize, model: &str) {
+    if json_out {
+        println!(
+            "{}",
+            json!({"engine": engine, "format": format, "context": ctx, "pp_tokens_per_s": round(pp, 1), "tg_tokens_per_s": round(tg, 1), "threads": threads, "model": model})
+        );
+    } else {
+        println!("{engine:<12} {format:<12} {ctx:>8} {pp:>10.1} {tg:>10.1}");
+    }
+}
+
+/// The llama-cpp-python side: same prompt tokens, same decode length, f16 KV, greedy.
+fn llama_cpp(
+    python: &PathBuf,
+    model: &std::path::Path,
+    prompt: &[u32],
+    contexts: &[usize],
+    decode_tokens: usize,
+    runs: usize,
+    threads: usize,
+) -> Result<Vec<(usize, f64, f64)>> {
+    let input = json!({
+        "model": model.display().to_string(), "prompt": prompt, "contexts": contexts,
+        "decode_tokens": decode_tokens, "runs": runs, "threads": threads,
+    });
+    let script = include_str!("llama_cpp_bench.py");
+    let out = Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .arg(input.to_string())
+        .output()
+        .with_context(|| format!("cannot run {}", python.display()))?;
+    if !out.status.success() {
+        bail!(
+            "llama-cpp-python benchmark failed: {}",
+            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+        );
+    }
+    let mut rows = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with('{')) {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        let get = |k: &str| v[k].as_f64().with_context(|| format!("llama.cpp row without {k}: {line}"));
+        rows.push((get("context")? as usize, get("pp")?, get("tg")?));
+    }
+    Ok(rows)
+}

@@ -1,0 +1,28 @@
+# llama-cpp-python side of `pagekv bench decode --llama-cpp PYTHON`: argv[1] is a JSON object
+# {model, prompt (token ids), contexts, decode_tokens, runs, threads}; prints one JSON line per
+# context: {"context", "pp", "tg"} (tokens/s; tg is the median over runs). f16 KV, greedy.
+import json, sys, time
+from llama_cpp import Llama
+
+cfg = json.loads(sys.argv[1])
+max_ctx = max(cfg["contexts"]) + cfg["decode_tokens"] + 16
+llm = Llama(model_path=cfg["model"], n_ctx=max_ctx, n_batch=512, n_threads=cfg["threads"],
+            n_threads_batch=cfg["threads"], verbose=False)
+for ctx in cfg["contexts"]:
+    prompt = cfg["prompt"][:ctx]
+    llm.reset()
+    t = time.perf_counter()
+    llm.eval(prompt)
+    pp = ctx / (time.perf_counter() - t)
+    tgs = []
+    for _ in range(cfg["runs"]):
+        llm.n_tokens = ctx  # back to the prompt; its cache entries stay valid
+        llm._ctx.memory_seq_rm(0, ctx, -1) if hasattr(llm._ctx, "memory_seq_rm") else llm._ctx.kv_cache_seq_rm(0, ctx, -1)
+        tok = int(llm.scores[ctx - 1].argmax())
+        t = time.perf_counter()
+        for _ in range(cfg["decode_tokens"]):
+            llm.eval([tok])
+            tok = int(llm.scores[llm.n_tokens - 1].argmax())
+        tgs.append(cfg["decode_tokens"] / (time.perf_counter() - t))
+    tgs.sort()
+    print(json.dumps({"context": ctx, "pp": pp, "tg": tgs[len(tgs) // 2]}), flush=True)

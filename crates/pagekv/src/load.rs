@@ -1,0 +1,75 @@
+//! Opening a model: the GGUF file, its tokenizer, chat template and weights, and the cache
+//! configuration for it (flags and `PAGEKV_*` variables over the defaults).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use kvcache::{CacheConfig, KvFormat};
+use pagekv_cpu::attention::AttentionConfig;
+use pagekv_model::gguf::GgufFile;
+use pagekv_model::template::ChatTemplate;
+use pagekv_model::tokenizer::Tokenizer;
+use pagekv_model::Model;
+
+use crate::default_model;
+
+/// A loaded model and everything needed to talk to it.
+pub struct Loaded {
+    pub path: PathBuf,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    pub model: Model,
+}
+
+/// Opens `explicit` (or the default model) with a spinner on a terminal. `template_override`
+/// replaces the file's chat template.
+pub fn load(explicit: Option<&Path>, template_override: Option<&Path>) -> Result<Loaded> {
+    let path = default_model::resolve(explicit)?;
+    let spinner = progress(&format!("loading {}", path.display()));
+    let file = Arc::new(GgufFile::open(&path).with_context(|| format!("cannot read model {}", path.display()))?);
+    let tokenizer = Tokenizer::from_gguf(file.metadata()).context("cannot build the tokenizer")?;
+    let template = match template_override {
+        Some(t) => {
+            let src =
+                std::fs::read_to_string(t).with_context(|| format!("cannot read chat template {}", t.display()))?;
+            let (bos, eos) = (tokenizer.bos_id(), tokenizer.eos_id());
+            let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or_default().to_string();
+            ChatTemplate::new(&src).context("invalid chat template")?.with_special_tokens(text(bos), text(eos))
+        }
+        None => ChatTemplate::from_gguf(file.metadata()).context("invalid chat template in the model")?,
+    };
+    let attention = AttentionConfig::from_env()?;
+    let model =
+        Model::from_file(file.clone(), attention).with_context(|| format!("cannot load model {}", path.display()))?;
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
+    Ok(Loaded { path, tokenizer, template, model })
+}
+
+/// The cache configuration for `model`: defaults (f16 on CPU, dynamic growth on, the model's
+/// context length as the window), then the `PAGEKV_*` variables (and so the flags).
+pub fn cache_config(model: &Model) -> Result<CacheConfig> {
+    let c = &model.config;
+    let mut cfg = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
+    cfg.format = KvFormat::F16;
+    cfg.dynamic_growth = true;
+    cfg.context_window = Some(c.context_length);
+    cfg.sliding_window = c.sliding_window;
+    let cfg = cfg.with_env()?;
+    cfg.format.validate(c.head_dim)?;
+    Ok(cfg)
+}
+
+fn progress(msg: &str) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let s = indicatif::ProgressBar::new_spinner();
+    s.set_message(msg.to_string());
+    s.enable_steady_tick(Duration::from_millis(100));
+    Some(s)
+}
