@@ -7,11 +7,13 @@
 //! - [`template`]: the chat template, rendered with minijinja.
 //! - [`llama`]: model configuration, weights and the forward pass over the paged cache.
 //! - [`Batch`]: the plain arrays one forward step consumes.
+//! - [`testing`]: where tests find the default model.
 pub mod batch;
 pub mod error;
 pub mod gguf;
 pub mod llama;
 pub mod template;
+pub mod testing;
 pub mod tokenizer;
 
 pub use batch::{Batch, BatchSeq, Logits};

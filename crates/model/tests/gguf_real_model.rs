@@ -3,19 +3,12 @@
 //! taken from `gguf.GGUFReader` on the same file. Skipped, with a message, when the file
 //! is absent.
 
-use std::path::Path;
 
 use pagekv_model::gguf::{GgmlType, GgufFile, MetaValue};
 
-const MODEL: &str = "/root/.cache/pagekv/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-
 fn open_model() -> Option<GgufFile> {
-    let path = Path::new(MODEL);
-    if !path.exists() {
-        eprintln!("skipped: {MODEL} is absent");
-        return None;
-    }
-    Some(GgufFile::open(path).expect("the default model must parse"))
+    let path = pagekv_model::testing::default_model("gguf_real_model")?;
+    Some(GgufFile::open(&path).expect("the default model must parse"))
 }
 
 #[test]

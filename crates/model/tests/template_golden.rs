@@ -2,27 +2,17 @@
 //! case of ../shared/reference/smollm2/llamacpp.json renders byte-identically and tokenizes
 //! to the same ids. Skipped, with a visible line, when the model or golden file is absent.
 
-use std::path::{Path, PathBuf};
 
 use pagekv_model::gguf::GgufFile;
 use pagekv_model::template::{ChatMessage, ChatTemplate, TemplateOrigin};
 use pagekv_model::tokenizer::Tokenizer;
 use serde_json::Value;
 
-const MODEL: &str = "/root/.cache/pagekv/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-const GOLDEN: &str = "/work/shared/reference/smollm2/llamacpp.json";
+const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/smollm2/llamacpp.json");
 
 #[test]
 fn chat_cases_render_and_tokenize_like_llama_cpp() {
-    let model = std::env::var_os("PAGEKV_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(MODEL));
-    for path in [model.as_path(), Path::new(GOLDEN)] {
-        if !path.exists() {
-            println!("skipped: chat golden cases: {} not found", path.display());
-            return;
-        }
-    }
+    let Some(model) = pagekv_model::testing::default_model("chat golden cases") else { return };
     let file = GgufFile::open(&model).unwrap();
     let template = ChatTemplate::from_gguf(file.metadata()).unwrap();
     assert_eq!(template.origin(), TemplateOrigin::Gguf);

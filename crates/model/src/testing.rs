@@ -1,0 +1,37 @@
+//! Where tests find the default model: `$PAGEKV_TEST_MODEL`, else
+//! `$PAGEKV_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf` (`PAGEKV_HOME` defaults to
+//! `~/.cache/pagekv`, where `pagekv` fetches it). Real-model tests skip with a visible message
+//! when it is absent — unless `PAGEKV_REQUIRE_MODEL=1` (CI sets it), when absence fails them.
+
+use std::path::PathBuf;
+
+/// File name of the default model.
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Where the default model would be.
+pub fn default_model_location() -> PathBuf {
+    if let Some(p) = std::env::var_os("PAGEKV_TEST_MODEL").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var_os("PAGEKV_HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/pagekv"));
+    home.join("models").join(DEFAULT_MODEL_FILE)
+}
+
+/// The default model for test `test`, or `None` after printing that it is skipped.
+///
+/// # Panics
+/// When the model is absent and `PAGEKV_REQUIRE_MODEL=1`: a required test must not skip.
+pub fn default_model(test: &str) -> Option<PathBuf> {
+    let p = default_model_location();
+    if p.is_file() {
+        return Some(p);
+    }
+    if std::env::var("PAGEKV_REQUIRE_MODEL").is_ok_and(|v| v == "1") {
+        panic!("{test}: the default model is required (PAGEKV_REQUIRE_MODEL=1) but {} is absent", p.display());
+    }
+    eprintln!("skipped: {test}: {} not found (`pagekv run` fetches it)", p.display());
+    None
+}
