@@ -1,0 +1,18 @@
+//! Integration tests: the real server on 127.0.0.1 (port 0) over a deterministic fake
+//! backend (fake.rs), driven by a hyper HTTP/1.1 client (client.rs).
+//!
+//! - openai.rs: chat and completions, streaming and not, finish reasons, parameters,
+//!   logprobs, usage with cached tokens, models, health.
+//! - anthropic.rs: /v1/messages, streaming and not.
+//! - errors.rs: every bad input gets the right status and error shape, and the server keeps
+//!   serving; API keys.
+//! - lifecycle.rs: disconnect mid-stream cancels the backend stream, /metrics format and
+//!   counters, concurrent streams, graceful shutdown (finish within the grace period, cancel
+//!   after it).
+
+mod anthropic;
+mod client;
+mod errors;
+mod fake;
+mod lifecycle;
+mod openai;
