@@ -134,7 +134,6 @@ impl Job {
                 Step::Token { text, logprob }
             }
             Some(Event::Done { finish_reason, stop_sequence, usage }) => {
-                debug_assert_eq!(usage.prompt_tokens, self.prompt_tokens);
                 self.state.metrics.add_prompt_tokens(0, usage.cached_tokens);
                 self.finish(finish_reason.into(), Step::Done { finish_reason, stop_sequence, usage })
             }

@@ -190,7 +190,7 @@ impl ServerMetrics {
         counter(
             &mut out,
             "pagekv_prompt_tokens_total",
-            "Prompt tokens of finished generations.",
+            "Prompt tokens of submitted generations.",
             self.prompt_tokens.load(Ordering::Relaxed),
         );
         counter(

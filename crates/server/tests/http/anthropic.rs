@@ -72,7 +72,7 @@ async fn messages_streaming_events() {
     let events = server.stream("/v1/messages", &body(json!({"stream": true, "temperature": 0.7, "top_k": 5}))).await;
     let names: Vec<&str> = events.iter().map(|e| e.event.as_deref().expect("named event")).collect();
     let mut expected = vec!["message_start", "content_block_start", "ping"];
-    expected.extend(std::iter::repeat("content_block_delta").take(8));
+    expected.extend(["content_block_delta"; 8]);
     expected.extend(["content_block_stop", "message_delta", "message_stop"]);
     assert_eq!(names, expected);
     for e in &events {

@@ -52,29 +52,28 @@ async fn bad_json_bodies() {
     let config = ServerConfig { max_body_bytes: 16 * 1024, ..Default::default() };
     let fake = FakeConfig { context_window: 64, ..Default::default() };
     let server = TestServer::with(config, fake).await;
-    let raw: Vec<(&str, Vec<u8>, u16, Option<&str>, Option<&str>)> = vec![
-        ("malformed JSON", b"{\"messages\": [".to_vec(), 400, None, Some("invalid_json")),
-        ("not an object", b"[1, 2]".to_vec(), 400, None, Some("invalid_json")),
-        ("empty body", Vec::new(), 400, None, Some("invalid_json")),
+    // (case, body, status, code)
+    let raw: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        ("malformed JSON", b"{\"messages\": [".to_vec(), 400, "invalid_json"),
+        ("not an object", b"[1, 2]".to_vec(), 400, "invalid_json"),
+        ("empty body", Vec::new(), 400, "invalid_json"),
         (
             "invalid UTF-8",
             b"{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}".to_vec(),
             400,
-            None,
-            Some("invalid_utf8"),
+            "invalid_utf8",
         ),
         (
             "body over the limit",
             format!("{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}", "x".repeat(20_000)).into_bytes(),
             413,
-            None,
-            Some("request_too_large"),
+            "request_too_large",
         ),
     ];
-    for (case, body, status, param, code) in raw {
+    for (case, body, status, code) in raw {
         for path in ["/v1/chat/completions", "/v1/completions"] {
             let r = server.post_raw(path, &[], body.clone()).await;
-            assert_openai_error(&r, status, param, code, &format!("{case} on {path}"));
+            assert_openai_error(&r, status, None, Some(code), &format!("{case} on {path}"));
         }
         assert_healthy(&server).await;
     }
@@ -268,4 +267,24 @@ async fn api_key_guards_v1_routes() {
     assert_eq!(server.get("/metrics").await.status, 200);
     // Only the authorized requests reached the backend.
     assert_eq!(server.backend.submitted.lock().unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_body_over_the_limit_is_413() {
+    let config = ServerConfig { max_body_bytes: 1024, ..Default::default() };
+    let server = TestServer::with(config, FakeConfig::default()).await;
+    // No content-length: the limit must hold while the body streams in.
+    let mut s = TcpStream::connect(server.addr).await.unwrap();
+    let mut req = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..4 {
+        req.extend_from_slice(format!("400\r\n{}\r\n", "a".repeat(0x400)).as_bytes());
+    }
+    req.extend_from_slice(b"0\r\n\r\n");
+    s.write_all(&req).await.unwrap();
+    let mut buf = Vec::new();
+    let _ = within("413 answer", s.read_to_end(&mut buf)).await;
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("\"code\":\"request_too_large\""), "{text}");
+    assert_healthy(&server).await;
 }
