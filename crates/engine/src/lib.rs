@@ -1,5 +1,14 @@
 //! `pagekv-engine` — generation on top of the model runtime.
 //!
+//! - [`Engine`] / [`EngineHandle`] (`engine.rs`): one scheduler thread (`scheduler.rs`) owns the
+//!   model, one block pool and every sequence; requests come in through
+//!   [`EngineHandle::submit`] and their [`Event`]s go out through a [`RequestStream`]
+//!   (`stream.rs`; dropping it cancels). Continuous batching: each step mixes prefill chunks and
+//!   decodes in one forward; when blocks run out the newest sequence is preempted and recomputed.
+//! - Session bank (`bank.rs`): blocks of finished sequences stay, indexed by chained block
+//!   hashes, and new prompts share them by reference; LRU eviction, tail first; byte budget, TTL.
+//! - [`EngineConfig`], [`BankConfig`], [`EngineInfo`] (`config.rs`); [`EngineMetrics`]
+//!   (`metrics.rs`); [`GenerationRequest`], [`Event`], [`Usage`], [`EngineError`] (`request.rs`).
 //! - [`generate`]: one sequence over its own pool (the CLI's `run`, `chat` and `eval`), reusing
 //!   the cached prefix of the previous call.
 //! - [`sampling`]: [`SamplingParams`] (validated), [`Sampler`] (seeded, allocation-free after the
@@ -8,10 +17,23 @@
 //!
 //! The engine knows the model and the cache; it knows nothing of HTTP or of kernels.
 
+mod bank;
+pub mod config;
+mod engine;
 pub mod generate;
+pub mod metrics;
+pub mod request;
 pub mod sampling;
+mod scheduler;
+mod sequence;
 pub mod stop;
+pub mod stream;
 
+pub use config::{num_blocks_for_bytes, BankConfig, EngineConfig, EngineInfo};
+pub use engine::{Engine, EngineHandle};
 pub use generate::{Generator, Prefill};
+pub use metrics::EngineMetrics;
+pub use request::{EngineError, Event, GenerationRequest, Usage, MAX_TOP_LOGPROBS};
 pub use sampling::{logprobs, Sampler, SamplingError, SamplingParams, TokenLogprobs};
 pub use stop::{FinishReason, StopConditions, StopMatcher, StopOutput};
+pub use stream::RequestStream;

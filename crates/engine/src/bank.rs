@@ -1,0 +1,300 @@
+//! The session bank: K/V of finished (and preempted, and cancelled) sequences kept for reuse,
+//! and the prefix index over them and over the running sequences.
+//!
+//! Each full block of a sequence is named by a chained hash, `BlockHash::chain(parent, block
+//! tokens, identity)`, where `identity` folds in the model, the KV format and the block size,
+//! so equal hashes mean equal K/V. The index maps a hash to one holder — a sequence id and a
+//! logical block — that holds that block: a running sequence (the scheduler owns it) or an
+//! entry here. A new prompt walks its hashes until the first miss; the deepest hit's holder
+//! is forked and trimmed to the hit, so the new sequence shares those blocks by reference and
+//! computes only the rest.
+//!
+//! An entry is an idle `SequenceCache` holding one reference on each of its blocks. Blocks
+//! held only by the bank are *cached*: reclaimable on demand. Eviction takes the least
+//! recently used entry that has a cached tail block and trims that one block (a sequence's
+//! tail goes before its head, so shared prefixes live longest); byte budgets and TTLs evict
+//! the same way. Blocks an entry shares with a running sequence are never counted as cached
+//! nor evicted for room (that would free nothing).
+//!
+//! Invariant: every index key points to a holder that holds that block (`(id, i)` with
+//! `i < full blocks held`); keys are removed when their holder drops the block.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use kvcache::{BlockHash, KvPool, SequenceCache};
+
+use crate::config::BankConfig;
+
+/// Where a block can be found: a sequence id (running or banked) and a logical block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Holder {
+    pub id: u64,
+    pub block: usize,
+}
+
+/// Counters the bank keeps (exported through `EngineMetrics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct BankCounters {
+    /// New requests that found at least one block of their prompt.
+    pub hits: u64,
+    /// New requests that found none.
+    pub misses: u64,
+    /// Prompt tokens taken from the bank instead of computed.
+    pub hit_tokens: u64,
+    /// Blocks dropped from the bank (pool pressure, byte budget, TTL).
+    pub evicted_blocks: u64,
+    /// Entries dropped whole because their TTL passed.
+    pub expired_entries: u64,
+}
+
+struct Entry {
+    cache: SequenceCache,
+    /// `[cache.offset()]` the tokens whose K/V it holds.
+    tokens: Vec<u32>,
+    /// `[full blocks]` chained hashes of `tokens`' full blocks.
+    hashes: Vec<BlockHash>,
+    /// LRU order: larger = more recent.
+    tick: u64,
+    last_used: Instant,
+}
+
+pub(crate) struct SessionBank {
+    config: BankConfig,
+    block_size: usize,
+    block_bytes: usize,
+    entries: HashMap<u64, Entry>,
+    index: HashMap<BlockHash, Holder>,
+    tick: u64,
+    pub counters: BankCounters,
+}
+
+impl SessionBank {
+    pub fn new(config: BankConfig, block_size: usize, block_bytes: usize) -> SessionBank {
+        SessionBank {
+            config,
+            block_size,
+            block_bytes,
+            entries: HashMap::new(),
+            index: HashMap::new(),
+            tick: 0,
+            counters: BankCounters::default(),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.config.enabled
+    }
+
+    pub fn num_entries(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Points `hashes[from..]` (blocks `from..` of sequence `id`) at `id`; a hash already
+    /// indexed moves to the newest holder.
+    pub fn register(&mut self, id: u64, hashes: &[BlockHash], from: usize) {
+        if !self.config.enabled {
+            return;
+        }
+        for (i, &h) in hashes.iter().enumerate().skip(from) {
+            self.index.insert(h, Holder { id, block: i });
+        }
+    }
+
+    /// Removes the keys of `hashes` that point to `id` (it no longer holds those blocks).
+    pub fn forget(&mut self, id: u64, hashes: &[BlockHash]) {
+        for h in hashes {
+            if self.index.get(h).is_some_and(|x| x.id == id) {
+                self.index.remove(h);
+            }
+        }
+    }
+
+    /// The deepest indexed block along `hashes` (a prompt's chain): its holder and the number
+    /// of leading blocks found. Stops at the first miss: a chain hash names its whole prefix.
+    pub fn lookup(&self, hashes: &[BlockHash]) -> Option<(Holder, usize)> {
+        let mut best = None;
+        for (i, h) in hashes.iter().enumerate() {
+            match self.index.get(h) {
+                Some(&holder) => {
+                    debug_assert_eq!(holder.block, i, "a chain hash names one logical position");
+                    best = Some((holder, i + 1));
+                }
+                None => break,
+            }
+        }
+        best
+    }
+
+    /// Banks a sequence's cache. `tokens` are the tokens whose K/V it holds
+    /// (`cache.offset()` of them) and `hashes` its full blocks' hashes (at least that many).
+    pub fn insert(&mut self, pool: &mut KvPool, id: u64, cache: SequenceCache, tokens: &[u32], hashes: &[BlockHash]) {
+        debug_assert_eq!(tokens.len(), cache.offset());
+        let full = tokens.len() / self.block_size;
+        debug_assert!(hashes.len() >= full);
+        if !self.config.enabled || cache.offset() == 0 {
+            self.forget(id, hashes);
+            cache.release(pool);
+            return;
+        }
+        self.forget(id, &hashes[full..]);
+        self.register(id, &hashes[..full], 0);
+        self.tick += 1;
+        let entry = Entry {
+            cache,
+            tokens: tokens.to_vec(),
+            hashes: hashes[..full].to_vec(),
+            tick: self.tick,
+            last_used: Instant::now(),
+        };
+        if let Some(old) = self.entries.insert(id, entry) {
+            debug_assert!(false, "sequence {id} banked twice");
+            old.cache.release(pool);
+        }
+    }
+
+    /// Drops entry `origin` if its tokens are a prefix of `tokens` (a later turn of the same
+    /// conversation now holds all it held).
+    pub fn drop_if_prefix_of(&mut self, pool: &mut KvPool, origin: u64, tokens: &[u32]) {
+        if self.entries.get(&origin).is_some_and(|e| tokens.starts_with(&e.tokens)) {
+            self.remove(pool, origin);
+        }
+    }
+
+    /// Takes entry `id` out of the bank (a preempted sequence coming back for its own cache).
+    pub fn take(&mut self, id: u64) -> Option<SequenceCache> {
+        let e = self.entries.remove(&id)?;
+        // The keys stay: they point to `id`, which is about to run again and holds the blocks.
+        Some(e.cache)
+    }
+
+    /// A new cache sharing entry `id`'s first `blocks` blocks; the entry becomes most recent.
+    pub fn fork_prefix(&mut self, pool: &mut KvPool, id: u64, blocks: usize) -> Option<SequenceCache> {
+        let e = self.entries.get_mut(&id)?;
+        self.tick += 1;
+        e.tick = self.tick;
+        e.last_used = Instant::now();
+        fork_prefix(&e.cache, pool, blocks * self.block_size)
+    }
+
+    /// Releases entry `id` whole.
+    pub fn remove(&mut self, pool: &mut KvPool, id: u64) {
+        if let Some(e) = self.entries.remove(&id) {
+            for h in &e.hashes {
+                if self.index.get(h).is_some_and(|x| x.id == id) {
+                    self.index.remove(h);
+                }
+            }
+            e.cache.release(pool);
+        }
+    }
+
+    /// Frees one cached block: the tail block of the least recently used entry whose tail is
+    /// held by the bank alone. Returns false when no block can be freed.
+    pub fn evict_block(&mut self, pool: &mut KvPool) -> bool {
+        let victim = self
+            .entries
+            .iter()
+            .filter(|(_, e)| tail_is_cached(&e.cache, pool))
+            .min_by_key(|(_, e)| e.tick)
+            .map(|(&id, _)| id);
+        let Some(id) = victim else { return false };
+        self.trim_tail_block(pool, id);
+        self.counters.evicted_blocks += 1;
+        true
+    }
+
+    /// Drops entries unused for longer than the TTL, and evicts cached blocks while the bank's
+    /// cached bytes exceed the budget.
+    pub fn enforce_limits(&mut self, pool: &mut KvPool, now: Instant) {
+        if let Some(ttl) = self.config.ttl {
+            let expired: Vec<u64> =
+                self.entries.iter().filter(|(_, e)| now.duration_since(e.last_used) > ttl).map(|(&id, _)| id).collect();
+            for id in expired {
+                let cached = self.entries.get(&id).map_or(0, |e| cached_blocks(&e.cache, pool));
+                self.counters.evicted_blocks += cached as u64;
+                self.counters.expired_entries += 1;
+                self.remove(pool, id);
+            }
+        }
+        if let Some(max) = self.config.max_bytes {
+            let mut cached = self.cached_blocks(pool);
+            while cached * self.block_bytes > max && self.evict_block(pool) {
+                cached -= 1;
+            }
+        }
+    }
+
+    /// Blocks held by the bank alone (reclaimable).
+    pub fn cached_blocks(&self, pool: &KvPool) -> usize {
+        self.entries.values().map(|e| cached_blocks(&e.cache, pool)).sum()
+    }
+
+    /// Time until the oldest entry expires (for the scheduler's idle wait).
+    pub fn next_expiry(&self, now: Instant) -> Option<Duration> {
+        let ttl = self.config.ttl?;
+        self.entries.values().map(|e| (e.last_used + ttl).saturating_duration_since(now)).min()
+    }
+
+    /// Releases every entry (shutdown).
+    pub fn clear(&mut self, pool: &mut KvPool) {
+        let ids: Vec<u64> = self.entries.keys().copied().collect();
+        for id in ids {
+            self.remove(pool, id);
+        }
+    }
+
+    fn trim_tail_block(&mut self, pool: &mut KvPool, id: u64) {
+        let bs = self.block_size;
+        let Some(e) = self.entries.get_mut(&id) else { return };
+        let offset = e.cache.offset();
+        let in_tail = match offset % bs {
+            0 => bs,
+            r => r,
+        };
+        e.cache.trim(pool, in_tail).expect("an idle entry holds its tokens");
+        e.tokens.truncate(offset - in_tail);
+        if e.hashes.len() > e.tokens.len() / bs {
+            let h = e.hashes.pop().expect("checked");
+            if self.index.get(&h).is_some_and(|x| x.id == id) {
+                self.index.remove(&h);
+            }
+        }
+        if e.tokens.is_empty() {
+            self.remove(pool, id);
+        }
+    }
+
+    /// Checks the module invariant against the holders' block counts (`full_blocks(id)`,
+    /// `None` for an unknown id). Tests and debug builds.
+    pub fn check_index(&self, running_full_blocks: impl Fn(u64) -> Option<usize>) {
+        for (h, x) in &self.index {
+            let held = self.entries.get(&x.id).map(|e| e.hashes.len()).or_else(|| running_full_blocks(x.id));
+            let held = held.unwrap_or_else(|| panic!("hash {h:?} points to unknown sequence {}", x.id));
+            assert!(x.block < held, "hash {h:?} points to block {} of {} which holds {held}", x.block, x.id);
+            if let Some(e) = self.entries.get(&x.id) {
+                assert_eq!(e.hashes[x.block], *h, "entry {} block {} has another hash", x.id, x.block);
+            }
+        }
+    }
+}
+
+/// A fork of `cache` trimmed to its first `tokens` tokens (a block boundary): the new cache
+/// shares those blocks by reference and holds nothing else.
+pub(crate) fn fork_prefix(cache: &SequenceCache, pool: &mut KvPool, tokens: usize) -> Option<SequenceCache> {
+    debug_assert!(tokens <= cache.offset());
+    let mut fork = cache.fork(pool).ok()?;
+    if fork.trim(pool, fork.offset() - tokens).is_err() {
+        fork.release(pool);
+        return None;
+    }
+    Some(fork)
+}
+
+fn tail_is_cached(cache: &SequenceCache, pool: &KvPool) -> bool {
+    cache.block_table().last().is_some_and(|&b| b != kvcache::NULL_BLOCK && pool.blocks().ref_count(b) == 1)
+}
+
+fn cached_blocks(cache: &SequenceCache, pool: &KvPool) -> usize {
+    cache.block_table().iter().filter(|&&b| b != kvcache::NULL_BLOCK && pool.blocks().ref_count(b) == 1).count()
+}

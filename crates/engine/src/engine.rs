@@ -1,0 +1,246 @@
+//! `Engine` and `EngineHandle`: the public face of the scheduler thread.
+//!
+//! `Engine::start` builds the pool from the configuration and the model, then moves the
+//! model, the pool and the tokenizer into one scheduler thread (`scheduler.rs`), the only
+//! owner of every sequence. Clients talk to it through cloneable [`EngineHandle`]s:
+//! [`EngineHandle::submit`] validates a request on the caller's thread (bad input is refused
+//! there, with a typed error) and returns its [`RequestStream`]; [`EngineHandle::metrics`]
+//! reads the snapshot the scheduler publishes after every step.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kvcache::{KvPool, SequenceCache, SequencePolicy};
+use pagekv_model::tokenizer::{StreamDecoder, Tokenizer};
+use pagekv_model::Model;
+
+use crate::bank::SessionBank;
+use crate::config::{EngineConfig, EngineInfo};
+use crate::metrics::EngineMetrics;
+use crate::request::{EngineError, GenerationRequest, MAX_TOP_LOGPROBS};
+use crate::sampling::Sampler;
+use crate::scheduler::{Command, Limits, Scheduler};
+use crate::sequence::Sequence;
+use crate::stop::StopMatcher;
+use crate::stream::{channel, RequestStream};
+
+/// A running engine. Dropping it shuts the scheduler down at once (requests in flight end
+/// with [`EngineError::ShutDown`]); [`Engine::shutdown`] gives them a grace period.
+pub struct Engine {
+    handle: EngineHandle,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// A cheap, cloneable, thread-safe way to submit requests and read metrics.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: Sender<Command>,
+    info: Arc<EngineInfo>,
+    metrics: Arc<Mutex<EngineMetrics>>,
+    next_id: Arc<AtomicU64>,
+    accepting: Arc<AtomicBool>,
+}
+
+impl Engine {
+    /// Starts the scheduler thread over `model` with a pool built from `config`.
+    pub fn start(model: Model, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine, EngineError> {
+        if config.max_batch_tokens == 0 || config.max_seqs == 0 {
+            return Err(EngineError::Config("max_batch_tokens and max_seqs must be at least 1".into()));
+        }
+        let mc = &model.config;
+        let mut cache = config.cache.clone();
+        cache.num_layers = mc.num_layers;
+        cache.num_kv_heads = mc.num_kv_heads;
+        cache.head_dim = mc.head_dim;
+        let context_window = *cache.context_window.get_or_insert(mc.context_length);
+        if cache.sliding_window.is_none() {
+            cache.sliding_window = mc.sliding_window;
+        }
+        let policy = SequencePolicy {
+            dynamic_growth: false,
+            context_window: Some(context_window),
+            sliding_window: cache.sliding_window,
+            debug_blocks: cache.debug_blocks,
+        };
+        let mut pool = KvPool::new(cache.clone()).map_err(|e| EngineError::Config(e.to_string()))?;
+        let bs = cache.block_size;
+        // The template reserves the whole window (or pool) and then lets every block go.
+        let reserve = context_window.min(cache.num_blocks * bs);
+        let mut template =
+            SequenceCache::new(&mut pool, policy, reserve).map_err(|e| EngineError::Config(e.to_string()))?;
+        template.trim(&mut pool, 0).map_err(|e| EngineError::Config(e.to_string()))?;
+        debug_assert_eq!(template.allocated_blocks(), 0);
+        let (codes, scales) = pool.geometry().block_bytes_by_category();
+        let block_bytes = codes + scales;
+        let mut bank_config = config.bank.clone();
+        if cache.sliding_window.is_some() {
+            // Blocks before the window are reclaimed: prefixes cannot be shared.
+            bank_config.enabled = false;
+        }
+        let identity = identity(&model, &cache.format.name(), bs, cache.rotation_seed);
+        let info = EngineInfo {
+            model_name: mc.name.clone(),
+            context_window,
+            vocab_size: mc.vocab_size,
+            block_size: bs,
+            num_blocks: cache.num_blocks,
+            block_bytes,
+            kv_format: cache.format.name(),
+            max_batch_tokens: config.max_batch_tokens,
+            max_seqs: config.max_seqs,
+            eos_tokens: tokenizer.eot_ids().to_vec(),
+        };
+        let limits = Limits {
+            max_batch_tokens: config.max_batch_tokens,
+            max_seqs: config.max_seqs,
+            context_window,
+            block_size: bs,
+            vocab_size: mc.vocab_size,
+            identity,
+            watermark: (cache.num_blocks / 100).max(1),
+        };
+        let metrics = Arc::new(Mutex::new(EngineMetrics::default()));
+        let (tx, rx) = mpsc::channel();
+        let bank = SessionBank::new(bank_config, bs, block_bytes);
+        let scheduler = Scheduler::new(model, tokenizer, pool, template, bank, limits, metrics.clone(), rx);
+        let thread = std::thread::Builder::new()
+            .name("pagekv-scheduler".into())
+            .spawn(move || scheduler.run())
+            .map_err(|e| EngineError::Config(format!("cannot start the scheduler thread: {e}")))?;
+        let handle = EngineHandle {
+            tx,
+            info: Arc::new(info),
+            metrics,
+            next_id: Arc::new(AtomicU64::new(1)),
+            accepting: Arc::new(AtomicBool::new(true)),
+        };
+        Ok(Engine { handle, thread: Some(thread) })
+    }
+
+    pub fn handle(&self) -> EngineHandle {
+        self.handle.clone()
+    }
+
+    /// Stops accepting requests, lets those in flight finish for up to `grace`, ends the rest
+    /// with [`EngineError::ShutDown`], and joins the scheduler thread.
+    pub fn shutdown(mut self, grace: Duration) {
+        self.stop(grace);
+    }
+
+    fn stop(&mut self, grace: Duration) {
+        self.handle.accepting.store(false, Ordering::Release);
+        let _ = self.handle.tx.send(Command::Shutdown { deadline: Instant::now() + grace });
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!("the scheduler thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop(Duration::ZERO);
+    }
+}
+
+impl EngineHandle {
+    /// Validates `request` and queues it. Errors name the violated limit; a request that
+    /// passes will run to `Done` (or fail with a forward error or at shutdown).
+    pub fn submit(&self, request: GenerationRequest) -> Result<RequestStream, EngineError> {
+        if !self.accepting.load(Ordering::Acquire) {
+            return Err(EngineError::ShutDown);
+        }
+        self.validate(&request)?;
+        let sampler = Sampler::new(request.sampling)?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (out, stream) = channel(id);
+        let mut stop = request.stop;
+        if !request.ignore_eos {
+            stop.stop_tokens.extend_from_slice(&self.info.eos_tokens);
+        }
+        let seq = Sequence {
+            id,
+            prompt_len: request.prompt.len(),
+            tokens: request.prompt,
+            cache: None,
+            hashes: Vec::new(),
+            registered: 0,
+            origin: None,
+            sampler,
+            matcher: StopMatcher::new(&stop.stop_strings),
+            stop,
+            decoder: StreamDecoder::new(true),
+            logprobs: request.logprobs,
+            generated: 0,
+            cached_tokens: None,
+            out,
+        };
+        self.tx.send(Command::Submit(Box::new(seq))).map_err(|_| EngineError::ShutDown)?;
+        Ok(stream)
+    }
+
+    /// Checks a request against the engine's limits without submitting it.
+    pub fn validate(&self, r: &GenerationRequest) -> Result<(), EngineError> {
+        let info = &self.info;
+        let n = r.prompt.len();
+        if n == 0 {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if n > info.context_window {
+            return Err(EngineError::PromptTooLong { prompt_tokens: n, context_window: info.context_window });
+        }
+        let needed_blocks = n.div_ceil(info.block_size);
+        if needed_blocks > info.num_blocks {
+            return Err(EngineError::PromptExceedsPool {
+                prompt_tokens: n,
+                needed_blocks,
+                pool_blocks: info.num_blocks,
+            });
+        }
+        if let Some((position, &id)) = r.prompt.iter().enumerate().find(|(_, &t)| t as usize >= info.vocab_size) {
+            return Err(EngineError::TokenOutOfRange { id, position, vocab: info.vocab_size });
+        }
+        if r.stop.max_tokens == 0 {
+            return Err(EngineError::ZeroMaxTokens);
+        }
+        if let Some(got) = r.logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
+            return Err(EngineError::TooManyLogprobs { got, max: MAX_TOP_LOGPROBS });
+        }
+        r.sampling.validate()?;
+        Ok(())
+    }
+
+    /// The snapshot published after the last step.
+    pub fn metrics(&self) -> EngineMetrics {
+        self.metrics.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+}
+
+/// 64-bit identity of what a block's K/V depend on besides its tokens: the model (name,
+/// shape, weight bytes), the KV format and the block size. FNV-1a: stable across runs.
+fn identity(model: &Model, format: &str, block_size: usize, rotation_seed: u64) -> u64 {
+    let c = &model.config;
+    let key = format!(
+        "{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}",
+        c.name,
+        c.arch_name,
+        c.num_layers,
+        c.hidden,
+        c.num_kv_heads,
+        c.head_dim,
+        c.vocab_size,
+        model.weight_bytes_per_token(),
+        format,
+        block_size,
+        rotation_seed
+    );
+    key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+}

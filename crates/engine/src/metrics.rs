@@ -1,0 +1,71 @@
+//! `EngineMetrics`: a snapshot of the scheduler's state and counters, published after every
+//! step for the server's `/metrics` and for tests. Counters only grow; gauges are as of the
+//! last step.
+
+use kvcache::CacheStats;
+
+/// Scheduler, pool and session-bank state as of the last step.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineMetrics {
+    /// Sequences admitted (holding blocks), and queued.
+    pub running: usize,
+    pub waiting: usize,
+    pub blocks_total: usize,
+    /// Blocks referenced by running sequences (shared ones counted once).
+    pub blocks_used: usize,
+    /// Blocks held by the session bank alone: reusable by a prefix hit, reclaimed on demand.
+    pub blocks_cached: usize,
+    /// Blocks nobody holds.
+    pub blocks_free: usize,
+    pub block_size: usize,
+    pub block_bytes: usize,
+    /// Tokens whose K/V running sequences hold (over `blocks_used × block_size`: pool utilization).
+    pub live_tokens: usize,
+    pub bank_entries: usize,
+    /// New requests that found part of their prompt in the bank, and those that did not.
+    pub bank_hits: u64,
+    pub bank_misses: u64,
+    /// Prompt tokens taken from the bank.
+    pub bank_hit_tokens: u64,
+    /// Blocks evicted from the bank (pool pressure, byte budget, TTL).
+    pub bank_evictions: u64,
+    pub bank_expired_entries: u64,
+    /// Running sequences sent back to the queue for lack of blocks.
+    pub preemptions: u64,
+    pub requests_submitted: u64,
+    pub requests_finished: u64,
+    pub requests_cancelled: u64,
+    pub requests_failed: u64,
+    /// Prompt tokens of submitted requests.
+    pub prompt_tokens: u64,
+    /// Tokens fed through the model (prefill, recompute after preemption, decode).
+    pub computed_tokens: u64,
+    /// Tokens sampled.
+    pub generated_tokens: u64,
+    /// Forward steps run.
+    pub steps: u64,
+    /// The pool's own counters (attention calls by route, fallbacks, bytes, formats).
+    pub cache: CacheStats,
+}
+
+impl EngineMetrics {
+    /// Hits over hits + misses (0 before any request).
+    pub fn bank_hit_rate(&self) -> f64 {
+        let n = self.bank_hits + self.bank_misses;
+        if n == 0 {
+            0.0
+        } else {
+            self.bank_hits as f64 / n as f64
+        }
+    }
+
+    /// Live tokens over the token slots of the blocks running sequences hold (1 when none).
+    pub fn pool_utilization(&self) -> f64 {
+        let slots = self.blocks_used * self.block_size;
+        if slots == 0 {
+            1.0
+        } else {
+            self.live_tokens as f64 / slots as f64
+        }
+    }
+}

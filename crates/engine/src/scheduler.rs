@@ -1,0 +1,602 @@
+//! The scheduler: the one thread that owns the model, the pool, every sequence and the
+//! session bank. Each step:
+//!
+//! 1. `reap_cancelled`: streams dropped by their clients give up their sequences (blocks go
+//!    to the bank, where they are reclaimable at once).
+//! 2. `schedule_running`: running sequences, oldest first, each get `min(pending, budget)`
+//!    tokens (a decode is 1, a prefill chunk more) under `max_batch_tokens`. Blocks come from
+//!    the free list, then from the bank's cached blocks (LRU, tail first), then by preempting
+//!    the most recently admitted sequence (its blocks go to the bank, it goes back to the front
+//!    of the queue and is recomputed later, keeping its sampler state).
+//! 3. `admit`: if nothing was preempted, queued requests are admitted in order while there is
+//!    budget, a sequence slot and blocks for their first chunk (plus a small watermark). A
+//!    prompt prefix found in the bank is shared by reference and not computed.
+//! 4. `execute`: one `Batch` for every planned sequence, one forward, then for every sequence
+//!    whose feed reached its end: sample, stream the token, check the stop conditions.
+//!
+//! Planning takes no block; it counts the blocks it promises (`Budget::promised`), so the
+//! appends it then opens cannot fail for lack of blocks. Every request ends exactly once, with
+//! `Done` or `Error`; a preempted request is requeued, never dropped nor duplicated.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvcache::{KvPool, SequenceCache};
+use pagekv_model::tokenizer::Tokenizer;
+use pagekv_model::{Batch, Logits, Model};
+
+use crate::bank::{fork_prefix, SessionBank};
+use crate::metrics::EngineMetrics;
+use crate::request::{EngineError, Event, Usage};
+use crate::sampling::logprobs;
+use crate::sequence::Sequence;
+use crate::stop::FinishReason;
+use crate::stream::EventSender;
+
+/// What the handles send the scheduler.
+pub(crate) enum Command {
+    Submit(Box<Sequence>),
+    /// Stop accepting; finish what is in flight until `deadline`, then fail the rest.
+    Shutdown {
+        deadline: Instant,
+    },
+}
+
+/// Fixed facts the scheduler works with.
+pub(crate) struct Limits {
+    pub max_batch_tokens: usize,
+    pub max_seqs: usize,
+    pub context_window: usize,
+    pub block_size: usize,
+    pub vocab_size: usize,
+    /// Folded into every block hash: model, KV format, block size.
+    pub identity: u64,
+    /// Free blocks kept back when admitting next to running sequences (their next decodes).
+    pub watermark: usize,
+}
+
+#[derive(Default)]
+struct Counters {
+    preemptions: u64,
+    submitted: u64,
+    finished: u64,
+    cancelled: u64,
+    failed: u64,
+    prompt_tokens: u64,
+    computed_tokens: u64,
+    generated_tokens: u64,
+    steps: u64,
+}
+
+/// Tokens and blocks handed out in the step being planned.
+struct Budget {
+    tokens: usize,
+    promised_blocks: usize,
+}
+
+pub(crate) struct Scheduler {
+    model: Model,
+    tokenizer: Arc<Tokenizer>,
+    pool: KvPool,
+    /// An empty sequence whose reservation covers the context window: every new sequence is a
+    /// fork of it, so appends take exactly the blocks their tokens need (no growth spurts).
+    template: SequenceCache,
+    bank: SessionBank,
+    /// Admitted sequences, oldest admission first.
+    running: Vec<Sequence>,
+    waiting: VecDeque<Sequence>,
+    /// `(index into running, tokens)` of the step being planned.
+    plan: Vec<(usize, usize)>,
+    batch: Batch,
+    /// Final events of the step, sent after the metrics are published, so a client that sees
+    /// its request end also sees the metrics of that end.
+    finals: Vec<(EventSender, Event)>,
+    limits: Limits,
+    counters: Counters,
+    metrics: Arc<Mutex<EngineMetrics>>,
+    rx: Receiver<Command>,
+    shutdown: Option<Instant>,
+}
+
+impl Scheduler {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        model: Model,
+        tokenizer: Arc<Tokenizer>,
+        pool: KvPool,
+        template: SequenceCache,
+        bank: SessionBank,
+        limits: Limits,
+        metrics: Arc<Mutex<EngineMetrics>>,
+        rx: Receiver<Command>,
+    ) -> Scheduler {
+        Scheduler {
+            model,
+            tokenizer,
+            pool,
+            template,
+            bank,
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            plan: Vec::new(),
+            batch: Batch::default(),
+            finals: Vec::new(),
+            limits,
+            counters: Counters::default(),
+            metrics,
+            rx,
+            shutdown: None,
+        }
+    }
+
+    /// The thread's body: wait for work, step while there is some, until shut down.
+    pub fn run(mut self) {
+        loop {
+            if !self.receive() {
+                break;
+            }
+            if let Some(deadline) = self.shutdown {
+                if Instant::now() >= deadline || (self.running.is_empty() && self.waiting.is_empty()) {
+                    break;
+                }
+            }
+            self.step();
+            self.publish();
+        }
+        self.fail_all(EngineError::ShutDown);
+        self.bank.clear(&mut self.pool);
+        self.publish();
+    }
+
+    /// Publishes the metrics, then sends the step's final events.
+    fn publish(&mut self) {
+        self.publish_metrics();
+        for (out, event) in self.finals.drain(..) {
+            out.send(event);
+        }
+    }
+
+    /// Takes pending commands; blocks while there is nothing to do. Returns false when every
+    /// handle is gone and nothing is in flight.
+    fn receive(&mut self) -> bool {
+        let idle = self.running.is_empty() && self.waiting.is_empty();
+        if idle && self.shutdown.is_none() {
+            let now = Instant::now();
+            let cmd = match self.bank.next_expiry(now) {
+                Some(wait) => match self.rx.recv_timeout(wait + Duration::from_millis(1)) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => return false,
+                },
+                None => match self.rx.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return false,
+                },
+            };
+            if let Some(c) = cmd {
+                self.handle(c);
+            }
+            self.bank.enforce_limits(&mut self.pool, Instant::now());
+        }
+        loop {
+            match self.rx.try_recv() {
+                Ok(c) => self.handle(c),
+                Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    // No handle left: nobody can submit; finish what is in flight.
+                    if self.shutdown.is_none() {
+                        self.shutdown = Some(Instant::now() + Duration::from_secs(3600 * 24 * 365));
+                    }
+                    break;
+                }
+            }
+        }
+        self.publish();
+        true
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit(seq) => {
+                self.counters.submitted += 1;
+                self.counters.prompt_tokens += seq.prompt_len as u64;
+                self.waiting.push_back(*seq);
+            }
+            Command::Shutdown { deadline } => {
+                self.shutdown = Some(self.shutdown.map_or(deadline, |d| d.min(deadline)));
+            }
+        }
+    }
+
+    fn step(&mut self) {
+        self.reap_cancelled();
+        self.bank.enforce_limits(&mut self.pool, Instant::now());
+        self.plan.clear();
+        let mut budget = Budget { tokens: self.limits.max_batch_tokens, promised_blocks: 0 };
+        let preempted = self.schedule_running(&mut budget);
+        if !preempted {
+            self.admit(&mut budget);
+        }
+        if !self.plan.is_empty() {
+            self.execute();
+        }
+        #[cfg(debug_assertions)]
+        self.check_invariants();
+    }
+
+    fn free_blocks(&self) -> usize {
+        self.pool.blocks().num_free()
+    }
+
+    /// Gives the running sequences their tokens for this step; returns whether any was
+    /// preempted.
+    fn schedule_running(&mut self, budget: &mut Budget) -> bool {
+        let bs = self.limits.block_size;
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && budget.tokens > 0 {
+            let mut t = self.running[i].pending().min(budget.tokens);
+            debug_assert!(t > 0, "a running sequence always has a token to feed");
+            let mut pool_full = false;
+            loop {
+                let need = blocks_needed(&self.running[i], t, bs);
+                if self.free_blocks() >= budget.promised_blocks + need {
+                    break;
+                }
+                if self.bank.evict_block(&mut self.pool) {
+                    continue;
+                }
+                if i + 1 < self.running.len() || i > 0 {
+                    // Preempt the most recently admitted: a newer one, or this one if it is
+                    // the newest and older ones hold the blocks.
+                    let victim = self.running.pop().expect("non-empty");
+                    let was_self = self.running.len() == i;
+                    self.preempt(victim);
+                    preempted = true;
+                    if was_self {
+                        t = 0;
+                        break;
+                    }
+                    continue;
+                }
+                // Alone and the pool is exhausted: feed what fits, or end the sequence.
+                let spare = self.free_blocks() - budget.promised_blocks;
+                let fit = fit_tokens(&self.running[i], spare, bs);
+                if fit == 0 {
+                    pool_full = true;
+                    break;
+                }
+                t = t.min(fit);
+            }
+            if pool_full {
+                let seq = self.running.remove(i);
+                self.finish(seq, FinishReason::Length);
+                continue;
+            }
+            if t == 0 {
+                break;
+            }
+            budget.promised_blocks += blocks_needed(&self.running[i], t, bs);
+            budget.tokens -= t;
+            self.plan.push((i, t));
+            i += 1;
+        }
+        preempted
+    }
+
+    /// Admits queued requests in order while they fit.
+    fn admit(&mut self, budget: &mut Budget) {
+        let bs = self.limits.block_size;
+        while !self.waiting.is_empty() && self.running.len() < self.limits.max_seqs && budget.tokens > 0 {
+            let mut seq = self.waiting.pop_front().expect("non-empty");
+            let (cache, origin, own) = self.find_cache(&mut seq);
+            let computed = cache.offset();
+            let t = (seq.tokens.len() - computed).min(budget.tokens);
+            let need = (computed + t).div_ceil(bs).saturating_sub(cache.block_table().len());
+            let watermark = if self.running.is_empty() { 0 } else { self.limits.watermark };
+            let wanted = budget.promised_blocks + need + watermark;
+            while self.free_blocks() < wanted && self.bank.evict_block(&mut self.pool) {}
+            if self.free_blocks() < wanted {
+                // Not now: give the cache back and keep the queue's order.
+                if own {
+                    seq.ensure_hashes(computed / bs, bs, self.limits.identity);
+                    self.bank.insert(&mut self.pool, seq.id, cache, &seq.tokens[..computed], &seq.hashes);
+                } else {
+                    cache.release(&mut self.pool);
+                }
+                self.waiting.push_front(seq);
+                break;
+            }
+            if seq.cached_tokens.is_none() {
+                seq.cached_tokens = Some(computed);
+                if computed > 0 {
+                    self.bank.counters.hits += 1;
+                    self.bank.counters.hit_tokens += computed as u64;
+                } else {
+                    self.bank.counters.misses += 1;
+                }
+            }
+            let full = computed / bs;
+            seq.ensure_hashes(full, bs, self.limits.identity);
+            self.bank.register(seq.id, &seq.hashes[..full], 0);
+            seq.registered = full;
+            seq.origin = origin;
+            seq.cache = Some(cache);
+            budget.promised_blocks += need;
+            budget.tokens -= t;
+            self.running.push(seq);
+            self.plan.push((self.running.len() - 1, t));
+        }
+    }
+
+    /// The cache a sequence starts from: its own banked cache (after a preemption), else a
+    /// fork of the deepest indexed prefix of its tokens, else an empty one. Returns the cache,
+    /// the bank entry it came from, and whether it was the sequence's own.
+    fn find_cache(&mut self, seq: &mut Sequence) -> (SequenceCache, Option<u64>, bool) {
+        let bs = self.limits.block_size;
+        if self.bank.enabled() {
+            if let Some(own) = self.bank.take(seq.id) {
+                return (own, None, true);
+            }
+            // At least one token is always computed: its logits are needed.
+            let blocks = (seq.tokens.len() - 1) / bs;
+            seq.ensure_hashes(blocks, bs, self.limits.identity);
+            if let Some((holder, n)) = self.bank.lookup(&seq.hashes[..blocks]) {
+                let running = self.running.iter().find(|r| r.id == holder.id);
+                let fork = match running {
+                    Some(r) => r.cache.as_ref().and_then(|c| fork_prefix(c, &mut self.pool, n * bs)),
+                    None => self.bank.fork_prefix(&mut self.pool, holder.id, n),
+                };
+                if let Some(c) = fork {
+                    let origin = if running.is_none() { Some(holder.id) } else { None };
+                    return (c, origin, false);
+                }
+            }
+        }
+        let empty = self.template.fork(&mut self.pool).expect("forking an empty sequence takes no block");
+        (empty, None, false)
+    }
+
+    /// Runs the planned step: one batch, one forward, then sampling and streaming.
+    fn execute(&mut self) {
+        self.batch.clear();
+        self.batch.sliding_window = self.template.attention_window(None);
+        let mut result = Ok(());
+        for &(i, t) in &self.plan {
+            let seq = &mut self.running[i];
+            let cache = seq.cache.as_mut().expect("running sequences hold a cache");
+            let start = cache.offset();
+            if let Err(e) = cache.begin_append(&mut self.pool, t) {
+                result = Err(e.to_string());
+                break;
+            }
+            let logits = if start + t == seq.tokens.len() { Logits::Last } else { Logits::None };
+            self.batch.push(
+                &seq.tokens[start..start + t],
+                start + t,
+                cache.pending_slots(),
+                cache.block_table(),
+                logits,
+            );
+        }
+        if result.is_ok() {
+            result = self.model.forward(&self.batch, &mut self.pool).map(|_| ()).map_err(|e| e.to_string());
+        }
+        self.counters.steps += 1;
+        match result {
+            Ok(()) => self.after_forward(),
+            Err(msg) => {
+                let mut idx: Vec<usize> = self.plan.iter().map(|&(i, _)| i).collect();
+                idx.sort_unstable_by(|a, b| b.cmp(a));
+                for i in idx {
+                    let seq = self.running.remove(i);
+                    self.fail(seq, EngineError::Forward(msg.clone()));
+                }
+            }
+        }
+    }
+
+    /// Commits the appends, registers newly full blocks, samples where the feed reached the end.
+    fn after_forward(&mut self) {
+        let bs = self.limits.block_size;
+        let v = self.limits.vocab_size;
+        let logits = self.model.last_logits();
+        let mut row = 0;
+        let mut done: Vec<(usize, FinishReason)> = Vec::new();
+        for &(i, t) in &self.plan {
+            let seq = &mut self.running[i];
+            let cache = seq.cache.as_mut().expect("running sequences hold a cache");
+            cache.commit_append(&mut self.pool);
+            self.counters.computed_tokens += t as u64;
+            let offset = cache.offset();
+            let full = offset / bs;
+            if full > seq.registered {
+                seq.ensure_hashes(full, bs, self.limits.identity);
+                self.bank.register(seq.id, &seq.hashes[..full], seq.registered);
+                seq.registered = full;
+            }
+            if offset == seq.tokens.len() {
+                let row_logits = &logits[row * v..(row + 1) * v];
+                row += 1;
+                self.counters.generated_tokens += 1;
+                if let Some(reason) = accept_token(seq, row_logits, &self.tokenizer, self.limits.context_window) {
+                    done.push((i, reason));
+                }
+            }
+        }
+        done.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        for (i, reason) in done {
+            let seq = self.running.remove(i);
+            self.finish(seq, reason);
+        }
+    }
+
+    /// Ends a sequence normally: flushes held text, sends `Done`, banks its cache.
+    fn finish(&mut self, mut seq: Sequence, reason: FinishReason) {
+        let rest = seq.decoder.finish();
+        let o = seq.matcher.push(&rest);
+        let mut text = o.text;
+        if !seq.matcher.stopped() {
+            text.push_str(&seq.matcher.flush());
+        }
+        let finish_reason = if seq.matcher.stopped() { FinishReason::Stop } else { reason };
+        let usage = Usage {
+            prompt_tokens: seq.prompt_len,
+            cached_tokens: seq.cached_tokens.unwrap_or(0),
+            completion_tokens: seq.generated,
+        };
+        self.counters.finished += 1;
+        self.bank_sequence(&mut seq);
+        self.finals.push((seq.out, Event::Done { finish_reason, usage, text }));
+    }
+
+    /// Ends a sequence with an error; its blocks are released (their contents may be partial).
+    fn fail(&mut self, mut seq: Sequence, err: EngineError) {
+        self.counters.failed += 1;
+        self.bank.forget(seq.id, &seq.hashes[..seq.registered.min(seq.hashes.len())]);
+        if let Some(mut cache) = seq.cache.take() {
+            cache.cancel_append();
+            cache.release(&mut self.pool);
+        }
+        self.finals.push((seq.out, Event::Error(err)));
+    }
+
+    /// Moves a sequence's cache into the bank (or releases it when the bank is off).
+    fn bank_sequence(&mut self, seq: &mut Sequence) {
+        let Some(cache) = seq.cache.take() else { return };
+        let bs = self.limits.block_size;
+        let offset = cache.offset();
+        seq.ensure_hashes(offset / bs, bs, self.limits.identity);
+        self.bank.insert(&mut self.pool, seq.id, cache, &seq.tokens[..offset], &seq.hashes);
+        if let Some(origin) = seq.origin.take() {
+            if origin != seq.id {
+                self.bank.drop_if_prefix_of(&mut self.pool, origin, &seq.tokens[..offset]);
+            }
+        }
+    }
+
+    /// Sends a running sequence back to the front of the queue; its blocks go to the bank.
+    fn preempt(&mut self, mut seq: Sequence) {
+        self.bank_sequence(&mut seq);
+        self.counters.preemptions += 1;
+        self.waiting.push_front(seq);
+    }
+
+    /// Drops the sequences whose clients went away.
+    fn reap_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].out.is_cancelled() {
+                let mut seq = self.running.remove(i);
+                self.bank_sequence(&mut seq);
+                self.counters.cancelled += 1;
+            } else {
+                i += 1;
+            }
+        }
+        let before = self.waiting.len();
+        self.waiting.retain(|s| !s.out.is_cancelled());
+        self.counters.cancelled += (before - self.waiting.len()) as u64;
+    }
+
+    /// Fails every request in flight (shutdown).
+    fn fail_all(&mut self, err: EngineError) {
+        while let Some(seq) = self.running.pop() {
+            self.fail(seq, err.clone());
+        }
+        while let Some(seq) = self.waiting.pop_front() {
+            self.fail(seq, err.clone());
+        }
+    }
+
+    fn publish_metrics(&self) {
+        let blocks = self.pool.blocks();
+        let cached = self.bank.cached_blocks(&self.pool);
+        let free = blocks.num_free();
+        let m = EngineMetrics {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            blocks_total: blocks.num_blocks(),
+            blocks_used: blocks.num_blocks() - free - cached,
+            blocks_cached: cached,
+            blocks_free: free,
+            block_size: self.limits.block_size,
+            block_bytes: self.pool.geometry().block_bytes_by_category().0
+                + self.pool.geometry().block_bytes_by_category().1,
+            live_tokens: self.running.iter().map(|s| s.computed()).sum(),
+            bank_entries: self.bank.num_entries(),
+            bank_hits: self.bank.counters.hits,
+            bank_misses: self.bank.counters.misses,
+            bank_hit_tokens: self.bank.counters.hit_tokens,
+            bank_evictions: self.bank.counters.evicted_blocks,
+            bank_expired_entries: self.bank.counters.expired_entries,
+            preemptions: self.counters.preemptions,
+            requests_submitted: self.counters.submitted,
+            requests_finished: self.counters.finished,
+            requests_cancelled: self.counters.cancelled,
+            requests_failed: self.counters.failed,
+            prompt_tokens: self.counters.prompt_tokens,
+            computed_tokens: self.counters.computed_tokens,
+            generated_tokens: self.counters.generated_tokens,
+            steps: self.counters.steps,
+            cache: self.pool.stats(),
+        };
+        *self.metrics.lock().unwrap_or_else(|e| e.into_inner()) = m;
+    }
+
+    /// Pool and bank bookkeeping agree (debug builds, after every step).
+    #[cfg(debug_assertions)]
+    fn check_invariants(&self) {
+        self.pool.blocks().check_invariants();
+        let running = &self.running;
+        self.bank.check_index(|id| running.iter().find(|s| s.id == id).map(|s| s.computed() / self.limits.block_size));
+        for s in &self.running {
+            let c = s.cache.as_ref().expect("running sequences hold a cache");
+            assert!(c.offset() < s.tokens.len(), "sequence {} has nothing to compute", s.id);
+            assert_eq!(c.block_table().len(), c.offset().div_ceil(self.limits.block_size), "blocks beyond need");
+        }
+    }
+}
+
+/// New blocks `seq` needs to feed `t` more tokens.
+fn blocks_needed(seq: &Sequence, t: usize, block_size: usize) -> usize {
+    let cache = seq.cache.as_ref().expect("running sequences hold a cache");
+    (cache.offset() + t).div_ceil(block_size).saturating_sub(cache.block_table().len())
+}
+
+/// Tokens `seq` can feed with `spare` more blocks.
+fn fit_tokens(seq: &Sequence, spare: usize, block_size: usize) -> usize {
+    let cache = seq.cache.as_ref().expect("running sequences hold a cache");
+    let slack = cache.block_table().len() * block_size - cache.offset();
+    (slack + spare * block_size).min(seq.pending())
+}
+
+/// Samples the next token from `logits` (`[vocab]`), streams it, and says whether the
+/// sequence is done.
+fn accept_token(
+    seq: &mut Sequence,
+    logits: &[f32],
+    tokenizer: &Tokenizer,
+    context_window: usize,
+) -> Option<FinishReason> {
+    let token = seq.sampler.sample(logits, &seq.tokens);
+    let lp = seq.logprobs.map(|n| logprobs(logits, token, n));
+    seq.tokens.push(token);
+    seq.generated += 1;
+    if seq.stop.stop_tokens.contains(&token) {
+        return Some(FinishReason::Stop);
+    }
+    // A token the tokenizer does not know (a padded vocabulary) prints nothing.
+    let piece = seq.decoder.push(tokenizer, token).unwrap_or_default();
+    let o = seq.matcher.push(&piece);
+    seq.out.send(Event::Token { id: token, text: o.text, logprobs: lp });
+    if o.finish.is_some() {
+        return Some(FinishReason::Stop);
+    }
+    if seq.generated >= seq.stop.max_tokens || seq.tokens.len() > context_window {
+        return Some(FinishReason::Length);
+    }
+    None
+}

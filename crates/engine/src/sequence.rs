@@ -1,0 +1,65 @@
+//! `Sequence`: everything the scheduler keeps about one request — its tokens, its cache while
+//! it runs, its sampler and stop state, its block hashes and its event sender.
+//!
+//! Tokens and cache: `tokens` holds the prompt and every generated token; the cache holds the
+//! K/V of `tokens[..computed()]`. A running sequence always has at least one token to compute
+//! (the last sampled token, or the rest of the prompt), so one rule drives prefill, decode and
+//! recompute after preemption: feed `tokens[computed..]`, as much as the step's budget allows,
+//! and sample when the feed reaches the end.
+
+use kvcache::{BlockHash, SequenceCache};
+use pagekv_model::tokenizer::StreamDecoder;
+
+use crate::sampling::Sampler;
+use crate::stop::{StopConditions, StopMatcher};
+use crate::stream::EventSender;
+
+pub(crate) struct Sequence {
+    /// Engine-unique id (also the key of its bank entry and of its index entries).
+    pub id: u64,
+    /// `[prompt + generated]`.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// The K/V of `tokens[..offset]`, while admitted.
+    pub cache: Option<SequenceCache>,
+    /// `[full blocks known]` chained hashes of `tokens`' full blocks, computed as needed.
+    pub hashes: Vec<BlockHash>,
+    /// Leading blocks registered in the bank's index under this id.
+    pub registered: usize,
+    /// The bank entry this admission's prefix came from (dropped if this one extends it).
+    pub origin: Option<u64>,
+    pub sampler: Sampler,
+    /// Stop tokens include the end-of-generation tokens unless the request ignores them.
+    pub stop: StopConditions,
+    pub matcher: StopMatcher,
+    pub decoder: StreamDecoder,
+    pub logprobs: Option<usize>,
+    /// Tokens sampled so far.
+    pub generated: usize,
+    /// Prompt tokens found in the bank at first admission (`None` before it).
+    pub cached_tokens: Option<usize>,
+    pub out: EventSender,
+}
+
+impl Sequence {
+    /// Tokens whose K/V the cache holds.
+    pub fn computed(&self) -> usize {
+        self.cache.as_ref().map_or(0, |c| c.offset())
+    }
+
+    /// Tokens still to feed.
+    pub fn pending(&self) -> usize {
+        self.tokens.len() - self.computed()
+    }
+
+    /// Extends `hashes` to the first `blocks` full blocks of `tokens`.
+    pub fn ensure_hashes(&mut self, blocks: usize, block_size: usize, identity: u64) {
+        debug_assert!(blocks * block_size <= self.tokens.len());
+        while self.hashes.len() < blocks {
+            let i = self.hashes.len();
+            let parent = self.hashes.last().copied();
+            let h = BlockHash::chain(parent, &self.tokens[i * block_size..(i + 1) * block_size], identity);
+            self.hashes.push(h);
+        }
+    }
+}
