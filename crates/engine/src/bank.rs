@@ -298,3 +298,183 @@ fn tail_is_cached(cache: &SequenceCache, pool: &KvPool) -> bool {
 fn cached_blocks(cache: &SequenceCache, pool: &KvPool) -> usize {
     cache.block_table().iter().filter(|&&b| b != kvcache::NULL_BLOCK && pool.blocks().ref_count(b) == 1).count()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvcache::{CacheConfig, SequencePolicy};
+
+    const BS: usize = 8;
+
+    fn pool(blocks: usize) -> KvPool {
+        let mut c = CacheConfig::new(1, 1, 8);
+        c.block_size = BS;
+        c.num_blocks = blocks;
+        KvPool::new(c).unwrap()
+    }
+
+    fn block_bytes(pool: &KvPool) -> usize {
+        let (a, b) = pool.geometry().block_bytes_by_category();
+        a + b
+    }
+
+    fn bank(pool: &KvPool, config: BankConfig) -> SessionBank {
+        SessionBank::new(config, BS, block_bytes(pool))
+    }
+
+    /// A sequence holding `tokens` (K/V pages are not written: only bookkeeping is tested).
+    fn cache_with(pool: &mut KvPool, tokens: &[u32]) -> SequenceCache {
+        let policy =
+            SequencePolicy { dynamic_growth: true, context_window: None, sliding_window: None, debug_blocks: false };
+        let mut c = SequenceCache::new(pool, policy, 0).unwrap();
+        if !tokens.is_empty() {
+            c.begin_append(pool, tokens.len()).unwrap();
+            c.commit_append(pool);
+            c.trim(pool, 0).unwrap(); // drop the growth's spare blocks: hold exactly what is used
+        }
+        c
+    }
+
+    fn hashes(tokens: &[u32]) -> Vec<BlockHash> {
+        let mut out: Vec<BlockHash> = Vec::new();
+        for chunk in tokens.chunks_exact(BS) {
+            out.push(BlockHash::chain(out.last().copied(), chunk, 42));
+        }
+        out
+    }
+
+    fn toks(seed: u32, n: usize) -> Vec<u32> {
+        (0..n as u32).map(|i| seed * 1000 + i).collect()
+    }
+
+    fn put(b: &mut SessionBank, pool: &mut KvPool, id: u64, tokens: &[u32]) -> Vec<u32> {
+        let c = cache_with(pool, tokens);
+        let table = c.block_table().to_vec();
+        b.insert(pool, id, c, tokens, &hashes(tokens));
+        table
+    }
+
+    fn no_running(_: u64) -> Option<usize> {
+        None
+    }
+
+    #[test]
+    fn lookup_finds_the_deepest_prefix_and_forks_share_blocks() {
+        let mut p = pool(32);
+        let mut b = bank(&p, BankConfig::default());
+        let a = toks(1, 30); // 3 full blocks + 6 tokens
+        let table = put(&mut b, &mut p, 1, &a);
+        assert_eq!(table.len(), 4);
+        b.check_index(no_running);
+        // A prompt sharing 2 blocks and then diverging.
+        let mut q = a[..20].to_vec();
+        q.extend(toks(9, 20));
+        let (holder, n) = b.lookup(&hashes(&q)).unwrap();
+        assert_eq!((holder, n), (Holder { id: 1, block: 1 }, 2));
+        let fork = b.fork_prefix(&mut p, 1, n).unwrap();
+        assert_eq!(fork.offset(), 16);
+        assert_eq!(fork.block_table(), &table[..2]);
+        assert_eq!(p.blocks().ref_count(table[0]), 2);
+        assert_eq!(p.blocks().ref_count(table[2]), 1);
+        // Only bank-only blocks are cached.
+        assert_eq!(b.cached_blocks(&p), 2);
+        // Another model/format identity never matches.
+        let other: Vec<BlockHash> = vec![BlockHash::chain(None, &a[..BS], 43)];
+        assert_eq!(b.lookup(&other), None);
+        assert_eq!(b.lookup(&hashes(&toks(5, 16))), None);
+        fork.release(&mut p);
+        p.blocks().check_invariants();
+    }
+
+    #[test]
+    fn eviction_is_lru_and_tail_first_and_skips_shared_blocks() {
+        let mut p = pool(32);
+        let mut b = bank(&p, BankConfig::default());
+        let older = put(&mut b, &mut p, 1, &toks(1, 20)); // blocks: 8 + 8 + 4
+        let newer = put(&mut b, &mut p, 2, &toks(2, 16));
+        // A running sequence shares the newer entry's first block.
+        let running = b.fork_prefix(&mut p, 2, 1).unwrap(); // now entry 2 is the most recent
+        let mut freed = Vec::new();
+        loop {
+            let before = p.blocks().free_order();
+            if !b.evict_block(&mut p) {
+                break;
+            }
+            let after = p.blocks().free_order();
+            assert_eq!(after.len(), before.len() + 1, "each eviction frees exactly one block");
+            freed.push(*after.last().unwrap());
+            b.check_index(no_running);
+        }
+        // Entry 1 tail first, then entry 2's unshared tail; entry 2's shared head stays.
+        assert_eq!(freed, vec![older[2], older[1], older[0], newer[1]]);
+        assert_eq!(b.counters.evicted_blocks, 4);
+        assert_eq!(b.num_entries(), 1, "entry 1 is gone, entry 2 keeps its shared block");
+        assert_eq!(b.cached_blocks(&p), 0);
+        let h = hashes(&toks(2, 16));
+        assert_eq!(b.lookup(&h), Some((Holder { id: 2, block: 0 }, 1)), "the shared block is still found");
+        running.release(&mut p);
+        assert!(b.evict_block(&mut p), "once the runner is gone the block is reclaimable");
+        assert_eq!(b.num_entries(), 0);
+        assert_eq!(b.lookup(&h), None);
+        assert_eq!(p.blocks().num_free(), 32);
+    }
+
+    #[test]
+    fn byte_budget_and_ttl() {
+        let mut p = pool(32);
+        let bb = block_bytes(&p);
+        let mut b = bank(&p, BankConfig { enabled: true, max_bytes: Some(3 * bb), ttl: None });
+        put(&mut b, &mut p, 1, &toks(1, 24));
+        put(&mut b, &mut p, 2, &toks(2, 24));
+        assert_eq!(b.cached_blocks(&p), 6);
+        b.enforce_limits(&mut p, Instant::now());
+        assert_eq!(b.cached_blocks(&p), 3);
+        assert_eq!(b.lookup(&hashes(&toks(1, 24))), None, "the least recently used entry went first");
+        assert_eq!(b.lookup(&hashes(&toks(2, 24))).unwrap().1, 3);
+
+        let mut t = bank(&p, BankConfig { enabled: true, max_bytes: None, ttl: Some(Duration::from_secs(60)) });
+        put(&mut t, &mut p, 3, &toks(3, 16));
+        let now = Instant::now();
+        assert!(t.next_expiry(now).unwrap() <= Duration::from_secs(60));
+        t.enforce_limits(&mut p, now);
+        assert_eq!(t.num_entries(), 1, "not expired yet");
+        t.enforce_limits(&mut p, now + Duration::from_secs(61));
+        assert_eq!((t.num_entries(), t.counters.expired_entries, t.counters.evicted_blocks), (0, 1, 2));
+        b.clear(&mut p);
+        assert_eq!(p.blocks().num_free(), 32);
+    }
+
+    #[test]
+    fn a_later_turn_replaces_the_entry_it_extends() {
+        let mut p = pool(32);
+        let mut b = bank(&p, BankConfig::default());
+        let turn1 = toks(1, 20);
+        put(&mut b, &mut p, 1, &turn1);
+        let mut turn2 = turn1.clone();
+        turn2.extend(toks(2, 12));
+        let mut c = b.fork_prefix(&mut p, 1, 2).unwrap();
+        c.begin_append(&mut p, turn2.len() - 16).unwrap();
+        c.commit_append(&mut p);
+        c.trim(&mut p, 0).unwrap();
+        b.insert(&mut p, 2, c, &turn2, &hashes(&turn2));
+        b.drop_if_prefix_of(&mut p, 1, &turn2);
+        assert_eq!(b.num_entries(), 1);
+        b.check_index(no_running);
+        assert_eq!(b.lookup(&hashes(&turn2)).unwrap(), (Holder { id: 2, block: 3 }, 4));
+        // An unrelated entry is not dropped.
+        put(&mut b, &mut p, 3, &toks(3, 8));
+        b.drop_if_prefix_of(&mut p, 3, &turn2);
+        assert_eq!(b.num_entries(), 2);
+        // Every block is held exactly once: entry 1's partial block was returned.
+        assert_eq!(p.blocks().num_used(), 4 + 1);
+    }
+
+    #[test]
+    fn disabled_bank_releases_at_once() {
+        let mut p = pool(8);
+        let mut b = bank(&p, BankConfig { enabled: false, ..BankConfig::default() });
+        put(&mut b, &mut p, 1, &toks(1, 20));
+        assert_eq!((b.num_entries(), p.blocks().num_free()), (0, 8));
+        assert_eq!(b.lookup(&hashes(&toks(1, 20))), None);
+    }
+}

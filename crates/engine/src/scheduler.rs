@@ -144,6 +144,13 @@ impl Scheduler {
             }
             self.step();
             self.publish();
+            if self.plan.is_empty() && self.shutdown.is_none() {
+                // Nothing could run (queued requests waiting for blocks only others can
+                // free): wait for a command rather than spin.
+                if let Ok(c) = self.rx.recv_timeout(Duration::from_millis(10)) {
+                    self.handle(c);
+                }
+            }
         }
         self.fail_all(EngineError::ShutDown);
         self.bank.clear(&mut self.pool);
@@ -293,12 +300,24 @@ impl Scheduler {
             let mut seq = self.waiting.pop_front().expect("non-empty");
             let (cache, origin, own) = self.find_cache(&mut seq);
             let computed = cache.offset();
-            let t = (seq.tokens.len() - computed).min(budget.tokens);
-            let need = (computed + t).div_ceil(bs).saturating_sub(cache.block_table().len());
+            let mut t = (seq.tokens.len() - computed).min(budget.tokens);
+            let mut need = (computed + t).div_ceil(bs).saturating_sub(cache.block_table().len());
             let watermark = if self.running.is_empty() { 0 } else { self.limits.watermark };
             let wanted = budget.promised_blocks + need + watermark;
             while self.free_blocks() < wanted && self.bank.evict_block(&mut self.pool) {}
-            if self.free_blocks() < wanted {
+            if self.free_blocks() < wanted && self.running.is_empty() {
+                // Alone with every other block reclaimed (a recomputed sequence longer than a
+                // step's worth of the pool): feed what fits, or end it if nothing does.
+                let slack = cache.block_table().len() * bs - computed;
+                let fit = (slack + (self.free_blocks() - budget.promised_blocks) * bs).min(t);
+                if fit == 0 {
+                    seq.cache = Some(cache);
+                    self.finish(seq, FinishReason::Length);
+                    continue;
+                }
+                t = fit;
+                need = (computed + t).div_ceil(bs).saturating_sub(cache.block_table().len());
+            } else if self.free_blocks() < wanted {
                 // Not now: give the cache back and keep the queue's order.
                 if own {
                     seq.ensure_hashes(computed / bs, bs, self.limits.identity);
