@@ -445,7 +445,7 @@ impl Scheduler {
                 }
             }
         }
-        done.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
         for (i, reason) in done {
             let seq = self.running.remove(i);
             self.finish(seq, reason);

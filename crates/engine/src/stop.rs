@@ -108,7 +108,7 @@ impl StopMatcher {
         for s in &self.stops {
             if let Some(start) = self.held.find(s.as_str()) {
                 let end = start + s.len();
-                if best.map_or(true, |(e, st)| end < e || (end == e && start < st)) {
+                if best.is_none_or(|(e, st)| end < e || (end == e && start < st)) {
                     best = Some((end, start));
                 }
             }

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::RecvTimeoutError;
+use std::sync::mpsc::{RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -130,13 +130,14 @@ impl RequestStream {
         }
     }
 
-    /// The next event if one is ready (`Ok(None)`: not yet); `Err(())` once the stream ended.
-    pub fn try_recv(&mut self) -> Result<Option<Event>, ()> {
+    /// The next event if one is ready: `Empty` if none yet, `Disconnected` once the stream
+    /// has ended.
+    pub fn try_recv(&mut self) -> Result<Event, TryRecvError> {
         let mut s = self.shared.lock();
         match s.events.pop_front() {
-            Some(e) => Ok(Some(e)),
-            None if s.closed => Err(()),
-            None => Ok(None),
+            Some(e) => Ok(e),
+            None if s.closed => Err(TryRecvError::Disconnected),
+            None => Err(TryRecvError::Empty),
         }
     }
 
@@ -192,14 +193,14 @@ mod tests {
     fn events_in_order_then_end() {
         let (tx, mut rx) = channel(7);
         assert_eq!(rx.id(), 7);
-        assert_eq!(rx.try_recv(), Ok(None));
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
         tx.send(Event::Error(EngineError::ShutDown));
         tx.send(Event::Error(EngineError::EmptyPrompt));
         drop(tx);
         assert_eq!(rx.recv(), Some(Event::Error(EngineError::ShutDown)));
         assert_eq!(rx.recv_timeout(Duration::from_millis(1)), Ok(Event::Error(EngineError::EmptyPrompt)));
         assert_eq!(rx.recv(), None);
-        assert_eq!(rx.try_recv(), Err(()));
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
     }
 
     #[test]
