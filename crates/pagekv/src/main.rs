@@ -5,6 +5,7 @@
 
 mod commands;
 mod default_model;
+mod engine_backend;
 mod load;
 mod settings;
 
@@ -28,6 +29,8 @@ enum Command {
     Run(commands::run::RunArgs),
     /// Interactive multi-turn chat that keeps the conversation's cache between turns.
     Chat(commands::chat::ChatArgs),
+    /// OpenAI-compatible HTTP server (and Anthropic Messages) with continuous batching.
+    Serve(commands::serve::ServeArgs),
     /// Architecture, sizes, tensor types, tokenizer, template and KV bytes per token of a GGUF file.
     Inspect {
         file: PathBuf,
@@ -95,6 +98,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Chat(a) => {
             a.model.export();
             commands::chat::run(a)
+        }
+        Command::Serve(a) => {
+            a.model.export();
+            commands::serve::run(a)
         }
         Command::Inspect { file, json } => commands::inspect::run(&file, json),
         Command::Eval(a) => {

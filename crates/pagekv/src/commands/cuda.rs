@@ -5,7 +5,13 @@ use anyhow::Result;
 
 /// `pagekv bench attention --device cuda:N`.
 #[cfg(feature = "cuda")]
-pub fn bench_attention(device: usize, json_out: bool, formats: Option<&str>, shapes: Option<&str>, runs: usize) -> Result<()> {
+pub fn bench_attention(
+    device: usize,
+    json_out: bool,
+    formats: Option<&str>,
+    shapes: Option<&str>,
+    runs: usize,
+) -> Result<()> {
     use pagekv_cuda::bench::{bench_attention, BenchConfig};
     use pagekv_cuda::CudaDevice;
 
@@ -23,10 +29,25 @@ pub fn bench_attention(device: usize, json_out: bool, formats: Option<&str>, sha
             println!("{}", r.to_json());
         }
     } else {
-        println!("CUDA decode attention, {} q heads / {} kv heads × {}, block {} (median of {} runs)", cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.block_size, cfg.runs);
-        println!("{:<14} {:<12} {:>6} {:>8} {:>10} {:>12} {:>8}", "impl", "format", "batch", "context", "µs", "KV bytes", "GB/s");
+        println!(
+            "CUDA decode attention, {} q heads / {} kv heads × {}, block {} (median of {} runs)",
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.block_size, cfg.runs
+        );
+        println!(
+            "{:<14} {:<12} {:>6} {:>8} {:>10} {:>12} {:>8}",
+            "impl", "format", "batch", "context", "µs", "KV bytes", "GB/s"
+        );
         for r in &rows {
-            println!("{:<14} {:<12} {:>6} {:>8} {:>10.1} {:>12} {:>8.0}", r.impl_name, r.format, r.batch, r.context, r.ms * 1e3, r.kv_bytes, r.gbps);
+            println!(
+                "{:<14} {:<12} {:>6} {:>8} {:>10.1} {:>12} {:>8.0}",
+                r.impl_name,
+                r.format,
+                r.batch,
+                r.context,
+                r.ms * 1e3,
+                r.kv_bytes,
+                r.gbps
+            );
         }
     }
     Ok(())
@@ -34,6 +55,12 @@ pub fn bench_attention(device: usize, json_out: bool, formats: Option<&str>, sha
 
 /// `pagekv bench attention --device cuda:N` in a build without CUDA.
 #[cfg(not(feature = "cuda"))]
-pub fn bench_attention(_device: usize, _json: bool, _formats: Option<&str>, _shapes: Option<&str>, _runs: usize) -> Result<()> {
+pub fn bench_attention(
+    _device: usize,
+    _json: bool,
+    _formats: Option<&str>,
+    _shapes: Option<&str>,
+    _runs: usize,
+) -> Result<()> {
     anyhow::bail!("this pagekv was built without CUDA; rebuild with `cargo build --release -p pagekv --features cuda`")
 }

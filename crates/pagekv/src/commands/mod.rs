@@ -8,6 +8,7 @@ pub mod eval;
 pub mod generation;
 pub mod inspect;
 pub mod run;
+pub mod serve;
 
 use anyhow::{bail, Result};
 use kvcache::KvFormat;
