@@ -10,11 +10,12 @@
 //! computes only the rest.
 //!
 //! An entry is an idle `SequenceCache` holding one reference on each of its blocks. Blocks
-//! held only by the bank are *cached*: reclaimable on demand. Eviction takes the least
-//! recently used entry that has a cached tail block and trims that one block (a sequence's
-//! tail goes before its head, so shared prefixes live longest); byte budgets and TTLs evict
-//! the same way. Blocks an entry shares with a running sequence are never counted as cached
-//! nor evicted for room (that would free nothing).
+//! whose every reference is held by bank entries are *cached*: reclaimable on demand (the
+//! bank counts its own references per block to tell). Eviction takes the least recently used
+//! entry whose tail block is cached and trims that one block (a sequence's tail goes before
+//! its head, so shared prefixes live longest), until a block is actually freed; byte budgets
+//! and TTLs evict the same way. Blocks a running sequence also holds are never counted as
+//! cached nor evicted for room (that would free nothing).
 //!
 //! Invariant: every index key points to a holder that holds that block (`(id, i)` with
 //! `i < full blocks held`); keys are removed when their holder drops the block.
@@ -65,18 +66,21 @@ pub(crate) struct SessionBank {
     block_bytes: usize,
     entries: HashMap<u64, Entry>,
     index: HashMap<BlockHash, Holder>,
+    /// `[num_blocks]` references the entries hold on each block.
+    bank_refs: Vec<u32>,
     tick: u64,
     pub counters: BankCounters,
 }
 
 impl SessionBank {
-    pub fn new(config: BankConfig, block_size: usize, block_bytes: usize) -> SessionBank {
+    pub fn new(config: BankConfig, num_blocks: usize, block_size: usize, block_bytes: usize) -> SessionBank {
         SessionBank {
             config,
             block_size,
             block_bytes,
             entries: HashMap::new(),
             index: HashMap::new(),
+            bank_refs: vec![0; num_blocks],
             tick: 0,
             counters: BankCounters::default(),
         }
@@ -139,6 +143,7 @@ impl SessionBank {
         }
         self.forget(id, &hashes[full..]);
         self.register(id, &hashes[..full], 0);
+        self.count_refs(cache.block_table(), true);
         self.tick += 1;
         let entry = Entry {
             cache,
@@ -164,6 +169,7 @@ impl SessionBank {
     /// Takes entry `id` out of the bank (a preempted sequence coming back for its own cache).
     pub fn take(&mut self, id: u64) -> Option<SequenceCache> {
         let e = self.entries.remove(&id)?;
+        self.count_refs(e.cache.block_table(), false);
         // The keys stay: they point to `id`, which is about to run again and holds the blocks.
         Some(e.cache)
     }
@@ -185,23 +191,30 @@ impl SessionBank {
                     self.index.remove(h);
                 }
             }
+            self.count_refs(e.cache.block_table(), false);
             e.cache.release(pool);
         }
     }
 
-    /// Frees one cached block: the tail block of the least recently used entry whose tail is
-    /// held by the bank alone. Returns false when no block can be freed.
+    /// Frees one cached block: trims the tail block of the least recently used entry whose
+    /// tail is cached, again until a block actually returns to the pool (a block two entries
+    /// share is freed when the second lets go). Returns false when no block can be freed.
     pub fn evict_block(&mut self, pool: &mut KvPool) -> bool {
-        let victim = self
-            .entries
-            .iter()
-            .filter(|(_, e)| tail_is_cached(&e.cache, pool))
-            .min_by_key(|(_, e)| e.tick)
-            .map(|(&id, _)| id);
-        let Some(id) = victim else { return false };
-        self.trim_tail_block(pool, id);
-        self.counters.evicted_blocks += 1;
-        true
+        loop {
+            let victim = self
+                .entries
+                .iter()
+                .filter(|(_, e)| e.cache.block_table().last().is_some_and(|&b| self.is_cached(b, pool)))
+                .min_by_key(|(_, e)| e.tick)
+                .map(|(&id, _)| id);
+            let Some(id) = victim else { return false };
+            let free = pool.blocks().num_free();
+            self.trim_tail_block(pool, id);
+            if pool.blocks().num_free() > free {
+                self.counters.evicted_blocks += 1;
+                return true;
+            }
+        }
     }
 
     /// Drops entries unused for longer than the TTL, and evicts cached blocks while the bank's
@@ -211,10 +224,10 @@ impl SessionBank {
             let expired: Vec<u64> =
                 self.entries.iter().filter(|(_, e)| now.duration_since(e.last_used) > ttl).map(|(&id, _)| id).collect();
             for id in expired {
-                let cached = self.entries.get(&id).map_or(0, |e| cached_blocks(&e.cache, pool));
-                self.counters.evicted_blocks += cached as u64;
-                self.counters.expired_entries += 1;
+                let free = pool.blocks().num_free();
                 self.remove(pool, id);
+                self.counters.evicted_blocks += (pool.blocks().num_free() - free) as u64;
+                self.counters.expired_entries += 1;
             }
         }
         if let Some(max) = self.config.max_bytes {
@@ -227,7 +240,27 @@ impl SessionBank {
 
     /// Blocks held by the bank alone (reclaimable).
     pub fn cached_blocks(&self, pool: &KvPool) -> usize {
-        self.entries.values().map(|e| cached_blocks(&e.cache, pool)).sum()
+        (0..self.bank_refs.len() as u32).filter(|&b| self.is_cached(b, pool)).count()
+    }
+
+    /// Whether every reference on block `b` is a bank entry's.
+    fn is_cached(&self, b: u32, pool: &KvPool) -> bool {
+        b != kvcache::NULL_BLOCK && {
+            let n = self.bank_refs[b as usize];
+            n > 0 && n == pool.blocks().ref_count(b)
+        }
+    }
+
+    fn count_refs(&mut self, table: &[u32], add: bool) {
+        for &b in table.iter().filter(|&&b| b != kvcache::NULL_BLOCK) {
+            let n = &mut self.bank_refs[b as usize];
+            if add {
+                *n += 1;
+            } else {
+                debug_assert!(*n > 0, "block {b} not counted");
+                *n -= 1;
+            }
+        }
     }
 
     /// Time until the oldest entry expires (for the scheduler's idle wait).
@@ -252,7 +285,10 @@ impl SessionBank {
             0 => bs,
             r => r,
         };
+        let tail = *e.cache.block_table().last().expect("entries hold tokens");
         e.cache.trim(pool, in_tail).expect("an idle entry holds its tokens");
+        debug_assert_eq!(e.cache.block_table().len() * bs, e.cache.offset().div_ceil(bs) * bs);
+        self.bank_refs[tail as usize] -= 1;
         e.tokens.truncate(offset - in_tail);
         if e.hashes.len() > e.tokens.len() / bs {
             let h = e.hashes.pop().expect("checked");
@@ -265,7 +301,8 @@ impl SessionBank {
         }
     }
 
-    /// Checks the module invariant against the holders' block counts (`full_blocks(id)`,
+    /// Checks the module invariant against the holders' block counts, and the per-block
+    /// reference counts against the entries (`full_blocks(id)`,
     /// `None` for an unknown id). Tests and debug builds.
     pub fn check_index(&self, running_full_blocks: impl Fn(u64) -> Option<usize>) {
         for (h, x) in &self.index {
@@ -276,6 +313,13 @@ impl SessionBank {
                 assert_eq!(e.hashes[x.block], *h, "entry {} block {} has another hash", x.id, x.block);
             }
         }
+        let mut refs = vec![0u32; self.bank_refs.len()];
+        for e in self.entries.values() {
+            for &b in e.cache.block_table().iter().filter(|&&b| b != kvcache::NULL_BLOCK) {
+                refs[b as usize] += 1;
+            }
+        }
+        assert_eq!(refs, self.bank_refs, "per-block bank references disagree with the entries");
     }
 }
 
@@ -289,14 +333,6 @@ pub(crate) fn fork_prefix(cache: &SequenceCache, pool: &mut KvPool, tokens: usiz
         return None;
     }
     Some(fork)
-}
-
-fn tail_is_cached(cache: &SequenceCache, pool: &KvPool) -> bool {
-    cache.block_table().last().is_some_and(|&b| b != kvcache::NULL_BLOCK && pool.blocks().ref_count(b) == 1)
-}
-
-fn cached_blocks(cache: &SequenceCache, pool: &KvPool) -> usize {
-    cache.block_table().iter().filter(|&&b| b != kvcache::NULL_BLOCK && pool.blocks().ref_count(b) == 1).count()
 }
 
 #[cfg(test)]
@@ -319,7 +355,7 @@ mod tests {
     }
 
     fn bank(pool: &KvPool, config: BankConfig) -> SessionBank {
-        SessionBank::new(config, BS, block_bytes(pool))
+        SessionBank::new(config, pool.blocks().num_blocks(), BS, block_bytes(pool))
     }
 
     /// A sequence holding `tokens` (K/V pages are not written: only bookkeeping is tested).
@@ -476,5 +512,31 @@ mod tests {
         put(&mut b, &mut p, 1, &toks(1, 20));
         assert_eq!((b.num_entries(), p.blocks().num_free()), (0, 8));
         assert_eq!(b.lookup(&hashes(&toks(1, 20))), None);
+    }
+
+    #[test]
+    fn a_block_two_entries_share_is_cached_and_freed_when_both_let_go() {
+        let mut p = pool(16);
+        let mut b = bank(&p, BankConfig::default());
+        let a = toks(1, 16);
+        let table = put(&mut b, &mut p, 1, &a);
+        // Entry 2 = entry 1's first block + one more block of its own.
+        let mut c = b.fork_prefix(&mut p, 1, 1).unwrap();
+        c.begin_append(&mut p, 8).unwrap();
+        c.commit_append(&mut p);
+        c.trim(&mut p, 0).unwrap();
+        let mut two = a[..8].to_vec();
+        two.extend(toks(2, 8));
+        let own = c.block_table()[1];
+        b.insert(&mut p, 2, c, &two, &hashes(&two));
+        assert_eq!(p.blocks().ref_count(table[0]), 2);
+        assert_eq!(b.cached_blocks(&p), 3, "the shared block is held by the bank alone");
+        // LRU: entry 1 (tail, then its head which entry 2 still holds), then entry 2.
+        let mut freed = Vec::new();
+        while b.evict_block(&mut p) {
+            freed.push(*p.blocks().free_order().last().unwrap());
+        }
+        assert_eq!(freed, vec![table[1], own, table[0]]);
+        assert_eq!((b.num_entries(), b.cached_blocks(&p), p.blocks().num_free()), (0, 0, 16));
     }
 }

@@ -104,7 +104,7 @@ impl Engine {
         };
         let metrics = Arc::new(Mutex::new(EngineMetrics::default()));
         let (tx, rx) = mpsc::channel();
-        let bank = SessionBank::new(bank_config, bs, block_bytes);
+        let bank = SessionBank::new(bank_config, cache.num_blocks, bs, block_bytes);
         let scheduler = Scheduler::new(model, tokenizer, pool, template, bank, limits, metrics.clone(), rx);
         let thread = std::thread::Builder::new()
             .name("pagekv-scheduler".into())

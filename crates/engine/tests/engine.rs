@@ -376,3 +376,62 @@ fn stop_strings_logprobs_and_seeded_sampling_through_the_engine() {
     let _ = collect(other);
     assert_eq!(a.tokens, b.tokens);
 }
+
+#[test]
+fn shared_prefixes_preemption_and_cancellation_together() {
+    let _g = serial();
+    let Some((probe, tok)) = engine(Options::default()) else { return };
+    drop(probe);
+    let system = tok
+        .encode("System: you are a terse assistant who answers in one sentence and never repeats the question.", false)
+        .unwrap();
+    let questions = [
+        "What is rust?",
+        "What is a monad?",
+        "Why do cats purr?",
+        "How far is the moon?",
+        "What is entropy?",
+        "Who built the pyramids?",
+        "What is a qubit?",
+        "Why is ice slippery?",
+        "How do vaccines work?",
+        "What is inflation?",
+    ];
+    let requests: Vec<GenerationRequest> = questions
+        .iter()
+        .map(|q| {
+            let mut p = system.clone();
+            p.extend(tok.encode(&format!(" User: {q} Assistant:"), false).unwrap());
+            greedy(p, 24)
+        })
+        .collect();
+    let reference = alone(&requests).unwrap();
+    let longest = requests.iter().map(|r| r.prompt.len() + 24).max().unwrap();
+    let num_blocks = (longest * 3).div_ceil(16);
+    let (e, _) = engine(Options { num_blocks, bank: true, max_batch_tokens: 64, ..Options::default() }).unwrap();
+    let h = e.handle();
+    let mut streams: Vec<Option<RequestStream>> = requests.iter().map(|r| Some(h.submit(r.clone()).unwrap())).collect();
+    // Cancel three of them once they have produced a couple of tokens.
+    let cancelled = [1usize, 4, 7];
+    for &i in &cancelled {
+        let mut s = streams[i].take().unwrap();
+        for _ in 0..2 {
+            assert!(matches!(s.recv(), Some(Event::Token { .. })));
+        }
+        drop(s);
+    }
+    for (i, s) in streams.into_iter().enumerate() {
+        let Some(s) = s else { continue };
+        let out = collect(s);
+        assert_eq!(out.tokens, reference[i].tokens, "request {i}");
+        assert_eq!(out.text, reference[i].text, "request {i}");
+    }
+    wait_for(&e, "everything to settle", |m| m.running == 0 && m.waiting == 0);
+    let m = h.metrics();
+    assert!(m.preemptions > 0, "{m:?}");
+    assert!(m.bank_hits > 0, "the shared system prompt was reused: {m:?}");
+    assert_eq!(m.requests_finished + m.requests_cancelled, requests.len() as u64);
+    assert_eq!(m.requests_cancelled, cancelled.len() as u64);
+    assert_eq!(m.blocks_used, 0);
+    assert_eq!(m.blocks_free + m.blocks_cached, m.blocks_total);
+}
