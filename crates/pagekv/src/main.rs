@@ -55,6 +55,15 @@ enum BenchCommand {
         formats: Option<String>,
         #[arg(long, default_value_t = 7)]
         runs: usize,
+        /// Geometry: layers appended per token.
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
+        layers: u64,
+        /// Geometry: KV heads.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
+        kv_heads: u64,
+        /// Geometry: head dimension (a multiple of 32).
+        #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(32..=1024))]
+        head_dim: u64,
     },
     /// Decode attention over scattered pages: every path × format, with a streaming-read roofline.
     Attention {
@@ -108,8 +117,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             a.model.export();
             commands::eval::run(a)
         }
-        Command::Bench(BenchCommand::Cache { json, formats, runs }) => {
-            commands::bench::cache(json, formats.as_deref(), runs)
+        Command::Bench(BenchCommand::Cache { json, formats, runs, layers, kv_heads, head_dim }) => {
+            commands::bench::cache(json, formats.as_deref(), runs, (layers as usize, kv_heads as usize, head_dim as usize))
         }
         Command::Bench(BenchCommand::Attention { json, formats, shapes, impls, runs, runtime }) => {
             runtime.export();

@@ -12,8 +12,12 @@ use crate::commands::{parse_formats, parse_shapes};
 use crate::settings::Device;
 
 /// `pagekv bench cache`.
-pub fn cache(json_out: bool, formats: Option<&str>, runs: usize) -> Result<()> {
-    let mut cfg = CacheBenchConfig { runs, ..Default::default() };
+pub fn cache(json_out: bool, formats: Option<&str>, runs: usize, geometry: (usize, usize, usize)) -> Result<()> {
+    let (num_layers, num_kv_heads, head_dim) = geometry;
+    if head_dim % 32 != 0 {
+        anyhow::bail!("invalid --head-dim {head_dim}: must be a multiple of 32 (the quantization group)");
+    }
+    let mut cfg = CacheBenchConfig { runs, num_layers, num_kv_heads, head_dim, ..Default::default() };
     if let Some(f) = formats {
         cfg.formats = parse_formats(f)?;
     }
