@@ -3,20 +3,23 @@
 //!
 //! Two oracles:
 //! 1. **Exact integer reference.** The activations quantized by the reference quantizer (the
-//!    test checks the scratch holds exactly those codes) times the reference-dequantized
-//!    weights, in f64. The kernel differs only by float rounding:
+//!    test checks the scratch holds exactly those codes and scales) times the
+//!    reference-dequantized weights, in f64; for Q4_1 the offset term takes the f16 sum `s` of
+//!    the Q8_1 block, as the kernel does. The kernel differs only by float rounding:
 //!    `|fast - exact| <= 2e-5 · Σ|w_i xq_i| + 1e-6`.
 //! 2. **f32 reference.** Reference-dequantized weights times the original f32 activations, in
 //!    f64. 8-bit activation quantization moves each value by at most `0.5 d + 127 |d - d16|
 //!    <= 0.54 d` (`d = amax_block / 127`, f16-rounded for Q8_0), so
-//!    `|fast - ref| <= Σ_i |w_i| · 0.54 · amax_block(i) / 127 + 2e-5 · Σ|w_i x_i| + 1e-6`.
+//!    `|fast - ref| <= Σ_i |w_i| · 0.54 · amax_block(i) / 127 + Σ_b |m_b| |s_b - d_b Σq_b|
+//!    + 2e-5 · Σ|w_i x_i| + 1e-6` (the middle term: Q4_1's f16 offset sum).
 //!    Float weight types do not quantize activations: `|fast - ref| <= 2e-5 · Σ|w_i x_i| + 1e-6`.
 
 use half::f16;
+use pagekv_cpu::quant::activations::quantize_q8_block;
 use pagekv_cpu::quant::blocks::*;
-use pagekv_cpu::quant::quantize::{quantize_q8_0, quantize_q8_k, quantize_row};
+use pagekv_cpu::quant::quantize::{quantize_q8_k, quantize_row};
 use pagekv_cpu::quant::{
-    dequantize_row, matmul, matmul_with_isa, Isa, QuantError, QuantScratch, WeightType, WeightView,
+    dequantize_row, matmul, matmul_with_isa, Isa, Q8Kind, QuantError, QuantScratch, WeightType, WeightView,
 };
 use pagekv_cpu::threadpool::ThreadPool;
 use rand::rngs::StdRng;
@@ -85,22 +88,25 @@ fn dequantize_all(w: &WeightView) -> Vec<f32> {
     out
 }
 
-/// The activations as the kernels see them after reference quantization (f32 values), plus the
-/// per-value bound on the quantization error.
-fn quantized_activations(ty: WeightType, x: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    match ty {
-        WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => {
-            let mut xq = Vec::with_capacity(x.len());
-            let mut err = Vec::with_capacity(x.len());
-            for chunk in x.chunks_exact(QK) {
-                let b = quantize_q8_0(chunk.try_into().unwrap());
-                let d = b.d.to_f32();
-                xq.extend(b.qs.iter().map(|&q| q as f32 * d));
-                let amax = chunk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-                err.extend(std::iter::repeat(0.54 * amax / 127.0).take(QK));
-            }
-            (xq, err)
+/// The activations as the kernels see them after reference quantization (f32 values), the
+/// per-value bound on the quantization error, and per 32-block `s - d Σq` (how far the
+/// block's offset sum is from the dequantized codes' sum: nonzero only for Q8_1).
+fn quantized_activations(ty: WeightType, x: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f64>) {
+    if let Some(kind) = Q8Kind::for_weights(ty) {
+        let mut xq = Vec::with_capacity(x.len());
+        let mut err = Vec::with_capacity(x.len());
+        let mut s_delta = Vec::with_capacity(x.len() / QK);
+        for chunk in x.chunks_exact(QK) {
+            let (qs, [d, s]) = quantize_q8_block(kind, chunk.try_into().unwrap());
+            xq.extend(qs.iter().map(|&q| q as f32 * d));
+            let sum: i32 = qs.iter().map(|&q| q as i32).sum();
+            s_delta.push(s as f64 - d as f64 * sum as f64);
+            let amax = chunk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            err.extend(std::iter::repeat(0.54 * amax / 127.0).take(QK));
         }
+        return (xq, err, s_delta);
+    }
+    match ty {
         WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => {
             let mut xq = Vec::with_capacity(x.len());
             let mut err = Vec::with_capacity(x.len());
@@ -110,24 +116,24 @@ fn quantized_activations(ty: WeightType, x: &[f32]) -> (Vec<f32>, Vec<f32>) {
                 let amax = chunk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
                 err.extend(std::iter::repeat(0.54 * amax / 127.0).take(QK_K));
             }
-            (xq, err)
+            (xq, err, vec![])
         }
-        _ => (x.to_vec(), vec![0.0; x.len()]),
+        _ => (x.to_vec(), vec![0.0; x.len()], vec![]),
     }
 }
 
 /// Checks that the scratch holds exactly the reference quantization of `x`.
 fn check_scratch(ty: WeightType, scratch: &QuantScratch, x: &[f32], seed: u64) {
-    match ty {
-        WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => {
-            let (qs, ds) = scratch.q8();
-            for (b, chunk) in x.chunks_exact(QK).enumerate() {
-                let r = quantize_q8_0(chunk.try_into().unwrap());
-                assert_eq!(&qs[b * QK..(b + 1) * QK], &r.qs, "seed {seed}: codes of block {b}");
-                let sum: i32 = r.qs.iter().map(|&q| q as i32).sum();
-                assert_eq!(ds[b], [r.d.to_f32(), r.d.to_f32() * sum as f32], "seed {seed}: scales of block {b}");
-            }
+    if let Some(kind) = Q8Kind::for_weights(ty) {
+        let (qs, ds) = scratch.q8();
+        for (b, chunk) in x.chunks_exact(QK).enumerate() {
+            let (codes, scales) = quantize_q8_block(kind, chunk.try_into().unwrap());
+            assert_eq!(&qs[b * QK..(b + 1) * QK], &codes, "seed {seed}: {kind:?} codes of block {b}");
+            assert_eq!(ds[b], scales, "seed {seed}: {kind:?} scales of block {b}");
         }
+        return;
+    }
+    match ty {
         WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => {
             let blocks = scratch.q8k();
             for (b, chunk) in x.chunks_exact(QK_K).enumerate() {
@@ -150,20 +156,33 @@ fn check_case(isa: Isa, ty: WeightType, m: usize, k: usize, n: usize, pool: &Thr
     check_scratch(ty, scratch, &x, seed);
 
     let wf = dequantize_all(&w);
-    let (xq, xerr) = quantized_activations(ty, &x);
+    let (xq, xerr, s_delta) = quantized_activations(ty, &x);
+    let nb = k / QK;
     for j in 0..n {
         for r in 0..m {
             let wr = &wf[r * k..(r + 1) * k];
             let (xj, xqj, ej) = (&x[j * k..(j + 1) * k], &xq[j * k..(j + 1) * k], &xerr[j * k..(j + 1) * k]);
             let got = out[j * m + r] as f64;
-            let exact: f64 = wr.iter().zip(xqj).map(|(&a, &b)| a as f64 * b as f64).sum();
+            // Q4_1: Σ_b m_b (s_b - d_b Σq_b), the offset term's departure from the codes' sum.
+            let offset_delta: Vec<f64> = match ty {
+                WeightType::Q4_1 => (0..nb)
+                    .map(|b| {
+                        let blk: BlockQ4_1 = bytemuck::pod_read_unaligned(&w.row(r).unwrap()[b * 20..(b + 1) * 20]);
+                        blk.m.to_f32() as f64 * s_delta[j * nb + b]
+                    })
+                    .collect(),
+                _ => vec![],
+            };
+            let exact: f64 =
+                wr.iter().zip(xqj).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() + offset_delta.iter().sum::<f64>();
             let exact_mag: f64 = wr.iter().zip(xqj).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
             let ctx = format!("seed {seed} {isa:?} {ty:?} m={m} k={k} n={n} row {r} act {j}");
             assert!(got.is_finite(), "{ctx}: output not written ({got})");
             assert!((got - exact).abs() <= 2e-5 * exact_mag + 1e-6, "{ctx}: {got} vs exact {exact} (mag {exact_mag})");
             let reference: f64 = wr.iter().zip(xj).map(|(&a, &b)| a as f64 * b as f64).sum();
             let mag: f64 = wr.iter().zip(xj).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
-            let quant_bound: f64 = wr.iter().zip(ej).map(|(&a, &e)| (a as f64).abs() * e as f64).sum();
+            let quant_bound: f64 = wr.iter().zip(ej).map(|(&a, &e)| (a as f64).abs() * e as f64).sum::<f64>()
+                + offset_delta.iter().map(|v| v.abs()).sum::<f64>();
             let bound = quant_bound + 2e-5 * mag + 1e-6;
             assert!((got - reference).abs() <= bound, "{ctx}: {got} vs f32 reference {reference}, bound {bound}");
         }
@@ -198,8 +217,8 @@ fn every_kernel_matches_references() {
 
 #[test]
 fn activation_quantizers_round_ties_like_the_reference() {
-    // amax 127 makes d = 1 exactly, so x · (1/d) lands on exact .5 ties (rounded away from
-    // zero by the reference) and on values just below them.
+    // amax 127 makes 127 / amax = 1 exactly, so x · id lands on exact .5 ties (rounded to even
+    // by the reference, as ggml-cpu's x86 quantizer does) and on values just below them.
     let pool = ThreadPool::new(1);
     let mut x = vec![0.0f32; 64];
     for (i, v) in x.iter_mut().enumerate() {
@@ -214,14 +233,16 @@ fn activation_quantizers_round_ties_like_the_reference() {
     }
     x[5] = 127.0;
     x[40] = -127.0;
-    let data = vec![0u8; 2 * 34];
-    let w = WeightView::new(WeightType::Q8_0, 1, 64, &data).unwrap();
-    for isa in Isa::available() {
-        let mut scratch = QuantScratch::new();
-        let mut out = [f32::NAN];
-        matmul_with_isa(isa, w, &x, 1, &mut out, &mut scratch, &pool).unwrap();
-        check_scratch(WeightType::Q8_0, &scratch, &x, 0);
-        assert_eq!(out[0], 0.0);
+    for ty in [WeightType::Q8_0, WeightType::Q4_1] {
+        let data = vec![0u8; 2 * ty.block_bytes()];
+        let w = WeightView::new(ty, 1, 64, &data).unwrap();
+        for isa in Isa::available() {
+            let mut scratch = QuantScratch::new();
+            let mut out = [f32::NAN];
+            matmul_with_isa(isa, w, &x, 1, &mut out, &mut scratch, &pool).unwrap();
+            check_scratch(ty, &scratch, &x, 0);
+            assert_eq!(out[0], 0.0);
+        }
     }
 }
 

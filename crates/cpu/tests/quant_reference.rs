@@ -41,7 +41,7 @@ fn q4_1_known_values() {
 
 #[test]
 fn q8_0_known_values() {
-    let qs: [i8; 32] = std::array::from_fn(|j| j as i8 * 8 - 127);
+    let qs: [i8; 32] = std::array::from_fn(|j| (j as i32 * 8 - 127) as i8);
     let mut out = [0.0; 32];
     dequantize_q8_0(&BlockQ8_0 { d: h(2.0), qs }, &mut out);
     for j in 0..32 {
@@ -179,6 +179,40 @@ fn q8_0_quantizer_properties() {
         assert_eq!(b.qs[j], (x[j] / d).round() as i8, "j={j}");
     }
     assert_eq!(quantize_q8_0(&[0.0; 32]).qs, [0; 32]);
+}
+
+#[test]
+fn q8_activation_quantizers_follow_ggml_x86() {
+    // amax 127: d = 1 and id = 127 / amax = 1, so these land on exact .5 ties, which ggml-cpu's
+    // x86 quantizer rounds to even where `quantize_row_q8_0_ref` rounds away from zero.
+    let mut x = [0.0f32; 32];
+    x[..7].copy_from_slice(&[2.5, 3.5, -2.5, -3.5, 0.5, -0.5, 127.0]);
+    for (j, v) in x.iter_mut().enumerate().skip(7) {
+        *v = j as f32 * 0.3 - 4.05; // no ties: x · 1 is never within 0.05 of k + 0.5
+    }
+    let act = quantize_q8_0_act(&x);
+    let reference = quantize_q8_0(&x);
+    assert_eq!(act.d, h(1.0));
+    assert_eq!(act.qs[..7], [2, 4, -2, -4, 0, 0, 127]);
+    assert_eq!(reference.qs[..7], [3, 4, -3, -4, 1, -1, 127]);
+    assert_eq!(act.qs[7..], reference.qs[7..]);
+    let q81 = quantize_q8_1_act(&x);
+    assert_eq!((q81.d, q81.qs), (act.d, act.qs));
+    let sum: i32 = act.qs.iter().map(|&q| q as i32).sum();
+    assert_eq!(q81.s, h(sum as f32));
+
+    // Codes within half a step of x · 127 / amax; s from the unrounded d.
+    let x = ramp();
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let b = quantize_q8_1_act(&x);
+    for j in 0..32 {
+        assert!((b.qs[j] as f32 - x[j] * (127.0 / amax)).abs() <= 0.5, "j={j}");
+    }
+    let sum: i32 = b.qs.iter().map(|&q| q as i32).sum();
+    assert_eq!(b.s, h(amax / 127.0 * sum as f32));
+    assert_eq!(b.d, h(amax / 127.0));
+    let z = quantize_q8_1_act(&[0.0; 32]);
+    assert_eq!((z.d, z.s, z.qs), (h(0.0), h(0.0), [0; 32]));
 }
 
 #[test]

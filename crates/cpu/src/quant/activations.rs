@@ -1,17 +1,58 @@
 //! Quantized activations and the reusable scratch that holds them ([`QuantScratch`]).
 //!
 //! Two layouts, chosen by the weight type of the matmul:
-//! - Q8 (for Q4_0, Q4_1, Q8_0 weights): ggml Q8_0 blocks stored as structure-of-arrays,
-//!   codes `qs: [n, k]` and per block `ds: [n, k/32]` of `(d, d * Σqs)`; `d` is the f16-rounded
-//!   scale (exactly what a ggml `block_q8_0` holds) widened to f32, and `d * Σqs` serves the
-//!   offset terms of Q4_0/Q4_1 (the role of ggml's Q8_1 `s`).
+//! - Q8 (for Q4_0, Q4_1, Q8_0 weights): ggml Q8_0/Q8_1 blocks stored as structure-of-arrays,
+//!   codes `qs: [n, k]` and per block `ds: [n, k/32]` of `(d, s)`; `d` is the f16-rounded
+//!   scale (exactly what a ggml block holds) widened to f32, and `s` the offset sum that
+//!   [`Q8Kind`] defines (the activation block ggml pairs with the weight type).
 //! - Q8_K (for K-quant weights): ggml `block_q8_K` super-blocks `[n, k/256]`.
+//!
 //! F32/F16/BF16 weights use the f32 activations directly.
 
 use super::blocks::{BlockQ8K, QK, QK_K};
 use super::matmul::Isa;
-use super::quantize::{quantize_q8_0, quantize_q8_k};
+use super::quantize::{quantize_q8_0_act, quantize_q8_1_act, quantize_q8_k};
+use super::WeightType;
 use crate::threadpool::ThreadPool;
+
+/// Which ggml activation block the Q8 layout holds (ggml's `vec_dot_type` of the weights).
+/// The codes and `d` are the same for both; they differ in the offset sum `s`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Q8Kind {
+    /// `block_q8_0`, the activations of Q4_0 and Q8_0 weights: `s = d · Σqs` in f32 with the
+    /// f16-rounded `d`. Q8_0 ignores it; Q4_0's offset `-8 d_w · s` then equals ggml's
+    /// integer `d_w d_x Σ(q_w - 8) q_x` up to f32 rounding.
+    Q8_0,
+    /// `block_q8_1`, the activations of Q4_1 weights: `s = f16(d · Σqs)` with the unrounded
+    /// `d`, as ggml stores it (its Q4_1 dot product takes the offset `m_w · s` from that f16).
+    Q8_1,
+}
+
+impl Q8Kind {
+    /// The activation block ggml pairs with weights of type `ty`, if it is a Q8 one.
+    pub fn for_weights(ty: WeightType) -> Option<Q8Kind> {
+        match ty {
+            WeightType::Q4_0 | WeightType::Q8_0 => Some(Q8Kind::Q8_0),
+            WeightType::Q4_1 => Some(Q8Kind::Q8_1),
+            _ => None,
+        }
+    }
+}
+
+/// One block in the Q8 layout: codes and `(d, s)`. The reference for every ISA's quantizer.
+pub fn quantize_q8_block(kind: Q8Kind, x: &[f32; QK]) -> ([i8; QK], [f32; 2]) {
+    match kind {
+        Q8Kind::Q8_0 => {
+            let b = quantize_q8_0_act(x);
+            let sum: i32 = b.qs.iter().map(|&q| q as i32).sum();
+            (b.qs, [b.d.to_f32(), b.d.to_f32() * sum as f32])
+        }
+        Q8Kind::Q8_1 => {
+            let b = quantize_q8_1_act(x);
+            (b.qs, [b.d.to_f32(), b.s.to_f32()])
+        }
+    }
+}
 
 /// Reusable buffers for quantized activations. Grows to the largest `n * k` seen and is then
 /// reused, so a decode step allocates nothing. One per concurrent matmul caller.
@@ -19,7 +60,7 @@ use crate::threadpool::ThreadPool;
 pub struct QuantScratch {
     /// Q8 codes, `[n, k]`.
     q8_qs: Vec<i8>,
-    /// Q8 per-block `(d, d * Σqs)`, `[n, k / 32]`.
+    /// Q8 per-block `(d, s)`, `[n, k / 32]`.
     q8_ds: Vec<[f32; 2]>,
     /// Q8_K super-blocks, `[n, k / 256]`.
     q8k: Vec<BlockQ8K>,
@@ -62,7 +103,7 @@ impl QuantScratch {
     }
 
     /// The Q8 layout of the last [`QuantScratch::quantize_q8`]: codes `[n, k]` and
-    /// `(d, d * Σqs)` per block `[n, k / 32]`.
+    /// `(d, s)` per block `[n, k / 32]`.
     pub fn q8(&self) -> (&[i8], &[[f32; 2]]) {
         let (n, k) = self.shape;
         (&self.q8_qs[..n * k], &self.q8_ds[..n * k / QK])
@@ -74,14 +115,22 @@ impl QuantScratch {
         &self.q8k[..n * k / QK_K]
     }
 
-    /// Quantizes `x: [n, k]` (k a multiple of 32) to the Q8 layout, with the fastest
-    /// quantizer of this CPU (all are bit-exact with the reference).
-    pub fn quantize_q8(&mut self, x: &[f32], n: usize, k: usize, pool: &ThreadPool) {
-        self.quantize_q8_with(Isa::best(), x, n, k, pool)
+    /// Quantizes `x: [n, k]` (k a multiple of 32) to the Q8 layout of `kind`, with the fastest
+    /// quantizer of this CPU (all are bit-exact with [`quantize_q8_block`]).
+    pub fn quantize_q8(&mut self, kind: Q8Kind, x: &[f32], n: usize, k: usize, pool: &ThreadPool) {
+        self.quantize_q8_with(Isa::best(), kind, x, n, k, pool)
     }
 
     /// [`QuantScratch::quantize_q8`] with the quantizer of `isa` (which must be available).
-    pub(crate) fn quantize_q8_with(&mut self, isa: Isa, x: &[f32], n: usize, k: usize, pool: &ThreadPool) {
+    pub(crate) fn quantize_q8_with(
+        &mut self,
+        isa: Isa,
+        kind: Q8Kind,
+        x: &[f32],
+        n: usize,
+        k: usize,
+        pool: &ThreadPool,
+    ) {
         debug_assert!(k % QK == 0 && x.len() == n * k);
         let nb = k / QK;
         if self.q8_qs.len() < n * k {
@@ -100,20 +149,18 @@ impl QuantScratch {
                 unsafe {
                     let codes = std::slice::from_raw_parts_mut(qs.get().add(r0 * k), (r1 - r0) * k);
                     let scales = std::slice::from_raw_parts_mut(ds.get().add(r0 * nb), (r1 - r0) * nb);
-                    super::activations_avx2::quantize_q8_row(&x[r0 * k..r1 * k], codes, scales);
+                    super::activations_avx2::quantize_q8_row(kind, &x[r0 * k..r1 * k], codes, scales);
                 }
                 return;
             }
             let _ = isa;
             for b in r0 * nb..r1 * nb {
-                let block = quantize_q8_0(x[b * QK..(b + 1) * QK].try_into().expect("block of QK"));
-                let d = block.d.to_f32();
-                let sum: i32 = block.qs.iter().map(|&q| q as i32).sum();
+                let (codes, scales) = quantize_q8_block(kind, x[b * QK..(b + 1) * QK].try_into().expect("block of QK"));
                 // SAFETY: block b lies in rows r0..r1, which only this task writes; the buffers
                 // hold n*k codes and n*nb scale pairs.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(block.qs.as_ptr(), qs.get().add(b * QK), QK);
-                    *ds.get().add(b) = [d, d * sum as f32];
+                    std::ptr::copy_nonoverlapping(codes.as_ptr(), qs.get().add(b * QK), QK);
+                    *ds.get().add(b) = scales;
                 }
             }
         };

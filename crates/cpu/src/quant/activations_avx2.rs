@@ -1,20 +1,23 @@
 //! AVX2 activation quantizer for the Q8 layout, bit-exact with the reference
-//! `quantize_q8_0` (same f32 operations in the same order; `roundf`'s ties-away-from-zero done
-//! as truncate + compare of the exact remainder).
+//! [`quantize_q8_block`](super::activations::quantize_q8_block): the same f32 operations as
+//! ggml-cpu's x86 `quantize_row_q8_0`/`quantize_row_q8_1` (`id = 127 / amax`, round half to
+//! even, f16 conversions by F16C with round-to-nearest-even, like `half::f16::from_f32`).
 
+use super::activations::Q8Kind;
 use super::blocks::QK;
 use std::arch::x86_64::*;
 
-/// Quantizes one row `x: [k]` into codes `qs: [k]` and `ds: [k / 32]` of `(d, d * Σqs)`.
+/// Quantizes one row `x: [k]` into codes `qs: [k]` and `ds: [k / 32]` of `(d, s)`, `s` as
+/// [`Q8Kind`] defines it.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; `x.len() == qs.len() == 32 * ds.len()`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn quantize_q8_row(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]]) {
+pub(super) unsafe fn quantize_q8_row(kind: Q8Kind, x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2]]) {
     debug_assert!(x.len() == qs.len() && x.len() == ds.len() * QK);
     let sign = _mm256_set1_ps(-0.0);
-    let half = _mm256_set1_ps(0.5);
-    let one = _mm256_set1_ps(1.0);
+    // f32 → f16 → f32 with round-to-nearest-even.
+    let round_f16 = |v: f32| _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(v), _MM_FROUND_TO_NEAREST_INT)));
     for (b, dsb) in ds.iter_mut().enumerate() {
         let xp = x.as_ptr().add(b * QK);
         let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(xp.add(8 * i)));
@@ -26,28 +29,27 @@ pub(super) unsafe fn quantize_q8_row(x: &[f32], qs: &mut [i8], ds: &mut [[f32; 2
         let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
         let d = amax / 127.0;
-        let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
-        let d16 = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(d), _MM_FROUND_TO_NEAREST_INT)));
+        let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
         let mut q = [_mm256_setzero_si256(); 4];
         for i in 0..4 {
-            let t = _mm256_mul_ps(v[i], id);
-            let tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-            let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(t, tr));
-            let away = _mm256_cmp_ps(frac, half, _CMP_GE_OQ);
-            let step = _mm256_or_ps(_mm256_and_ps(t, sign), one); // ±1 with t's sign
-            q[i] = _mm256_cvttps_epi32(_mm256_add_ps(tr, _mm256_and_ps(away, step)));
+            let t = _mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            q[i] = _mm256_cvtps_epi32(t);
         }
         let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
         let s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
         let s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b01_00_11_10));
         let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0b10_11_00_01));
-        let total = _mm_cvtsi128_si32(s1);
+        let total = _mm_cvtsi128_si32(s1) as f32;
         // i32 → i16 → i8 packs work per 128-bit lane; the permute restores the order.
         let p01 = _mm256_packs_epi32(q[0], q[1]);
         let p23 = _mm256_packs_epi32(q[2], q[3]);
         let p = _mm256_packs_epi16(p01, p23);
         let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256(qs.as_mut_ptr().add(b * QK) as *mut __m256i, p);
-        *dsb = [d16, d16 * total as f32];
+        let d16 = round_f16(d);
+        *dsb = match kind {
+            Q8Kind::Q8_0 => [d16, d16 * total],
+            Q8Kind::Q8_1 => [d16, round_f16(d * total)],
+        };
     }
 }

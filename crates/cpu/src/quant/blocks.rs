@@ -10,6 +10,7 @@
 //! | Q4_0   | 32       | 18    | `d: f16, qs: [u8; 16]` (two 4-bit codes per byte)         |
 //! | Q4_1   | 32       | 20    | `d: f16, m: f16, qs: [u8; 16]`                            |
 //! | Q8_0   | 32       | 34    | `d: f16, qs: [i8; 32]`                                    |
+//! | Q8_1   | 32       | 36    | `d: f16, s: f16, qs: [i8; 32]` (activations of Q4_1)       |
 //! | Q4_K   | 256      | 144   | `d, dmin: f16, scales: [u8; 12], qs: [u8; 128]`           |
 //! | Q5_K   | 256      | 176   | `d, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128]` |
 //! | Q6_K   | 256      | 210   | `ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16`   |
@@ -53,6 +54,17 @@ pub struct BlockQ8_0 {
     pub qs: [i8; QK],
 }
 const _: () = assert!(size_of::<BlockQ8_0>() == 34);
+
+/// Activation block for the Q4_1 dot product: `x = d * qs`, and `s = d * sum(qs)` (computed
+/// with the unrounded `d`, then stored as f16) so the weight minimum `m` costs one multiply.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct BlockQ8_1 {
+    pub d: f16,
+    pub s: f16,
+    pub qs: [i8; QK],
+}
+const _: () = assert!(size_of::<BlockQ8_1>() == 36);
 
 /// 8 sub-blocks of 32 with 6-bit scale `sc[j]` and min `mn[j]` (see [`scale_min_k4`]):
 /// `x[32 j + l] = d * sc[j] * q - dmin * mn[j]`, where the 4-bit `q` of sub-block `2c` is the

@@ -4,8 +4,9 @@
 //! `_mm256_maddubs_epi16` against the signed activation codes (u8 × i8 → pairs of i16; no
 //! saturation: |15·127·2| and |127·127·2| < 2^15), `_mm256_madd_epi16` with ones → 8 × i32,
 //! convert and FMA with the block's combined scale `d_w · d_x`.
-//! The offset terms (`m_w` of Q4_1, `-8 d_w` of Q4_0) multiply `d_x Σq_x`, so the two scales
-//! `[d_w, off_w]` meet `[d_x, d_x Σq_x]` in one 2-lane multiply per block; lane 1 accumulates
+//! The offset terms (`m_w` of Q4_1, `-8 d_w` of Q4_0) multiply the activation block's sum
+//! `s_x` (see [`Q8Kind`](super::activations::Q8Kind)), so the two scales `[d_w, off_w]` meet
+//! `[d_x, s_x]` in one 2-lane multiply per block; lane 1 accumulates
 //! the offsets and lane 0 feeds the FMA.
 //! Kernels work on tiles of `NR` weight rows × `NJ` activation rows (4×1 for decode, 1×4 for
 //! prefill): each weight block is unpacked once per tile, each activation block loaded once.
@@ -84,7 +85,7 @@ unsafe fn nibble_tile<const NR: usize, const NJ: usize, const Q4_1: bool>(
             let dw = header_scales::<Q4_1>(blk);
             let qw = unpack_nibbles(blk.add(qs_off));
             for t in 0..NJ {
-                let prod = _mm_mul_ps(dw, dx[t]); // [d_w d_x, off_w d_x Σq_x]
+                let prod = _mm_mul_ps(dw, dx[t]); // [d_w d_x, off_w s_x]
                 acc_off[i][t] = _mm_add_ps(acc_off[i][t], prod);
                 let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qw, y[t]), ones);
                 acc[i][t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), _mm256_cvtepi32_ps(p), acc[i][t]);

@@ -16,7 +16,7 @@ fn for_rows(nj: usize, out: &mut [f32; 4], mut f: impl FnMut(usize) -> f32) {
     }
 }
 
-/// Q4_0 × Q8: `Σ_b d_w (d_x Σ q_w q_x) - 8 d_w (d_x Σ q_x)`, `q_w` the raw nibble.
+/// Q4_0 × Q8_0: `Σ_b d_w (d_x Σ q_w q_x) - 8 d_w s_x`, `q_w` the raw nibble, `s_x = d_x Σ q_x`.
 pub fn q4_0(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
     for_rows(nj, out, |t| {
         let j = j0 + t;
@@ -33,7 +33,8 @@ pub fn q4_0(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
     })
 }
 
-/// Q4_1 × Q8: `Σ_b d_w (d_x Σ q_w q_x) + m_w (d_x Σ q_x)`.
+/// Q4_1 × Q8_1: `Σ_b d_w (d_x Σ q_w q_x) + m_w s_x`, `s_x` the block's f16 sum (see
+/// [`Q8Kind`](super::activations::Q8Kind)).
 pub fn q4_1(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
     for_rows(nj, out, |t| {
         let j = j0 + t;

@@ -10,7 +10,7 @@
 //! Row kernels ([`RowFn`]) exist per instruction set ([`Isa`]); the best one is picked at run
 //! time with `is_x86_feature_detected!`.
 
-use super::activations::SyncPtr;
+use super::activations::{Q8Kind, SyncPtr};
 use super::blocks::BlockQ8K;
 use super::{dot_scalar, QuantError, QuantScratch, WeightType, WeightView};
 use crate::threadpool::ThreadPool;
@@ -31,7 +31,7 @@ pub struct Acts<'a> {
     pub k: usize,
     /// Q8 codes `[n, k]`.
     pub q8_qs: &'a [i8],
-    /// Q8 `(d, d * Σqs)` per block `[n, k / 32]`.
+    /// Q8 `(d, s)` per block `[n, k / 32]` (`s` as [`Q8Kind`] defines it).
     pub q8_ds: &'a [[f32; 2]],
     /// Q8_K super-blocks `[n, k / 256]`.
     pub q8k: &'a [BlockQ8K],
@@ -160,6 +160,8 @@ fn tile_fn(isa: Isa, ty: WeightType) -> TileFn {
 /// Shapes: `x: [n, k]`, `out: [n, m]` with `m = w.rows`, `k = w.cols`. Quantized weight types
 /// quantize `x` to 8 bits first (Q8_0 blocks for Q4_0/Q4_1/Q8_0, Q8_K for the K-quants), into
 /// `scratch`; nothing is allocated once `scratch` has grown to the largest `n * k`.
+/// The activations are quantized as llama.cpp's ggml-cpu does on x86 (see [`Q8Kind`] and
+/// [`quantize`](super::quantize)), so results match llama.cpp's up to f32 summation order.
 pub fn matmul(
     w: WeightView,
     x: &[f32],
@@ -196,15 +198,16 @@ pub fn matmul_with_isa(
         return Ok(());
     }
     let mut acts = Acts { k, q8_qs: &[], q8_ds: &[], q8k: &[], x: &[] };
-    match w.ty {
-        WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => scratch.quantize_q8_with(isa, x, n, k, pool),
-        WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => scratch.quantize_q8k(x, n, k, pool),
-        WeightType::F32 | WeightType::F16 | WeightType::BF16 => acts.x = x,
-    }
-    match w.ty {
-        WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => (acts.q8_qs, acts.q8_ds) = scratch.q8(),
-        WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => acts.q8k = scratch.q8k(),
-        _ => {}
+    match (Q8Kind::for_weights(w.ty), w.ty) {
+        (Some(kind), _) => {
+            scratch.quantize_q8_with(isa, kind, x, n, k, pool);
+            (acts.q8_qs, acts.q8_ds) = scratch.q8();
+        }
+        (None, WeightType::Q4K | WeightType::Q5K | WeightType::Q6K) => {
+            scratch.quantize_q8k(x, n, k, pool);
+            acts.q8k = scratch.q8k();
+        }
+        (None, _) => acts.x = x,
     }
     let kernel = tile_fn(isa, w.ty);
     let row_bytes = w.row_bytes()?;

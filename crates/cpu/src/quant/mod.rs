@@ -2,8 +2,8 @@
 //!
 //! - [`blocks`]: `#[repr(C)]` block types, bit-exact with ggml.
 //! - [`reference`]: scalar dequantizers written from each format's definition (the oracle).
-//! - [`quantize`]: scalar reference quantizers (Q8_0, Q8_K for activations; Q4_0, Q4_1 for
-//!   test data).
+//! - [`quantize`]: scalar reference quantizers (Q8_0, Q8_1, Q8_K for activations, as
+//!   llama.cpp's ggml-cpu makes them on x86; Q4_0, Q4_1, Q8_0 for weight test data).
 //! - [`activations`]: [`QuantScratch`], the reusable buffer holding quantized activations.
 //! - [`matmul`]: `out[n, m] = x[n, k] · W[m, k]ᵀ`, threads over output rows, dispatching to
 //!   per-ISA row kernels ([`dot_scalar`]; `dot_avx2` for Q4_0/Q4_1/Q8_0, `dot_avx2_k` for the
@@ -28,7 +28,7 @@ mod dot_avx2_float;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx2_k;
 
-pub use activations::QuantScratch;
+pub use activations::{Q8Kind, QuantScratch};
 pub use matmul::{matmul, matmul_with_isa, Isa};
 pub use reference::dequantize_row;
 

@@ -1,14 +1,17 @@
-//! Scalar reference quantizers, bit-exact with ggml's `quantize_row_*_ref`.
+//! Scalar reference quantizers, bit-exact with ggml.
 //!
-//! Q8_0 and Q8_K quantize activations for the integer dot products; Q4_0, Q4_1 and Q8_0 also
-//! make weight test data (and small synthetic models). The K-quant weight formats have no
-//! quantizer here: tests build those blocks from random packed fields and sane scales.
+//! - Weights (test data, small synthetic models): Q4_0, Q4_1, Q8_0 as ggml's
+//!   `quantize_row_*_ref`. The K-quant weight formats have no quantizer here: tests build
+//!   those blocks from random packed fields and sane scales.
+//! - Activations of the integer dot products: Q8_0 and Q8_1 as ggml-cpu quantizes them on x86
+//!   ([`quantize_q8_0_act`], [`quantize_q8_1_act`]), Q8_K as `quantize_row_q8_K_ref` (which
+//!   is also what ggml-cpu runs on x86).
 
 use super::blocks::*;
 use super::{QuantError, WeightType};
 use half::{bf16, f16};
 
-/// Q8_0 (ggml `quantize_row_q8_0_ref`): `d = amax / 127`, `qs = round(x / d)` (ties away
+/// Q8_0 weights (ggml `quantize_row_q8_0_ref`): `d = amax / 127`, `qs = round(x / d)` (ties away
 /// from zero), `d` stored as f16.
 pub fn quantize_q8_0(x: &[f32; QK]) -> BlockQ8_0 {
     let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
@@ -19,6 +22,41 @@ pub fn quantize_q8_0(x: &[f32; QK]) -> BlockQ8_0 {
         *q = (v * id).round() as i8;
     }
     BlockQ8_0 { d: f16::from_f32(d), qs }
+}
+
+/// The codes of Q8 activations as ggml-cpu's x86 `quantize_row_q8_0`/`quantize_row_q8_1`
+/// (the AVX/AVX2 path llama.cpp runs on these CPUs) make them: `id = 127 / amax` and
+/// `round_ties_even(x · id)`. Returns the codes and the unrounded `d = amax / 127`.
+///
+/// This differs from `quantize_row_q8_0_ref` ([`quantize_q8_0`]: `x · (1 / d)`, ties away from
+/// zero) in about one code per thousand. One code moves a dot product by `d_x · w`, about
+/// 1e-3 relative to a typical projection output, which is enough to flip llama.cpp's argmax
+/// on near-ties; so the activations follow the path llama.cpp actually takes.
+fn q8_act_codes(x: &[f32; QK]) -> ([i8; QK], f32) {
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut qs = [0i8; QK];
+    for (q, v) in qs.iter_mut().zip(x) {
+        *q = (v * id).round_ties_even() as i8;
+    }
+    (qs, d)
+}
+
+/// Q8_0 activations (ggml-cpu x86 `quantize_row_q8_0`): the codes of [`q8_act_codes`] and
+/// `d` stored as f16. The activations of Q4_0 and Q8_0 weights.
+pub fn quantize_q8_0_act(x: &[f32; QK]) -> BlockQ8_0 {
+    let (qs, d) = q8_act_codes(x);
+    BlockQ8_0 { d: f16::from_f32(d), qs }
+}
+
+/// Q8_1 activations (ggml-cpu x86 `quantize_row_q8_1`): as [`quantize_q8_0_act`], plus
+/// `s = f16(d · Σqs)` with the unrounded `d`. The activations of Q4_1 weights, whose offset
+/// term `m_w · s` ggml takes from this f16 `s`.
+pub fn quantize_q8_1_act(x: &[f32; QK]) -> BlockQ8_1 {
+    let (qs, d) = q8_act_codes(x);
+    let sum: i32 = qs.iter().map(|&q| q as i32).sum();
+    BlockQ8_1 { d: f16::from_f32(d), s: f16::from_f32(d * sum as f32), qs }
 }
 
 /// Q4_0 (ggml `quantize_row_q4_0_ref`): `max` = the value of largest magnitude,
