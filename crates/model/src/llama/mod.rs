@@ -3,6 +3,7 @@
 pub mod config;
 mod model;
 pub mod ops;
+pub mod silu;
 pub mod weights;
 
 pub use config::{Architecture, ModelConfig, RopeStyle};

@@ -9,13 +9,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use kvcache::{PageStore, KvPool, LayerView};
+use kvcache::{KvPool, LayerView, PageStore};
 use pagekv_cpu::attention::{Attention, AttentionConfig, AttentionParams};
 use pagekv_cpu::quant::{dequantize_row, matmul, QuantScratch};
 use pagekv_cpu::threadpool::ThreadPool;
 
 use super::config::ModelConfig;
-use super::ops::{add_in_place, rms_norm, rms_norm_chunks, silu_mul, Rope};
+use super::ops::{add_in_place, rms_norm, rms_norm_chunks, round_queries_for, Rope};
+use super::silu::silu_mul;
 use super::weights::{Tensor, Weights};
 use crate::batch::{Batch, Logits};
 use crate::error::ModelError;
@@ -98,7 +99,14 @@ impl Model {
             config.rope_linear_scale,
             factors.as_deref(),
         );
-        Ok(Model { rope, attention: Attention::new(attention, threads), threads, scratch: Scratch::default(), weights, config })
+        Ok(Model {
+            rope,
+            attention: Attention::new(attention, threads),
+            threads,
+            scratch: Scratch::default(),
+            weights,
+            config,
+        })
     }
 
     /// Runs one step: writes the batch's K/V into `pool` (every layer) and returns the logits
@@ -149,9 +157,21 @@ impl Model {
                 self.rope.apply(&mut s.q[i * qd..(i + 1) * qd], batch.positions[i] as usize);
                 self.rope.apply_cached(&mut s.k[i * kvd..(i + 1) * kvd]);
             }
+            // As ggml: the K·Q product sees Q at the K cache's precision.
+            round_queries_for(pool.config().format, &mut s.q[..n * qd]);
             pool.pages_mut().write(li, &batch.slots, &s.k[..n * kvd], &s.v[..n * kvd]);
             let layer = pool.layer(li);
-            attend(&mut self.attention, &layer, batch, c, &s.q[..n * qd], &counters, &mut s.attn[..n * qd], &mut s.tables, &mut s.lens)?;
+            attend(
+                &mut self.attention,
+                &layer,
+                batch,
+                c,
+                &s.q[..n * qd],
+                &counters,
+                &mut s.attn[..n * qd],
+                &mut s.tables,
+                &mut s.lens,
+            )?;
             mm(w, &lw.wo, &s.attn[..n * qd], n, &mut s.proj[..n * h], &mut s.quant, self.threads)?;
             add_in_place(&mut s.x[..n * h], &s.proj[..n * h]);
 
@@ -183,7 +203,15 @@ impl Model {
         }
         let v = c.vocab_size;
         if n_logits > 0 {
-            mm(w, &w.output, &s.rows[..n_logits * h], n_logits, &mut s.logits[..n_logits * v], &mut s.quant, self.threads)?;
+            mm(
+                w,
+                &w.output,
+                &s.rows[..n_logits * h],
+                n_logits,
+                &mut s.logits[..n_logits * v],
+                &mut s.quant,
+                self.threads,
+            )?;
         }
         Ok(&self.scratch.logits[..n_logits * v])
     }
@@ -223,7 +251,9 @@ impl Model {
                 let b = s.block_table.get((first + t) / g.block_size).copied();
                 let want = b.map(|b| b * g.block_size as u32 + ((first + t) % g.block_size) as u32);
                 if want != Some(batch.slots[tok]) {
-                    return Err(ModelError::Batch(format!("sequence {i}: slot of token {t} disagrees with its block table")));
+                    return Err(ModelError::Batch(format!(
+                        "sequence {i}: slot of token {t} disagrees with its block table"
+                    )));
                 }
             }
         }
@@ -249,7 +279,15 @@ fn kernel(t: &Tensor, source: pagekv_cpu::quant::QuantError) -> ModelError {
 }
 
 /// `out[n, rows] = x[n, cols] · Wᵀ`.
-fn mm(w: &Weights, t: &Tensor, x: &[f32], n: usize, out: &mut [f32], q: &mut QuantScratch, pool: &ThreadPool) -> Result<(), ModelError> {
+fn mm(
+    w: &Weights,
+    t: &Tensor,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    q: &mut QuantScratch,
+    pool: &ThreadPool,
+) -> Result<(), ModelError> {
     matmul(w.view(t), x, n, out, q, pool).map_err(|e| kernel(t, e))
 }
 
@@ -261,7 +299,7 @@ fn attend(
     layer: &LayerView,
     batch: &Batch,
     c: &ModelConfig,
-    q: &[f32],      // [n, q_dim]
+    q: &[f32], // [n, q_dim]
     counters: &kvcache::CacheCounters,
     out: &mut [f32], // [n, q_dim]
     tables_buf: &mut Vec<&'static [u32]>,

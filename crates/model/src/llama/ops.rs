@@ -1,13 +1,31 @@
-//! Small element-wise operations of the forward pass (norms, RoPE, activations). They are
-//! memory-light next to the matrix products, so plain loops the compiler vectorizes suffice.
+//! Small element-wise operations of the forward pass (norms, RoPE, the rounding of queries;
+//! SwiGLU is in [`super::silu`]). They are memory-light next to the matrix products, so plain
+//! loops the compiler vectorizes suffice.
+//!
+//! Where the f32 rounding of an operation is a choice, it follows ggml-cpu (what llama.cpp
+//! computes): the model's activations are quantized to 8 bits before every matrix product, so
+//! a last-bit difference anywhere flips a few codes, and 30 layers amplify those flips into
+//! logit differences of tenths — enough to change llama.cpp's argmax on near-ties.
+
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+use kvcache::KvFormat;
+use pagekv_cpu::quant::Isa;
 
 use super::config::RopeStyle;
+
+/// `1 / sqrt(mean(x²) + eps)` as ggml's `rms_norm`: the squares (in f32) summed in f64, the
+/// mean rounded to f32.
+fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
+}
 
 /// `out[i] = x[i] / sqrt(mean(x²) + eps) · w[i]` for one row.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     debug_assert!(x.len() == w.len() && x.len() == out.len());
-    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let inv = 1.0 / (ms + eps).sqrt();
+    let inv = rms_scale(x, eps);
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
         *o = v * inv * g;
     }
@@ -16,11 +34,36 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 /// In-place [`rms_norm`] of each `w.len()`-sized chunk of `x` (per-head q/k norms).
 pub fn rms_norm_chunks(x: &mut [f32], w: &[f32], eps: f32) {
     for chunk in x.chunks_exact_mut(w.len()) {
-        let ms = chunk.iter().map(|v| v * v).sum::<f32>() / chunk.len() as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
+        let inv = rms_scale(chunk, eps);
         for (v, &g) in chunk.iter_mut().zip(w) {
-            *v *= inv * g;
+            *v = *v * inv * g;
         }
+    }
+}
+
+/// Rounds the queries `q` to the precision ggml gives them in the K·Q product over a K cache
+/// of `format`: ggml multiplies a K cache of type T by Q converted to T's dot-product type,
+/// which for f16 and bf16 caches is f16 and bf16. The other formats have no such step here
+/// (f32 needs none; the quantized ones have no ggml counterpart this code follows).
+pub fn round_queries_for(format: KvFormat, q: &mut [f32]) {
+    match format {
+        KvFormat::F16 => round_through::<f16>(q),
+        KvFormat::Bf16 => round_through::<bf16>(q),
+        _ => {}
+    }
+}
+
+/// `x ← T(x)` widened back to f32, through a stack buffer (the slice conversions use F16C
+/// where the CPU has it).
+fn round_through<T: Copy + Default>(x: &mut [f32])
+where
+    [T]: HalfFloatSliceExt,
+{
+    let mut buf = [T::default(); 64];
+    for chunk in x.chunks_mut(64) {
+        let b = &mut buf[..chunk.len()];
+        b.convert_from_f32_slice(chunk);
+        b.convert_to_f32_slice(chunk);
     }
 }
 
@@ -31,20 +74,23 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// `gate ← silu(gate) · up`.
-pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
-}
-
-/// Rotary position embedding tables.
+/// Rotary position embedding: per position, the cos/sin of each rotated pair's angle.
+///
+/// Angles as ggml's `rope` computes them, in f32: `theta_scale = base^(-2 / rope_dims)`, and
+/// for pair `i` at position `p`, `theta_i = p · theta_scale^i` built by repeated
+/// multiplication, then `freq_scale · theta_i / factor_i`, then `cosf`/`sinf`. These differ from
+/// exactly computed angles by the rounding of the running product (up to 3e-5 rad at position
+/// 1000 for SmolLM2's base 1e5).
 #[derive(Clone, Debug)]
 pub struct Rope {
     style: RopeStyle,
     head_dim: usize,
-    /// `[rope_dims / 2]` angular frequency of each rotated pair.
-    inv_freq: Vec<f64>,
+    /// `base^(-2 / rope_dims)`: the ratio of consecutive pairs' frequencies.
+    theta_scale: f32,
+    /// `1 / linear_scale` (ggml's `freq_scale`).
+    freq_scale: f32,
+    /// `[rope_dims / 2]` frequency divisors (Llama 3.1 `rope_freqs`), if any.
+    factors: Option<Vec<f32>>,
     /// `[rope_dims / 2]` scratch cos and sin for the current position.
     cos: Vec<f32>,
     sin: Vec<f32>,
@@ -52,45 +98,76 @@ pub struct Rope {
 
 impl Rope {
     /// `freq_i = base^(-2i / rope_dims) / factor_i / linear_scale`.
-    pub fn new(style: RopeStyle, head_dim: usize, rope_dims: usize, base: f32, linear_scale: f32, factors: Option<&[f32]>) -> Rope {
+    pub fn new(
+        style: RopeStyle,
+        head_dim: usize,
+        rope_dims: usize,
+        base: f32,
+        linear_scale: f32,
+        factors: Option<&[f32]>,
+    ) -> Rope {
         let half = rope_dims / 2;
-        let inv_freq = (0..half)
-            .map(|i| {
-                let f = (base as f64).powf(-2.0 * i as f64 / rope_dims as f64);
-                let factor = factors.map_or(1.0, |fs| fs[i] as f64);
-                f / factor / linear_scale as f64
-            })
-            .collect();
-        Rope { style, head_dim, inv_freq, cos: vec![0.0; half], sin: vec![0.0; half] }
+        debug_assert!(factors.is_none_or(|f| f.len() >= half));
+        Rope {
+            style,
+            head_dim,
+            theta_scale: base.powf(-2.0 / rope_dims as f32),
+            freq_scale: 1.0 / linear_scale,
+            factors: factors.map(|f| f[..half].to_vec()),
+            cos: vec![0.0; half],
+            sin: vec![0.0; half],
+        }
     }
 
     /// Rotates every head of `x` (`[heads, head_dim]`) for position `pos`.
     pub fn apply(&mut self, x: &mut [f32], pos: usize) {
-        for (i, f) in self.inv_freq.iter().enumerate() {
-            let (s, c) = (pos as f64 * f).sin_cos();
-            self.cos[i] = c as f32;
-            self.sin[i] = s as f32;
+        let mut theta = pos as f32;
+        for i in 0..self.cos.len() {
+            let factor = self.factors.as_ref().map_or(1.0, |f| f[i]);
+            let angle = self.freq_scale * (theta / factor);
+            self.cos[i] = angle.cos();
+            self.sin[i] = angle.sin();
+            theta *= self.theta_scale;
         }
         self.apply_cached(x);
     }
 
     /// Rotates with the cos/sin of the last [`Self::apply`] (the same position for q and k).
     pub fn apply_cached(&self, x: &mut [f32]) {
-        let half = self.inv_freq.len();
+        #[cfg(target_arch = "x86_64")]
+        if Isa::best() == Isa::Avx2 {
+            // SAFETY: Isa::Avx2 means AVX2, FMA and F16C were detected on this CPU.
+            unsafe { self.rotate_fma(x) };
+            return;
+        }
+        self.rotate(x);
+    }
+
+    /// [`Self::rotate`] compiled with FMA instructions (elsewhere `mul_add` is a libm call).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "fma")]
+    unsafe fn rotate_fma(&self, x: &mut [f32]) {
+        self.rotate(x)
+    }
+
+    /// Rotates each pair `(a, b)` to `(a cos - b sin, a sin + b cos)` with the first product
+    /// fused, `a.mul_add(cos, -(b sin))` and `a.mul_add(sin, b cos)`: ggml writes the plain
+    /// expression, which C compilers contract to exactly these FMAs on FMA targets (GCC and
+    /// Clang contract by default), so this is what llama.cpp computes.
+    #[inline(always)]
+    fn rotate(&self, x: &mut [f32]) {
+        let half = self.cos.len();
+        let rot = |a: f32, b: f32, c: f32, s: f32| (a.mul_add(c, -(b * s)), a.mul_add(s, b * c));
         for head in x.chunks_exact_mut(self.head_dim) {
             match self.style {
                 RopeStyle::Norm => {
                     for i in 0..half {
-                        let (a, b) = (head[2 * i], head[2 * i + 1]);
-                        head[2 * i] = a * self.cos[i] - b * self.sin[i];
-                        head[2 * i + 1] = a * self.sin[i] + b * self.cos[i];
+                        (head[2 * i], head[2 * i + 1]) = rot(head[2 * i], head[2 * i + 1], self.cos[i], self.sin[i]);
                     }
                 }
                 RopeStyle::Neox => {
                     for i in 0..half {
-                        let (a, b) = (head[i], head[i + half]);
-                        head[i] = a * self.cos[i] - b * self.sin[i];
-                        head[i + half] = a * self.sin[i] + b * self.cos[i];
+                        (head[i], head[i + half]) = rot(head[i], head[i + half], self.cos[i], self.sin[i]);
                     }
                 }
             }
@@ -111,6 +188,49 @@ mod tests {
         let ms = (1.0 + 4.0 + 9.0 + 0.25) / 4.0f32;
         for i in 0..4 {
             assert!((out[i] - x[i] / (ms + 1e-6).sqrt() * w[i]).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn rms_norm_sums_squares_in_f64() {
+        // 1 + 4096 · (2^-12)² = 1.000244140625 is exact in f64 but, summed in f32 one square
+        // at a time, every 2^-24 is lost against the running sum of 1.
+        let mut x = vec![2f32.powi(-12); 4097];
+        x[0] = 1.0;
+        let w = vec![1.0f32; x.len()];
+        let mut out = vec![0.0; x.len()];
+        rms_norm(&x, &w, 0.0, &mut out);
+        let mean = ((1.0 + 4096.0 * 2f64.powi(-24)) / 4097.0) as f32;
+        assert_eq!(out[0], 1.0 / mean.sqrt());
+    }
+
+    #[test]
+    fn queries_round_to_the_k_cache_precision() {
+        let q: Vec<f32> = (0..100).map(|i| (i as f32 * 0.731).sin() * 3.3 + 1e-3).collect();
+        for (format, round) in [
+            (KvFormat::F16, (|v: f32| f16::from_f32(v).to_f32()) as fn(f32) -> f32),
+            (KvFormat::Bf16, |v| bf16::from_f32(v).to_f32()),
+            (KvFormat::F32, |v| v),
+        ] {
+            let mut got = q.clone();
+            round_queries_for(format, &mut got);
+            let want: Vec<f32> = q.iter().map(|&v| round(v)).collect();
+            assert_eq!(got, want, "{format:?}");
+        }
+    }
+
+    #[test]
+    fn rope_angles_follow_ggml() {
+        // theta_i = p · theta_scale^i by repeated f32 multiplication; cos/sin in f32.
+        let mut r = Rope::new(RopeStyle::Neox, 8, 8, 100000.0, 2.0, Some(&[1.0, 1.5, 2.0, 4.0]));
+        let mut x = vec![1.0f32, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0];
+        r.apply(&mut x, 777);
+        let scale = 100000f32.powf(-2.0 / 8.0);
+        let mut theta = 777.0f32;
+        for (i, ff) in [1.0f32, 1.5, 2.0, 4.0].into_iter().enumerate() {
+            let angle = 0.5 * (theta / ff);
+            assert_eq!((x[i], x[i + 4]), (angle.cos(), angle.sin()), "pair {i}");
+            theta *= scale;
         }
     }
 
