@@ -62,7 +62,8 @@ fn python_methods_work() {
     let t = ChatTemplate::new(src).unwrap();
     assert_eq!(t.origin(), TemplateOrigin::Custom);
     let out = t.render(&msgs(&[("user", "  a,b  ")]), false).unwrap();
-    assert_eq!(out, "a,b|true|2;a=1 b=2 X");
+    // Booleans print as Python does (`True`), as HF templates expect.
+    assert_eq!(out, "a,b|True|2;a=1 b=2 X");
 }
 
 #[test]
