@@ -4,7 +4,8 @@
 //! ```text
 //! cargo run --release -p pagekv-cuda --features cuda --example bench_attention -- \
 //!     [--formats bf16,q8,q4] [--cases 1x4096,64x16384] [--routes primitive,partitioned] \
-//!     [--partition-sizes 256,512] [--runs 50] [--warmup 5] [--device 0]
+//!     [--partition-sizes 256,512] [--kernels auto,simt] [--runs 50] [--warmup 5] [--device 0]
+//!     [--contiguous]   (consecutive block ids per sequence instead of scattered pages)
 //! ```
 //! Defaults: the issue's shapes (32 query heads, 8 kv heads, head_dim 128, block 16), cases
 //! 1×4096, 1×32768, 16×4096, 64×4096, 64×16384, formats bf16 f16 f32 q8 q4 q4r turbo, both
@@ -12,7 +13,7 @@
 
 use kvcache::KvFormat;
 use pagekv_cuda::bench::{bench_attention, BenchConfig};
-use pagekv_cuda::CudaDevice;
+use pagekv_cuda::{CudaDevice, DecodeKernel};
 
 fn list<T>(v: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, String> {
     v.split(',').filter(|s| !s.is_empty()).map(|s| parse(s).ok_or_else(|| format!("bad value {s:?}"))).collect()
@@ -23,6 +24,10 @@ fn parse_args(args: &[String]) -> Result<(BenchConfig, usize), String> {
     let mut ordinal = 0;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
+        if flag == "--contiguous" {
+            cfg.scatter = false;
+            continue;
+        }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--formats" => cfg.formats = list(value, |s| KvFormat::parse(s, KvFormat::Bf16).ok())?,
@@ -36,6 +41,13 @@ fn parse_args(args: &[String]) -> Result<(BenchConfig, usize), String> {
                 cfg.routes = list(value, |s| match s {
                     "primitive" => Some("primitive"),
                     "partitioned" => Some("partitioned"),
+                    _ => None,
+                })?
+            }
+            "--kernels" => {
+                cfg.kernels = list(value, |s| match s {
+                    "auto" => Some(DecodeKernel::Auto),
+                    "simt" => Some(DecodeKernel::Simt),
                     _ => None,
                 })?
             }

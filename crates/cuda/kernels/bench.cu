@@ -56,3 +56,42 @@ extern "C" __global__ void __launch_bounds__(256) pk_read_bw(const uint4* __rest
     acc = __reduce_xor_sync(0xffffffffu, acc);
     if ((threadIdx.x & 31) == 0 && acc == 0x12345678u) sink[blockIdx.x] = acc; // practically never stored
 }
+
+// Paged-read roofline: reads exactly the K and V bytes a decode over the pages reads, with
+// nothing computed. grid (num_kv_heads / hpc, num_seqs, partitions), block 256: a CTA reads,
+// for each token of its partition, the hpc adjacent kv heads' rows (hpc · row_bytes contiguous
+// bytes of K and of V) — threads walk the (token, 16-byte chunk) pairs linearly, 8 independent
+// loads in flight each. Folds the data into one word per block so nothing is elided.
+extern "C" __global__ void __launch_bounds__(256)
+pk_paged_read(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32* __restrict__ tables,
+              u32 max_blocks, u32 ctx, u32 log2_bs, u32 num_kv_heads, u32 row_bytes, u32 part_size,
+              u32* __restrict__ sink) {
+    const u32 hpc = num_kv_heads / gridDim.x;
+    const u32 start = blockIdx.z * part_size, end = min(ctx, start + part_size);
+    if (start >= end) return;
+    const u32* table = tables + (u64)blockIdx.y * max_blocks;
+    const u32 mask = (1u << log2_bs) - 1;
+    const u32 cpt = hpc * row_bytes / 16;            // 16-byte chunks per token and plane
+    const u32 total = (end - start) * cpt * 2;       // K then V chunks, per token
+    const u64 head0 = (u64)blockIdx.x * hpc * row_bytes;
+    u32 acc = 0;
+    for (u32 base = threadIdx.x; base < total; base += 8 * blockDim.x) {
+        uint4 r[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const u32 i = base + k * blockDim.x;
+            r[k] = make_uint4(0, 0, 0, 0);
+            if (i < total) {
+                const u32 t = i / (2 * cpt), rem = i % (2 * cpt), c = rem % cpt;
+                const u32 pos = start + t;
+                const u64 slot = ((u64)table[pos >> log2_bs] << log2_bs) | (pos & mask);
+                const u8* plane = rem < cpt ? kc : vc;
+                r[k] = __ldcg((const uint4*)(plane + slot * num_kv_heads * row_bytes + head0) + c);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) acc ^= r[k].x ^ r[k].y ^ r[k].z ^ r[k].w;
+    }
+    acc = __reduce_xor_sync(0xffffffffu, acc);
+    if ((threadIdx.x & 31) == 0 && acc == 0x12345678u) sink[blockIdx.x] = acc; // practically never stored
+}

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use crate::compile::{decode_smem_bytes, ModuleSpec};
+use crate::compile::{decode_smem_bytes, decode_tc_smem_bytes, tc_heads_per_cta, tc_shape, ModuleSpec};
 use crate::pages::dptr;
 use crate::{CudaDevice, CudaError, DevicePages};
 
@@ -56,6 +56,53 @@ pub fn auto_partition_size(num_seqs: usize, num_kv_heads: usize, max_context: us
     (max_context / parts / TILE).max(1) * TILE
 }
 
+/// Which kernel computes a call (both serve both routes and give the same results within the
+/// error bounds).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecodeKernel {
+    /// The tensor-core kernel where it serves the format (f16/bf16 pages, head_dim a multiple
+    /// of 16), else the SIMT kernel.
+    #[default]
+    Auto,
+    /// Always the SIMT kernel (fp32 FMA; every format and head_dim).
+    Simt,
+}
+
+impl DecodeKernel {
+    /// The kernel that serves `format` at `head_dim` with `group` query heads per kv head.
+    pub fn resolve(
+        self,
+        device: &CudaDevice,
+        format: kvcache::KvFormat,
+        head_dim: usize,
+        group: usize,
+    ) -> &'static str {
+        match self {
+            DecodeKernel::Auto
+                if crate::compile::tc_supported(format, head_dim, group)
+                    && crate::compile::decode_tc_smem_bytes(format, head_dim) <= device.smem_optin() =>
+            {
+                "tc"
+            }
+            _ => "simt",
+        }
+    }
+}
+
+/// Partition size for the tensor-core kernel: about one CTA per SM in all
+/// (`num_seqs × num_kv_heads × partitions ≈ sm_count`), in whole rounds of 64 tokens (4 warps ×
+/// 16); the whole context (one partition) once the batch alone fills the machine.
+/// Measured on the H200 (RESULTS.md, run 5): 1×4096 best at 256, 1×32768 at 2048, 16×4096 and
+/// larger with one partition.
+pub fn tc_partition_size(num_seqs: usize, num_kv_heads: usize, max_context: usize, sm_count: usize) -> usize {
+    let units = (num_seqs * num_kv_heads).max(1);
+    if 2 * units >= sm_count {
+        return max_context.max(1).div_ceil(64) * 64;
+    }
+    let parts = sm_count.div_ceil(units);
+    max_context.div_ceil(parts).div_ceil(64).max(1) * 64
+}
+
 /// One decode call over a batch of sequences. Device arrays; shapes in comments.
 #[derive(Clone, Copy)]
 pub struct DecodeBatch<'a> {
@@ -81,15 +128,56 @@ pub struct DecodeBatch<'a> {
 /// The decode attention launcher, with its scratch buffers for the partitioned route.
 pub struct DecodeAttention {
     device: Arc<CudaDevice>,
+    kernel: DecodeKernel,
     /// `[num_seqs, num_heads, max_parts, head_dim]` partial accumulators.
     part_acc: Option<CudaSlice<f32>>,
     /// `[num_seqs, num_heads, max_parts, 2]` partial (max, sum).
     part_ml: Option<CudaSlice<f32>>,
+    /// `[num_seqs, num_kv_heads]` arrival counters of the tensor-core kernel's fused merge; zero
+    /// between launches (the last CTA of each group resets its counter).
+    counters: Option<CudaSlice<u32>>,
 }
 
 impl DecodeAttention {
     pub fn new(device: Arc<CudaDevice>) -> DecodeAttention {
-        DecodeAttention { device, part_acc: None, part_ml: None }
+        DecodeAttention { device, kernel: DecodeKernel::Auto, part_acc: None, part_ml: None, counters: None }
+    }
+
+    /// Chooses the kernel (default [`DecodeKernel::Auto`]).
+    pub fn set_kernel(&mut self, kernel: DecodeKernel) {
+        self.kernel = kernel;
+    }
+
+    pub fn kernel(&self) -> DecodeKernel {
+        self.kernel
+    }
+
+    /// The route `auto` takes for a batch over `pages`: the partitioned route with the
+    /// measured partition size of the kernel that serves the format, or the primitive route
+    /// when that would be a single partition.
+    pub fn auto_route(
+        &self,
+        pages: &DevicePages,
+        num_heads: usize,
+        num_seqs: usize,
+        max_context: usize,
+    ) -> DecodeRoute {
+        use kvcache::PageStore;
+        let g = pages.geometry();
+        let group = num_heads / g.num_kv_heads.max(1);
+        let sms = self.device.sm_count();
+        let ps = match self.kernel.resolve(&self.device, g.format, g.head_dim, group) {
+            "tc" => {
+                let hpc = crate::compile::tc_heads_per_cta(g.format, g.head_dim, g.num_kv_heads);
+                tc_partition_size(num_seqs, g.num_kv_heads / hpc, max_context, sms)
+            }
+            _ => auto_partition_size(num_seqs, g.num_kv_heads, max_context, sms),
+        };
+        if ps >= max_context {
+            DecodeRoute::Primitive
+        } else {
+            DecodeRoute::Partitioned { partition_size: ps }
+        }
     }
 
     fn check(&self, pages: &DevicePages, layer: usize, b: &DecodeBatch, out_len: usize) -> Result<usize, CudaError> {
@@ -173,6 +261,15 @@ impl DecodeAttention {
                     Some(stream.alloc_zeros::<f32>(need_ml).map_err(|e| CudaError::driver("cuMemAlloc", e))?);
             }
         }
+        let tc = self.kernel.resolve(&self.device, g.format, d, group) == "tc";
+        if tc && parts > 1 {
+            let need = b.num_seqs * g.num_kv_heads;
+            if self.counters.as_ref().is_none_or(|s| s.len() < need) {
+                self.counters = Some(stream.alloc_zeros::<u32>(need).map_err(|e| CudaError::driver("cuMemAlloc", e))?);
+            }
+        }
+        let fused = tc && parts > 1 && crate::compile::tc_tuning().fused_merge;
+        let counters_p = if fused { self.counters.as_ref().map_or(0, |s| dptr(s, &dev)) } else { 0u64 };
         let p = pages.layer_ptrs(layer)?;
         let (signs, norm) = pages.rotation_args();
         let out_p = dptr(out, &dev);
@@ -188,22 +285,35 @@ impl DecodeAttention {
         let part_size_u = part_size as u32;
         let parts_u = parts as u32;
 
-        let f = module.function("pk_decode")?;
+        let (f, threads, smem, heads_per_cta) = if tc {
+            let hpc = tc_heads_per_cta(g.format, d, g.num_kv_heads);
+            (module.function("pk_decode_tc")?, 32 * tc_shape(g.format, d).0, decode_tc_smem_bytes(g.format, d), hpc)
+        } else {
+            (module.function("pk_decode")?, 128, decode_smem_bytes(g.format, d, group), 1)
+        };
+        debug_assert_eq!(g.num_kv_heads % heads_per_cta, 0);
+        let num_kv_heads = g.num_kv_heads as u32;
         let cfg = LaunchConfig {
-            grid_dim: (g.num_kv_heads as u32, b.num_seqs as u32, parts_u),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: decode_smem_bytes(g.format, d, group) as u32,
+            grid_dim: ((g.num_kv_heads / heads_per_cta) as u32, b.num_seqs as u32, parts_u),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
         };
         let mut l = stream.launch_builder(&f);
         l.arg(&out_p).arg(&acc_p).arg(&ml_p).arg(&q_p);
         l.arg(&p.k_codes).arg(&p.k_scales).arg(&p.v_codes).arg(&p.v_scales);
         l.arg(&tables).arg(&max_blocks).arg(&ctx).arg(&signs).arg(&norm);
         l.arg(&scale_log2).arg(&window).arg(&log2_bs).arg(&part_size_u);
-        // SAFETY: argument list matches pk_decode; buffer sizes were checked above; the caller
+        if tc {
+            l.arg(&num_kv_heads).arg(&counters_p);
+        }
+        // SAFETY: argument list matches pk_decode and pk_decode_tc; buffer sizes were checked above; the caller
         // guarantees context_lens ≤ max_context_len and valid block ids for visible positions.
-        unsafe { l.launch(cfg) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_decode)", e))?;
+        if let Err(e) = unsafe { l.launch(cfg) } {
+            self.counters = None; // a failed launch may leave counts behind: start from zeros
+            return Err(CudaError::driver("cuLaunchKernel(pk_decode)", e));
+        }
 
-        if parts > 1 {
+        if parts > 1 && !fused {
             let f = module.function("pk_merge")?;
             let cfg = LaunchConfig {
                 grid_dim: (b.num_heads as u32, b.num_seqs as u32, 1),
@@ -233,5 +343,15 @@ mod tests {
         // Large batches need no split beyond 2.
         assert_eq!(auto_partition_size(64, 8, 16384, 132), 8192);
         assert_eq!(auto_partition_size(1, 8, 1, 132), 32);
+    }
+
+    #[test]
+    fn tc_partition_size_matches_the_h200_measurements() {
+        assert_eq!(tc_partition_size(1, 8, 4096, 132), 256);
+        assert_eq!(tc_partition_size(1, 8, 32768, 132), 1984);
+        // 16 × 8 CTAs nearly fill 132 SMs: one partition.
+        assert_eq!(tc_partition_size(16, 8, 4096, 132), 4096);
+        assert_eq!(tc_partition_size(64, 8, 16384, 132), 16384);
+        assert_eq!(tc_partition_size(1, 1, 5, 132), 64);
     }
 }

@@ -16,7 +16,7 @@ use kvcache::{KvFormat, PageGeometry, PageStore};
 
 use crate::compile::ModuleSpec;
 use crate::pages::dptr;
-use crate::{auto_partition_size, CudaDevice, CudaError, DecodeAttention, DecodeBatch, DecodeRoute, DevicePages};
+use crate::{CudaDevice, CudaError, DecodeAttention, DecodeBatch, DecodeKernel, DecodeRoute, DevicePages};
 
 /// One measured configuration.
 #[derive(Clone, Debug, PartialEq)]
@@ -73,8 +73,14 @@ pub struct BenchConfig {
     pub routes: Vec<&'static str>,
     /// Partition sizes for the partitioned route; empty: [`auto_partition_size`] per case.
     pub partition_sizes: Vec<usize>,
+    /// Kernels to time; rows of [`DecodeKernel::Simt`] are named `<route>-simt` (the default
+    /// rows, `Auto`, are plain `<route>`).
+    pub kernels: Vec<DecodeKernel>,
     pub warmup: usize,
     pub runs: usize,
+    /// Scatter each sequence's blocks over the pool (a random permutation); `false` gives every
+    /// sequence consecutive block ids (a contiguous cache, for comparison).
+    pub scatter: bool,
     /// KV copies are rotated so each case touches at least this many bytes.
     pub min_footprint_bytes: usize,
 }
@@ -98,6 +104,8 @@ impl Default for BenchConfig {
             ],
             routes: vec!["primitive", "partitioned"],
             partition_sizes: Vec::new(),
+            kernels: vec![DecodeKernel::Auto],
+            scatter: true,
             warmup: 5,
             runs: 30,
             min_footprint_bytes: 512 << 20,
@@ -224,8 +232,10 @@ pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<R
             // Scattered pages: a random permutation of the pool, dealt out to sequences.
             let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (batch * 131 + ctx) as u64);
             let mut perm: Vec<u32> = (0..num_blocks as u32).collect();
-            for i in (1..perm.len()).rev() {
-                perm.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+            if cfg.scatter {
+                for i in (1..perm.len()).rev() {
+                    perm.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+                }
             }
             let tables: Vec<CudaSlice<u32>> =
                 perm.chunks(batch * bps).map(|c| stream.clone_htod(c).map_err(alloc)).collect::<Result<_, _>>()?;
@@ -239,7 +249,12 @@ pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<R
                 match route_name {
                     "primitive" => runs.push(("primitive", DecodeRoute::Primitive, 0)),
                     "partitioned" if cfg.partition_sizes.is_empty() => {
-                        let ps = auto_partition_size(batch, cfg.num_kv_heads, ctx, dev.sm_count());
+                        // The automatic partition size of the kernel that serves the format
+                        // (with one partition the route is the primitive one; time it anyway).
+                        let ps = match attn.auto_route(&pages, cfg.num_heads, batch, ctx) {
+                            DecodeRoute::Partitioned { partition_size } => partition_size,
+                            DecodeRoute::Primitive => ctx,
+                        };
                         runs.push(("partitioned", DecodeRoute::Partitioned { partition_size: ps }, ps));
                     }
                     "partitioned" => {
@@ -250,7 +265,18 @@ pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<R
                     other => return Err(CudaError::Invalid(format!("bench route {other:?} (primitive, partitioned)"))),
                 }
             }
-            for (route_name, route, ps) in runs {
+            let runs: Vec<(String, DecodeKernel, DecodeRoute, usize)> = cfg
+                .kernels
+                .iter()
+                .flat_map(|&k| {
+                    runs.iter().map(move |&(name, route, ps)| {
+                        let name = if k == DecodeKernel::Simt { format!("{name}-simt") } else { name.to_string() };
+                        (name, k, route, ps)
+                    })
+                })
+                .collect();
+            for (route_name, kernel, route, ps) in runs {
+                attn.set_kernel(kernel);
                 let ms = time_ms(dev, cfg.warmup, cfg.runs, |i| {
                     let b = DecodeBatch {
                         queries: &queries,
@@ -266,7 +292,7 @@ pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<R
                     attn.forward(&pages, 0, &b, route, &mut out)
                 })?;
                 rows.push(Row {
-                    impl_name: route_name.to_string(),
+                    impl_name: route_name,
                     format: format.name(),
                     batch,
                     context: ctx,
@@ -275,6 +301,9 @@ pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<R
                     gbps: kv_bytes as f64 / ms / 1e6,
                     partition_size: ps,
                 });
+            }
+            if format == KvFormat::Bf16 {
+                rows.extend(paged_roofline(dev, cfg, &pages, &tables, bps, batch, ctx, kv_bytes)?);
             }
             let o = stream.clone_dtoh(&out).map_err(|e| CudaError::driver("cuMemcpyDtoH", e))?;
             if o.iter().any(|x| !x.is_finite()) {
@@ -334,4 +363,63 @@ fn roofline(
         partition_size: 0,
     };
     Ok(vec![row("roofline-read", read_ms, bytes), row("roofline-copy", copy_ms, 2 * bytes)])
+}
+
+/// Paged-read roofline rows over the bf16 pages of a case (`kernels/bench.cu`,
+/// `pk_paged_read`): the bytes a decode reads, in its order, with nothing computed —
+/// `roofline-paged-h1` one kv head per CTA, `roofline-paged-h8` eight adjacent kv heads per CTA
+/// (whole token rows), partitions of 1024 tokens, 256 threads.
+#[allow(clippy::too_many_arguments)]
+fn paged_roofline(
+    dev: &Arc<CudaDevice>,
+    cfg: &BenchConfig,
+    pages: &DevicePages,
+    tables: &[CudaSlice<u32>],
+    bps: usize,
+    batch: usize,
+    ctx: usize,
+    kv_bytes: usize,
+) -> Result<Vec<Row>, CudaError> {
+    let stream = dev.stream().clone();
+    let p = pages.layer_ptrs(0)?;
+    let m = dev.module(&ModuleSpec::Bench)?;
+    let f = m.function("pk_paged_read")?;
+    let sink = stream.alloc_zeros::<u32>(cfg.num_kv_heads).map_err(|e| CudaError::driver("cuMemAlloc", e))?;
+    let sink_p = dptr(&sink, dev);
+    let copies = tables.len();
+    let ps = 1024usize;
+    let mut rows = Vec::new();
+    for (name, hpc, warps) in [("roofline-paged-h1", 1usize, 8usize), ("roofline-paged-h8", 8, 8)] {
+        if cfg.num_kv_heads % hpc != 0 {
+            continue;
+        }
+        let table_ptrs: Vec<u64> = tables.iter().map(|t| dptr(t, dev)).collect();
+        let (mb, ctx_u, log2_bs, hk) =
+            (bps as u32, ctx as u32, cfg.block_size.trailing_zeros(), cfg.num_kv_heads as u32);
+        let (row_bytes, ps_u) = (2 * cfg.head_dim as u32, ps as u32);
+        let ms = time_ms(dev, cfg.warmup, cfg.runs, |i| {
+            let lc = LaunchConfig {
+                grid_dim: ((cfg.num_kv_heads / hpc) as u32, batch as u32, ctx.div_ceil(ps) as u32),
+                block_dim: (32 * warps as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut l = stream.launch_builder(&f);
+            l.arg(&p.k_codes).arg(&p.v_codes).arg(&table_ptrs[i % copies]).arg(&mb).arg(&ctx_u).arg(&log2_bs);
+            l.arg(&hk).arg(&row_bytes).arg(&ps_u).arg(&sink_p);
+            // SAFETY: tables hold valid block ids for every position < ctx; pages hold them.
+            unsafe { l.launch(lc) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_paged_read)", e))?;
+            Ok(())
+        })?;
+        rows.push(Row {
+            impl_name: name.into(),
+            format: "bf16".into(),
+            batch,
+            context: ctx,
+            ms,
+            kv_bytes,
+            gbps: kv_bytes as f64 / ms / 1e6,
+            partition_size: ps,
+        });
+    }
+    Ok(rows)
 }

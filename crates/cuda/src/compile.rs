@@ -18,6 +18,7 @@ use crate::CudaError;
 const COMMON: &str = include_str!("../kernels/common.cuh");
 const CACHE_WRITE: &str = include_str!("../kernels/cache_write.cu");
 const DECODE: &str = include_str!("../kernels/decode.cu");
+const DECODE_TC: &str = include_str!("../kernels/decode_tc.cu");
 const BENCH: &str = include_str!("../kernels/bench.cu");
 
 /// Which kernels a module holds and how they are specialized.
@@ -59,7 +60,7 @@ pub fn check_supported(format: KvFormat, head_dim: usize) -> Result<(), CudaErro
 impl ModuleSpec {
     fn source(&self) -> String {
         match self {
-            ModuleSpec::Kv { .. } => [COMMON, CACHE_WRITE, DECODE].join("\n"),
+            ModuleSpec::Kv { .. } => [COMMON, CACHE_WRITE, DECODE, DECODE_TC].join("\n"),
             ModuleSpec::Bench => [COMMON, BENCH].join("\n"),
         }
     }
@@ -80,6 +81,8 @@ impl ModuleSpec {
             format!("-DPK_D={d}"),
             format!("-DPK_G={g}"),
             format!("-DPK_ROT_BLOCK={rot_block}"),
+            format!("-DPK_TC_WARPS={}", tc_shape(format, d).0),
+            format!("-DPK_TC_STAGES={}", tc_shape(format, d).1),
         ]
     }
 
@@ -211,6 +214,111 @@ pub fn prebuild(spec: &ModuleSpec, arch: (u32, u32)) -> Result<usize, CudaError>
         check_supported(*format, *head_dim)?;
     }
     cubin(spec, arch).map(|b| b.len())
+}
+
+/// Tuning of the tensor-core decode kernel (`kernels/decode_tc.cu`): warps per CTA, pipeline
+/// stages per warp, and the most kv heads one CTA serves. Defaults measured on the H200 (see
+/// RESULTS.md); `PAGEKV_CUDA_TC_WARPS`, `PAGEKV_CUDA_TC_STAGES`, `PAGEKV_CUDA_TC_QSTAGES`,
+/// `PAGEKV_CUDA_TC_HPC` and `PAGEKV_CUDA_FUSED_MERGE` override them (read once per process) for
+/// tuning runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcTuning {
+    pub warps: usize,
+    pub stages: usize,
+    pub max_heads_per_cta: usize,
+    /// Stages for quantized pages; 0: the measured default (q4 2, q8 4).
+    pub quant_stages: usize,
+    /// The partitioned route merges inside the decode launch (the last CTA of each head group)
+    /// instead of in `pk_merge` (`PAGEKV_CUDA_FUSED_MERGE=1`). Off by default: measured slower
+    /// on the H200 (RESULTS.md, run 8: 1×4096 bf16 881 vs 957 GB/s).
+    pub fused_merge: bool,
+}
+
+/// The tensor-core kernel's tuning for this process.
+pub fn tc_tuning() -> TcTuning {
+    static T: std::sync::OnceLock<TcTuning> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        let get = |name: &str, default: usize, ok: fn(usize) -> bool| {
+            std::env::var(name).ok().and_then(|v| v.trim().parse::<usize>().ok()).filter(|&v| ok(v)).unwrap_or(default)
+        };
+        TcTuning {
+            warps: get("PAGEKV_CUDA_TC_WARPS", 4, |v| v.is_power_of_two() && v <= 16),
+            stages: get("PAGEKV_CUDA_TC_STAGES", 3, |v| (2..=8).contains(&v)),
+            max_heads_per_cta: get("PAGEKV_CUDA_TC_HPC", 1, |v| v.is_power_of_two() && v <= 16),
+            quant_stages: get("PAGEKV_CUDA_TC_QSTAGES", 0, |v| (2..=8).contains(&v)),
+            fused_merge: std::env::var("PAGEKV_CUDA_FUSED_MERGE").is_ok_and(|v| v.trim() == "1"),
+        }
+    })
+}
+
+/// Shared memory one block may use on sm_90 (the kernels are compiled per architecture; the
+/// device's own limit is checked again at launch).
+const TC_SMEM_LIMIT: usize = 227 * 1024;
+
+/// Whether the tensor-core decode kernel serves this format, head_dim and group — the host
+/// mirror of the condition in `kernels/decode_tc.cu`: f16/bf16 pages with head_dim 32, 64, 128
+/// or 256, q8/q4 (rotated or not) with head_dim 64, 128 or 256; at most 16 query heads per kv head.
+pub fn tc_supported(format: KvFormat, head_dim: usize, group: usize) -> bool {
+    let float = matches!(format, KvFormat::F16 | KvFormat::Bf16) && [32, 64, 128, 256].contains(&head_dim);
+    let quant = matches!(format, KvFormat::Q8 | KvFormat::Q4 { .. }) && [64, 128, 256].contains(&head_dim);
+    (float || quant) && (1..=16).contains(&group)
+}
+
+/// (stage bytes, expansion tile bytes) of one warp of the tensor-core kernel (`tc::STAGE`,
+/// `tc::FTILE`): float pages stage 16 K + 16 V rows of `2·head_dim + 16` bytes; quantized pages
+/// stage their codes and scales and expand them into one such f16 tile.
+fn tc_warp_bytes(format: KvFormat, head_dim: usize) -> (usize, usize) {
+    let frow = 2 * head_dim + 16;
+    match format {
+        KvFormat::Q8 | KvFormat::Q4 { .. } => {
+            let c = format.key_codec();
+            (32 * (c.code_bytes(head_dim) + 2 * c.scales(head_dim)), 32 * frow)
+        }
+        _ => (32 * frow, 0),
+    }
+}
+
+/// (warps, stages) of the tensor-core kernel for `format` at `head_dim`: the tuning (quantized
+/// pages have their own stage count); then fewer stages (down to 2), then fewer warps, where
+/// that would not fit in shared memory.
+pub fn tc_shape(format: KvFormat, head_dim: usize) -> (usize, usize) {
+    let t = tc_tuning();
+    let (stage, ftile) = tc_warp_bytes(format, head_dim);
+    let mut warps = t.warps;
+    // Quantized pages: stages measured on the H200 (RESULTS.md, run 8): q4 fastest with 2
+    // (more CTAs per SM), q8 with 4.
+    let mut stages = match (ftile > 0, t.quant_stages) {
+        (true, 0) if matches!(format, KvFormat::Q4 { .. }) => 2,
+        (true, 0) => 4,
+        (true, q) => q,
+        (false, _) => t.stages,
+    };
+    let bytes = |w: usize, s: usize| w * (s * stage + ftile);
+    while bytes(warps, stages) > TC_SMEM_LIMIT && stages > 2 {
+        stages -= 1;
+    }
+    while bytes(warps, stages) > TC_SMEM_LIMIT && warps > 1 {
+        warps /= 2;
+    }
+    (warps, stages)
+}
+
+/// kv heads per CTA for a layer of `num_kv_heads`: the largest power of two that divides both
+/// it and the warp count, at most the tuning's maximum.
+pub fn tc_heads_per_cta(format: KvFormat, head_dim: usize, num_kv_heads: usize) -> usize {
+    let (warps, _) = tc_shape(format, head_dim);
+    let mut hpc = tc_tuning().max_heads_per_cta.min(warps);
+    while hpc > 1 && (num_kv_heads % hpc != 0 || warps % hpc != 0) {
+        hpc /= 2;
+    }
+    hpc
+}
+
+/// Bytes of dynamic shared memory `pk_decode_tc` needs (`tc::TC_SMEM_BYTES`).
+pub(crate) fn decode_tc_smem_bytes(format: KvFormat, head_dim: usize) -> usize {
+    let (warps, stages) = tc_shape(format, head_dim);
+    let (stage, ftile) = tc_warp_bytes(format, head_dim);
+    warps * (stages * stage + ftile)
 }
 
 /// Bytes of dynamic shared memory `pk_decode` needs — the host mirror of `SMEM_BYTES` in

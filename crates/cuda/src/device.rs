@@ -114,6 +114,11 @@ impl CudaDevice {
         self.sm_count
     }
 
+    /// Largest dynamic shared memory one block may opt into, bytes.
+    pub fn smem_optin(&self) -> usize {
+        self.smem_optin
+    }
+
     /// Free and total device memory in bytes.
     pub fn memory(&self) -> Result<(usize, usize), CudaError> {
         self.ctx.mem_get_info().map_err(|e| CudaError::driver("cuMemGetInfo", e))
@@ -163,18 +168,25 @@ impl CudaDevice {
             self.upload_codebooks(&km, format.key_codec(), "pk_k")?;
             self.upload_codebooks(&km, format.value_codec(), "pk_v")?;
             if *group > 0 {
-                let bytes = compile::decode_smem_bytes(*format, *head_dim, *group);
-                let f = km.function("pk_decode")?;
-                self.bind()?;
-                // SAFETY: a valid function handle of a loaded module.
-                unsafe {
-                    result::function::set_function_attribute(
-                        f.cu_function(),
-                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        bytes as i32,
-                    )
+                let mut kernels = vec![("pk_decode", compile::decode_smem_bytes(*format, *head_dim, *group))];
+                if compile::tc_supported(*format, *head_dim, *group)
+                    && compile::decode_tc_smem_bytes(*format, *head_dim) <= self.smem_optin
+                {
+                    kernels.push(("pk_decode_tc", compile::decode_tc_smem_bytes(*format, *head_dim)));
                 }
-                .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+                self.bind()?;
+                for (name, bytes) in kernels {
+                    let f = km.function(name)?;
+                    // SAFETY: a valid function handle of a loaded module.
+                    unsafe {
+                        result::function::set_function_attribute(
+                            f.cu_function(),
+                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            bytes as i32,
+                        )
+                    }
+                    .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+                }
             }
         }
         modules.insert(spec.clone(), km.clone());

@@ -34,7 +34,7 @@ mod device;
 mod pages;
 
 #[cfg(feature = "cuda")]
-pub use attention::{auto_partition_size, DecodeAttention, DecodeBatch, DecodeRoute};
+pub use attention::{auto_partition_size, tc_partition_size, DecodeAttention, DecodeBatch, DecodeKernel, DecodeRoute};
 #[cfg(feature = "cuda")]
 pub use device::CudaDevice;
 #[cfg(feature = "cuda")]

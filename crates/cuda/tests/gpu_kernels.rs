@@ -2,8 +2,9 @@
 //! - cache write: the codes and scales the GPU stores equal, byte for byte, what
 //!   [`kvcache::HostPages`] stores for the same tokens (every format, rotated ones too);
 //!   `copy_block` and `PageStore::read` agree with the host as well;
-//! - decode attention: `primitive` and `partitioned` against the scalar reference of
-//!   `pagekv-cpu` (f64 accumulation) run over a host copy of the *same* device pages, for every
+//! - decode attention: `primitive` and `partitioned`, on every kernel that serves the format
+//!   (tensor-core and SIMT), against a scalar f64 reference ([`gpu::reference`], keys and values
+//!   decoded by kvcache's codecs) run over a host copy of the *same* device pages, for every
 //!   format, GQA groups 1/3/4/8, sliding windows, odd context lengths, block sizes 8/16/32,
 //!   pages scattered over a pool whose spare blocks hold huge values, outputs poisoned with NaN
 //!   before each run;
@@ -31,9 +32,8 @@ mod gpu {
     use std::sync::{Arc, OnceLock};
 
     use cudarc::driver::CudaSlice;
-    use kvcache::{HostPages, KvFormat, PageGeometry, PageStore, NULL_BLOCK};
-    use pagekv_cpu::attention::{reference, AttentionParams};
-    use pagekv_cuda::{CudaDevice, CudaError, DecodeAttention, DecodeBatch, DecodeRoute, DevicePages};
+    use kvcache::{HostPages, KvFormat, LayerView, PageGeometry, PageStore, NULL_BLOCK};
+    use pagekv_cuda::{CudaDevice, CudaError, DecodeAttention, DecodeBatch, DecodeKernel, DecodeRoute, DevicePages};
     use rand::rngs::StdRng;
     use rand::seq::SliceRandom;
     use rand::{Rng, SeedableRng};
@@ -271,6 +271,97 @@ mod gpu {
         worst
     }
 
+    /// The oracle: decode attention of one query token per sequence over `layer`, in f64 —
+    /// every visible key and value decoded with kvcache's reference codecs (rotated formats:
+    /// the query rotated with the layer's rotation, the output rotated back), a two-pass softmax.
+    /// `queries`/`out` `[num_seqs, num_heads, head_dim]`; sequence `s` sees keys
+    /// `[max(0, C − W), C)` of its context `C` with a sliding window `W`.
+    fn reference(
+        layer: &LayerView,
+        queries: &[f32],
+        num_heads: usize,
+        tables: &[Vec<u32>],
+        contexts: &[usize],
+        scale: f32,
+        window: Option<usize>,
+        out: &mut [f32],
+    ) {
+        let (d, hkv, bs) = (layer.head_dim, layer.num_kv_heads, layer.block_size);
+        let group = num_heads / hkv;
+        let mut q = vec![0f32; d]; // [head_dim]
+        let mut o = vec![0f32; d]; // [head_dim]
+        for (seq, &ctx) in contexts.iter().enumerate() {
+            let lo = window.map_or(0, |w| ctx.saturating_sub(w));
+            let n = ctx - lo;
+            for h in 0..hkv {
+                let mut keys = vec![0f32; n * d]; // [n, head_dim] rotated domain
+                let mut values = vec![0f32; n * d]; // [n, head_dim] rotated domain
+                for (t, pos) in (lo..ctx).enumerate() {
+                    let slot = tables[seq][pos / bs] as usize * bs + pos % bs;
+                    layer.keys.decode(slot, h, &mut keys[t * d..(t + 1) * d]);
+                    layer.values.decode(slot, h, &mut values[t * d..(t + 1) * d]);
+                }
+                for g in 0..group {
+                    let row = (seq * num_heads + h * group + g) * d;
+                    q.copy_from_slice(&queries[row..row + d]);
+                    if let Some(r) = layer.rotation {
+                        r.apply(&mut q);
+                    }
+                    let scores: Vec<f64> = keys
+                        .chunks(d)
+                        .map(|k| q.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64)
+                        .collect();
+                    let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let w: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+                    let sum: f64 = w.iter().sum();
+                    for (i, oi) in o.iter_mut().enumerate() {
+                        *oi = (w.iter().zip(values.chunks(d)).map(|(w, v)| w * v[i] as f64).sum::<f64>() / sum) as f32;
+                    }
+                    if let Some(r) = layer.rotation {
+                        r.apply_inverse(&mut o);
+                    }
+                    out[row..row + d].copy_from_slice(&o);
+                }
+            }
+        }
+    }
+
+    /// The oracle itself, on the CPU (no GPU needed): equal keys average the values, a window
+    /// of 1 returns the last value, GQA heads and sequences land in their rows.
+    #[test]
+    fn reference_oracle_sanity() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let (d, hkv, bs) = (64usize, 2usize, 4usize);
+        let mut host = HostPages::new(geometry(KvFormat::F32, 1, 8, bs, hkv, d, 0));
+        let ctx = 6usize;
+        let key: Vec<f32> = (0..hkv * d).map(|_| normal(&mut rng)).collect();
+        let keys: Vec<f32> = (0..ctx).flat_map(|_| key.clone()).collect();
+        let values: Vec<f32> = (0..ctx * hkv * d).map(|_| normal(&mut rng)).collect();
+        let table = vec![5u32, 2];
+        let slots: Vec<u32> = (0..ctx).map(|p| table[p / bs] * bs as u32 + (p % bs) as u32).collect();
+        host.write(0, &slots, &keys, &values);
+        let num_heads = 2 * hkv;
+        let queries: Vec<f32> = (0..2 * num_heads * d).map(|_| normal(&mut rng)).collect();
+        let tables = vec![table.clone(), table];
+        let mut out = vec![f32::NAN; queries.len()];
+        reference(&host.layer(0), &queries, num_heads, &tables, &[ctx, 3], 0.125, None, &mut out);
+        for (seq, n) in [(0usize, ctx), (1, 3)] {
+            for head in 0..num_heads {
+                let h = head / 2;
+                for i in 0..d {
+                    let mean = (0..n).map(|t| values[(t * hkv + h) * d + i]).sum::<f32>() / n as f32;
+                    let got = out[(seq * num_heads + head) * d + i];
+                    assert!((got - mean).abs() < 1e-5, "seq {seq} head {head} dim {i}: {got} vs {mean}");
+                }
+            }
+        }
+        reference(&host.layer(0), &queries, num_heads, &tables, &[ctx, 3], 0.125, Some(1), &mut out);
+        for head in 0..num_heads {
+            let h = head / 2;
+            assert_eq!(out[head * d..(head + 1) * d], values[((ctx - 1) * hkv + h) * d..((ctx - 1) * hkv + h + 1) * d]);
+        }
+    }
+
     struct Built {
         pages: DevicePages,
         /// `[num_seqs][blocks]`; `NULL_BLOCK` for blocks wholly before the window.
@@ -319,8 +410,9 @@ mod gpu {
         Built { pages, tables, queries, num_heads }
     }
 
-    /// Runs `case` through the reference and the given routes; returns (route, error) pairs.
-    fn run_case(dev: &Arc<CudaDevice>, case: &Case, routes: &[DecodeRoute]) -> Vec<(DecodeRoute, f32)> {
+    /// Runs `case` through the reference and the given routes, on every kernel that serves the
+    /// format (tensor-core and SIMT for f16/bf16); returns (kernel, route, error) triples.
+    fn run_case(dev: &Arc<CudaDevice>, case: &Case, routes: &[DecodeRoute]) -> Vec<(&'static str, DecodeRoute, f32)> {
         let built = build(dev, case);
         let n_seqs = case.contexts.len();
         let d = case.head_dim;
@@ -328,20 +420,8 @@ mod gpu {
         // Reference over a host copy of the device pages.
         let host = built.pages.download_layer(0).expect("download");
         let view = host.view();
-        let table_refs: Vec<&[u32]> = built.tables.iter().map(|t| t.as_slice()).collect();
-        let p = AttentionParams {
-            queries: &built.queries,
-            num_seqs: n_seqs,
-            q_len: 1,
-            num_heads: built.num_heads,
-            block_tables: &table_refs,
-            context_lens: &case.contexts,
-            scale,
-            sliding_window: case.window,
-            causal: false,
-        };
         let mut want = vec![f32::NAN; built.queries.len()];
-        reference::attention(&view, &p, &mut want);
+        reference(&view, &built.queries, built.num_heads, &built.tables, &case.contexts, scale, case.window, &mut want);
         assert!(want.iter().all(|x| x.is_finite()), "{case:?}: reference not finite");
         // Device inputs.
         let max_blocks = built.tables.iter().map(Vec::len).max().unwrap_or(1);
@@ -357,7 +437,13 @@ mod gpu {
         let mut out = up(dev, &poison);
         let mut attn = DecodeAttention::new(dev.clone());
         let mut results = Vec::new();
-        for &route in routes {
+        let mut kernels = vec![DecodeKernel::Simt];
+        if DecodeKernel::Auto.resolve(dev, case.format, d, case.group) != "simt" {
+            kernels.push(DecodeKernel::Auto);
+        }
+        for (kernel, &route) in kernels.iter().flat_map(|k| routes.iter().map(move |r| (*k, r))) {
+            attn.set_kernel(kernel);
+            let kname = kernel.resolve(dev, case.format, d, case.group);
             dev.stream().memcpy_htod(&poison, &mut out).expect("poison");
             let b = DecodeBatch {
                 queries: &queries,
@@ -370,10 +456,11 @@ mod gpu {
                 scale,
                 sliding_window: case.window,
             };
-            attn.forward(&built.pages, 0, &b, route, &mut out).unwrap_or_else(|e| panic!("{case:?} {route:?}: {e}"));
-            dev.synchronize().unwrap_or_else(|e| panic!("{case:?} {route:?}: {e}"));
+            attn.forward(&built.pages, 0, &b, route, &mut out)
+                .unwrap_or_else(|e| panic!("{case:?} {kname} {route:?}: {e}"));
+            dev.synchronize().unwrap_or_else(|e| panic!("{case:?} {kname} {route:?}: {e}"));
             let got = down(dev, &out);
-            results.push((route, rel_error(&got, &want, d)));
+            results.push((kname, route, rel_error(&got, &want, d)));
         }
         results
     }
@@ -388,17 +475,20 @@ mod gpu {
         let mut failures = Vec::new();
         let mut worst = std::collections::BTreeMap::<String, f32>::new();
         for case in cases {
-            for (route, err) in run_case(dev, case, routes) {
-                let w = worst.entry(format!("{} {}", case.format, route.name())).or_insert(0.0);
+            for (kernel, route, err) in run_case(dev, case, routes) {
+                let w = worst.entry(format!("{} {kernel} {}", case.format, route.name())).or_insert(0.0);
                 *w = w.max(err);
                 if !(err <= bound(case.format)) {
-                    failures.push(format!("{case:?} {route:?}: relative error {err:e} > {:e}", bound(case.format)));
+                    failures.push(format!(
+                        "{case:?} {kernel} {route:?}: relative error {err:e} > {:e}",
+                        bound(case.format)
+                    ));
                 }
             }
         }
         let mut report = format!("{test}: {} cases × {} routes; worst relative error:", cases.len(), routes.len());
         for (k, v) in &worst {
-            report.push_str(&format!("\n  {k:<24} {v:.2e}"));
+            report.push_str(&format!("\n  {k:<29} {v:.2e}"));
         }
         let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{report}\n").as_bytes());
         assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));

@@ -1,0 +1,611 @@
+// decode_tc.cu — paged decode attention on the tensor cores (mma.sync m16n8k16), for pages
+// stored as f16 or bf16 (head_dim 32, 64, 128 or 256) or as q8 / q4 / rotated q4 (head_dim 64,
+// 128 or 256), up to 16 query heads per kv head. Other shapes and formats use decode.cu.
+//
+// Same contract as pk_decode in decode.cu (arguments, visibility, partial outputs for pk_merge),
+// plus two trailing arguments: num_kv_heads, and a counter array with which the partitioned
+// route merges its partitions inside this launch (no pk_merge). The host picks this kernel when
+// the format allows it (compile::tc_supported).
+//
+// Work split: one CTA per (group of HPC kv heads, sequence, partition), NW warps, WPH = NW / HPC
+// per kv head (HPC = num_kv_heads / gridDim.x, chosen by the host). The partition is cut into
+// tiles of 16 tokens; the warps of a head take tiles sub, sub + WPH, … and each runs on its own:
+// its own cp.async pipeline (ST stages of 16 K rows + 16 V rows, zero-filled past the context,
+// whole rows per copy instruction), its own online softmax, its own accumulators — no
+// block-wide barrier until the final merge of the warps of each head.
+//
+// Per tile, in the transposed form so the 8 columns of the mma are the query heads:
+//   S^T [16 tokens × 8 heads] = K [16 × D] · Q^T [D × 8]      (A = K via ldmatrix, B = Q in registers)
+//   O^T [D × 8 heads]        += V^T [D × 16] · P^T [16 × 8]   (A = V via ldmatrix.trans, B = P via movmatrix)
+// The C fragment of S^T holds, per thread, the same two heads as the C fragments of O^T, so the
+// running max / sum rescaling needs no data exchange.
+//
+// Quantized pages: each warp first expands the tile's integer codes to f16 (exact: q8 codes and
+// q4 nibbles are small integers) in a per-warp tile, without the scales; the per-32-value scales
+// are applied in f32 — to each group's partial scores (QK) and to the probabilities that meet
+// each group of V dims (PV). Rotated q4: the query is rotated before, the output rotated back
+// after (the same randomized Hadamard transform as the host, rotate_smem).
+//
+// Precision: the mma operands that come from f32 are split into parts that are each exact in the
+// mma type (q = q0 + q1 + q2 for bf16, q0 + q1 for f16; p likewise), and every k-step (QK) or
+// tile (PV) accumulates in a fresh fragment that is added to the running sums with f32
+// round-to-nearest — the tensor cores' own f32 accumulation truncates, which biases long chains.
+// Scores and weights so carry about f32 precision: the SIMT kernel's error bounds hold.
+
+#if PK_G > 0 && PK_KC == PK_VC &&                                                              \
+    (((PK_KC == CODEC_F16 || PK_KC == CODEC_BF16) &&                                           \
+      (PK_D == 32 || PK_D == 64 || PK_D == 128 || PK_D == 256)) ||                              \
+     ((PK_KC == CODEC_Q8 || PK_KC == CODEC_Q4) && (PK_D == 64 || PK_D == 128 || PK_D == 256)))
+#define PK_HAS_TC 1
+
+#ifndef PK_TC_WARPS
+#define PK_TC_WARPS 4
+#endif
+#ifndef PK_TC_STAGES
+#define PK_TC_STAGES 3
+#endif
+
+namespace tc {
+constexpr int NW = PK_TC_WARPS;          // warps per CTA
+constexpr int ST = PK_TC_STAGES;         // pipeline stages per warp
+constexpr int D = PK_D;
+constexpr int KSTEPS = D / 16;           // k-steps of QK = m-tiles of PV
+constexpr int NT = (PK_G + 7) / 8;       // n-tiles (8 heads each)
+constexpr bool QUANT = PK_KC == CODEC_Q8 || PK_KC == CODEC_Q4;
+constexpr bool Q4 = PK_KC == CODEC_Q4;
+constexpr bool BF = PK_KC == CODEC_BF16; // mma type: bf16, else f16
+constexpr int SQ = BF ? 3 : 2;           // parts of q
+constexpr int SP = BF ? 3 : 2;           // parts of p
+constexpr int KG = QUANT ? 2 : 1;        // k-steps per scale group (32 values) / per fresh fragment
+constexpr int FROW = 2 * D + 16;         // f16/bf16 row stride in smem: ldmatrix rows hit distinct banks
+// Code bytes and scale bytes of one head vector in the pages.
+constexpr int CB = QUANT ? (Q4 ? D / 2 : D) : 2 * D;
+constexpr int SB = QUANT ? 2 * (D / 32) : 0;
+// Stage of one warp: float formats: 16 K rows then 16 V rows of FROW bytes (ldmatrix reads them
+// directly); quantized: K codes [16][CB], V codes [16][CB], K scales [16][SB], V scales [16][SB],
+// expanded by the warp into its f16 tile FTILE (16 K rows then 16 V rows of FROW bytes).
+constexpr int STAGE = QUANT ? 32 * (CB + SB) : 32 * FROW;
+constexpr int FTILE = QUANT ? 32 * FROW : 0;
+constexpr int WARP_BYTES = ST * STAGE + FTILE;
+constexpr int TC_SMEM_BYTES = NW * WARP_BYTES;
+// Copy: CPR 16-byte chunks per code row; CPR consecutive lanes copy one row, RPI rows per
+// instruction (whole 128-byte lines per request).
+constexpr int CPR = CB / 16;
+constexpr int RPI = 32 / CPR;
+static_assert(CPR >= 1 && CPR <= 32 && (CPR & (CPR - 1)) == 0, "code rows of 16·2^k bytes");
+static_assert(STAGE % 16 == 0 && WARP_BYTES % 16 == 0, "16-byte aligned stages");
+constexpr int HP = NT * 8;               // heads of the mma columns (padded)
+constexpr int MERGE_FLOATS = NW * HP * (D + 2) + NW * PK_G * D;
+static_assert(4 * MERGE_FLOATS <= TC_SMEM_BYTES, "merge scratch must fit in the stage memory");
+
+// Rounds x to the mma type; returns the bits, and the rounded value in *r.
+__device__ __forceinline__ u32 round_t(float x, float* r) {
+    if constexpr (BF) {
+        const u16 b = f32_to_bf16(x);
+        *r = __uint_as_float((u32)b << 16);
+        return b;
+    } else {
+        const u16 h = f32_to_f16(x);
+        *r = f16_to_f32(h);
+        return h;
+    }
+}
+
+// Splits (x0, x1) into N packed pairs whose sum is (x0, x1) to ~f32 precision.
+template <int N>
+__device__ __forceinline__ void split2(float x0, float x1, u32 out[N]) {
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        float r0, r1;
+        const u32 lo = round_t(x0, &r0), hi = round_t(x1, &r1);
+        out[j] = lo | (hi << 16);
+        x0 -= r0;
+        x1 -= r1;
+    }
+}
+
+__device__ __forceinline__ void ldsm_x4(u32 r[4], const u8* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(u32 r[4], const u8* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ u32 movtrans(u32 x) {
+    u32 y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+__device__ __forceinline__ void mma(float c[4], const u32 a[4], u32 b0, u32 b1) {
+    if constexpr (BF) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+// N-byte (4, 8 or 16) global→shared copy that writes zeros when `bytes` is 0.
+template <int N>
+__device__ __forceinline__ void cp_async_zfill(u8* dst, const u8* src, u32 bytes) {
+    if constexpr (N == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src), "n"(N), "r"(bytes));
+    }
+}
+__device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
+    u32 d;
+    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+// Bytes b0..b3 of w (each 0..255) as f16 pairs (b0, b1), (b2, b3) minus `bias` (f16x2):
+// 0x64XX is the f16 1024 + XX, exactly.
+__device__ __forceinline__ void bytes_to_f16(u32 w, u32 bias2, u32& lo, u32& hi) {
+    lo = hsub2(__byte_perm(w, 0x64646464u, 0x5140), bias2);
+    hi = hsub2(__byte_perm(w, 0x64646464u, 0x5342), bias2);
+}
+
+// Expands one warp's quantized tile (codes only) into f16 rows: lane pairs take a row, each half
+// of its code bytes, for K and for V. q8: value = code (int8); q4: byte j of a 32-value group
+// holds values j (low nibble) and j + 16 (high nibble), minus 8.
+__device__ __forceinline__ void expand_tile(const u8* st, u8* ft, int lane) {
+    const int r = lane >> 1, half = lane & 1;
+#pragma unroll
+    for (int side = 0; side < 2; side++) {
+        const u8* src = st + side * 16 * CB + r * CB + half * (CB / 2);
+        u8* dst = ft + (side * 16 + r) * FROW;
+#pragma unroll
+        for (int c = 0; c < CB / 32; c++) {
+            const uint4 w = *(const uint4*)(src + c * 16);
+            const u32 ws[4] = {w.x, w.y, w.z, w.w};
+            if constexpr (Q4) {
+                // 16 bytes = one whole group g: dims 32g + 0..15 (low nibbles), 32g + 16..31 (high).
+                const int g = (half * (CB / 2) + c * 16) / 16;
+                u32 lo[8], hi[8];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    bytes_to_f16(ws[k] & 0x0f0f0f0fu, 0x64086408u, lo[2 * k], lo[2 * k + 1]);
+                    bytes_to_f16((ws[k] >> 4) & 0x0f0f0f0fu, 0x64086408u, hi[2 * k], hi[2 * k + 1]);
+                }
+                uint4* dl = (uint4*)(dst + g * 64);
+                dl[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+                dl[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+                dl[2] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+                dl[3] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+            } else {
+                // 16 int8 codes = dims d0 .. d0 + 15; biased to 0..255 by the sign flip.
+                const int d0 = half * (CB / 2) + c * 16;
+                u32 h[8];
+#pragma unroll
+                for (int k = 0; k < 4; k++) bytes_to_f16(ws[k] ^ 0x80808080u, 0x64806480u, h[2 * k], h[2 * k + 1]);
+                uint4* dl = (uint4*)(dst + d0 * 2);
+                dl[0] = make_uint4(h[0], h[1], h[2], h[3]);
+                dl[1] = make_uint4(h[4], h[5], h[6], h[7]);
+            }
+        }
+    }
+}
+} // namespace tc
+
+// grid (num_kv_heads / HPC, num_seqs, num_partitions), block 32·NW, dynamic smem
+// tc::TC_SMEM_BYTES; HPC divides both num_kv_heads and NW.
+extern "C" __global__ void __launch_bounds__(32 * PK_TC_WARPS)
+pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]            (1 partition)
+             float* __restrict__ part_acc,     // [num_seqs, num_heads, max_parts, D] (partitions)
+             float* __restrict__ part_ml,      // [num_seqs, num_heads, max_parts, 2] (m, l)
+             const float* __restrict__ q,      // [num_seqs, num_heads, D]
+             const u8* __restrict__ kc, const u8* __restrict__ ks,
+             const u8* __restrict__ vc, const u8* __restrict__ vs,
+             const u32* __restrict__ tables,   // [num_seqs, max_blocks]
+             u32 max_blocks,
+             const u32* __restrict__ ctx_lens, // [num_seqs]
+             const float* __restrict__ signs,  // [D] rotation signs, or null
+             float rot_norm, float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size,
+             u32 num_kv_heads,
+             u32* __restrict__ counters) {       // [num_seqs, gridDim.x] zeros, or null: pk_merge follows
+    using namespace tc;
+    const int seq = blockIdx.y, part = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int hpc = (int)num_kv_heads / (int)gridDim.x, wph = NW / hpc;
+    const int head_local = warp / wph, sub = warp % wph;
+    const int h = blockIdx.x * hpc + head_local;
+    const int num_heads = (int)num_kv_heads * PK_G;
+    const int heads = hpc * PK_G; // query heads of this CTA
+    const bool direct = gridDim.z == 1;
+    const u32 ctx = ctx_lens[seq];
+    const u32 lo = (window != 0 && ctx > window) ? ctx - window : 0;
+    const u32 start = direct ? lo : lo + (u32)part * part_size;
+    const u32 end = direct ? ctx : min(ctx, start + part_size);
+    if (start >= end) return; // partition past this sequence's context: pk_merge skips it
+
+    extern __shared__ __align__(16) u8 smem[];
+    {
+        u32 dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < (u32)TC_SMEM_BYTES) __trap(); // host/kernel layout mismatch
+    }
+
+    // The CTA's queries [heads][D] (contiguous in q) through shared memory, rotated like the
+    // keys for rotated formats, then as B fragments: head nt·8 + lane/4 of this warp's kv
+    // head, dims kk·16 + (lane%4)·2 + {0, 1} and + 8, scaled by scale·log2 e and split.
+    const u64 qcta = ((u64)seq * num_heads + (u64)blockIdx.x * heads) * D;
+    float* qs = (float*)smem;
+    for (int i = threadIdx.x; i < heads * D; i += blockDim.x) qs[i] = q[qcta + i];
+    __syncthreads();
+    if (signs != nullptr) rotate_smem(qs, heads, signs, rot_norm, false);
+    u32 bq[NT][KSTEPS][SQ][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int g = nt * 8 + (lane >> 2);
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; kk++) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int dim = kk * 16 + (lane & 3) * 2 + half * 8;
+                float2 v = make_float2(0.0f, 0.0f);
+                if (g < PK_G) v = *(const float2*)(qs + (head_local * PK_G + g) * D + dim);
+                u32 parts[SQ];
+                split2<SQ>(v.x * qk_scale_log2, v.y * qk_scale_log2, parts);
+#pragma unroll
+                for (int j = 0; j < SQ; j++) bq[nt][kk][j][half] = parts[j];
+            }
+        }
+    }
+    __syncthreads(); // the stages below reuse qs
+
+    // Tiles of this head's warp: sub, sub + wph, …; lane & 15 looks up the block of token
+    // lane & 15 of a tile (lanes 16–31 repeat it).
+    const u32 ntiles = (end - start + 15) / 16;
+    const int my_n = ntiles > (u32)sub ? (int)((ntiles - sub + wph - 1) / wph) : 0;
+    u8* wst = smem + warp * WARP_BYTES;
+    u8* ft = wst + ST * STAGE; // quantized: this warp's f16 tile
+    const u32 bs_mask = (1u << log2_bs) - 1;
+    const u32* table = tables + (u64)seq * max_blocks;
+    auto tile_start = [&](int i) -> u32 { return start + (u32)(sub + i * wph) * 16; };
+    auto block_of = [&](int i) -> u32 {
+        const u32 pos = tile_start(i) + (lane & 15);
+        return (i < my_n && pos < end) ? table[pos >> log2_bs] : 0u;
+    };
+    auto issue = [&](int i, u32 blk) {
+        u8* st = wst + (i % ST) * STAGE;
+        const u32 pos = tile_start(i) + (lane & 15);
+        const bool ok = pos < end;
+        const u64 slot = ((u64)blk << log2_bs) | (pos & bs_mask);
+        // (slot, head) index of token lane & 15 (0 with n = 0: zero-filled past the context).
+        const u64 my_sh = ok ? slot * num_kv_heads + h : 0;
+        const u32 my_n = ok ? 16u : 0u;
+        const int r = lane / CPR, c = lane % CPR;
+        constexpr int CROW = QUANT ? CB : FROW; // stage row stride of the codes
+#pragma unroll
+        for (int j = 0; j < 16 / RPI; j++) {
+            const int t = j * RPI + r;
+            const u64 sh = __shfl_sync(0xffffffffu, my_sh, t);
+            const u32 n = __shfl_sync(0xffffffffu, my_n, t);
+            cp_async_zfill<16>(st + t * CROW + c * 16, kc + sh * CB + c * 16, n);
+            cp_async_zfill<16>(st + (16 + t) * CROW + c * 16, vc + sh * CB + c * 16, n);
+        }
+        if constexpr (QUANT) {
+            // Scales: lanes 0–15 the K scales of token lane, lanes 16–31 the V scales.
+            const u8* src = (lane < 16 ? ks : vs) + my_sh * SB;
+            cp_async_zfill<SB>(st + 32 * CB + lane * SB, src, my_n == 0 ? 0u : (u32)SB);
+        }
+    };
+    u32 next_blk = block_of(0);
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < my_n) issue(s, next_blk);
+        next_blk = block_of(s + 1);
+        cp_async_commit();
+    }
+
+    float o[NT][KSTEPS][4];
+    float m[NT][2], l[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            m[nt][j] = PK_NEG_INF;
+            l[nt][j] = 0.0f;
+        }
+#pragma unroll
+        for (int mt = 0; mt < KSTEPS; mt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[nt][mt][e] = 0.0f;
+    }
+    // ldmatrix row addresses: K (A, row-major [token][dim]) and V (A = V^T, via .trans).
+    const int k_row = (lane & 7) + ((lane >> 3) & 1) * 8, k_col = (lane >> 4) * 8;
+    const int v_row = (lane & 7) + (lane >> 4) * 8, v_col = ((lane >> 3) & 1) * 8;
+    const int r0 = lane >> 2; // this thread's S^T rows: tokens r0 and r0 + 8 of the tile
+
+    for (int i = 0; i < my_n; i++) {
+        cp_async_wait<ST - 2>();
+        __syncwarp(); // every lane's copies of tile i landed; every lane is done with tile i − 1
+        if (i + ST - 1 < my_n) {
+            issue(i + ST - 1, next_blk);
+            next_blk = block_of(i + ST);
+        }
+        cp_async_commit();
+        const u8* st = wst + (i % ST) * STAGE;
+        const u32 t0 = tile_start(i);
+        const u8* krows = st;            // K rows (FROW stride) for ldmatrix
+        const u8* vrows = st + 16 * FROW;
+        const u16* ksc = (const u16*)(st + 32 * CB); // quantized: [16][D/32] K scales
+        const u16* vsc = ksc + 16 * (SB / 2);        // quantized: [16][D/32] V scales
+        if constexpr (QUANT) {
+            expand_tile(st, ft, lane);
+            __syncwarp();
+            krows = ft;
+            vrows = ft + 16 * FROW;
+        }
+
+        // QK: every group of KG k-steps accumulates its parts (smallest first) in a fresh
+        // fragment, added to s (quantized: times the group's K scale of the row's token).
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+#pragma unroll
+        for (int g0 = 0; g0 < KSTEPS; g0 += KG) {
+            float t[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) t[nt][e] = 0.0f;
+#pragma unroll
+            for (int kk = g0; kk < g0 + KG; kk++) {
+                u32 a[4];
+                ldsm_x4(a, krows + k_row * FROW + (kk * 16 + k_col) * 2);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int j = SQ - 1; j >= 0; j--) mma(t[nt], a, bq[nt][kk][j][0], bq[nt][kk][j][1]);
+            }
+            float sc0 = 1.0f, sc1 = 1.0f;
+            if constexpr (QUANT) {
+                sc0 = f16_to_f32(ksc[r0 * (SB / 2) + g0 / 2]);
+                sc1 = f16_to_f32(ksc[(r0 + 8) * (SB / 2) + g0 / 2]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                s[nt][0] = fmaf(sc0, t[nt][0], s[nt][0]);
+                s[nt][1] = fmaf(sc0, t[nt][1], s[nt][1]);
+                s[nt][2] = fmaf(sc1, t[nt][2], s[nt][2]);
+                s[nt][3] = fmaf(sc1, t[nt][3], s[nt][3]);
+            }
+        }
+        // Rows of S^T: tokens t0 + r0 (e = 0, 1) and t0 + r0 + 8 (e = 2, 3).
+        const bool ok0 = t0 + r0 < end, ok1 = t0 + r0 + 8 < end;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            if (!ok0) s[nt][0] = s[nt][1] = PK_NEG_INF;
+            if (!ok1) s[nt][2] = s[nt][3] = PK_NEG_INF;
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                float mx = fmaxf(s[nt][j], s[nt][2 + j]);
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+                const float mn = fmaxf(m[nt][j], mx); // finite: every tile has a visible token
+                const float corr = exp2f(m[nt][j] - mn);
+                m[nt][j] = mn;
+                const float p0 = exp2f(s[nt][j] - mn), p1 = exp2f(s[nt][2 + j] - mn);
+                l[nt][j] = l[nt][j] * corr + (p0 + p1);
+                s[nt][j] = p0;
+                s[nt][2 + j] = p1;
+#pragma unroll
+                for (int mt = 0; mt < KSTEPS; mt++) {
+                    o[nt][mt][j] *= corr;
+                    o[nt][mt][2 + j] *= corr;
+                }
+            }
+        }
+        // PV, per group of KG m-tiles: P^T (quantized: times the group's V scale of each token)
+        // as B fragments, split into exact parts and transposed by movmatrix.
+        u32 bp[NT][SP][2];
+#pragma unroll
+        for (int g0 = 0; g0 < KSTEPS; g0 += KG) {
+            float sc0 = 1.0f, sc1 = 1.0f;
+            if constexpr (QUANT) {
+                sc0 = f16_to_f32(vsc[r0 * (SB / 2) + g0 / 2]);
+                sc1 = f16_to_f32(vsc[(r0 + 8) * (SB / 2) + g0 / 2]);
+            }
+            if (QUANT || g0 == 0) { // float pages: one set of B fragments serves every m-tile
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    u32 x0[SP], x1[SP];
+                    split2<SP>(s[nt][0] * sc0, s[nt][1] * sc0, x0);
+                    split2<SP>(s[nt][2] * sc1, s[nt][3] * sc1, x1);
+#pragma unroll
+                    for (int j = 0; j < SP; j++) {
+                        bp[nt][j][0] = movtrans(x0[j]);
+                        bp[nt][j][1] = movtrans(x1[j]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int mt = g0; mt < g0 + KG; mt++) {
+                u32 a[4];
+                ldsm_x4_trans(a, vrows + v_row * FROW + (mt * 16 + v_col) * 2);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int j = SP - 1; j >= 0; j--) mma(t, a, bp[nt][j][0], bp[nt][j][1]);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) o[nt][mt][e] += t[e];
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            l[nt][j] += __shfl_xor_sync(0xffffffffu, l[nt][j], 4);
+            l[nt][j] += __shfl_xor_sync(0xffffffffu, l[nt][j], 8);
+            l[nt][j] += __shfl_xor_sync(0xffffffffu, l[nt][j], 16);
+        }
+    __syncthreads(); // all warps are done with their stages: reuse them for the merge
+
+    // Merge the warps of each head: mw, lw [NW][HP], ow [NW][HP][D]; res [heads][D].
+    float* mw = (float*)smem;
+    float* lw = mw + NW * HP;
+    float* ow = lw + NW * HP;
+    float* res = ow + NW * HP * D;
+    if (lane < 4) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int g = nt * 8 + lane * 2 + j;
+                mw[warp * HP + g] = m[nt][j];
+                lw[warp * HP + g] = l[nt][j];
+            }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int mt = 0; mt < KSTEPS; mt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int g = nt * 8 + (lane & 3) * 2 + (e & 1);
+                const int dim = mt * 16 + (lane >> 2) + (e >> 1) * 8;
+                ow[(warp * HP + g) * D + dim] = o[nt][mt][e];
+            }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < heads * D; idx += blockDim.x) {
+        const int hl = idx / (PK_G * D), g = (idx / D) % PK_G, dim = idx % D;
+        const int w0 = hl * wph;
+        float mx = PK_NEG_INF;
+        for (int w = w0; w < w0 + wph; w++) mx = fmaxf(mx, mw[w * HP + g]);
+        float acc = 0.0f, sum = 0.0f;
+        for (int w = w0; w < w0 + wph; w++) {
+            const float f = exp2f(mw[w * HP + g] - mx); // 0 for a warp without tiles
+            acc = fmaf(f, ow[(w * HP + g) * D + dim], acc);
+            sum = fmaf(f, lw[w * HP + g], sum);
+        }
+        if (direct) {
+            res[idx] = acc / sum;
+        } else {
+            const int max_parts = gridDim.z;
+            const u64 row = ((u64)seq * num_heads + (u64)blockIdx.x * heads + hl * PK_G + g) * max_parts + part;
+            part_acc[row * D + dim] = acc; // rotated domain: the merge rotates back
+            if (dim == 0) {
+                part_ml[row * 2] = mx;
+                part_ml[row * 2 + 1] = sum;
+            }
+        }
+    }
+    if (direct) {
+        __syncthreads();
+        if (signs != nullptr) rotate_smem(res, heads, signs, rot_norm, true);
+        for (int idx = threadIdx.x; idx < heads * D; idx += blockDim.x) out[qcta + idx] = res[idx];
+        return;
+    }
+    if (counters == nullptr) return;
+
+    // Fused merge (split-K without a second launch): the last CTA of this (sequence, head group)
+    // to finish combines every partition's partials. Classic threadfence reduction: each CTA
+    // publishes its partials, then counts itself; the CTA that sees the count reach the number
+    // of live partitions reads them all, writes the output and resets the counter to 0.
+    __shared__ u32 is_last;
+    __threadfence();
+    __syncthreads();
+    const u32 nparts = (ctx - lo + part_size - 1) / part_size;
+    if (threadIdx.x == 0) {
+        u32* counter = counters + (u64)seq * gridDim.x + blockIdx.x;
+        const u32 prev = atomicAdd(counter, 1u);
+        is_last = prev + 1 == nparts;
+        if (is_last) *counter = 0; // every other CTA of the group has counted already
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    const int max_parts = gridDim.z;
+    const u64 row_base = ((u64)seq * num_heads + (u64)blockIdx.x * heads) * max_parts;
+    // Weights w[head][p] = 2^(m_p − M) into shared memory (the stages are free), in chunks of
+    // partitions that fit, with running maxima and denominators per head; each thread then sums
+    // its (head, dim) pairs over the chunk with independent loads in flight.
+    constexpr int MAXH = NW * PK_G;                    // heads per CTA: hpc ≤ NW
+    constexpr int PER = (PK_G * D + 31) / 32;          // (head, dim) pairs per thread, at most
+    constexpr int TOTAL = TC_SMEM_BYTES / 4;
+    float* hm = (float*)smem + (TOTAL - 2 * MAXH);     // [heads] running max
+    float* hs = hm + MAXH;                             // [heads] running denominator
+    res = hm - heads * D;                              // [heads][D] result
+    float* wts = (float*)smem;                         // [heads][chunk]
+    const u32 chunk = (u32)((TOTAL - 2 * MAXH - heads * D) / heads);
+    float acc[PER];  // this thread's pairs threadIdx.x + k·blockDim.x
+    float mrun[PER];
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        acc[k] = 0.0f;
+        mrun[k] = PK_NEG_INF;
+    }
+    if (threadIdx.x < (u32)heads) hs[threadIdx.x] = 0.0f;
+    for (u32 p0 = 0; p0 < nparts; p0 += chunk) {
+        const u32 np = min(chunk, nparts - p0);
+        __syncthreads();
+        // Chunk maxima per head (one warp per head), folded into the running max.
+        for (int hd = warp; hd < heads; hd += NW) {
+            float mx = PK_NEG_INF;
+            for (u32 p = lane; p < np; p += 32) mx = fmaxf(mx, __ldcg(part_ml + (row_base + (u64)hd * max_parts + p0 + p) * 2));
+            mx = warp_max(mx);
+            const float m_old = p0 == 0 ? PK_NEG_INF : hm[hd];
+            const float m_new = fmaxf(m_old, mx);
+            float den = 0.0f;
+            for (u32 p = lane; p < np; p += 32) {
+                const u64 r = row_base + (u64)hd * max_parts + p0 + p;
+                const float f = exp2f(__ldcg(part_ml + r * 2) - m_new);
+                wts[hd * chunk + p] = f;
+                den = fmaf(f, __ldcg(part_ml + r * 2 + 1), den);
+            }
+            den = warp_sum(den);
+            if (lane == 0) {
+                hs[hd] = hs[hd] * exp2f(m_old - m_new) + den; // exp2(−inf) = 0 on the first chunk
+                hm[hd] = m_new;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            const int idx = threadIdx.x + k * blockDim.x;
+            if (idx >= heads * D) break;
+            const int hd = idx / D, dim = idx % D;
+            const float m_new = hm[hd];
+            float a = acc[k] * exp2f(mrun[k] - m_new);
+            const float* src = part_acc + (row_base + (u64)hd * max_parts + p0) * D + dim;
+            const float* w = wts + hd * chunk;
+            u32 p = 0;
+            for (; p + 4 <= np; p += 4) {
+                const float x0 = __ldcg(src + (u64)p * D), x1 = __ldcg(src + (u64)(p + 1) * D);
+                const float x2 = __ldcg(src + (u64)(p + 2) * D), x3 = __ldcg(src + (u64)(p + 3) * D);
+                a = fmaf(w[p], x0, a);
+                a = fmaf(w[p + 1], x1, a);
+                a = fmaf(w[p + 2], x2, a);
+                a = fmaf(w[p + 3], x3, a);
+            }
+            for (; p < np; p++) a = fmaf(w[p], __ldcg(src + (u64)p * D), a);
+            acc[k] = a;
+            mrun[k] = m_new;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int idx = threadIdx.x + k * blockDim.x;
+        if (idx >= heads * D) break;
+        res[idx] = acc[k] / hs[idx / D];
+    }
+    __syncthreads();
+    if (signs != nullptr) rotate_smem(res, heads, signs, rot_norm, true);
+    for (int idx = threadIdx.x; idx < heads * D; idx += blockDim.x) out[qcta + idx] = res[idx];
+}
+
+#endif // tensor-core decode
