@@ -3,10 +3,11 @@
 //!
 //! `cargo run --release -p pagekv-cpu --example attention_bench -- [shapes] [formats] [impls] [runs]`
 //! e.g. `-- 1x4096,16x4096 f16,q8 primitive,partitioned 5`; `all` (or nothing) keeps the defaults.
+//! `PAGEKV_ATTN_ISA=avx2|avx512`, `PAGEKV_PARTITION_SIZE` and `PAGEKV_THREADS` are honoured.
 
 use kvcache::KvFormat;
 use pagekv_cpu::attention::bench::{bench_attention, BenchConfig};
-use pagekv_cpu::attention::AttnImpl;
+use pagekv_cpu::attention::{AttnImpl, IsaChoice, ATTN_ISA_ENV};
 use pagekv_cpu::threadpool::ThreadPool;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -25,7 +26,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(s) = arg(1) {
         cfg.formats = s
             .split(',')
-            .map(|f| if f.starts_with("turbo") && f != "turbo" { parse_turbo(f) } else { Ok(KvFormat::parse(f, KvFormat::F16)?) })
+            .map(|f| {
+                if f.starts_with("turbo") && f != "turbo" {
+                    parse_turbo(f)
+                } else {
+                    Ok(KvFormat::parse(f, KvFormat::F16)?)
+                }
+            })
             .collect::<Result<_, Box<dyn std::error::Error>>>()?;
     }
     if let Some(s) = arg(2) {
@@ -37,12 +44,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Ok(v) = std::env::var("PAGEKV_PARTITION_SIZE") {
         cfg.partition_size = v.parse()?;
     }
+    if let Ok(v) = std::env::var(ATTN_ISA_ENV) {
+        cfg.isa = IsaChoice::parse(&v)?;
+    }
+    if std::env::var("PAGEKV_BENCH_GHZ").is_ok() {
+        println!("core clock from an FMA-throughput loop: {:.2} GHz", fma_clock_ghz());
+    }
     let pool = ThreadPool::global()?;
-    println!("{:<12} {:<11} {:>5} {:>7} {:>10} {:>12} {:>8}", "impl", "format", "batch", "context", "ms", "kv_bytes", "GB/s");
+    println!(
+        "{:<12} {:<11} {:>5} {:>7} {:>10} {:>12} {:>8} {:>10}",
+        "impl", "format", "batch", "context", "ms", "kv_bytes", "GB/s", "cpu_ms"
+    );
     for r in bench_attention(&cfg, pool)? {
         println!(
-            "{:<12} {:<11} {:>5} {:>7} {:>10.3} {:>12} {:>8.2}",
-            r.impl_, r.format, r.batch, r.context, r.ms, r.kv_bytes, r.gbps
+            "{:<12} {:<11} {:>5} {:>7} {:>10.3} {:>12} {:>8.2} {:>10.3}",
+            r.impl_, r.format, r.batch, r.context, r.ms, r.kv_bytes, r.gbps, r.cpu_ms
         );
     }
     Ok(())
@@ -53,4 +69,37 @@ fn parse_turbo(f: &str) -> Result<KvFormat, Box<dyn std::error::Error>> {
     let rest = f.trim_start_matches("turbo-k");
     let (k, v) = rest.split_once('v').ok_or("turbo format is turbo-kXvY")?;
     Ok(KvFormat::Turbo { k_bits: k.parse()?, v_bits: v.parse()? })
+}
+
+/// The core clock, estimated from a loop of independent 256-bit FMAs (two per cycle on the
+/// CPUs this runs on: Zen 3/4, Intel since Haswell) timed with wall time; run it on an idle
+/// core. Used to turn nanoseconds into cycles when comparing kernels.
+fn fma_clock_ghz() -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("fma") {
+            // SAFETY: FMA checked above.
+            return unsafe { fma_loop() };
+        }
+    }
+    f64::NAN
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_loop() -> f64 {
+    use std::arch::x86_64::*;
+    const N: usize = 100_000_000;
+    let m = _mm256_set1_ps(0.999_999);
+    let c = _mm256_set1_ps(1e-7);
+    let mut a = [_mm256_set1_ps(1.0); 12];
+    let start = std::time::Instant::now();
+    for _ in 0..N {
+        for x in a.iter_mut() {
+            *x = _mm256_fmadd_ps(*x, m, c);
+        }
+    }
+    std::hint::black_box(a);
+    let s = start.elapsed().as_secs_f64();
+    (N * 12) as f64 / 2.0 / s / 1e9
 }

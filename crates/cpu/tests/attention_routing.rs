@@ -10,8 +10,8 @@ use std::sync::Arc;
 use attention_common::{build, rel_error, Case};
 use kvcache::{AttentionRoute, CacheCounters, FallbackReason, KvFormat, NULL_BLOCK};
 use pagekv_cpu::attention::{
-    router, Attention, AttentionConfig, AttentionError, AttentionParams, AttnImpl, RouterConfig, ATTN_IMPL_ENV,
-    PARTITION_SIZE_ENV, PARTITION_THRESHOLD_ENV,
+    router, Attention, AttentionConfig, AttentionError, AttentionParams, AttnImpl, IsaChoice, KernelIsa, RouterConfig,
+    ATTN_IMPL_ENV, ATTN_ISA_ENV, PARTITION_SIZE_ENV, PARTITION_THRESHOLD_ENV,
 };
 use pagekv_cpu::threadpool::ThreadPool;
 
@@ -32,7 +32,7 @@ fn case(format: KvFormat, head_dim: usize, context: usize, q_len: usize) -> Case
 }
 
 fn config(impl_: AttnImpl) -> AttentionConfig {
-    AttentionConfig { impl_, router: RouterConfig::default() }
+    AttentionConfig { impl_, ..AttentionConfig::default() }
 }
 
 #[test]
@@ -55,6 +55,50 @@ fn env_values_are_parsed_and_bad_ones_list_the_accepted_values() {
     }
     let err = AttentionConfig::from_lookup(env(&[(PARTITION_SIZE_ENV, "0")])).unwrap_err().to_string();
     assert!(err.contains(PARTITION_SIZE_ENV) && err.contains("positive"), "{err}");
+}
+
+#[test]
+fn isa_is_parsed_and_a_pinned_isa_serves_the_call_or_falls_back_as_unsupported_cpu() {
+    let lookup = |v: &'static str| move |k: &str| (k == ATTN_ISA_ENV).then(|| v.to_string());
+    assert_eq!(AttentionConfig::from_lookup(lookup("AVX2")).unwrap().isa, IsaChoice::Only(KernelIsa::Avx2));
+    assert_eq!(AttentionConfig::from_lookup(lookup("avx512")).unwrap().isa, IsaChoice::Only(KernelIsa::Avx512));
+    assert_eq!(AttentionConfig::from_lookup(lookup(" auto ")).unwrap().isa, IsaChoice::Auto);
+    let err = AttentionConfig::from_lookup(lookup("sse")).unwrap_err().to_string();
+    for word in ["sse", ATTN_ISA_ENV, "auto", "avx2", "avx512"] {
+        assert!(err.contains(word), "{err}");
+    }
+    assert_eq!(IsaChoice::Auto.resolve(), KernelIsa::detect());
+
+    let pool = Arc::new(ThreadPool::new(2));
+    let c = case(KvFormat::F16, 128, 300, 1);
+    let built = build(&c);
+    let (tables, scale) = built.params(&c);
+    let layer = built.pages.layer(0);
+    let p = AttentionParams {
+        queries: &built.queries,
+        num_seqs: 2,
+        q_len: 1,
+        num_heads: built.num_heads,
+        block_tables: &tables,
+        context_lens: &built.context_lens,
+        scale,
+        sliding_window: None,
+        causal: true,
+    };
+    for isa in KernelIsa::ALL {
+        let counters = CacheCounters::default();
+        let cfg =
+            AttentionConfig { impl_: AttnImpl::Primitive, isa: IsaChoice::Only(isa), ..AttentionConfig::default() };
+        let mut out = vec![f32::NAN; built.queries.len()];
+        let route = Attention::new(cfg, pool.clone()).forward(&layer, &p, &counters, &mut out).unwrap();
+        let fallbacks = counters.fallbacks[FallbackReason::UnsupportedCpu as usize].load(Relaxed);
+        if isa.is_available() {
+            assert_eq!((route, fallbacks), (AttentionRoute::Primitive, 0), "{isa:?}");
+        } else {
+            assert_eq!((route, fallbacks), (AttentionRoute::Reference, 1), "{isa:?}");
+        }
+        assert!(out.iter().all(|x| x.is_finite()), "{isa:?}: output not written");
+    }
 }
 
 #[test]

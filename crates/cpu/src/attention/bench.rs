@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use kvcache::{CacheCounters, HostPages, KvFormat, PageGeometry, PageStore};
 
-use super::{Attention, AttentionConfig, AttentionError, AttentionParams, AttnImpl, PoolHandle};
+use super::{Attention, AttentionConfig, AttentionError, AttentionParams, AttnImpl, IsaChoice, PoolHandle};
 
 /// What to measure. [`BenchConfig::default`] is the matrix.
 #[derive(Clone, Debug)]
@@ -27,6 +27,8 @@ pub struct BenchConfig {
     pub runs: usize,
     pub partition_size: usize,
     pub partition_threshold: usize,
+    /// Instruction set of the fast kernels.
+    pub isa: IsaChoice,
 }
 
 impl Default for BenchConfig {
@@ -50,6 +52,7 @@ impl Default for BenchConfig {
             runs: 7,
             partition_size: super::DEFAULT_PARTITION_SIZE,
             partition_threshold: super::DEFAULT_PARTITION_THRESHOLD,
+            isa: IsaChoice::Auto,
         }
     }
 }
@@ -69,6 +72,10 @@ pub struct BenchRow {
     pub kv_bytes: u64,
     /// `kv_bytes / ms`, in GB/s (1e9 bytes).
     pub gbps: f64,
+    /// Mean CPU time per call summed over the process's threads, in milliseconds (`NaN` where
+    /// unavailable). Unlike `ms` it does not grow
+    /// while other processes hold the cores, so it compares kernels on a loaded machine.
+    pub cpu_ms: f64,
 }
 
 /// Runs the benchmark on `pool`. The reference path is slow: it is measured only for shapes
@@ -79,8 +86,8 @@ pub fn bench_attention(cfg: &BenchConfig, pool: impl Into<PoolHandle>) -> Result
     let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
     for &(batch, context) in &cfg.shapes {
         let f16_bytes = (batch * context * KvFormat::F16.bytes_per_token(cfg.num_kv_heads, cfg.head_dim)) as u64;
-        let ms = median(cfg.runs, || streaming_read(&pool, f16_bytes as usize));
-        rows.push(row("roofline", "f16", batch, context, ms, f16_bytes));
+        let (ms, cpu_ms) = median(cfg.runs, || streaming_read(&pool, f16_bytes as usize));
+        rows.push(row("roofline", "f16", batch, context, ms, cpu_ms, f16_bytes));
         for &format in &cfg.formats {
             let mut case = Case::new(cfg, format, batch, context, &mut rng);
             let kv_bytes = (batch * context * format.bytes_per_token(cfg.num_kv_heads, cfg.head_dim)) as u64;
@@ -94,20 +101,21 @@ pub fn bench_attention(cfg: &BenchConfig, pool: impl Into<PoolHandle>) -> Result
                         partition_size: cfg.partition_size,
                         partition_threshold: cfg.partition_threshold,
                     },
+                    isa: cfg.isa,
                 };
                 let mut attn = Attention::new(config, pool.clone());
                 case.run(&mut attn)?; // surfaces bad shapes before timing
-                let ms = median(cfg.runs, || {
+                let (ms, cpu_ms) = median(cfg.runs, || {
                     let _ = case.run(&mut attn);
                 });
-                rows.push(row(impl_.name(), &format.name(), batch, context, ms, kv_bytes));
+                rows.push(row(impl_.name(), &format.name(), batch, context, ms, cpu_ms, kv_bytes));
             }
         }
     }
     Ok(rows)
 }
 
-fn row(impl_: &str, format: &str, batch: usize, context: usize, ms: f64, kv_bytes: u64) -> BenchRow {
+fn row(impl_: &str, format: &str, batch: usize, context: usize, ms: f64, cpu_ms: f64, kv_bytes: u64) -> BenchRow {
     BenchRow {
         impl_: impl_.into(),
         format: format.into(),
@@ -116,21 +124,54 @@ fn row(impl_: &str, format: &str, batch: usize, context: usize, ms: f64, kv_byte
         ms,
         kv_bytes,
         gbps: kv_bytes as f64 / (ms * 1e6),
+        cpu_ms,
     }
 }
 
-/// One warm-up, then the median of `runs` timings of `f`, in milliseconds.
-fn median(runs: usize, mut f: impl FnMut()) -> f64 {
+/// One warm-up, then the median of `runs` wall timings of `f` and the mean CPU time of the
+/// process per run, both in milliseconds.
+fn median(runs: usize, mut f: impl FnMut()) -> (f64, f64) {
     f();
-    let mut t: Vec<f64> = (0..runs.max(1))
+    let runs = runs.max(1);
+    let cpu0 = process_cpu_ns();
+    let mut t: Vec<f64> = (0..runs)
         .map(|_| {
             let start = Instant::now();
             f();
             start.elapsed().as_secs_f64() * 1e3
         })
         .collect();
+    let cpu = match (cpu0, process_cpu_ns()) {
+        (Some(a), Some(b)) => b.saturating_sub(a) as f64 / 1e6 / runs as f64,
+        _ => f64::NAN,
+    };
     t.sort_by(f64::total_cmp);
-    t[t.len() / 2]
+    (t[t.len() / 2], cpu)
+}
+
+/// CPU time consumed so far by all threads of the process, in nanoseconds
+/// (`clock_gettime(CLOCK_PROCESS_CPUTIME_ID)`, exact to the nanosecond on Linux).
+fn process_cpu_ns() -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        #[repr(C)]
+        struct Timespec {
+            tv_sec: i64,
+            tv_nsec: i64,
+        }
+        extern "C" {
+            fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+        }
+        const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+        let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: libc's clock_gettime writes one timespec (two i64 on 64-bit Linux) to `ts`.
+        let rc = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+        (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
 }
 
 /// Sums `bytes` bytes of a buffer on every pool thread (the bandwidth a kernel could reach).

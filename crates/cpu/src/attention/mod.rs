@@ -13,16 +13,24 @@
 //! - [`partitioned`]: split-K ("flash decoding"): the context is cut into partitions of
 //!   `partition_size` tokens processed in parallel, then merged exactly.
 //!
+//! Both fast paths run the same tile kernels (`tile`), built for two instruction sets chosen at
+//! run time ([`KernelIsa`]): AVX-512 (16 lanes, 32 registers) where the CPU has AVX-512F, else
+//! AVX2 + FMA + F16C; `PAGEKV_ATTN_ISA` pins one (tests run both).
+//!
 //! [`router`] picks primitive or partitioned for `auto`; `PAGEKV_ATTN_IMPL` overrides. When a
-//! requested fast path cannot serve a call (no AVX2/FMA/F16C, unsupported head_dim) the call
-//! runs on the reference, one warning per reason per process goes to stderr, and every such
-//! call is counted in [`kvcache::CacheCounters::fallbacks`].
+//! requested fast path cannot serve a call (no AVX2/FMA/F16C or the pinned instruction set,
+//! unsupported head_dim) the call runs on the reference, one warning per reason per process
+//! goes to stderr, and every such call is counted in [`kvcache::CacheCounters::fallbacks`].
 //!
 //! Visibility: query `i` of a sequence with context `C` sits at position `p = C - q_len + i`.
 //! It sees keys `[lo, hi)` with `hi = p + 1` when causal (else `C`) and `lo = p + 1 - W` with a
 //! sliding window `W` (else 0). Rotated formats (q4r, turbo) store `R·k`, `R·v`: kernels rotate
 //! the query and un-rotate the output instead of touching the keys.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod bench;
 mod group;
 pub mod partitioned;
@@ -30,7 +38,9 @@ pub mod primitive;
 pub mod reference;
 pub mod router;
 #[cfg(target_arch = "x86_64")]
-pub mod simd_avx2;
+mod softmax;
+#[cfg(target_arch = "x86_64")]
+mod tile;
 mod workspace;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,6 +61,10 @@ pub const PARTITION_SIZE_ENV: &str = "PAGEKV_PARTITION_SIZE";
 pub const PARTITION_THRESHOLD_ENV: &str = "PAGEKV_PARTITION_THRESHOLD";
 /// Accepted values of [`ATTN_IMPL_ENV`].
 pub const ATTN_IMPL_VALUES: &str = "auto, reference, primitive, partitioned";
+/// Environment variable pinning the instruction set of the fast kernels.
+pub const ATTN_ISA_ENV: &str = "PAGEKV_ATTN_ISA";
+/// Accepted values of [`ATTN_ISA_ENV`].
+pub const ATTN_ISA_VALUES: &str = "auto, avx2, avx512";
 
 /// Largest head_dim the fast kernels serve (their tile buffers are sized by it).
 pub const MAX_FAST_HEAD_DIM: usize = 512;
@@ -115,6 +129,84 @@ impl AttnImpl {
     }
 }
 
+/// Instruction set of the fast kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelIsa {
+    /// AVX2 + FMA + F16C: 8 lanes, 16 registers.
+    Avx2,
+    /// AVX-512F (with AVX2, FMA, F16C): 16 lanes, 32 registers.
+    Avx512,
+}
+
+impl KernelIsa {
+    /// Every instruction set the kernels are built for, weakest first.
+    pub const ALL: [KernelIsa; 2] = [KernelIsa::Avx2, KernelIsa::Avx512];
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            KernelIsa::Avx2 => "avx2",
+            KernelIsa::Avx512 => "avx512",
+        }
+    }
+
+    /// Whether this CPU runs these kernels.
+    pub fn is_available(&self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c");
+            match self {
+                KernelIsa::Avx2 => avx2,
+                KernelIsa::Avx512 => avx2 && std::is_x86_feature_detected!("avx512f"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// The strongest instruction set this CPU runs, if any.
+    pub fn detect() -> Option<KernelIsa> {
+        KernelIsa::ALL.into_iter().rev().find(KernelIsa::is_available)
+    }
+}
+
+/// Which instruction set the fast kernels use (`PAGEKV_ATTN_ISA`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum IsaChoice {
+    /// The strongest one the CPU has ([`KernelIsa::detect`]).
+    #[default]
+    Auto,
+    /// This one; calls fall back to the reference (`unsupported_cpu`) if the CPU lacks it.
+    Only(KernelIsa),
+}
+
+impl IsaChoice {
+    /// Parses a `PAGEKV_ATTN_ISA` value.
+    pub fn parse(value: &str) -> Result<IsaChoice, AttentionError> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(IsaChoice::Auto),
+            "avx2" => Ok(IsaChoice::Only(KernelIsa::Avx2)),
+            "avx512" => Ok(IsaChoice::Only(KernelIsa::Avx512)),
+            _ => Err(AttentionError::Config {
+                name: ATTN_ISA_ENV,
+                value: value.to_string(),
+                accepted: ATTN_ISA_VALUES.to_string(),
+            }),
+        }
+    }
+
+    /// The instruction set this choice resolves to on this CPU, if it can run.
+    pub fn resolve(&self) -> Option<KernelIsa> {
+        match self {
+            IsaChoice::Auto => KernelIsa::detect(),
+            IsaChoice::Only(isa) => isa.is_available().then_some(*isa),
+        }
+    }
+}
+
 /// Errors of an attention call or its configuration. All are bad input; the output is
 /// unspecified when one is returned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -144,16 +236,19 @@ pub enum AttentionError {
 pub struct AttentionConfig {
     pub impl_: AttnImpl,
     pub router: RouterConfig,
+    /// Instruction set of the fast kernels.
+    pub isa: IsaChoice,
 }
 
 impl Default for AttentionConfig {
     fn default() -> Self {
-        AttentionConfig { impl_: AttnImpl::Auto, router: RouterConfig::default() }
+        AttentionConfig { impl_: AttnImpl::Auto, router: RouterConfig::default(), isa: IsaChoice::Auto }
     }
 }
 
 impl AttentionConfig {
-    /// Reads `PAGEKV_ATTN_IMPL`, `PAGEKV_PARTITION_SIZE`, `PAGEKV_PARTITION_THRESHOLD`.
+    /// Reads `PAGEKV_ATTN_IMPL`, `PAGEKV_PARTITION_SIZE`, `PAGEKV_PARTITION_THRESHOLD`,
+    /// `PAGEKV_ATTN_ISA`.
     pub fn from_env() -> Result<AttentionConfig, AttentionError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -163,6 +258,9 @@ impl AttentionConfig {
         let mut c = AttentionConfig::default();
         if let Some(v) = lookup(ATTN_IMPL_ENV) {
             c.impl_ = AttnImpl::parse(&v)?;
+        }
+        if let Some(v) = lookup(ATTN_ISA_ENV) {
+            c.isa = IsaChoice::parse(&v)?;
         }
         let positive = |name: &'static str, v: String| -> Result<usize, AttentionError> {
             match v.trim().parse::<usize>() {
@@ -250,35 +348,41 @@ impl Attention {
         out: &mut [f32],
     ) -> Result<AttentionRoute, AttentionError> {
         validate(layer, p, out)?;
-        let route = match self.config.impl_ {
-            AttnImpl::Reference => AttentionRoute::Reference,
-            requested => match fast_path_unavailable(layer) {
-                Some(reason) => {
+        let (route, isa) = match self.config.impl_ {
+            AttnImpl::Reference => (AttentionRoute::Reference, None),
+            requested => match fast_path_isa(layer, self.config.isa) {
+                Err(reason) => {
                     warn_fallback_once(reason, requested, layer);
                     counters.count_fallback(reason);
-                    AttentionRoute::Reference
+                    (AttentionRoute::Reference, None)
                 }
-                None => match requested {
-                    AttnImpl::Primitive => AttentionRoute::Primitive,
-                    AttnImpl::Partitioned => AttentionRoute::Partitioned,
-                    _ => router::choose(layer, p, self.pool.n_threads(), &self.config.router),
-                },
+                Ok(isa) => {
+                    let route = match requested {
+                        AttnImpl::Primitive => AttentionRoute::Primitive,
+                        AttnImpl::Partitioned => AttentionRoute::Partitioned,
+                        _ => router::choose(layer, p, self.pool.n_threads(), &self.config.router),
+                    };
+                    (route, Some(isa))
+                }
             },
         };
-        match route {
-            AttentionRoute::Reference => reference::attention(layer, p, out),
-            AttentionRoute::Primitive => primitive::attention(layer, p, &self.pool, &mut self.workspace, out),
-            AttentionRoute::Partitioned => {
+        match (route, isa) {
+            (AttentionRoute::Primitive, Some(isa)) => {
+                primitive::attention(layer, p, isa, &self.pool, &mut self.workspace, out)
+            }
+            (AttentionRoute::Partitioned, Some(isa)) => {
                 let parts = partitioned::attention(
                     layer,
                     p,
                     self.config.router.partition_size,
+                    isa,
                     &self.pool,
                     &mut self.workspace,
                     out,
                 );
                 CacheCounters::add(&counters.partitions, parts as u64);
             }
+            _ => reference::attention(layer, p, out),
         }
         counters.count_route(route);
         if layer.format != KvFormat::F32 {
@@ -294,29 +398,24 @@ fn dequantized_tokens(layer: &LayerView, p: &AttentionParams) -> u64 {
     (per_seq * layer.num_kv_heads) as u64
 }
 
-/// Why the fast kernels cannot serve this layer, if they cannot.
-pub fn fast_path_unavailable(layer: &LayerView) -> Option<FallbackReason> {
-    if !cpu_supports_fast_path() {
-        return Some(FallbackReason::UnsupportedCpu);
-    }
+/// The instruction set the fast kernels serve this layer with under `choice`, or why they
+/// cannot.
+pub fn fast_path_isa(layer: &LayerView, choice: IsaChoice) -> Result<KernelIsa, FallbackReason> {
+    let isa = choice.resolve().ok_or(FallbackReason::UnsupportedCpu)?;
     if layer.head_dim % 16 != 0 || layer.head_dim > MAX_FAST_HEAD_DIM {
-        return Some(FallbackReason::UnsupportedHeadDim);
+        return Err(FallbackReason::UnsupportedHeadDim);
     }
-    None
+    Ok(isa)
 }
 
-/// Whether this CPU runs the AVX2 + FMA + F16C kernels.
+/// Why the fast kernels cannot serve this layer on this CPU, if they cannot.
+pub fn fast_path_unavailable(layer: &LayerView) -> Option<FallbackReason> {
+    fast_path_isa(layer, IsaChoice::Auto).err()
+}
+
+/// Whether this CPU runs the fast kernels (AVX2 + FMA + F16C at least).
 pub fn cpu_supports_fast_path() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    KernelIsa::detect().is_some()
 }
 
 /// One flag per [`FallbackReason`]: set once its warning was printed.

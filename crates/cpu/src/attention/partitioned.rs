@@ -10,16 +10,17 @@ use kvcache::LayerView;
 
 use super::group::{prepare_queries, write_output, QueryBounds, RowState};
 use super::workspace::{SyncPtr, Workspace};
-use super::AttentionParams;
+use super::{AttentionParams, KernelIsa};
 use crate::threadpool::ThreadPool;
 
 /// `out` (`[num_seqs, q_len, num_heads, head_dim]`) ← attention of `p` over `layer`;
 /// returns the number of partitions processed. Shapes and block tables validated; the CPU
-/// runs the AVX2 kernels (checked by the caller).
+/// runs `isa` (checked by the caller).
 pub(crate) fn attention(
     layer: &LayerView,
     p: &AttentionParams,
     partition_size: usize,
+    isa: KernelIsa,
     pool: &ThreadPool,
     ws: &mut Workspace,
     out: &mut [f32],
@@ -50,7 +51,7 @@ pub(crate) fn attention(
 
     #[cfg(target_arch = "x86_64")]
     pool.run(tasks, |task, thread| {
-        use super::simd_avx2::{attend_range, RangeInput};
+        use super::tile::{attend_range, RangeInput};
         let seq = ws.seq_tasks.partition_point(|&first| first <= task) - 1;
         let local = task - ws.seq_tasks[seq];
         let parts = ws.seq_parts[seq];
@@ -72,7 +73,7 @@ pub(crate) fn attention(
         let inp = RangeInput { layer, kv_head, table: p.block_tables[seq], bounds, group, q };
         // SAFETY: CPU checked by the caller; block table validated over the read range, which
         // contains [start, end); buffers sized by `prepare` and `split`.
-        unsafe { attend_range(&inp, start, end, &mut state, &mut tile) };
+        unsafe { attend_range(isa, &inp, start, end, &mut state, &mut tile) };
     });
 
     let out = SyncPtr::new(out.as_mut_ptr());

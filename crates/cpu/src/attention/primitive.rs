@@ -7,21 +7,22 @@ use kvcache::LayerView;
 
 use super::group::{prepare_queries, write_output, QueryBounds};
 use super::workspace::{SyncPtr, Workspace};
-use super::AttentionParams;
+use super::{AttentionParams, KernelIsa};
 use crate::threadpool::ThreadPool;
 
 /// `out` (`[num_seqs, q_len, num_heads, head_dim]`) ← attention of `p` over `layer`.
-/// Shapes and block tables validated; the CPU runs the AVX2 kernels (checked by the caller).
+/// Shapes and block tables validated; the CPU runs `isa` (checked by the caller).
 pub(crate) fn attention(
     layer: &LayerView,
     p: &AttentionParams,
+    isa: KernelIsa,
     pool: &ThreadPool,
     ws: &mut Workspace,
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        use super::simd_avx2::{attend_range, RangeInput};
+        use super::tile::{attend_range, RangeInput};
         let (d, hkv) = (layer.head_dim, layer.num_kv_heads);
         let group = p.num_heads / hkv;
         let rows = p.q_len * group;
@@ -42,14 +43,14 @@ pub(crate) fn attention(
             // the read range; buffers come from `split` with the documented sizes. Each task
             // writes only its own (seq, kv_head) output rows.
             unsafe {
-                attend_range(&inp, range.start, range.end, &mut state, &mut tile);
+                attend_range(isa, &inp, range.start, range.end, &mut state, &mut tile);
                 write_output(layer, p, seq, kv_head, state.l, state.acc, out.get());
             }
         });
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (pool, ws);
+        let _ = (isa, pool, ws);
         super::reference::attention(layer, p, out);
     }
 }

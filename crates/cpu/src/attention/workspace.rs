@@ -11,9 +11,7 @@ use std::cell::UnsafeCell;
 
 use super::group::RowState;
 #[cfg(target_arch = "x86_64")]
-use super::simd_avx2::{TileScratch, TILE};
-#[cfg(not(target_arch = "x86_64"))]
-const TILE: usize = 32;
+use super::tile::TileScratch;
 
 /// Buffers of one pool thread. Shapes for `rows` query rows of `d` values.
 #[derive(Default)]
@@ -26,14 +24,8 @@ pub(crate) struct ThreadScratch {
     pub l: Vec<f32>,
     /// `[rows, d]`
     pub acc: Vec<f32>,
-    /// `[rows]`
-    pub corr: Vec<f32>,
-    /// `[rows, TILE]`
-    pub scores: Vec<f32>,
-    /// `[TILE, d]`
-    pub kbuf: Vec<f32>,
-    /// `[TILE, d]`
-    pub vbuf: Vec<f32>,
+    /// Tile buffers, lengths `TileScratch::LENS` (x86-64 only).
+    pub tile: [Vec<f32>; 4],
 }
 
 fn ensure(v: &mut Vec<f32>, n: usize) {
@@ -48,24 +40,20 @@ impl ThreadScratch {
         ensure(&mut self.m, rows);
         ensure(&mut self.l, rows);
         ensure(&mut self.acc, rows * d);
-        ensure(&mut self.corr, rows);
-        ensure(&mut self.scores, rows * TILE);
-        ensure(&mut self.kbuf, TILE * d);
-        ensure(&mut self.vbuf, TILE * d);
+        #[cfg(target_arch = "x86_64")]
+        for (buf, len) in self.tile.iter_mut().zip(TileScratch::LENS) {
+            ensure(buf, len);
+        }
     }
 
     /// Query rows, row state and tile buffers for `rows` rows of `d` values.
     #[cfg(target_arch = "x86_64")]
     pub fn split(&mut self, rows: usize, d: usize) -> (&mut [f32], RowState<'_>, TileScratch<'_>) {
+        let [sc, kscale, vscale, w] = &mut self.tile;
         (
             &mut self.q[..rows * d],
             RowState { m: &mut self.m[..rows], l: &mut self.l[..rows], acc: &mut self.acc[..rows * d] },
-            TileScratch {
-                kbuf: &mut self.kbuf[..TILE * d],
-                vbuf: &mut self.vbuf[..TILE * d],
-                scores: &mut self.scores[..rows * TILE],
-                corr: &mut self.corr[..rows],
-            },
+            TileScratch { sc, kscale, vscale, w },
         )
     }
 }

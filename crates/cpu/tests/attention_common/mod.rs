@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use kvcache::{AttentionRoute, CacheCounters, HostPages, KvFormat, PageGeometry, PageStore, NULL_BLOCK};
 use pagekv_cpu::attention::{
-    Attention, AttentionConfig, AttentionParams, AttnImpl, RouterConfig, DEFAULT_PARTITION_THRESHOLD,
+    Attention, AttentionConfig, AttentionParams, AttnImpl, IsaChoice, KernelIsa, RouterConfig,
+    DEFAULT_PARTITION_THRESHOLD,
 };
 use pagekv_cpu::threadpool::ThreadPool;
 use rand::rngs::StdRng;
@@ -149,8 +150,17 @@ pub fn rel_error(a: &[f32], b: &[f32], d: usize) -> f32 {
     worst
 }
 
-/// Runs `case` through the reference, then primitive, partitioned and auto; asserts each
-/// against the reference within [`bound`]. Returns the worst error seen.
+/// The kernel instruction sets this CPU runs (every one is tested; at least AVX2 is expected
+/// on the machines this runs on, and a test that finds none fails rather than passing empty).
+pub fn isas() -> Vec<KernelIsa> {
+    let isas: Vec<KernelIsa> = KernelIsa::ALL.into_iter().filter(KernelIsa::is_available).collect();
+    assert!(!isas.is_empty(), "this CPU runs none of the fast kernels (AVX2+FMA+F16C needed)");
+    isas
+}
+
+/// Runs `case` through the reference, then primitive, partitioned and auto on every available
+/// instruction set; asserts each against the reference within [`bound`]. Returns the worst
+/// error seen.
 pub fn check_case(case: &Case, pool: &Arc<ThreadPool>) -> f32 {
     let built = build(case);
     let (tables, scale) = built.params(case);
@@ -167,13 +177,14 @@ pub fn check_case(case: &Case, pool: &Arc<ThreadPool>) -> f32 {
         causal: case.causal,
     };
     let counters = CacheCounters::default();
-    let config = |impl_| AttentionConfig {
+    let config = |impl_, isa| AttentionConfig {
         impl_,
         router: RouterConfig { partition_size: case.partition_size, partition_threshold: DEFAULT_PARTITION_THRESHOLD },
+        isa,
     };
     let n = built.queries.len();
     let mut reference = vec![f32::NAN; n];
-    let route = Attention::new(config(AttnImpl::Reference), pool.clone())
+    let route = Attention::new(config(AttnImpl::Reference, IsaChoice::Auto), pool.clone())
         .forward(&layer, &p, &counters, &mut reference)
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));
     assert_eq!(route, AttentionRoute::Reference);
@@ -186,17 +197,23 @@ pub fn check_case(case: &Case, pool: &Arc<ThreadPool>) -> f32 {
         impls.push((AttnImpl::Auto, None));
     }
     let mut worst = 0f32;
-    for (impl_, expect) in impls {
-        let mut out = vec![f32::NAN; n];
-        let route = Attention::new(config(impl_), pool.clone())
-            .forward(&layer, &p, &counters, &mut out)
-            .unwrap_or_else(|e| panic!("{case:?}: {e}"));
-        if let Some(expect) = expect {
-            assert_eq!(route, expect, "{case:?}: {impl_:?} served by {route:?}");
+    for isa in isas() {
+        for &(impl_, expect) in &impls {
+            let mut out = vec![f32::NAN; n];
+            let route = Attention::new(config(impl_, IsaChoice::Only(isa)), pool.clone())
+                .forward(&layer, &p, &counters, &mut out)
+                .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+            if let Some(expect) = expect {
+                assert_eq!(route, expect, "{case:?}: {impl_:?}/{isa:?} served by {route:?}");
+            }
+            let err = rel_error(&out, &reference, case.head_dim);
+            assert!(
+                err <= bound(case.format),
+                "{case:?}: {impl_:?}/{isa:?} relative error {err:e} > {:e}",
+                bound(case.format)
+            );
+            worst = worst.max(err);
         }
-        let err = rel_error(&out, &reference, case.head_dim);
-        assert!(err <= bound(case.format), "{case:?}: {impl_:?} relative error {err:e} > {:e}", bound(case.format));
-        worst = worst.max(err);
     }
     worst
 }
@@ -238,5 +255,6 @@ pub fn check_format(format: KvFormat) {
             }
         }
     }
-    eprintln!("{}: {cases} cases, worst relative error {worst:e}", format.name());
+    let isas: Vec<&str> = isas().iter().map(KernelIsa::name).collect();
+    eprintln!("{}: {cases} cases on {isas:?}, worst relative error {worst:e}", format.name());
 }

@@ -1,0 +1,239 @@
+//! Fused AVX2 readers of one stored head vector per KV codec: chunk `k` of a row is 16 values,
+//! returned as two 8-lane f32 vectors **without** the group scale, together with the head
+//! dimensions they belong to ([`RowCodec::dims`]). The kernels apply the scales: the QK kernel
+//! multiplies the key chunk by its group scale, the PV kernel folds value scales into the
+//! softmax weights (one multiply per token and group instead of one per 8 values).
+//!
+//! Each reader computes exactly the scalar decoders of `kvcache::format` up to the scale
+//! (`c` for q8, `nibble - 8` for q4, `level[code]` for Lloyd–Max; floats converted exactly),
+//! so `scale · raw` is the decoded value bit for bit.
+//!
+//! Chunk layouts (head_dim `d`, a multiple of 16; scale groups of 32 values, the last one
+//! possibly 16):
+//! - f32 / f16 / bf16 / q8 / Lloyd–Max: values `16k .. 16k+16`, in order.
+//! - q4: byte `j` of a group holds value `j` (low nibble) and `j + len/2` (high nibble), so
+//!   chunk `k` (group `k/2`, `j0 = 8·(k%2)`) is values `32g+j0 ..+8` and `32g+len/2+j0 ..+8`,
+//!   both from the 8 bytes at `16g + j0`.
+
+use std::arch::x86_64::*;
+
+use kvcache::format::lloyd_max::codebook;
+
+/// One codec's fused 8-lane reader. Methods are `#[inline(always)]` and called only from
+/// `#[target_feature(enable = "avx2,fma,f16c")]` kernels.
+pub(crate) trait RowCodec: Copy {
+    /// Values carry per-group f16 scales (quantized codecs).
+    const SCALED: bool;
+
+    /// Head dimensions `(a, b)` of the two 8-value halves of chunk `k`.
+    #[inline(always)]
+    fn dims(k: usize, _d: usize) -> (usize, usize) {
+        (16 * k, 16 * k + 8)
+    }
+
+    /// The two halves of chunk `k` of the row at `row` (unscaled).
+    ///
+    /// # Safety
+    /// `row` points to a whole stored head vector of the reader's `head_dim`; `k < head_dim/16`;
+    /// AVX2, FMA and F16C are available.
+    unsafe fn chunk(&self, row: *const u8, k: usize) -> (__m256, __m256);
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct F32Row;
+
+#[derive(Clone, Copy)]
+pub(crate) struct F16Row;
+
+#[derive(Clone, Copy)]
+pub(crate) struct Bf16Row;
+
+#[derive(Clone, Copy)]
+pub(crate) struct Q8Row;
+
+#[derive(Clone, Copy)]
+pub(crate) struct Q4Row;
+
+impl RowCodec for F32Row {
+    const SCALED: bool = false;
+
+    #[inline(always)]
+    unsafe fn chunk(&self, row: *const u8, k: usize) -> (__m256, __m256) {
+        // SAFETY: values 16k..16k+16 lie in the row (caller's contract).
+        unsafe {
+            let p = row.cast::<f32>().add(16 * k);
+            (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+        }
+    }
+}
+
+impl RowCodec for F16Row {
+    const SCALED: bool = false;
+
+    #[inline(always)]
+    unsafe fn chunk(&self, row: *const u8, k: usize) -> (__m256, __m256) {
+        // SAFETY: values 16k..16k+16 (32 bytes) lie in the row.
+        unsafe {
+            let p = row.cast::<u16>().add(16 * k);
+            (_mm256_cvtph_ps(_mm_loadu_si128(p.cast())), _mm256_cvtph_ps(_mm_loadu_si128(p.add(8).cast())))
+        }
+    }
+}
+
+impl RowCodec for Bf16Row {
+    const SCALED: bool = false;
+
+    #[inline(always)]
+    unsafe fn chunk(&self, row: *const u8, k: usize) -> (__m256, __m256) {
+        // SAFETY: values 16k..16k+16 (32 bytes) lie in the row.
+        unsafe {
+            let p = row.cast::<u16>().add(16 * k);
+            let widen = |h: __m128i| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
+            (widen(_mm_loadu_si128(p.cast())), widen(_mm_loadu_si128(p.add(8).cast())))
+        }
+    }
+}
+
+impl RowCodec for Q8Row {
+    const SCALED: bool = true;
+
+    #[inline(always)]
+    unsafe fn chunk(&self, row: *const u8, k: usize) -> (__m256, __m256) {
+        // SAFETY: codes 16k..16k+16 lie in the row (one byte per value).
+        unsafe {
+            let p = row.add(16 * k);
+            let a = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()));
+            let b = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(8).cast()));
+            (_mm256_cvtepi32_ps(a), _mm256_cvtepi32_ps(b))
+        }
+    }
+}
+
+impl RowCodec for Q4Row {
+    const SCALED: bool = true;
+
+    #[inline(always)]
+    fn dims(k: usize, d: usize) -> (usize, usize) {
+        let g = k / 2;
+        let half = 16.min((d - 32 * g) / 2);
+        let j0 = 8 * (k % 2);
+        (32 * g + j0, 32 * g + half + j0)
+    }
+
+    #[inline(always)]
+    unsafe fn chunk(&self, row: *const u8, k: usize) -> (__m256, __m256) {
+        // SAFETY: chunk k's 8 bytes (16g + j0 ..+8) lie in the row of d/2 bytes.
+        unsafe {
+            let x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(row.add(16 * (k / 2) + 8 * (k % 2)).cast()));
+            let eight = _mm256_set1_epi32(8);
+            let lo = _mm256_sub_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0xF)), eight);
+            let hi = _mm256_sub_epi32(_mm256_srli_epi32::<4>(x), eight);
+            (_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi))
+        }
+    }
+}
+
+/// Lloyd–Max codes of `B` ∈ {2, 3, 4} bits: 8 values fill `B` bytes of a little-endian bit
+/// stream; a code indexes a 16-entry level table with `vpermps` (two and a blend for 4 bits).
+#[derive(Clone, Copy)]
+pub(crate) struct LloydMaxRow<const B: usize> {
+    /// Levels 0..8.
+    lo: __m256,
+    /// Levels 8..16 (4-bit codes only).
+    hi: __m256,
+    /// `[0, B, 2B, …, 7B]`
+    shifts: __m256i,
+    /// Head dimension (the last 8 values of a row are read without over-reading).
+    d: usize,
+}
+
+impl<const B: usize> LloydMaxRow<B> {
+    /// # Safety
+    /// AVX2 must be available.
+    #[inline(always)]
+    pub unsafe fn new(d: usize) -> Self {
+        let levels = &codebook(B as u8).levels;
+        let mut lut = [0f32; 16];
+        for (o, l) in lut.iter_mut().zip(levels) {
+            *o = *l;
+        }
+        let b = B as i32;
+        // SAFETY: AVX2 per the caller; lut has 16 values.
+        unsafe {
+            LloydMaxRow {
+                lo: _mm256_loadu_ps(lut.as_ptr()),
+                hi: _mm256_loadu_ps(lut.as_ptr().add(8)),
+                shifts: _mm256_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b),
+                d,
+            }
+        }
+    }
+
+    /// Levels of the 8 codes whose `B` bytes start at `p`; `exact` forbids reading past them.
+    #[inline(always)]
+    unsafe fn eight(&self, p: *const u8, exact: bool) -> __m256 {
+        // SAFETY: reads B bytes at p (4 when !exact, which the caller allows).
+        unsafe {
+            let word = if exact && B < 4 {
+                let mut w = 0i32;
+                for i in 0..B {
+                    w |= (*p.add(i) as i32) << (8 * i);
+                }
+                _mm256_set1_epi32(w)
+            } else {
+                _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
+            };
+            let idx = _mm256_and_si256(_mm256_srlv_epi32(word, self.shifts), _mm256_set1_epi32((1 << B) - 1));
+            let lo = _mm256_permutevar8x32_ps(self.lo, idx);
+            if B == 4 {
+                let hi = _mm256_permutevar8x32_ps(self.hi, idx);
+                _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32::<28>(idx)))
+            } else {
+                lo
+            }
+        }
+    }
+}
+
+impl<const B: usize> RowCodec for LloydMaxRow<B> {
+    const SCALED: bool = true;
+
+    #[inline(always)]
+    unsafe fn chunk(&self, row: *const u8, k: usize) -> (__m256, __m256) {
+        // SAFETY: chunk k is 2B bytes at 2Bk; only the row's last 8 codes need exact reads.
+        unsafe {
+            let p = row.add(2 * B * k);
+            let last = 16 * (k + 1) == self.d;
+            (self.eight(p, false), self.eight(p.add(B), last))
+        }
+    }
+}
+
+/// 8-bit Lloyd–Max codes: one byte per value, levels gathered from the 256-entry table.
+#[derive(Clone, Copy)]
+pub(crate) struct LloydMax8Row {
+    levels: *const f32,
+}
+
+impl LloydMax8Row {
+    pub fn new() -> Self {
+        let levels = &codebook(8).levels;
+        debug_assert_eq!(levels.len(), 256);
+        LloydMax8Row { levels: levels.as_ptr() }
+    }
+}
+
+impl RowCodec for LloydMax8Row {
+    const SCALED: bool = true;
+
+    #[inline(always)]
+    unsafe fn chunk(&self, row: *const u8, k: usize) -> (__m256, __m256) {
+        // SAFETY: codes 16k..16k+16 lie in the row; every byte indexes the 256 levels.
+        unsafe {
+            let p = row.add(16 * k);
+            let a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast()));
+            let b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8).cast()));
+            (_mm256_i32gather_ps::<4>(self.levels, a), _mm256_i32gather_ps::<4>(self.levels, b))
+        }
+    }
+}
