@@ -2,16 +2,26 @@
 //!
 //! One query token per sequence (`q_len = 1`): queries `[num_seqs, num_heads, head_dim]` f32,
 //! each sequence's block table and context length, a scale and an optional sliding window; keys
-//! and values are read where they lie in [`DevicePages`], dequantized inside the kernel
-//! (`kernels/decode.cu`). Output `[num_seqs, num_heads, head_dim]` f32.
+//! and values are read where they lie in [`DevicePages`], dequantized inside the kernel. Output
+//! `[num_seqs, num_heads, head_dim]` f32.
+//!
+//! Kernels ([`DecodeKernel`]):
+//! - tensor cores (`kernels/decode_tc.cu`, `pk_decode_tc`): f16/bf16 pages (head_dim 32–256,
+//!   powers of two) and q8/q4/q4r pages (head_dim 64, 128, 256); mma.sync with f32 operands
+//!   split into exact parts, so it meets the same error bounds as the SIMT kernel.
+//! - SIMT (`kernels/decode.cu`, `pk_decode`): every format and head_dim (f32, turbo, odd
+//!   head dims); fp32 FMA.
+//! `Auto` takes the tensor-core kernel where it serves the call.
 //!
 //! Routes (see `../shared/DESIGN.md`):
 //! - [`DecodeRoute::Primitive`]: one CTA per (sequence, kv head) over the whole visible context;
 //!   its pages are read once for all query heads of the group.
 //! - [`DecodeRoute::Partitioned`]: split-K — the visible context is cut into partitions of
 //!   `partition_size` tokens, one CTA each, and `pk_merge` combines the partial softmaxes
-//!   exactly. [`auto_partition_size`] sizes partitions so that
-//!   batch × kv_heads × partitions ≥ 4 × the SM count.
+//!   exactly (or, with `PAGEKV_CUDA_FUSED_MERGE=1`, the last CTA of each head group does, in the
+//!   same launch). [`DecodeAttention::auto_route`] picks the route and partition size from the
+//!   H200 measurements ([`tc_partition_size`] for the tensor-core kernel,
+//!   [`auto_partition_size`] for the SIMT kernel).
 //!
 //! Visibility matches the CPU: the query of a sequence with context `C` sees keys `[lo, C)`,
 //! `lo = C − W` with a sliding window `W`, else 0. Rotated formats: the kernel rotates the query

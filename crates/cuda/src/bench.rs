@@ -1,13 +1,17 @@
 //! The decode-attention benchmark: [`bench_attention`] times both routes for every format on
-//! scattered pages, plus roofline rows (read and device-to-device copy bandwidth over the same
-//! bytes) measured in the same run.
+//! scattered pages, plus roofline rows measured in the same run: a sequential read kernel and a
+//! device-to-device copy over the bf16 byte count, and a paged read (`roofline-paged-h1`, the
+//! exact rows a decode reads, in the same scattered order, nothing computed).
 //!
 //! Method: pages are filled on the device with valid random codes (never zeros); each
 //! sequence's blocks are a random permutation of the pool; every timed run uses a different
 //! copy of the KV (rotating over at least `min_footprint_bytes`, several times the L2) so small
-//! cases are not measured from cache; each run is timed with CUDA events around the kernels
-//! (attention + merge) and the median of `runs` runs after `warmup` is reported.
-//! Effective bandwidth = KV bytes of one layer (codes + scales) ÷ time.
+//! cases are not measured from cache; runs are queued back to back with a CUDA event between
+//! consecutive runs (attention + merge inside each interval) and the median of `runs` intervals
+//! after `warmup` is reported. Effective bandwidth = KV bytes of one layer (codes + scales) ÷ time.
+//!
+//! Used by `pagekv bench attention --device cuda --json` and `examples/bench_attention.rs`:
+//! `bench_attention(&CudaDevice::new(0)?, &BenchConfig::default())` → rows → [`Row::to_json`].
 
 use std::sync::Arc;
 
@@ -21,7 +25,8 @@ use crate::{CudaDevice, CudaError, DecodeAttention, DecodeBatch, DecodeKernel, D
 /// One measured configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
-    /// `primitive`, `partitioned`, `roofline-read`, `roofline-copy`.
+    /// `primitive`, `partitioned` (`-simt` suffix: the SIMT kernel forced), `roofline-read`,
+    /// `roofline-copy`, `roofline-paged-h1`, `roofline-paged-h8`.
     pub impl_name: String,
     /// KV format name (`-` for roofline rows).
     pub format: String,
@@ -71,7 +76,8 @@ pub struct BenchConfig {
     pub formats: Vec<KvFormat>,
     /// `primitive` and/or `partitioned`.
     pub routes: Vec<&'static str>,
-    /// Partition sizes for the partitioned route; empty: [`auto_partition_size`] per case.
+    /// Partition sizes for the partitioned route; empty: the automatic size per case
+    /// ([`DecodeAttention::auto_route`]).
     pub partition_sizes: Vec<usize>,
     /// Kernels to time; rows of [`DecodeKernel::Simt`] are named `<route>-simt` (the default
     /// rows, `Auto`, are plain `<route>`).

@@ -13,8 +13,11 @@
 //!   and formats (f32, f16, bf16, q8, q4 with or without rotation, turbo); the cache-write kernel
 //!   quantizes on the way in, bit-identical to the kvcache reference codecs.
 //! - [`DecodeAttention`]: paged decode attention, `primitive` and `partitioned` (split-K + merge)
-//!   routes, every format with dequantization fused, GQA, sliding window.
-//! - [`bench`]: the attention benchmark (`bench_attention`) with its roofline rows.
+//!   routes, every format with dequantization fused, GQA, sliding window; a tensor-core kernel
+//!   for f16/bf16/q8/q4 pages and a SIMT kernel for everything ([`DecodeKernel`]).
+//! - [`mod@bench`]: the attention benchmark ([`bench::bench_attention`] → [`bench::Row`]s, JSON
+//!   lines via [`bench::Row::to_json`]) with its roofline rows; measured figures in
+//!   `crates/cuda/RESULTS.md`.
 //!
 //! No device is touched before [`CudaDevice::new`]; it checks that the driver library exists
 //! and initializes, and returns one typed [`CudaError`] otherwise — never a panic.
