@@ -85,6 +85,9 @@ enum BenchCommand {
     },
     /// Prompt-processing and decode tokens/s of a model at short and long context, per KV format.
     Decode(commands::decode::DecodeArgs),
+    /// The server in-process under 1, 8 and 32 streaming clients on loopback: tokens/s, TTFT,
+    /// inter-token latency, pool utilization; session-bank hit vs miss over a shared prefix.
+    Serve(commands::bench_serve::BenchServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -128,6 +131,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Decode(a)) => {
             a.model.export();
             commands::decode::run(a)
+        }
+        Command::Bench(BenchCommand::Serve(a)) => {
+            a.model.export();
+            commands::bench_serve::run(a)
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The subcommands.
 
 pub mod bench;
+pub mod bench_serve;
 pub mod chat;
 pub mod cuda;
 pub mod decode;
