@@ -516,3 +516,48 @@ async fn sigterm_finishes_in_flight_requests_and_exits_zero() {
     let status = s.wait_exit(Duration::from_secs(30));
     assert_eq!(status.code(), Some(0), "{}", s.stderr());
 }
+
+/// `pagekv bench serve --json` runs end to end on a small scale: one JSON row per client
+/// count, the batching ratio, and a session-bank row whose hit is faster than its miss.
+#[test]
+fn bench_serve_prints_one_json_row_per_measurement() {
+    let Some(model) = pagekv_model::testing::default_model("bench_serve") else { return };
+    let _serial = support::serial();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_pagekv"));
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("PAGEKV_") {
+            cmd.env_remove(&k);
+        }
+    }
+    let args = ["--clients", "1,8", "--max-tokens", "4", "--prefix-tokens", "256", "--prefix-runs", "1"];
+    let out = cmd
+        .args(["bench", "serve", "--json", "--model"])
+        .arg(&model)
+        .args(args)
+        .args(["--context-window", "512", "--num-blocks", "128"])
+        .output()
+        .expect("run pagekv bench serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let rows: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let kinds: Vec<&str> = rows.iter().map(|r| r["row"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["clients", "clients", "batching", "session_bank"], "{rows:?}");
+    for (r, clients) in rows.iter().zip([1u64, 8]) {
+        assert_eq!(r["clients"], clients);
+        let tokens = r["output_tokens"].as_u64().unwrap();
+        assert!(tokens > 0 && tokens <= 4 * clients, "{r}");
+        let u = r["pool_utilization"].as_f64().unwrap();
+        assert!(u > 0.5 && u <= 1.0, "{r}");
+        for k in ["output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"] {
+            assert!(r[k].as_f64().is_some_and(|v| v > 0.0), "{k}: {r}");
+        }
+        assert!(r["ttft_p50_ms"].as_f64() <= r["ttft_p99_ms"].as_f64(), "{r}");
+    }
+    assert!(rows[2]["throughput_8_vs_1"].as_f64().is_some_and(|x| x > 0.0), "{:?}", rows[2]);
+    let bank = &rows[3];
+    assert_eq!(bank["cached_tokens"], 256, "{bank}");
+    assert!(bank["ttft_hit_ms"].as_f64() < bank["ttft_miss_ms"].as_f64(), "{bank}");
+}

@@ -35,6 +35,11 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// One server at a time per test binary.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// Takes the lock that [`ServerProcess`] holds, for tests that run a server another way.
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Fails the test if `fut` takes longer than `limit`.
 pub async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
     match tokio::time::timeout(limit, fut).await {
@@ -64,7 +69,7 @@ impl ServerProcess {
 
     pub fn start_with_env(test: &str, args: &[&str], env: &[(&str, &str)]) -> Option<ServerProcess> {
         let model_path = pagekv_model::testing::default_model(test)?;
-        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let serial = serial();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_pagekv"));
         cmd.args(["serve", "--host", "127.0.0.1", "--port", "0", "--model"]).arg(&model_path).args(args);
         // The settings of the environment the tests run in must not leak into the server.
