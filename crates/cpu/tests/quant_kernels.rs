@@ -19,7 +19,8 @@ use pagekv_cpu::quant::activations::quantize_q8_block;
 use pagekv_cpu::quant::blocks::*;
 use pagekv_cpu::quant::quantize::{quantize_q8_k, quantize_row};
 use pagekv_cpu::quant::{
-    dequantize_row, matmul, matmul_with_isa, Isa, Q8Kind, QuantError, QuantScratch, WeightType, WeightView,
+    dequantize_row, matmul, matmul_fused_with_isa, matmul_with_isa, Isa, MatmulPart, Q8Kind, QuantError, QuantScratch,
+    WeightType, WeightView,
 };
 use pagekv_cpu::threadpool::ThreadPool;
 use rand::rngs::StdRng;
@@ -247,13 +248,135 @@ fn activation_quantizers_round_ties_like_the_reference() {
 }
 
 #[test]
-fn avx2_is_tested_where_available() {
-    // On x86-64 machines with AVX2 the fast path must be among the tested families.
+fn fast_paths_are_tested_where_available() {
+    // On x86-64 machines with AVX2 (and AVX-512 VNNI) the fast paths must be among the tested
+    // families, and the best one is the one matmul uses.
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-        assert_eq!(Isa::best(), Isa::Avx2);
         assert!(Isa::available().contains(&Isa::Avx2));
+        let vnni = ["avx512f", "avx512bw", "avx512vl", "avx512vnni"];
+        let has_vnni = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni");
+        assert_eq!(Isa::available().contains(&Isa::Avx512Vnni), has_vnni, "{vnni:?}");
+        if std::env::var("PAGEKV_ISA").is_err() {
+            assert_eq!(Isa::best(), if has_vnni { Isa::Avx512Vnni } else { Isa::Avx2 });
+        }
     }
+}
+
+/// Shapes that cover every tile tail: odd and even row counts around the decode step (8) and
+/// the tile height (4), activation counts around the tile width (4) and the panel (64).
+fn tail_shapes() -> Vec<(usize, usize, usize)> {
+    let mut v = Vec::new();
+    for m in [1, 2, 3, 5, 7, 8, 9, 13, 16, 23, 40] {
+        for n in [1, 2, 3, 4, 5, 6, 7, 9] {
+            v.push((m, 96, n));
+        }
+    }
+    v.extend([(37, 576, 1), (64, 1536, 1), (29, 576, 70), (24, 64, 67)]);
+    v
+}
+
+#[test]
+fn avx512_kernels_are_bit_identical_to_avx2() {
+    // The AVX-512 kernels promise the AVX2 kernels' float operations in the same order, so
+    // the outputs must be equal bit for bit (not just close), on fresh random data.
+    if !Isa::Avx512Vnni.is_available() {
+        eprintln!("SKIPPED: no AVX-512 VNNI on this CPU");
+        return;
+    }
+    let pools = [ThreadPool::new(1), ThreadPool::new(3)];
+    let mut scratch = QuantScratch::new();
+    for ty in WeightType::ALL {
+        for (m, k, n) in tail_shapes() {
+            if k % ty.block_elems() != 0 {
+                continue;
+            }
+            let seed = fresh_seed();
+            let mut rng = StdRng::seed_from_u64(seed);
+            let data = random_weights(&mut rng, ty, m, k);
+            let w = WeightView::new(ty, m, k, &data).unwrap();
+            let x = normal_vec(&mut rng, n * k, 1.0);
+            let mut want = vec![f32::NAN; n * m];
+            matmul_with_isa(Isa::Avx2, w, &x, n, &mut want, &mut scratch, &pools[0]).unwrap();
+            for pool in &pools {
+                let mut got = vec![f32::NAN; n * m];
+                matmul_with_isa(Isa::Avx512Vnni, w, &x, n, &mut got, &mut scratch, pool).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "seed {seed} {ty:?} m={m} k={k} n={n} threads {}",
+                    pool.n_threads()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_matmul_equals_separate_matmuls() {
+    // Q/K/V-like and gate/up-like groups: each fused output bit-identical to its own matmul,
+    // for every family, thread count and a range of activation rows.
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    let mut scratch = QuantScratch::new();
+    let groups: [&[(WeightType, usize)]; 4] = [
+        &[(WeightType::Q4_1, 64), (WeightType::Q4_1, 24), (WeightType::Q4_1, 24)],
+        &[(WeightType::Q4_0, 37), (WeightType::Q8_0, 13)],
+        &[(WeightType::Q4K, 19), (WeightType::Q6K, 9), (WeightType::Q5K, 8)],
+        &[(WeightType::F16, 11), (WeightType::F32, 5), (WeightType::BF16, 3), (WeightType::F16, 1)],
+    ];
+    for isa in Isa::available() {
+        for group in groups {
+            let k = if group[0].0.block_elems() == QK_K { 512 } else { 160 };
+            for n in [1, 2, 5, 70] {
+                let seed = fresh_seed();
+                let mut rng = StdRng::seed_from_u64(seed);
+                let data: Vec<Vec<u8>> = group.iter().map(|&(ty, m)| random_weights(&mut rng, ty, m, k)).collect();
+                let views: Vec<WeightView> =
+                    group.iter().zip(&data).map(|(&(ty, m), d)| WeightView::new(ty, m, k, d).unwrap()).collect();
+                let x = normal_vec(&mut rng, n * k, 1.0);
+                let want: Vec<Vec<f32>> = views
+                    .iter()
+                    .map(|&w| {
+                        let mut out = vec![f32::NAN; n * w.rows];
+                        matmul_with_isa(isa, w, &x, n, &mut out, &mut scratch, &pools[0]).unwrap();
+                        out
+                    })
+                    .collect();
+                for pool in &pools {
+                    let mut outs: Vec<Vec<f32>> = views.iter().map(|w| vec![f32::NAN; n * w.rows]).collect();
+                    let mut parts: Vec<MatmulPart> =
+                        views.iter().zip(outs.iter_mut()).map(|(&w, out)| MatmulPart { w, out }).collect();
+                    matmul_fused_with_isa(isa, &mut parts, &x, n, &mut scratch, pool).unwrap();
+                    for (i, (got, want)) in outs.iter().zip(&want).enumerate() {
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(got), bits(want), "seed {seed} {isa:?} part {i} of {group:?} n={n}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fusion_errors_are_reported() {
+    let pool = ThreadPool::new(2);
+    let mut scratch = QuantScratch::new();
+    let (a, b) = (vec![0u8; 2 * 20 * 2], vec![0u8; 2 * 34 * 2]);
+    let q41 = WeightView::new(WeightType::Q4_1, 2, 64, &a).unwrap();
+    let q80 = WeightView::new(WeightType::Q8_0, 2, 64, &b).unwrap();
+    let (mut o1, mut o2) = (vec![0.0; 2], vec![0.0; 2]);
+    let x = vec![0.5f32; 64];
+    let mut parts = [MatmulPart { w: q41, out: &mut o1 }, MatmulPart { w: q80, out: &mut o2 }];
+    let r = matmul_fused_with_isa(Isa::Scalar, &mut parts, &x, 1, &mut scratch, &pool);
+    assert!(matches!(r, Err(QuantError::Fusion(_))), "{r:?}");
+    let q41_short = WeightView::new(WeightType::Q4_1, 4, 32, &a).unwrap();
+    let mut parts = [MatmulPart { w: q41, out: &mut o1 }, MatmulPart { w: q41_short, out: &mut o2 }];
+    let r = matmul_fused_with_isa(Isa::Scalar, &mut parts, &x, 1, &mut scratch, &pool);
+    assert!(matches!(r, Err(QuantError::Fusion(_))), "{r:?}");
 }
 
 #[test]

@@ -143,7 +143,7 @@ impl QuantScratch {
         let (qs, ds) = (SyncPtr(self.q8_qs.as_mut_ptr()), SyncPtr(self.q8_ds.as_mut_ptr()));
         let rows = |r0: usize, r1: usize| {
             #[cfg(target_arch = "x86_64")]
-            if isa == Isa::Avx2 {
+            if isa.has_avx2() {
                 // SAFETY: rows r0..r1 belong to this task alone, the buffers hold n*k codes and
                 // n*nb scale pairs, and AVX2 is available (the caller's contract).
                 unsafe {

@@ -12,7 +12,7 @@
 //! prefill): each weight block is unpacked once per tile, each activation block loaded once.
 
 use super::blocks::QK;
-use super::matmul::Acts;
+use super::matmul::{Acts, TileOut};
 use std::arch::x86_64::*;
 
 /// Horizontal sum of 8 lanes.
@@ -61,7 +61,7 @@ unsafe fn nibble_tile<const NR: usize, const NJ: usize, const Q4_1: bool>(
     w: &[u8],
     a: &Acts,
     j0: usize,
-    out: &mut [[f32; 4]; 4],
+    out: &mut TileOut,
 ) {
     let (block, qs_off) = if Q4_1 { (20, 4) } else { (18, 2) };
     let nb = a.k / QK;
@@ -100,18 +100,18 @@ unsafe fn nibble_tile<const NR: usize, const NJ: usize, const Q4_1: bool>(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_1_t<const NR: usize, const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [[f32; 4]; 4]) {
+unsafe fn q4_1_t<const NR: usize, const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut TileOut) {
     nibble_tile::<NR, NJ, true>(w, a, j0, out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0_t<const NR: usize, const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [[f32; 4]; 4]) {
+unsafe fn q4_0_t<const NR: usize, const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut TileOut) {
     nibble_tile::<NR, NJ, false>(w, a, j0, out)
 }
 
 /// Q8_0: `NR` weight rows × `NJ` activation rows, `NR * NJ <= 4`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_t<const NR: usize, const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [[f32; 4]; 4]) {
+unsafe fn q8_0_t<const NR: usize, const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut TileOut) {
     const BLOCK: usize = 34;
     let nb = a.k / QK;
     let row_bytes = nb * BLOCK;
@@ -153,7 +153,7 @@ unsafe fn q8_0_t<const NR: usize, const NJ: usize>(w: &[u8], a: &Acts, j0: usize
 macro_rules! dispatch_tile {
     ($name:ident, $inner:ident) => {
         /// Tile kernel (see [`TileFn`](super::matmul::TileFn)); requires AVX2, FMA and F16C.
-        pub(super) unsafe fn $name(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut [[f32; 4]; 4]) {
+        pub(super) unsafe fn $name(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut TileOut) {
             debug_assert!(nr == 1 || nj == 1);
             match (nr, nj) {
                 (1, 1) => $inner::<1, 1>(w, a, j0, out),

@@ -1,14 +1,20 @@
 //! `out[n, m] = x[n, k] · W[m, k]ᵀ` for every [`WeightType`]: quantize the activations once
 //! (Q8 or Q8_K, into a [`QuantScratch`]), then split the output rows over the thread pool.
+//! [`matmul_fused`] does the same for several matrices that multiply the same activations
+//! (a layer's Q/K/V, or gate and up): one quantization and one parallel region for all of
+//! them, each output exactly what its own [`matmul`] would give.
 //!
-//! Per task (a run of consecutive weight rows), activations are taken in panels of
-//! [`ACT_PANEL`] rows; inside a panel every weight row is combined with the activations four
-//! rows at a time by one row kernel call, so each weight block is loaded and unpacked once per
-//! four activation rows and a weight row stays in L1 across the panel: weights stream from
-//! memory once per call (decode is a pure stream over the weight bytes).
+//! Per task (a run of consecutive weight rows of one matrix), decode (`n == 1`) calls the tile
+//! kernel on [`Kernel::decode_rows`] rows at a time. With more activation rows they are taken
+//! in panels of [`ACT_PANEL`] rows, and inside a panel the kernel computes register tiles of
+//! [`Kernel::tile_rows`] weight rows × [`Kernel::tile_acts`] activation rows, so each weight
+//! block is loaded and unpacked once per tile and the tile's weight rows stay in L1 across the
+//! panel: weights stream from memory once per call.
 //!
-//! Row kernels ([`RowFn`]) exist per instruction set ([`Isa`]); the best one is picked at run
-//! time with `is_x86_feature_detected!`.
+//! Tile kernels ([`TileFn`]) exist per instruction set ([`Isa`]); the best one is picked at
+//! run time with `is_x86_feature_detected!`. Every kernel computes each output with the same
+//! float operations in the same order whatever the tile shape, so results do not depend on
+//! the tiling, the thread count or the fusion.
 
 use super::activations::{Q8Kind, SyncPtr};
 use super::blocks::BlockQ8K;
@@ -22,6 +28,15 @@ pub const ACT_PANEL: usize = 64;
 const TASKS_PER_THREAD: usize = 4;
 /// Fewest weight rows per task, so tiny tasks do not drown in scheduling.
 const MIN_ROWS_PER_TASK: usize = 8;
+/// Most weight rows of a tile.
+pub const TILE_MAX_ROWS: usize = 8;
+/// Most activation rows of a tile.
+pub const TILE_MAX_ACTS: usize = 4;
+/// Most matrices in one [`matmul_fused`] call.
+pub const MAX_FUSED: usize = 4;
+
+/// A tile of results, `[weight row][activation row]`.
+pub type TileOut = [[f32; TILE_MAX_ACTS]; TILE_MAX_ROWS];
 
 /// Activations in the layout the row kernel of a weight type expects; the unused fields are
 /// empty. All are row-major with `k` values per row.
@@ -47,18 +62,18 @@ pub struct Acts<'a> {
 pub type RowFn = unsafe fn(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]);
 
 /// A tile kernel: `out[i][t] = W_{r + i} · x_{j0 + t}` for `i < nr`, `t < nj`, where `w` holds
-/// the `nr` consecutive weight rows `r..r + nr`. Callers pass `nr == 1` (any `nj <= 4`) or
-/// `nj == 1` (any `nr <= 4`).
+/// the `nr` consecutive weight rows `r..r + nr`. Callers stay within the kernel's
+/// [`Kernel`] shapes: `nr <= decode_rows` with `nj == 1`, or `nr <= tile_rows`, `nj <= tile_acts`.
 ///
 /// # Safety
 /// As [`RowFn`], for each of the `nr` rows.
-pub type TileFn = unsafe fn(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut [[f32; 4]; 4]);
+pub type TileFn = unsafe fn(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut TileOut);
 
 /// Defines a [`TileFn`] that runs a [`RowFn`] row by row.
 macro_rules! tile_from_rows {
     ($name:ident, $row:path) => {
         #[allow(unused_unsafe)]
-        pub(super) unsafe fn $name(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut [[f32; 4]; 4]) {
+        pub(super) unsafe fn $name(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut TileOut) {
             let row_bytes = w.len() / nr;
             for i in 0..nr {
                 // SAFETY: forwarded from the TileFn contract, one row at a time.
@@ -81,6 +96,7 @@ tile_from_rows!(scalar_bf16, dot_scalar::bf16_row);
 mod avx2_rows {
     use super::super::{dot_avx2_float as f, dot_avx2_k as kq};
     use super::Acts;
+    use super::TileOut;
     tile_from_rows!(q4_k, kq::q4_k);
     tile_from_rows!(q5_k, kq::q5_k);
     tile_from_rows!(q6_k, kq::q6_k);
@@ -89,47 +105,107 @@ mod avx2_rows {
     tile_from_rows!(bf16_row, f::bf16_row);
 }
 
-/// Instruction-set families with row kernels.
+/// Instruction-set families with tile kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Isa {
     /// Portable Rust, any CPU.
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86-64 AVX-512 F/BW/VL with VNNI, plus everything of [`Isa::Avx2`] (whose kernels it
+    /// uses for the types without AVX-512 ones).
+    Avx512Vnni,
 }
 
 impl Isa {
     /// Whether this CPU can run the family.
     pub fn is_available(self) -> bool {
-        match self {
-            Isa::Scalar => true,
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
-                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 =
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+            match self {
+                Isa::Scalar => true,
+                Isa::Avx2 => avx2,
+                Isa::Avx512Vnni => {
+                    avx2 && is_x86_feature_detected!("avx512f")
+                        && is_x86_feature_detected!("avx512bw")
+                        && is_x86_feature_detected!("avx512vl")
+                        && is_x86_feature_detected!("avx512vnni")
+                }
             }
-            #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 => false,
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Isa::Scalar
         }
     }
 
-    /// The best available family (detected once per process).
+    /// Whether the family includes AVX2 + FMA + F16C (so their kernels may run).
+    pub fn has_avx2(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::Avx512Vnni)
+    }
+
+    /// The best available family (detected once per process). `PAGEKV_ISA=scalar|avx2`
+    /// caps it (for comparisons and tests of the slower paths).
     pub fn best() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
-        *BEST.get_or_init(|| if Isa::Avx2.is_available() { Isa::Avx2 } else { Isa::Scalar })
+        *BEST.get_or_init(|| {
+            let cap = match std::env::var("PAGEKV_ISA").as_deref() {
+                Ok("scalar") => Isa::Scalar,
+                Ok("avx2") => Isa::Avx2,
+                _ => Isa::Avx512Vnni,
+            };
+            [Isa::Avx512Vnni, Isa::Avx2, Isa::Scalar]
+                .into_iter()
+                .find(|i| i.rank() <= cap.rank() && i.is_available())
+                .unwrap_or(Isa::Scalar)
+        })
+    }
+
+    fn rank(self) -> u8 {
+        match self {
+            Isa::Scalar => 0,
+            Isa::Avx2 => 1,
+            Isa::Avx512Vnni => 2,
+        }
     }
 
     /// Every family this CPU can run, for tests and benches.
     pub fn available() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Avx2].into_iter().filter(|i| i.is_available()).collect()
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni].into_iter().filter(|i| i.is_available()).collect()
     }
 }
 
-/// The tile kernel for `ty` on `isa` (which must be available).
-fn tile_fn(isa: Isa, ty: WeightType) -> TileFn {
+/// A tile kernel and the tile shapes it takes.
+#[derive(Clone, Copy)]
+pub struct Kernel {
+    pub tile: TileFn,
+    /// Weight rows per call when there is one activation row.
+    pub decode_rows: usize,
+    /// Weight rows × activation rows of a tile when there are more.
+    pub tile_rows: usize,
+    pub tile_acts: usize,
+}
+
+/// The kernel for `ty` on `isa` (which must be available).
+fn kernel_for(isa: Isa, ty: WeightType) -> Kernel {
+    let rows = |tile: TileFn| Kernel { tile, decode_rows: 4, tile_rows: 1, tile_acts: 4 };
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa == Isa::Avx512Vnni {
+        use super::dot_avx512 as v;
+        let pairs = |tile: TileFn| Kernel { tile, decode_rows: 8, tile_rows: 4, tile_acts: 4 };
+        match ty {
+            WeightType::Q4_0 => return pairs(v::q4_0),
+            WeightType::Q4_1 => return pairs(v::q4_1),
+            WeightType::Q8_0 => return pairs(v::q8_0),
+            _ => {}
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
         use super::dot_avx2 as v;
-        return match ty {
+        return rows(match ty {
             WeightType::Q4_0 => v::q4_0,
             WeightType::Q4_1 => v::q4_1,
             WeightType::Q8_0 => v::q8_0,
@@ -139,10 +215,10 @@ fn tile_fn(isa: Isa, ty: WeightType) -> TileFn {
             WeightType::F32 => avx2_rows::f32_row,
             WeightType::F16 => avx2_rows::f16_row,
             WeightType::BF16 => avx2_rows::bf16_row,
-        };
+        });
     }
     let _ = isa;
-    match ty {
+    rows(match ty {
         WeightType::Q4_0 => scalar_q4_0,
         WeightType::Q4_1 => scalar_q4_1,
         WeightType::Q8_0 => scalar_q8_0,
@@ -152,7 +228,38 @@ fn tile_fn(isa: Isa, ty: WeightType) -> TileFn {
         WeightType::F32 => scalar_f32,
         WeightType::F16 => scalar_f16,
         WeightType::BF16 => scalar_bf16,
+    })
+}
+
+/// The activation layout a weight type's kernels read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ActLayout {
+    Q8(Q8Kind),
+    Q8K,
+    F32,
+}
+
+impl ActLayout {
+    fn of(ty: WeightType) -> ActLayout {
+        match (Q8Kind::for_weights(ty), ty) {
+            (Some(kind), _) => ActLayout::Q8(kind),
+            (None, WeightType::Q4K | WeightType::Q5K | WeightType::Q6K) => ActLayout::Q8K,
+            (None, _) => ActLayout::F32,
+        }
     }
+}
+
+/// Whether matrices of these types can share one [`matmul_fused`] call (they read the same
+/// activation layout).
+pub fn fusable(types: &[WeightType]) -> bool {
+    types.windows(2).all(|w| ActLayout::of(w[0]) == ActLayout::of(w[1])) && types.len() <= MAX_FUSED
+}
+
+/// One matrix of a [`matmul_fused`] call and its output `[n, w.rows]`.
+#[derive(Debug)]
+pub struct MatmulPart<'w, 'o> {
+    pub w: WeightView<'w>,
+    pub out: &'o mut [f32],
 }
 
 /// `out[j, r] = Σ_c x[j, c] · W[r, c]` with the best kernels for this CPU.
@@ -183,76 +290,174 @@ pub fn matmul_with_isa(
     scratch: &mut QuantScratch,
     pool: &ThreadPool,
 ) -> Result<(), QuantError> {
+    matmul_fused_with_isa(isa, &mut [MatmulPart { w, out }], x, n, scratch, pool)
+}
+
+/// [`matmul`] of up to [`MAX_FUSED`] matrices with the same `cols` against the same `x`, in one
+/// parallel region: `parts[i].out[n, parts[i].w.rows] = x · parts[i].wᵀ`. The weight types
+/// must read the same activation layout (all Q4_1; or Q4_0 and Q8_0; or all K-quants; or all
+/// float types). Each output is bit-identical to a separate [`matmul`] of its matrix.
+pub fn matmul_fused(
+    parts: &mut [MatmulPart],
+    x: &[f32],
+    n: usize,
+    scratch: &mut QuantScratch,
+    pool: &ThreadPool,
+) -> Result<(), QuantError> {
+    matmul_fused_with_isa(Isa::best(), parts, x, n, scratch, pool)
+}
+
+/// A fused part as the tasks see it.
+#[derive(Clone, Copy)]
+struct Job<'a> {
+    data: &'a [u8],
+    row_bytes: usize,
+    m: usize,
+    out: SyncPtr<f32>,
+    kernel: Kernel,
+    /// First task index of this part.
+    first_task: usize,
+}
+
+/// [`matmul_fused`] with an explicit instruction-set family (tests, benches).
+pub fn matmul_fused_with_isa(
+    isa: Isa,
+    parts: &mut [MatmulPart],
+    x: &[f32],
+    n: usize,
+    scratch: &mut QuantScratch,
+    pool: &ThreadPool,
+) -> Result<(), QuantError> {
     if !isa.is_available() {
         return Err(QuantError::IsaUnavailable(isa));
     }
-    w.check()?;
-    let (m, k) = (w.rows, w.cols);
+    let Some(first) = parts.first() else {
+        return Ok(());
+    };
+    if parts.len() > MAX_FUSED {
+        return Err(QuantError::Fusion("more than MAX_FUSED matrices"));
+    }
+    let (k, layout) = (first.w.cols, ActLayout::of(first.w.ty));
+    for p in parts.iter() {
+        p.w.check()?;
+        if p.w.cols != k {
+            return Err(QuantError::Fusion("fused matrices differ in columns"));
+        }
+        if ActLayout::of(p.w.ty) != layout {
+            return Err(QuantError::Fusion("fused weight types read different activations"));
+        }
+        if p.out.len() != n * p.w.rows {
+            return Err(QuantError::Length { what: "output out[n, m]", expected: n * p.w.rows, actual: p.out.len() });
+        }
+    }
     if x.len() != n * k {
         return Err(QuantError::Length { what: "activations x[n, k]", expected: n * k, actual: x.len() });
     }
-    if out.len() != n * m {
-        return Err(QuantError::Length { what: "output out[n, m]", expected: n * m, actual: out.len() });
-    }
-    if n == 0 || m == 0 {
+    let total_rows: usize = parts.iter().map(|p| p.w.rows).sum();
+    if n == 0 || total_rows == 0 {
         return Ok(());
     }
     let mut acts = Acts { k, q8_qs: &[], q8_ds: &[], q8k: &[], x: &[] };
-    match (Q8Kind::for_weights(w.ty), w.ty) {
-        (Some(kind), _) => {
+    match layout {
+        ActLayout::Q8(kind) => {
             scratch.quantize_q8_with(isa, kind, x, n, k, pool);
             (acts.q8_qs, acts.q8_ds) = scratch.q8();
         }
-        (None, WeightType::Q4K | WeightType::Q5K | WeightType::Q6K) => {
+        ActLayout::Q8K => {
             scratch.quantize_q8k(x, n, k, pool);
             acts.q8k = scratch.q8k();
         }
-        (None, _) => acts.x = x,
+        ActLayout::F32 => acts.x = x,
     }
-    let kernel = tile_fn(isa, w.ty);
-    let row_bytes = w.row_bytes()?;
-    let rows_per_task = m.div_ceil(pool.n_threads() * TASKS_PER_THREAD).max(MIN_ROWS_PER_TASK).next_multiple_of(4);
-    let n_tasks = m.div_ceil(rows_per_task);
-    let out_ptr = SyncPtr(out.as_mut_ptr());
-    let data = w.data;
+    // One task size for every part (so tasks are of similar cost), a multiple of every
+    // kernel's row step; a task never spans two parts.
+    let step = parts
+        .iter()
+        .map(|p| {
+            let kn = kernel_for(isa, p.w.ty);
+            if n == 1 {
+                kn.decode_rows
+            } else {
+                kn.tile_rows
+            }
+        })
+        .fold(1, lcm);
+    let rows_per_task =
+        total_rows.div_ceil(pool.n_threads() * TASKS_PER_THREAD).max(MIN_ROWS_PER_TASK).next_multiple_of(step);
+    let mut jobs = [None; MAX_FUSED];
+    let mut n_tasks = 0;
+    for (slot, p) in jobs.iter_mut().zip(parts.iter_mut()) {
+        *slot = Some(Job {
+            data: p.w.data,
+            row_bytes: p.w.row_bytes()?,
+            m: p.w.rows,
+            out: SyncPtr(p.out.as_mut_ptr()),
+            kernel: kernel_for(isa, p.w.ty),
+            first_task: n_tasks,
+        });
+        n_tasks += p.w.rows.div_ceil(rows_per_task);
+    }
+    let jobs = &jobs[..parts.len()];
     pool.run(n_tasks, |task, _| {
-        let r0 = task * rows_per_task;
-        let r1 = (r0 + rows_per_task).min(m);
-        let mut dots = [[0.0f32; 4]; 4];
-        // Writes out[j, r..r + nr] for j in j0..j0 + nj from the tile `dots[i][t]`.
-        let store = |dots: &[[f32; 4]; 4], r: usize, nr: usize, j0: usize, nj: usize| {
-            for (i, row) in dots.iter().enumerate().take(nr) {
-                for (t, &d) in row.iter().enumerate().take(nj) {
-                    // SAFETY: j0 + t < n and r + i < m, so the index is inside out[n, m];
-                    // rows r0..r1 belong to this task alone.
-                    unsafe { *out_ptr.get().add((j0 + t) * m + r + i) = d };
-                }
-            }
-        };
-        if n == 1 {
-            // Decode: 4 weight rows per kernel call, one activation row.
-            for r in (r0..r1).step_by(4) {
-                let nr = (r1 - r).min(4);
-                let rows = &data[r * row_bytes..(r + nr) * row_bytes];
-                // SAFETY: `rows` is nr full rows (checked by `w.check()`), `acts` holds n rows
-                // of the kernel's layout, and `isa` is available (checked above).
-                unsafe { kernel(rows, nr, &acts, 0, 1, &mut dots) };
-                store(&dots, r, nr, 0, 1);
-            }
-            return;
-        }
-        for p0 in (0..n).step_by(ACT_PANEL) {
-            let p1 = (p0 + ACT_PANEL).min(n);
-            for r in r0..r1 {
-                let row = &data[r * row_bytes..(r + 1) * row_bytes];
-                for j0 in (p0..p1).step_by(4) {
-                    let nj = (p1 - j0).min(4);
-                    // SAFETY: as above, with one row and nj activation rows.
-                    unsafe { kernel(row, 1, &acts, j0, nj, &mut dots) };
-                    store(&dots, r, 1, j0, nj);
-                }
-            }
-        }
+        let job = jobs.iter().rev().flatten().find(|j| j.first_task <= task).expect("task of some part");
+        let r0 = (task - job.first_task) * rows_per_task;
+        let r1 = (r0 + rows_per_task).min(job.m);
+        // SAFETY: rows r0..r1 of this part belong to this task alone, `job.out` points to the
+        // part's [n, m] output, `acts` holds n rows of the kernel's layout, the weight bytes
+        // were checked to hold m full rows, and `isa` is available (checked above).
+        unsafe { run_rows(job, &acts, n, r0, r1) };
     });
     Ok(())
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    a / gcd(a, b) * b
+}
+
+/// Computes `out[j, r]` for weight rows `r0..r1` of `job` and every activation row `j < n`.
+///
+/// # Safety
+/// See the call in [`matmul_fused_with_isa`]: the rows are this caller's alone and every
+/// buffer has the shape the job states.
+unsafe fn run_rows(job: &Job, acts: &Acts, n: usize, r0: usize, r1: usize) {
+    let (m, rb, kn) = (job.m, job.row_bytes, job.kernel);
+    let mut dots: TileOut = [[0.0; TILE_MAX_ACTS]; TILE_MAX_ROWS];
+    // Writes out[j, r..r + nr] for j in j0..j0 + nj from the tile `dots[i][t]`.
+    let store = |dots: &TileOut, r: usize, nr: usize, j0: usize, nj: usize| {
+        for (i, row) in dots.iter().enumerate().take(nr) {
+            for (t, &d) in row.iter().enumerate().take(nj) {
+                // SAFETY: j0 + t < n and r + i < m, so the index is inside out[n, m], and
+                // rows r0..r1 belong to this task alone.
+                unsafe { *job.out.get().add((j0 + t) * m + r + i) = d };
+            }
+        }
+    };
+    if n == 1 {
+        for r in (r0..r1).step_by(kn.decode_rows) {
+            let nr = (r1 - r).min(kn.decode_rows);
+            // SAFETY: nr full rows; the kernel takes nr <= decode_rows with one activation row.
+            unsafe { (kn.tile)(&job.data[r * rb..(r + nr) * rb], nr, acts, 0, 1, &mut dots) };
+            store(&dots, r, nr, 0, 1);
+        }
+        return;
+    }
+    for p0 in (0..n).step_by(ACT_PANEL) {
+        let p1 = (p0 + ACT_PANEL).min(n);
+        for r in (r0..r1).step_by(kn.tile_rows) {
+            let nr = (r1 - r).min(kn.tile_rows);
+            let rows = &job.data[r * rb..(r + nr) * rb];
+            for j0 in (p0..p1).step_by(kn.tile_acts) {
+                let nj = (p1 - j0).min(kn.tile_acts);
+                // SAFETY: as above, a tile within the kernel's shapes.
+                unsafe { (kn.tile)(rows, nr, acts, j0, nj, &mut dots) };
+                store(&dots, r, nr, j0, nj);
+            }
+        }
+    }
 }

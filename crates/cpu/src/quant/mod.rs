@@ -4,10 +4,13 @@
 //! - [`reference`]: scalar dequantizers written from each format's definition (the oracle).
 //! - [`quantize`]: scalar reference quantizers (Q8_0, Q8_1, Q8_K for activations, as
 //!   llama.cpp's ggml-cpu makes them on x86; Q4_0, Q4_1, Q8_0 for weight test data).
+//! - [`hugepage`]: [`HugePageBuf`](hugepage::HugePageBuf), weight storage in transparent huge pages.
 //! - [`activations`]: [`QuantScratch`], the reusable buffer holding quantized activations.
-//! - [`matmul`]: `out[n, m] = x[n, k] · W[m, k]ᵀ`, threads over output rows, dispatching to
-//!   per-ISA row kernels ([`dot_scalar`]; `dot_avx2` for Q4_0/Q4_1/Q8_0, `dot_avx2_k` for the
-//!   K-quants, `dot_avx2_float` for F32/F16/BF16).
+//! - [`matmul`]: `out[n, m] = x[n, k] · W[m, k]ᵀ` (and [`matmul_fused`] for several matrices
+//!   over the same `x`), threads over output rows, dispatching to per-ISA tile kernels
+//!   ([`dot_scalar`]; `dot_avx2` for Q4_0/Q4_1/Q8_0, `dot_avx2_k` for the K-quants,
+//!   `dot_avx2_float` for F32/F16/BF16; `dot_avx512` for Q4_0/Q4_1/Q8_0 with AVX-512 VNNI,
+//!   bit-identical to `dot_avx2`).
 //!
 //! A weight tensor is a GGUF tensor with dims `[k, m]`: `m` rows of `k` values, `k` fastest,
 //! each row a whole number of blocks.
@@ -15,6 +18,7 @@
 pub mod activations;
 pub mod blocks;
 pub mod dot_scalar;
+pub mod hugepage;
 pub mod matmul;
 pub mod quantize;
 pub mod reference;
@@ -27,9 +31,11 @@ mod dot_avx2;
 mod dot_avx2_float;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx2_k;
+#[cfg(target_arch = "x86_64")]
+mod dot_avx512;
 
 pub use activations::{Q8Kind, QuantScratch};
-pub use matmul::{matmul, matmul_with_isa, Isa};
+pub use matmul::{fusable, matmul, matmul_fused, matmul_fused_with_isa, matmul_with_isa, Isa, MatmulPart};
 pub use reference::dequantize_row;
 
 /// Errors from the quantized kernels: all are bad input (shapes, lengths, types).
@@ -47,6 +53,9 @@ pub enum QuantError {
     /// A format without a reference quantizer (the K-quants).
     #[error("no reference quantizer for {0:?}")]
     NoQuantizer(WeightType),
+    /// Matrices that cannot share one [`matmul_fused`] call.
+    #[error("cannot fuse these matrices: {0}")]
+    Fusion(&'static str),
     /// A kernel family this CPU cannot run.
     #[error("instruction set {0:?} is not available on this CPU")]
     IsaUnavailable(Isa),

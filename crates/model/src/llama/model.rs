@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use kvcache::{KvPool, LayerView, PageStore};
 use pagekv_cpu::attention::{Attention, AttentionConfig, AttentionParams};
-use pagekv_cpu::quant::{dequantize_row, matmul, QuantScratch};
+use pagekv_cpu::quant::{dequantize_row, fusable, matmul, matmul_fused, MatmulPart, QuantScratch};
 use pagekv_cpu::threadpool::ThreadPool;
 
 use super::config::ModelConfig;
@@ -136,9 +136,14 @@ impl Model {
                 rms_norm(&s.x[i * h..(i + 1) * h], norm, c.rms_eps, &mut s.xn[i * h..(i + 1) * h]);
             }
             let xn = &s.xn[..n * h];
-            mm(w, &lw.wq, xn, n, &mut s.q[..n * qd], &mut s.quant, self.threads)?;
-            mm(w, &lw.wk, xn, n, &mut s.k[..n * kvd], &mut s.quant, self.threads)?;
-            mm(w, &lw.wv, xn, n, &mut s.v[..n * kvd], &mut s.quant, self.threads)?;
+            mm_fused(
+                w,
+                [(&lw.wq, &mut s.q[..n * qd]), (&lw.wk, &mut s.k[..n * kvd]), (&lw.wv, &mut s.v[..n * kvd])],
+                xn,
+                n,
+                &mut s.quant,
+                self.threads,
+            )?;
             for (bias, buf, width) in [(&lw.bq, &mut s.q, qd), (&lw.bk, &mut s.k, kvd), (&lw.bv, &mut s.v, kvd)] {
                 if let Some(b) = bias {
                     let b = w.f32s(b);
@@ -180,8 +185,15 @@ impl Model {
             for i in 0..n {
                 rms_norm(&s.x[i * h..(i + 1) * h], norm, c.rms_eps, &mut s.xn[i * h..(i + 1) * h]);
             }
-            mm(w, &lw.w_gate, &s.xn[..n * h], n, &mut s.gate[..n * f], &mut s.quant, self.threads)?;
-            mm(w, &lw.w_up, &s.xn[..n * h], n, &mut s.up[..n * f], &mut s.quant, self.threads)?;
+            let xn = &s.xn[..n * h];
+            mm_fused(
+                w,
+                [(&lw.w_gate, &mut s.gate[..n * f]), (&lw.w_up, &mut s.up[..n * f])],
+                xn,
+                n,
+                &mut s.quant,
+                self.threads,
+            )?;
             silu_mul(&mut s.gate[..n * f], &s.up[..n * f]);
             mm(w, &lw.w_down, &s.gate[..n * f], n, &mut s.proj[..n * h], &mut s.quant, self.threads)?;
             add_in_place(&mut s.x[..n * h], &s.proj[..n * h]);
@@ -289,6 +301,27 @@ fn mm(
     pool: &ThreadPool,
 ) -> Result<(), ModelError> {
     matmul(w.view(t), x, n, out, q, pool).map_err(|e| kernel(t, e))
+}
+
+/// `out_i[n, rows_i] = x[n, cols] · W_iᵀ` for matrices over the same input, in one parallel
+/// region when their types allow it (outputs bit-identical either way).
+fn mm_fused<const N: usize>(
+    w: &Weights,
+    parts: [(&Tensor, &mut [f32]); N],
+    x: &[f32],
+    n: usize,
+    q: &mut QuantScratch,
+    pool: &ThreadPool,
+) -> Result<(), ModelError> {
+    if !fusable(&parts.each_ref().map(|(t, _)| t.ty)) {
+        for (t, out) in parts {
+            mm(w, t, x, n, out, q, pool)?;
+        }
+        return Ok(());
+    }
+    let first = parts[0].0;
+    let mut views = parts.map(|(t, out)| MatmulPart { w: w.view(t), out });
+    matmul_fused(&mut views, x, n, q, pool).map_err(|e| kernel(first, e))
 }
 
 /// Paged attention for every sequence: decodes (one new token) batched in one call, each

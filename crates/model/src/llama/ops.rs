@@ -135,8 +135,8 @@ impl Rope {
     /// Rotates with the cos/sin of the last [`Self::apply`] (the same position for q and k).
     pub fn apply_cached(&self, x: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if Isa::best() == Isa::Avx2 {
-            // SAFETY: Isa::Avx2 means AVX2, FMA and F16C were detected on this CPU.
+        if Isa::best().has_avx2() {
+            // SAFETY: has_avx2 means AVX2, FMA and F16C were detected on this CPU.
             unsafe { self.rotate_fma(x) };
             return;
         }

@@ -22,8 +22,8 @@ use pagekv_cpu::quant::Isa;
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     debug_assert_eq!(gate.len(), up.len());
     #[cfg(target_arch = "x86_64")]
-    if Isa::best() == Isa::Avx2 {
-        // SAFETY: Isa::Avx2 means AVX2, FMA and F16C were detected on this CPU.
+    if Isa::best().has_avx2() {
+        // SAFETY: has_avx2 means AVX2, FMA and F16C were detected on this CPU.
         unsafe { avx2::silu_mul(gate, up) };
         return;
     }

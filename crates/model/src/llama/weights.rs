@@ -1,8 +1,15 @@
-//! The model's tensors as typed references into the mapped GGUF file. Nothing is copied:
-//! a [`Tensor`] names where its bytes lie and [`Weights::view`] borrows them for a kernel.
+//! The model's tensors as typed references into the mapped GGUF file: a [`Tensor`] names where
+//! its bytes lie and [`Weights::view`] borrows them for a kernel.
+//!
+//! The matrices a decode step streams are copied once, at load, into memory backed by
+//! transparent huge pages ([`Resident`]): the page cache behind the mapping uses 4 KiB pages,
+//! and a step that reads ~100 MB through them pays a TLB miss every 4 KiB. The copy is skipped
+//! when it would take more than a quarter of the available memory, or with
+//! `PAGEKV_COPY_WEIGHTS=0`; the kernels then read the mapping.
 
 use std::sync::Arc;
 
+use pagekv_cpu::quant::hugepage::HugePageBuf;
 use pagekv_cpu::quant::{WeightType, WeightView};
 
 use super::config::{Architecture, ModelConfig};
@@ -24,25 +31,27 @@ pub struct Tensor {
 /// Per-layer tensors. Shapes: `[rows, cols]` as multiplied (`out = W · x`).
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
-    pub attn_norm: Tensor,    // [1, hidden] f32
-    pub wq: Tensor,           // [q_dim, hidden]
-    pub wk: Tensor,           // [kv_dim, hidden]
-    pub wv: Tensor,           // [kv_dim, hidden]
-    pub wo: Tensor,           // [hidden, q_dim]
-    pub bq: Option<Tensor>,   // [1, q_dim] (qwen2)
-    pub bk: Option<Tensor>,   // [1, kv_dim]
-    pub bv: Option<Tensor>,   // [1, kv_dim]
+    pub attn_norm: Tensor,      // [1, hidden] f32
+    pub wq: Tensor,             // [q_dim, hidden]
+    pub wk: Tensor,             // [kv_dim, hidden]
+    pub wv: Tensor,             // [kv_dim, hidden]
+    pub wo: Tensor,             // [hidden, q_dim]
+    pub bq: Option<Tensor>,     // [1, q_dim] (qwen2)
+    pub bk: Option<Tensor>,     // [1, kv_dim]
+    pub bv: Option<Tensor>,     // [1, kv_dim]
     pub q_norm: Option<Tensor>, // [1, head_dim] (qwen3)
     pub k_norm: Option<Tensor>, // [1, head_dim]
-    pub ffn_norm: Tensor,     // [1, hidden]
-    pub w_gate: Tensor,       // [ffn, hidden]
-    pub w_up: Tensor,         // [ffn, hidden]
-    pub w_down: Tensor,       // [hidden, ffn]
+    pub ffn_norm: Tensor,       // [1, hidden]
+    pub w_gate: Tensor,         // [ffn, hidden]
+    pub w_up: Tensor,           // [ffn, hidden]
+    pub w_down: Tensor,         // [hidden, ffn]
 }
 
 pub struct Weights {
     file: Arc<GgufFile>,
-    pub token_embd: Tensor, // [vocab, hidden]
+    /// Copies of the matrices in huge pages, if made.
+    resident: Option<Resident>,
+    pub token_embd: Tensor,  // [vocab, hidden]
     pub output_norm: Tensor, // [1, hidden]
     /// `[vocab, hidden]`; the token embedding when the model ties them.
     pub output: Tensor,
@@ -79,8 +88,16 @@ impl Weights {
                 bq: opt(&n("attn_q.bias"), 1, q)?,
                 bk: opt(&n("attn_k.bias"), 1, kv)?,
                 bv: opt(&n("attn_v.bias"), 1, kv)?,
-                q_norm: if qwen3 { Some(get(&n("attn_q_norm.weight"), 1, d)?) } else { opt(&n("attn_q_norm.weight"), 1, d)? },
-                k_norm: if qwen3 { Some(get(&n("attn_k_norm.weight"), 1, d)?) } else { opt(&n("attn_k_norm.weight"), 1, d)? },
+                q_norm: if qwen3 {
+                    Some(get(&n("attn_q_norm.weight"), 1, d)?)
+                } else {
+                    opt(&n("attn_q_norm.weight"), 1, d)?
+                },
+                k_norm: if qwen3 {
+                    Some(get(&n("attn_k_norm.weight"), 1, d)?)
+                } else {
+                    opt(&n("attn_k_norm.weight"), 1, d)?
+                },
                 ffn_norm: get(&n("ffn_norm.weight"), 1, h)?,
                 w_gate: get(&n("ffn_gate.weight"), f, h)?,
                 w_up: get(&n("ffn_up.weight"), f, h)?,
@@ -89,10 +106,13 @@ impl Weights {
         }
         for (t, what) in layers.iter().flat_map(|l| [(&l.attn_norm, "norm"), (&l.ffn_norm, "norm")]) {
             if t.ty != WeightType::F32 {
-                return Err(ModelError::Tensor { name: t.name.clone(), reason: format!("{what} weights must be F32, found {:?}", t.ty) });
+                return Err(ModelError::Tensor {
+                    name: t.name.clone(),
+                    reason: format!("{what} weights must be F32, found {:?}", t.ty),
+                });
             }
         }
-        Ok(Weights {
+        let mut weights = Weights {
             output_norm: get("output_norm.weight", 1, h)?,
             output: output.unwrap_or_else(|| token_embd.clone()),
             rope_freqs: opt("rope_freqs.weight", 1, c.rope_dims / 2)?,
@@ -100,7 +120,27 @@ impl Weights {
             tied_embeddings,
             layers,
             file,
-        })
+            resident: None,
+        };
+        if std::env::var("PAGEKV_COPY_WEIGHTS").as_deref() != Ok("0") {
+            weights.resident = Resident::build(&weights);
+        }
+        Ok(weights)
+    }
+
+    /// The matrices in the order a forward pass reads them (each tensor once).
+    fn streamed(&self) -> Vec<&Tensor> {
+        let mut v: Vec<&Tensor> = Vec::new();
+        for l in &self.layers {
+            v.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        }
+        v.push(&self.output);
+        v
+    }
+
+    /// Whether the streamed matrices are read from a huge-page copy.
+    pub fn is_resident(&self) -> bool {
+        self.resident.is_some()
     }
 
     /// The bytes of `t` as a kernel operand.
@@ -109,6 +149,11 @@ impl Weights {
     }
 
     pub fn bytes(&self, t: &Tensor) -> &[u8] {
+        if let Some(r) = &self.resident {
+            if let Some(off) = r.offsets[t.index] {
+                return &r.buf.as_slice()[off..off + t.len];
+            }
+        }
         self.file.tensor_data(&self.file.tensors()[t.index])
     }
 
@@ -130,6 +175,48 @@ impl Weights {
         }
         total
     }
+}
+
+/// The streamed matrices copied into one huge-page buffer, laid out in reading order.
+struct Resident {
+    buf: HugePageBuf,
+    /// Per tensor of the file (by index): where its copy starts in `buf`, if it has one.
+    offsets: Vec<Option<usize>>,
+}
+
+impl Resident {
+    /// Alignment of each copied tensor (a cache line).
+    const ALIGN: usize = 64;
+
+    /// The copy, or `None` when it is too large for the available memory or cannot be made.
+    fn build(w: &Weights) -> Option<Resident> {
+        let mut offsets = vec![None; w.file.tensors().len()];
+        let mut len = 0;
+        for t in w.streamed() {
+            if offsets[t.index].is_none() {
+                offsets[t.index] = Some(len);
+                len = (len + t.len).next_multiple_of(Self::ALIGN);
+            }
+        }
+        if len == 0 || len > available_memory()? / 4 {
+            return None;
+        }
+        let mut buf = HugePageBuf::zeroed(len).ok()?;
+        let dst = buf.as_mut_slice();
+        for t in w.streamed() {
+            let off = offsets[t.index].expect("laid out above");
+            dst[off..off + t.len].copy_from_slice(w.file.tensor_data(&w.file.tensors()[t.index]));
+        }
+        Some(Resident { buf, offsets })
+    }
+}
+
+/// `MemAvailable` of /proc/meminfo in bytes (Linux), `None` where unknown.
+fn available_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 fn tensor(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Tensor, ModelError> {
