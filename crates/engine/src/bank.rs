@@ -304,6 +304,7 @@ impl SessionBank {
     /// Checks the module invariant against the holders' block counts, and the per-block
     /// reference counts against the entries (`full_blocks(id)`,
     /// `None` for an unknown id). Tests and debug builds.
+    #[cfg(any(test, debug_assertions))]
     pub fn check_index(&self, running_full_blocks: impl Fn(u64) -> Option<usize>) {
         for (h, x) in &self.index {
             let held = self.entries.get(&x.id).map(|e| e.hashes.len()).or_else(|| running_full_blocks(x.id));

@@ -133,6 +133,8 @@ impl Scheduler {
 
     /// The thread's body: wait for work, step while there is some, until shut down.
     pub fn run(mut self) {
+        // Gauges are right from the start (pool size, free blocks), not only after a first step.
+        self.publish_metrics();
         loop {
             if !self.receive() {
                 break;

@@ -127,6 +127,8 @@ impl Backend for EngineBackend {
             session_bank_misses: m.bank_misses,
             session_bank_evictions: m.bank_evictions,
             preemptions: m.preemptions,
+            computed_tokens: m.computed_tokens,
+            kv_pool_utilization: m.pool_utilization(),
             attention_calls: AttentionRoute::ALL
                 .iter()
                 .map(|&r| AttentionCalls { route: r.name().into(), format: format.clone(), calls: m.cache.calls(r) })
@@ -139,11 +141,13 @@ impl Backend for EngineBackend {
     }
 }
 
-/// Moves one request's events from the engine to the server. The last `Token` is held until
-/// the next event, so text the engine releases only at `Done` joins it. Returning drops the
-/// engine stream, which cancels the request if it is still running.
+/// Moves one request's events from the engine to the server as they come. Text the engine
+/// releases only at `Done` (held back as a possible stop-string start, then freed by a stop
+/// token or the length limit) goes out as one more `Token` event with the last token's id, so
+/// the concatenated `Token` texts are the whole output. Returning drops the engine stream, which
+/// cancels the request if it is still running.
 fn forward(stream: &mut engine::RequestStream, tx: &EventSender, tokenizer: &Tokenizer) {
-    let mut held: Option<Event> = None;
+    let mut last_id = None;
     loop {
         let event = match stream.recv_timeout(CANCEL_POLL) {
             Ok(e) => e,
@@ -160,25 +164,17 @@ fn forward(stream: &mut engine::RequestStream, tx: &EventSender, tokenizer: &Tok
         };
         match event {
             engine::Event::Token { id, text, logprobs } => {
+                last_id = Some(id);
                 let logprob = logprobs.map(|l| token_logprob(&l, tokenizer));
-                if let Some(prev) = held.replace(Event::Token { id, text, logprob }) {
-                    if tx.send(prev).is_err() {
-                        return;
-                    }
+                if tx.send(Event::Token { id, text, logprob }).is_err() {
+                    return;
                 }
             }
             engine::Event::Done { finish_reason, usage, text } => {
-                match held.take() {
-                    Some(Event::Token { id, text: t, logprob }) => {
-                        if tx.send(Event::Token { id, text: t + &text, logprob }).is_err() {
-                            return;
-                        }
+                if let (false, Some(id)) = (text.is_empty(), last_id) {
+                    if tx.send(Event::Token { id, text, logprob: None }).is_err() {
+                        return;
                     }
-                    _ if !text.is_empty() => {
-                        // Nothing to attach it to: cannot happen (text is held only after a token).
-                        debug_assert!(false, "held text without a token");
-                    }
-                    _ => {}
                 }
                 let finish_reason = match finish_reason {
                     engine::FinishReason::Stop => FinishReason::Stop,
@@ -193,9 +189,6 @@ fn forward(stream: &mut engine::RequestStream, tx: &EventSender, tokenizer: &Tok
                 return;
             }
             engine::Event::Error(e) => {
-                if let Some(prev) = held.take() {
-                    let _ = tx.send(prev);
-                }
                 let _ = tx.send(Event::Error(backend_error(e)));
                 return;
             }

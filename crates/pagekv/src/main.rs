@@ -121,7 +121,12 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             commands::eval::run(a)
         }
         Command::Bench(BenchCommand::Cache { json, formats, runs, layers, kv_heads, head_dim }) => {
-            commands::bench::cache(json, formats.as_deref(), runs, (layers as usize, kv_heads as usize, head_dim as usize))
+            commands::bench::cache(
+                json,
+                formats.as_deref(),
+                runs,
+                (layers as usize, kv_heads as usize, head_dim as usize),
+            )
         }
         Command::Bench(BenchCommand::Attention { json, formats, shapes, impls, runs, runtime }) => {
             runtime.export();

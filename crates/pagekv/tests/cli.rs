@@ -86,7 +86,13 @@ fn bench_cache_prints_one_json_object_per_format_with_exact_bytes() {
         String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let bytes: Vec<(String, u64, f64)> = rows
         .iter()
-        .map(|r| (r["format"].as_str().unwrap().to_string(), r["bytes_per_token"].as_u64().unwrap(), r["ratio_vs_f16"].as_f64().unwrap()))
+        .map(|r| {
+            (
+                r["format"].as_str().unwrap().to_string(),
+                r["bytes_per_token"].as_u64().unwrap(),
+                r["ratio_vs_f16"].as_f64().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(
         bytes,

@@ -338,6 +338,10 @@ pub struct BackendMetrics {
     pub session_bank_evictions: u64,
     /// Sequences preempted because the pool ran dry.
     pub preemptions: u64,
+    /// Prompt tokens the engine computed (prompt tokens minus those reused from the bank).
+    pub computed_tokens: u64,
+    /// Live tokens ÷ token slots of the blocks running sequences hold (1 when none).
+    pub kv_pool_utilization: f64,
     /// Attention calls by route (`reference|primitive|partitioned`) and KV format.
     pub attention_calls: Vec<AttentionCalls>,
     /// Calls that fell back from a requested fast path, by reason.

@@ -252,13 +252,13 @@ fn render_backend(out: &mut String, b: &BackendMetrics) {
     counter(
         out,
         "pagekv_session_bank_hits_total",
-        "Session-bank prefix lookups that hit, in blocks.",
+        "Requests whose prompt prefix was found in the session bank.",
         b.session_bank_hits,
     );
     counter(
         out,
         "pagekv_session_bank_misses_total",
-        "Session-bank prefix lookups that missed, in blocks.",
+        "Requests whose prompt prefix was not in the session bank.",
         b.session_bank_misses,
     );
     counter(
@@ -276,6 +276,18 @@ fn render_backend(out: &mut String, b: &BackendMetrics) {
         rate,
     );
     counter(out, "pagekv_preemptions_total", "Sequences preempted because the block pool ran dry.", b.preemptions);
+    counter(
+        out,
+        "pagekv_computed_prompt_tokens_total",
+        "Prompt tokens the engine computed (not reused from the session bank).",
+        b.computed_tokens,
+    );
+    gauge(
+        out,
+        "pagekv_kv_pool_utilization",
+        "Live tokens / token slots of the blocks running sequences hold (1 when none).",
+        b.kv_pool_utilization,
+    );
     header(out, "pagekv_attention_calls_total", "Attention calls by route and KV format.", "counter");
     for c in &b.attention_calls {
         let _ = writeln!(

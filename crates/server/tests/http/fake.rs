@@ -206,6 +206,8 @@ impl Backend for FakeBackend {
             session_bank_misses: c.misses.load(Ordering::SeqCst),
             session_bank_evictions: 0,
             preemptions: 0,
+            computed_tokens: 0,
+            kv_pool_utilization: 1.0,
             attention_calls: vec![AttentionCalls {
                 route: "primitive".into(),
                 format: "f16".into(),
