@@ -3,7 +3,8 @@
 //!
 //! `cargo run --release -p pagekv-cpu --example attention_bench -- [shapes] [formats] [impls] [runs]`
 //! e.g. `-- 1x4096,16x4096 f16,q8 primitive,partitioned 5`; `all` (or nothing) keeps the defaults.
-//! `PAGEKV_ATTN_ISA=avx2|avx512`, `PAGEKV_PARTITION_SIZE` and `PAGEKV_THREADS` are honoured.
+//! `PAGEKV_ATTN_ISA=avx2|avx512`, `PAGEKV_PARTITION_SIZE` and `PAGEKV_THREADS` are honoured;
+//! `PAGEKV_BENCH_KV_HEADS=n` measures n kv heads (4 query heads each) instead of 8.
 
 use kvcache::KvFormat;
 use pagekv_cpu::attention::bench::{bench_attention, BenchConfig};
@@ -44,6 +45,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Ok(v) = std::env::var("PAGEKV_PARTITION_SIZE") {
         cfg.partition_size = v.parse()?;
     }
+    if let Ok(v) = std::env::var("PAGEKV_BENCH_KV_HEADS") {
+        cfg.num_kv_heads = v.parse()?;
+        cfg.num_heads = 4 * cfg.num_kv_heads;
+    }
     if let Ok(v) = std::env::var(ATTN_ISA_ENV) {
         cfg.isa = IsaChoice::parse(&v)?;
     }
@@ -57,7 +62,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     for r in bench_attention(&cfg, pool)? {
         println!(
-            "{:<12} {:<11} {:>5} {:>7} {:>10.3} {:>12} {:>8.2} {:>10.3}",
+            "{:<12} {:<11} {:>5} {:>7} {:>10.4} {:>12} {:>8.2} {:>10.5}",
             r.impl_, r.format, r.batch, r.context, r.ms, r.kv_bytes, r.gbps, r.cpu_ms
         );
     }

@@ -5,6 +5,8 @@
 //! Rows of a group are ordered `row = token * G + h` (`G = num_heads / num_kv_heads`, query
 //! head `kv_head * G + h`), so the rows active on a key tile are one contiguous range.
 
+use std::ops::Range;
+
 use kvcache::LayerView;
 
 use super::AttentionParams;
@@ -57,23 +59,57 @@ impl QueryBounds {
     }
 }
 
-/// Copies the group's query rows into `q` (`[q_len * G, head_dim]`), multiplied by `scale`
-/// and rotated for rotated formats.
-pub(crate) fn prepare_queries(layer: &LayerView, p: &AttentionParams, seq: usize, kv_head: usize, q: &mut [f32]) {
+/// Copies the query rows of kv heads `heads` into `q` (`[heads.len(), q_len * G, head_dim]`),
+/// multiplied by `scale` and rotated for rotated formats.
+pub(crate) fn prepare_queries(layer: &LayerView, p: &AttentionParams, seq: usize, heads: Range<usize>, q: &mut [f32]) {
     let d = layer.head_dim;
     let g = p.num_heads / layer.num_kv_heads;
-    debug_assert_eq!(q.len(), p.q_len * g * d);
-    for i in 0..p.q_len {
-        for h in 0..g {
-            let src = ((seq * p.q_len + i) * p.num_heads + kv_head * g + h) * d;
-            let dst = &mut q[(i * g + h) * d..(i * g + h + 1) * d];
-            for (o, x) in dst.iter_mut().zip(&p.queries[src..src + d]) {
-                *o = x * p.scale;
-            }
-            if let Some(r) = layer.rotation {
-                r.apply(dst);
+    let rows = p.q_len * g;
+    debug_assert_eq!(q.len(), heads.len() * rows * d);
+    for (hi, kv_head) in heads.enumerate() {
+        for i in 0..p.q_len {
+            for h in 0..g {
+                let src = ((seq * p.q_len + i) * p.num_heads + kv_head * g + h) * d;
+                let row = hi * rows + i * g + h;
+                let dst = &mut q[row * d..(row + 1) * d];
+                for (o, x) in dst.iter_mut().zip(&p.queries[src..src + d]) {
+                    *o = x * p.scale;
+                }
+                if let Some(r) = layer.rotation {
+                    r.apply(dst);
+                }
             }
         }
+    }
+}
+
+/// Most query rows (over all its kv heads) a task takes, so its queries and row states stay
+/// in L1/L2 (64 rows of head_dim 128: 32 KiB each).
+pub(crate) const MAX_TASK_ROWS: usize = 64;
+
+/// How a task set splits the kv heads: tasks of `per` consecutive heads, `chunks` of them per
+/// (sequence, partition) unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct HeadChunks {
+    pub per: usize,
+    pub chunks: usize,
+}
+
+impl HeadChunks {
+    /// As few chunks as keep a task within [`MAX_TASK_ROWS`] rows and give at least
+    /// `min_tasks` tasks over `units` units (where the heads allow it): fewer chunks means
+    /// more of each block read together.
+    pub fn plan(num_kv_heads: usize, rows_per_head: usize, units: usize, min_tasks: usize) -> HeadChunks {
+        let for_rows = (num_kv_heads * rows_per_head).div_ceil(MAX_TASK_ROWS);
+        let for_tasks = min_tasks.div_ceil(units.max(1));
+        let chunks = for_rows.max(for_tasks).clamp(1, num_kv_heads);
+        let per = num_kv_heads.div_ceil(chunks);
+        HeadChunks { per, chunks: num_kv_heads.div_ceil(per) }
+    }
+
+    /// The heads of chunk `i`.
+    pub fn heads(&self, i: usize, num_kv_heads: usize) -> Range<usize> {
+        i * self.per..num_kv_heads.min((i + 1) * self.per)
     }
 }
 
@@ -87,11 +123,38 @@ pub(crate) struct RowState<'a> {
     pub acc: &'a mut [f32],
 }
 
-impl RowState<'_> {
+/// The row states of consecutive kv heads: one region of [`HeadStates::region`] floats per
+/// head, `m [rows] | l [rows] | acc [rows, d]` (the partitioned path's partials have the
+/// same layout, so a task's heads are one slice of them).
+pub(crate) struct HeadStates<'a> {
+    /// `[heads, rows * (d + 2)]`
+    pub buf: &'a mut [f32],
+    pub rows: usize,
+    pub d: usize,
+}
+
+impl<'a> HeadStates<'a> {
+    /// Floats per head.
+    pub fn region(rows: usize, d: usize) -> usize {
+        rows * (d + 2)
+    }
+
+    /// Running max -inf, sum 0, output 0 for every row.
     pub fn reset(&mut self) {
-        self.m.fill(f32::NEG_INFINITY);
-        self.l.fill(0.0);
-        self.acc.fill(0.0);
+        let per = Self::region(self.rows, self.d);
+        for region in self.buf.chunks_exact_mut(per) {
+            region[..self.rows].fill(f32::NEG_INFINITY);
+            region[self.rows..].fill(0.0);
+        }
+    }
+
+    /// The state of head `i` (counted from the first head of the slice).
+    pub fn head(&mut self, i: usize) -> RowState<'_> {
+        let per = Self::region(self.rows, self.d);
+        let region = &mut self.buf[i * per..(i + 1) * per];
+        let (m, rest) = region.split_at_mut(self.rows);
+        let (l, acc) = rest.split_at_mut(self.rows);
+        RowState { m, l, acc }
     }
 }
 

@@ -13,9 +13,9 @@
 //! - [`partitioned`]: split-K ("flash decoding"): the context is cut into partitions of
 //!   `partition_size` tokens processed in parallel, then merged exactly.
 //!
-//! Both fast paths run the same tile kernels (`tile`), built for two instruction sets chosen at
-//! run time ([`KernelIsa`]): AVX-512 (16 lanes, 32 registers) where the CPU has AVX-512F, else
-//! AVX2 + FMA + F16C; `PAGEKV_ATTN_ISA` pins one (tests run both).
+//! Both fast paths run the same tile kernels (`tile`, `simd`), built for two instruction sets
+//! chosen at run time ([`KernelIsa`]): AVX-512F/VL (32 registers, wider blocking) where the CPU
+//! has it, else AVX2 + FMA + F16C; `PAGEKV_ATTN_ISA` pins one (tests run both).
 //!
 //! [`router`] picks primitive or partitioned for `auto`; `PAGEKV_ATTN_IMPL` overrides. When a
 //! requested fast path cannot serve a call (no AVX2/FMA/F16C or the pinned instruction set,
@@ -27,16 +27,14 @@
 //! sliding window `W` (else 0). Rotated formats (q4r, turbo) store `R·k`, `R·v`: kernels rotate
 //! the query and un-rotate the output instead of touching the keys.
 
-#[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
 pub mod bench;
 mod group;
 pub mod partitioned;
 pub mod primitive;
 pub mod reference;
 pub mod router;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 #[cfg(target_arch = "x86_64")]
 mod softmax;
 #[cfg(target_arch = "x86_64")]
@@ -134,7 +132,8 @@ impl AttnImpl {
 pub enum KernelIsa {
     /// AVX2 + FMA + F16C: 8 lanes, 16 registers.
     Avx2,
-    /// AVX-512F (with AVX2, FMA, F16C): 16 lanes, 32 registers.
+    /// AVX-512F/VL (with AVX2, FMA, F16C): the same 8-lane kernels with 32 registers and
+    /// wider blocking.
     Avx512,
 }
 
@@ -158,7 +157,9 @@ impl KernelIsa {
                 && std::is_x86_feature_detected!("f16c");
             match self {
                 KernelIsa::Avx2 => avx2,
-                KernelIsa::Avx512 => avx2 && std::is_x86_feature_detected!("avx512f"),
+                KernelIsa::Avx512 => {
+                    avx2 && std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vl")
+                }
             }
         }
         #[cfg(not(target_arch = "x86_64"))]

@@ -1,14 +1,18 @@
-//! The primitive path: one task per (sequence, kv head). The task reads the visible pages of
-//! its kv head once, tile by tile, and serves every query row of the group from each tile
-//! (`q_len × num_heads / num_kv_heads` rows), with dequantization fused into the dot products
-//! and an online softmax; then it writes its output rows. Tasks spread over the pool's threads.
+//! The primitive path: one pass over each sequence's visible pages, tile by tile. A task is a
+//! (sequence, run of kv heads): for each tile it serves every query row of each of its heads
+//! (`q_len × num_heads / num_kv_heads` rows per head) with dequantization fused into the dot
+//! products and an online softmax, then writes its output rows. Heads are split only as far
+//! as needed to give every thread work ([`HeadChunks::plan`]), so blocks are read whole.
 
 use kvcache::LayerView;
 
-use super::group::{prepare_queries, write_output, QueryBounds};
+use super::group::{prepare_queries, write_output, HeadChunks, QueryBounds};
 use super::workspace::{SyncPtr, Workspace};
 use super::{AttentionParams, KernelIsa};
 use crate::threadpool::ThreadPool;
+
+/// Tasks per thread the primitive path aims for (uneven tasks and a busy machine).
+const TASKS_PER_THREAD: usize = 2;
 
 /// `out` (`[num_seqs, q_len, num_heads, head_dim]`) ← attention of `p` over `layer`.
 /// Shapes and block tables validated; the CPU runs `isa` (checked by the caller).
@@ -22,29 +26,35 @@ pub(crate) fn attention(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        use super::tile::{attend_range, RangeInput};
+        use super::simd::attend_range;
+        use super::tile::RangeInput;
         let (d, hkv) = (layer.head_dim, layer.num_kv_heads);
         let group = p.num_heads / hkv;
         let rows = p.q_len * group;
-        ws.prepare(pool.n_threads(), rows, d);
+        let chunks = HeadChunks::plan(hkv, rows, p.num_seqs, TASKS_PER_THREAD * pool.n_threads());
+        ws.prepare(pool.n_threads(), chunks.per, rows, d);
         let ws = &*ws;
         let out = SyncPtr::new(out.as_mut_ptr());
-        pool.run(p.num_seqs * hkv, |task, thread| {
-            let (seq, kv_head) = (task / hkv, task % hkv);
+        pool.run(p.num_seqs * chunks.chunks, |task, thread| {
+            let (seq, chunk) = (task / chunks.chunks, task % chunks.chunks);
+            let heads = chunks.heads(chunk, hkv);
             // SAFETY: one task per thread index at a time; the reference dies with the task.
             let scratch = unsafe { ws.thread(thread) };
-            let (q, mut state, mut tile) = scratch.split(rows, d);
-            prepare_queries(layer, p, seq, kv_head, q);
-            state.reset();
+            let (q, mut states, mut tile) = scratch.split(heads.len(), rows, d);
+            prepare_queries(layer, p, seq, heads.clone(), q);
+            states.reset();
             let bounds = QueryBounds::of(p, seq);
-            let inp = RangeInput { layer, kv_head, table: p.block_tables[seq], bounds, group, q };
+            let inp = RangeInput { layer, heads: heads.clone(), table: p.block_tables[seq], bounds, group, q };
             let range = bounds.read_range();
             // SAFETY: the caller checked the CPU and validated shapes and the block table over
             // the read range; buffers come from `split` with the documented sizes. Each task
-            // writes only its own (seq, kv_head) output rows.
+            // writes only its own (seq, kv head) output rows.
             unsafe {
-                attend_range(isa, &inp, range.start, range.end, &mut state, &mut tile);
-                write_output(layer, p, seq, kv_head, state.l, state.acc, out.get());
+                attend_range(isa, &inp, range.start, range.end, &mut states, &mut tile);
+                for (hi, kv_head) in heads.enumerate() {
+                    let state = states.head(hi);
+                    write_output(layer, p, seq, kv_head, state.l, state.acc, out.get());
+                }
             }
         });
     }

@@ -1,13 +1,13 @@
 //! The tile driver shared by every instruction set: [`run`] processes a range of key positions
-//! of one (sequence, kv head) for every query row that sees any of them, updating the rows'
-//! online-softmax state.
+//! of one sequence for a range of its kv heads, updating the online-softmax state of every
+//! query row that sees any of them.
 //!
 //! The range is walked in *tiles* of up to [`TILE`] consecutive positions, which may span
-//! blocks: each token's stored K and V rows are located once per tile through the block table
-//! (one division per block touched, not per token), quantized group scales are converted to
-//! f32, and the next tile's rows are prefetched into L2 while this one is computed. Per tile, for each
-//! block of up to four query rows (`q_len × G` rows, `G = num_heads / num_kv_heads`, ordered
-//! `token · G + h`):
+//! blocks: each tile's slots are located once through the block table (one division per block
+//! touched, not per token) and serve every head. Per tile and head, the head's K and V rows are
+//! located, quantized group scales converted to f32, the head's rows of the next tile
+//! prefetched into L2, and for each block of up to four query rows (`q_len × G` rows,
+//! `G = num_heads / num_kv_heads`, ordered `token · G + h`):
 //! 1. [`TileOps::scores`]: `sc[t][r] = q_r · k_t`, keys decoded in registers and shared by the
 //!    block's rows; the query is already scaled and, for rotated formats, rotated.
 //! 2. [`softmax::update`]: per-row visibility masks (causal, window, tile end), tile max,
@@ -23,9 +23,10 @@ use std::arch::x86_64::*;
 use half::f16;
 use kvcache::{LayerView, PlaneView};
 
-use super::group::{QueryBounds, RowState};
+use std::ops::Range;
+
+use super::group::{HeadStates, QueryBounds};
 use super::softmax;
-use super::KernelIsa;
 
 /// Most key positions per tile.
 pub const TILE: usize = 32;
@@ -37,16 +38,17 @@ pub const MAX_GROUPS: usize = super::MAX_FAST_HEAD_DIM / 32;
 /// tile's end, in whole vectors).
 pub const SC_LEN: usize = (TILE + 4) * 4;
 
-/// One (sequence, kv head) work item's inputs.
+/// One work item's inputs: a sequence and a range of its kv heads.
 pub(crate) struct RangeInput<'a> {
     pub layer: &'a LayerView<'a>,
-    pub kv_head: usize,
+    /// The kv heads served, consecutive.
+    pub heads: Range<usize>,
     /// The sequence's block table (validated over the read range).
     pub table: &'a [u32],
     pub bounds: QueryBounds,
     /// Query rows per query token (`num_heads / num_kv_heads`).
     pub group: usize,
-    /// `[q_len * group, head_dim]` scaled (and rotated) queries.
+    /// `[heads.len(), q_len * group, head_dim]` scaled (and rotated) queries.
     pub q: &'a [f32],
 }
 
@@ -124,39 +126,39 @@ pub(crate) trait TileOps {
     );
 }
 
-/// Where one plane's rows of one kv head are.
+/// Where one plane's head vectors are: head vector `slot · num_kv_heads + kv_head`.
 #[derive(Clone, Copy)]
 struct PlaneRows<'a> {
     plane: &'a PlaneView<'a>,
-    kv_head: usize,
 }
 
 impl PlaneRows<'_> {
     /// Index of (slot, kv head) among the plane's head vectors.
     #[inline(always)]
-    fn head_index(&self, slot: usize) -> usize {
-        slot * self.plane.num_kv_heads + self.kv_head
+    fn head_index(&self, slot: usize, kv_head: usize) -> usize {
+        slot * self.plane.num_kv_heads + kv_head
     }
 
-    /// First code byte of `slot`'s row.
+    /// First code byte of the row of (`slot`, `kv_head`).
     ///
     /// # Safety
-    /// `slot` lies inside the plane.
+    /// `slot` lies inside the plane and `kv_head` is one of its heads.
     #[inline(always)]
-    unsafe fn row(&self, slot: usize) -> *const u8 {
-        debug_assert!((self.head_index(slot) + 1) * self.plane.code_bytes <= self.plane.codes.len());
+    unsafe fn row(&self, slot: usize, kv_head: usize) -> *const u8 {
+        let i = self.head_index(slot, kv_head);
+        debug_assert!((i + 1) * self.plane.code_bytes <= self.plane.codes.len());
         // SAFETY: in bounds per the contract.
-        unsafe { self.plane.codes.as_ptr().add(self.head_index(slot) * self.plane.code_bytes) }
+        unsafe { self.plane.codes.as_ptr().add(i * self.plane.code_bytes) }
     }
 
-    /// Converts `slot`'s f16 group scales into `out` (`[n_scales]`).
+    /// Converts the f16 group scales of (`slot`, `kv_head`) into `out` (`[n_scales]`).
     ///
     /// # Safety
     /// F16C available; `slot` inside the plane.
     #[inline(always)]
-    unsafe fn scales(&self, slot: usize, out: &mut [f32]) {
+    unsafe fn scales(&self, slot: usize, kv_head: usize, out: &mut [f32]) {
         let ns = self.plane.n_scales;
-        let src = &self.plane.scales[self.head_index(slot) * ns..][..ns];
+        let src = &self.plane.scales[self.head_index(slot, kv_head) * ns..][..ns];
         let out = &mut out[..ns];
         // SAFETY: 4 halves (8 bytes) read per full quad, inside `src`; F16C per the contract.
         unsafe {
@@ -172,19 +174,17 @@ impl PlaneRows<'_> {
         }
     }
 
-    /// Prefetches the codes and scales of `n` consecutive slots from `slot0`.
+    /// Prefetches into L2 the codes and scales of `kv_head` in `slots`.
     #[inline(always)]
-    fn prefetch(&self, slot0: usize, n: usize) {
+    fn prefetch(&self, slots: &[usize], kv_head: usize) {
         let (cb, ns) = (self.plane.code_bytes, self.plane.n_scales);
-        let stride = self.plane.num_kv_heads * cb;
-        let first = self.head_index(slot0);
-        debug_assert!((first + (n - 1) * self.plane.num_kv_heads + 1) * cb <= self.plane.codes.len());
-        // The addresses lie inside the rows (checked above in debug builds); a prefetch is a
-        // hint and cannot fault anyway.
-        let codes = self.plane.codes.as_ptr().wrapping_add(first * cb);
-        let scales = self.plane.scales.as_ptr().wrapping_add(first * ns);
-        for t in 0..n {
-            let row = codes.wrapping_add(t * stride);
+        // A prefetch is a hint and cannot fault; the addresses lie inside the plane anyway.
+        let codes = self.plane.codes.as_ptr();
+        let scales = self.plane.scales.as_ptr();
+        for &slot in slots {
+            let i = self.head_index(slot, kv_head);
+            debug_assert!((i + 1) * cb <= self.plane.codes.len());
+            let row = codes.wrapping_add(i * cb);
             // SAFETY: prefetches cannot fault.
             unsafe {
                 let mut off = 0;
@@ -192,9 +192,11 @@ impl PlaneRows<'_> {
                     _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(off).cast());
                     off += 64;
                 }
-                _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(cb - 1).cast());
+                if (row as usize + cb - 1) / 64 != (row as usize + off - 64) / 64 {
+                    _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(cb - 1).cast());
+                }
                 if ns > 0 {
-                    _mm_prefetch::<_MM_HINT_T1>(scales.wrapping_add(t * self.plane.num_kv_heads * ns).cast());
+                    _mm_prefetch::<_MM_HINT_T1>(scales.wrapping_add(i * ns).cast());
                 }
             }
         }
@@ -208,138 +210,177 @@ unsafe fn f16_to_f32(h: f16) -> f32 {
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32))) }
 }
 
-/// Processes key positions `[start, end)` of one (sequence, kv head) for every query row that
-/// sees any of them with `isa`'s kernels (see [`run`]).
-///
-/// # Safety
-/// As [`run`], with `isa` available on this CPU.
-pub(crate) unsafe fn attend_range(
-    isa: KernelIsa,
-    inp: &RangeInput,
-    start: usize,
-    end: usize,
-    state: &mut RowState,
-    scratch: &mut TileScratch,
-) {
-    // SAFETY: forwarded contract.
-    unsafe {
-        match isa {
-            KernelIsa::Avx2 => super::avx2::attend_range(inp, start, end, state, scratch),
-            KernelIsa::Avx512 => super::avx512::attend_range(inp, start, end, state, scratch),
+/// The next tile's rows of one kv head, prefetched into L2 a quarter at a time (keys of the
+/// first half of the tokens, keys of the second, then values likewise) between the steps of
+/// this tile's work: issued all at once, the 100-odd prefetches of a head overflow the miss
+/// queues and stall the core (16×4096 f16 on 2 threads: 78 → 46 cpu-ns per token and head).
+struct NextTile<'a> {
+    keys: &'a PlaneRows<'a>,
+    values: &'a PlaneRows<'a>,
+    /// `[tokens of the next tile]`
+    slots: &'a [usize],
+    kv_head: usize,
+    /// Quarters issued so far.
+    done: u8,
+}
+
+impl NextTile<'_> {
+    /// Issues the next quarter, if any is left.
+    #[inline(always)]
+    fn quarter(&mut self) {
+        let half = self.slots.len() / 2;
+        match self.done {
+            0 => self.keys.prefetch(&self.slots[..half], self.kv_head),
+            1 => self.keys.prefetch(&self.slots[half..], self.kv_head),
+            2 => self.values.prefetch(&self.slots[..half], self.kv_head),
+            3 => self.values.prefetch(&self.slots[half..], self.kv_head),
+            _ => return,
+        }
+        self.done += 1;
+    }
+
+    /// Issues every quarter left.
+    #[inline(always)]
+    fn rest(&mut self) {
+        while self.done < 4 {
+            self.quarter();
         }
     }
 }
 
-/// Calls `f(t, slot0, len)` for each run of consecutive slots holding positions `t0 .. t1`
-/// (`t` counts from `t0`): one run per block touched, one division per run.
+/// `slots[t]` ← the slot holding position `t0 + t`, for `t0 .. t1` (one division per block).
 #[inline(always)]
-fn for_each_run(table: &[u32], bs: usize, t0: usize, t1: usize, mut f: impl FnMut(usize, usize, usize)) {
+fn slots_of(table: &[u32], bs: usize, t0: usize, t1: usize, slots: &mut [usize; TILE]) {
+    debug_assert!(t1 - t0 <= TILE);
     let mut pos = t0;
     while pos < t1 {
         let (blk, off) = (pos / bs, pos % bs);
         let len = (bs - off).min(t1 - pos);
-        f(pos - t0, table[blk] as usize * bs + off, len);
+        let first = table[blk] as usize * bs + off;
+        for (j, s) in slots[pos - t0..pos - t0 + len].iter_mut().enumerate() {
+            *s = first + j;
+        }
         pos += len;
     }
 }
 
-/// Processes key positions `[start, end)` (inside the validated read range) for every query
-/// row that sees any of them, updating `state` (`[q_len * group]` rows) with `ops`' kernels.
+/// Processes key positions `[start, end)` (inside the validated read range) of every kv head
+/// in `inp.heads` for every query row that sees any of them, updating `states` (one region per
+/// head, `q_len * group` rows each) with `ops`' kernels.
+///
+/// Tiles are the outer loop and heads the inner one: a tile's heads share its blocks, so each
+/// block (`[block_size, num_kv_heads, code_bytes]`) is read whole and at once — pages stay in
+/// the TLB, and the L2 prefetches of the next tile (issued head by head, spread over the tile's
+/// work) cover contiguous memory.
 ///
 /// # Safety
 /// AVX2, FMA, F16C and `ops`' instruction set are available; the block table is valid over
 /// `[start, end)` (as [`super::validate`] checks); `head_dim` is a multiple of 16 and at most
 /// `MAX_FAST_HEAD_DIM`; `ops` matches the layer's codecs; buffers sized as documented on
-/// [`TileScratch`] and [`RowState`].
+/// [`TileScratch`] and [`HeadStates`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn run<T: TileOps>(
     ops: &T,
     inp: &RangeInput,
     start: usize,
     end: usize,
-    state: &mut RowState,
+    states: &mut HeadStates,
     scratch: &mut TileScratch,
 ) {
     let layer = inp.layer;
     let (d, bs, g) = (layer.head_dim, layer.block_size, inp.group);
     debug_assert!(d % 16 == 0 && d <= super::MAX_FAST_HEAD_DIM);
+    let rows_per_head = inp.bounds.q_len * g;
+    debug_assert_eq!(states.rows, rows_per_head);
     let ng = d.div_ceil(32);
-    let keys = PlaneRows { plane: &layer.keys, kv_head: inp.kv_head };
-    let values = PlaneRows { plane: &layer.values, kv_head: inp.kv_head };
+    let keys = PlaneRows { plane: &layer.keys };
+    let values = PlaneRows { plane: &layer.values };
     let mut krows = [std::ptr::null::<u8>(); TILE];
     let mut vrows = [std::ptr::null::<u8>(); TILE];
+    let (mut slots, mut next) = ([0usize; TILE], [0usize; TILE]);
+    slots_of(inp.table, bs, start, end.min(start + TILE), &mut slots);
     let mut t0 = start;
     while t0 < end {
         let t1 = end.min(t0 + TILE);
         let n = t1 - t0;
+        let n_next = end.min(t1 + TILE) - t1;
+        slots_of(inp.table, bs, t1, t1 + n_next, &mut next);
         let (i0, i1) = inp.bounds.tokens_seeing(t0, t1);
-        if i0 == i1 {
-            t0 = t1;
-            continue;
-        }
-        // SAFETY (whole tile): every position of [start, end) maps to a valid slot (validated
-        // block table); kernels read rows through krows/vrows[..n] and the scratch buffers,
-        // sized as documented; state rows r0..r1 exist.
-        unsafe {
-            for_each_run(inp.table, bs, t0, t1, |t, slot0, len| {
-                for j in 0..len {
-                    let slot = slot0 + j;
-                    krows[t + j] = keys.row(slot);
-                    vrows[t + j] = values.row(slot);
+        for (hi, kv_head) in inp.heads.clone().enumerate() {
+            let mut prefetch = NextTile { keys: &keys, values: &values, slots: &next[..n_next], kv_head, done: 0 };
+            prefetch.quarter();
+            if i0 == i1 {
+                prefetch.rest();
+                continue;
+            }
+            // SAFETY (whole head): every slot of the tile is valid (validated block table);
+            // kernels read rows through krows/vrows[..n] and the scratch buffers, sized as
+            // documented; the head's state holds rows r0..r1.
+            unsafe {
+                for (t, &slot) in slots[..n].iter().enumerate() {
+                    krows[t] = keys.row(slot, kv_head);
+                    vrows[t] = values.row(slot, kv_head);
                     if T::K_SCALED {
-                        keys.scales(slot, &mut scratch.kscale[(t + j) * MAX_GROUPS..]);
+                        keys.scales(slot, kv_head, &mut scratch.kscale[t * MAX_GROUPS..]);
                     }
                     if T::V_SCALED {
-                        values.scales(slot, &mut scratch.vscale[(t + j) * MAX_GROUPS..]);
+                        values.scales(slot, kv_head, &mut scratch.vscale[t * MAX_GROUPS..]);
                     }
                 }
-            });
-            for_each_run(inp.table, bs, t1, end.min(t1 + TILE), |_, slot0, len| {
-                keys.prefetch(slot0, len);
-                values.prefetch(slot0, len);
-            });
-            let (r0, r1) = (i0 * g, i1 * g);
-            let mut block = r0;
-            while block < r1 {
-                let nr = 4.min(r1 - block);
-                let rows = block..block + nr;
-                block += nr;
-                let mut ranges = RowRanges { a: [0; 4], b: [0; 4] };
-                let (mut lo, mut hi) = (n, 0);
-                for j in 0..nr {
-                    let (klo, khi) = inp.bounds.keys_of((rows.start + j) / g);
-                    let a = klo.max(t0).min(t1) - t0;
-                    let b = khi.min(t1).max(t0) - t0;
-                    if a < b {
-                        ranges.a[j] = a as i32;
-                        ranges.b[j] = b as i32;
-                        lo = lo.min(a);
-                        hi = hi.max(b);
+                let state = states.head(hi);
+                let q_head = inp.q.as_ptr().add(hi * rows_per_head * d);
+                let (r0, r1) = (i0 * g, i1 * g);
+                let mut block = r0;
+                while block < r1 {
+                    let nr = 4.min(r1 - block);
+                    let rows = block..block + nr;
+                    block += nr;
+                    let mut ranges = RowRanges { a: [0; 4], b: [0; 4] };
+                    let (mut lo, mut hi) = (n, 0);
+                    for j in 0..nr {
+                        let (klo, khi) = inp.bounds.keys_of((rows.start + j) / g);
+                        let a = klo.max(t0).min(t1) - t0;
+                        let b = khi.min(t1).max(t0) - t0;
+                        if a < b {
+                            ranges.a[j] = a as i32;
+                            ranges.b[j] = b as i32;
+                            lo = lo.min(a);
+                            hi = hi.max(b);
+                        }
                     }
+                    if lo >= hi {
+                        continue;
+                    }
+                    let mut m = [f32::NEG_INFINITY; 4];
+                    let mut l = [0f32; 4];
+                    for j in 0..nr {
+                        m[j] = state.m[rows.start + j];
+                        l[j] = state.l[rows.start + j];
+                    }
+                    let sc = scratch.sc.as_mut_ptr();
+                    let q = q_head.add(rows.start * d);
+                    ops.scores(nr, &krows, scratch.kscale, lo, hi, q, d, sc);
+                    prefetch.quarter();
+                    let corr = softmax::update(sc, lo, hi, &ranges, &mut m, &mut l);
+                    prefetch.quarter();
+                    for j in 0..nr {
+                        state.m[rows.start + j] = m[j];
+                        state.l[rows.start + j] = l[j];
+                    }
+                    let (w, wt) = if T::V_SCALED {
+                        softmax::scale_weights(sc, scratch.vscale, MAX_GROUPS, ng, lo, hi, scratch.w);
+                        (scratch.w.as_ptr(), ng * 4)
+                    } else {
+                        (sc.cast_const(), 4)
+                    };
+                    let acc = state.acc.as_mut_ptr().add(rows.start * d);
+                    ops.accumulate(nr, &vrows, lo, hi, w, wt, &corr, d, acc);
+                    prefetch.quarter();
                 }
-                if lo >= hi {
-                    continue;
-                }
-                let mut m = [f32::NEG_INFINITY; 4];
-                let mut l = [0f32; 4];
-                m[..nr].copy_from_slice(&state.m[rows.clone()]);
-                l[..nr].copy_from_slice(&state.l[rows.clone()]);
-                let sc = scratch.sc.as_mut_ptr();
-                let q = inp.q.as_ptr().add(rows.start * d);
-                ops.scores(nr, &krows, scratch.kscale, lo, hi, q, d, sc);
-                let corr = softmax::update(sc, lo, hi, &ranges, &mut m, &mut l);
-                state.m[rows.clone()].copy_from_slice(&m[..nr]);
-                state.l[rows.clone()].copy_from_slice(&l[..nr]);
-                let (w, wt) = if T::V_SCALED {
-                    softmax::scale_weights(sc, scratch.vscale, MAX_GROUPS, ng, lo, hi, scratch.w);
-                    (scratch.w.as_ptr(), ng * 4)
-                } else {
-                    (sc.cast_const(), 4)
-                };
-                let acc = state.acc.as_mut_ptr().add(rows.start * d);
-                ops.accumulate(nr, &vrows, lo, hi, w, wt, &corr, d, acc);
             }
+            prefetch.rest();
         }
+        std::mem::swap(&mut slots, &mut next);
         t0 = t1;
     }
 }

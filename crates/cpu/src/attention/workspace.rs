@@ -4,26 +4,23 @@
 //! - one [`ThreadScratch`] per pool thread (query rows, online-softmax state, tile buffers),
 //!   reached by the pool's thread index: a thread runs one task at a time, so no two tasks
 //!   touch the same scratch at once;
-//! - the partitioned path's partial states, one region per (sequence, kv head, partition)
-//!   task, written only by that task and read by the merge after the pool returned.
+//! - the partitioned path's partial states, one region per (sequence, partition, kv head),
+//!   written only by the task that owns it and read by the merge after the pool returned.
 
 use std::cell::UnsafeCell;
 
-use super::group::RowState;
+use super::group::HeadStates;
 #[cfg(target_arch = "x86_64")]
 use super::tile::TileScratch;
 
-/// Buffers of one pool thread. Shapes for `rows` query rows of `d` values.
+/// Buffers of one pool thread, for tasks of up to `heads` kv heads × `rows` query rows of `d`
+/// values.
 #[derive(Default)]
 pub(crate) struct ThreadScratch {
-    /// `[rows, d]` scaled, rotated queries.
+    /// `[heads, rows, d]` scaled, rotated queries.
     pub q: Vec<f32>,
-    /// `[rows]`
-    pub m: Vec<f32>,
-    /// `[rows]`
-    pub l: Vec<f32>,
-    /// `[rows, d]`
-    pub acc: Vec<f32>,
+    /// `[heads, rows * (d + 2)]` row states (see [`HeadStates`]).
+    pub state: Vec<f32>,
     /// Tile buffers, lengths `TileScratch::LENS` (x86-64 only).
     pub tile: [Vec<f32>; 4],
 }
@@ -35,24 +32,23 @@ fn ensure(v: &mut Vec<f32>, n: usize) {
 }
 
 impl ThreadScratch {
-    fn ensure(&mut self, rows: usize, d: usize) {
-        ensure(&mut self.q, rows * d);
-        ensure(&mut self.m, rows);
-        ensure(&mut self.l, rows);
-        ensure(&mut self.acc, rows * d);
+    fn ensure(&mut self, heads: usize, rows: usize, d: usize) {
+        ensure(&mut self.q, heads * rows * d);
+        ensure(&mut self.state, heads * HeadStates::region(rows, d));
         #[cfg(target_arch = "x86_64")]
         for (buf, len) in self.tile.iter_mut().zip(TileScratch::LENS) {
             ensure(buf, len);
         }
     }
 
-    /// Query rows, row state and tile buffers for `rows` rows of `d` values.
+    /// Query rows, row states and tile buffers for `heads` kv heads × `rows` rows of `d`
+    /// values.
     #[cfg(target_arch = "x86_64")]
-    pub fn split(&mut self, rows: usize, d: usize) -> (&mut [f32], RowState<'_>, TileScratch<'_>) {
+    pub fn split(&mut self, heads: usize, rows: usize, d: usize) -> (&mut [f32], HeadStates<'_>, TileScratch<'_>) {
         let [sc, kscale, vscale, w] = &mut self.tile;
         (
-            &mut self.q[..rows * d],
-            RowState { m: &mut self.m[..rows], l: &mut self.l[..rows], acc: &mut self.acc[..rows * d] },
+            &mut self.q[..heads * rows * d],
+            HeadStates { buf: &mut self.state[..heads * HeadStates::region(rows, d)], rows, d },
             TileScratch { sc, kscale, vscale, w },
         )
     }
@@ -87,22 +83,21 @@ impl SyncPtr {
 #[derive(Default)]
 pub(crate) struct Workspace {
     threads: Vec<Slot>,
-    /// `[tasks, rows * (d + 2)]` partial states of the partitioned path (m, l, acc per task).
+    /// `[partitions, kv_heads, rows * (d + 2)]` partial states of the partitioned path
+    /// (see [`HeadStates`]), partitions of all sequences in order.
     pub partials: Vec<f32>,
-    /// `[num_seqs + 1]` first task of each sequence in the partitioned path.
-    pub seq_tasks: Vec<usize>,
-    /// `[num_seqs]` partitions per kv head of each sequence.
-    pub seq_parts: Vec<usize>,
+    /// `[num_seqs + 1]` first partition of each sequence (the last entry: their total).
+    pub seq_first_part: Vec<usize>,
 }
 
 impl Workspace {
-    /// Grows every thread's scratch to `rows` rows of `d` values.
-    pub fn prepare(&mut self, n_threads: usize, rows: usize, d: usize) {
+    /// Grows every thread's scratch to `heads` kv heads × `rows` rows of `d` values.
+    pub fn prepare(&mut self, n_threads: usize, heads: usize, rows: usize, d: usize) {
         while self.threads.len() < n_threads {
             self.threads.push(Slot(UnsafeCell::new(ThreadScratch::default())));
         }
         for slot in &mut self.threads {
-            slot.0.get_mut().ensure(rows, d);
+            slot.0.get_mut().ensure(heads, rows, d);
         }
     }
 

@@ -1,4 +1,4 @@
-//! Fused AVX2 readers of one stored head vector per KV codec: chunk `k` of a row is 16 values,
+//! Fused 8-lane readers of one stored head vector per KV codec: chunk `k` of a row is 16 values,
 //! returned as two 8-lane f32 vectors **without** the group scale, together with the head
 //! dimensions they belong to ([`RowCodec::dims`]). The kernels apply the scales: the QK kernel
 //! multiplies the key chunk by its group scale, the PV kernel folds value scales into the
@@ -20,7 +20,7 @@ use std::arch::x86_64::*;
 use kvcache::format::lloyd_max::codebook;
 
 /// One codec's fused 8-lane reader. Methods are `#[inline(always)]` and called only from
-/// `#[target_feature(enable = "avx2,fma,f16c")]` kernels.
+/// kernels compiled with (at least) `#[target_feature(enable = "avx2,fma,f16c")]`.
 pub(crate) trait RowCodec: Copy {
     /// Values carry per-group f16 scales (quantized codecs).
     const SCALED: bool;
@@ -88,10 +88,16 @@ impl RowCodec for Bf16Row {
         // SAFETY: values 16k..16k+16 (32 bytes) lie in the row.
         unsafe {
             let p = row.cast::<u16>().add(16 * k);
-            let widen = |h: __m128i| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
-            (widen(_mm_loadu_si128(p.cast())), widen(_mm_loadu_si128(p.add(8).cast())))
+            (bf16_widen(_mm_loadu_si128(p.cast())), bf16_widen(_mm_loadu_si128(p.add(8).cast())))
         }
     }
+}
+
+/// Eight bf16 values as f32 (the bits shifted into the high half).
+#[inline(always)]
+unsafe fn bf16_widen(h: __m128i) -> __m256 {
+    // SAFETY: AVX2 per the caller.
+    unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h))) }
 }
 
 impl RowCodec for Q8Row {

@@ -1,0 +1,215 @@
+//! The fast tile kernels ([`SimdOps`]), 8-lane f32 vectors, built twice and chosen at run time:
+//! - [`KernelIsa::Avx2`]: AVX2 + FMA + F16C, 16 registers: QK two tokens at a time, PV 16
+//!   dimensions per pass.
+//! - [`KernelIsa::Avx512`]: the same code compiled for AVX-512F/VL, which gives it 32 vector
+//!   registers: QK four tokens at a time, PV 32 dimensions per pass. On Zen 4, 256-bit vectors
+//!   with 32 registers measured faster than 512-bit ones (a 512-bit FMA issues once per cycle,
+//!   and 512-bit shuffles and broadcasts cost more): QK 34 vs 40 cycles per token for four
+//!   rows of head_dim 128, PV 33 vs 42 (`examples/attention_bench.rs`, single thread,
+//!   cache-resident f16).
+//!
+//! [`attend_range`] picks the layer's codec pair and runs the shared tile driver
+//! ([`super::tile::run`]) with these kernels.
+
+mod codecs;
+mod kernels;
+
+use std::marker::PhantomData;
+
+use kvcache::Codec;
+
+use self::codecs::{Bf16Row, F16Row, F32Row, LloydMax8Row, LloydMaxRow, Q4Row, Q8Row, RowCodec};
+use super::group::HeadStates;
+use super::tile::{self, RangeInput, TileOps, TileScratch, TILE};
+use super::KernelIsa;
+
+/// AVX2 + FMA + F16C: QK two tokens at a time, PV one chunk (16 values) per pass.
+pub(crate) struct Avx2;
+
+/// AVX-512F/VL (32 registers) with AVX2 + FMA + F16C: QK four tokens at a time, PV two chunks
+/// per pass.
+pub(crate) struct Avx512;
+
+/// The kernels of instruction set `I` for key codec `K` and value codec `V`.
+pub(crate) struct SimdOps<I, K, V> {
+    k: K,
+    v: V,
+    isa: PhantomData<I>,
+}
+
+/// Instantiates a kernel for rows 1..=4 with the ISA's blocking inside a function compiled for
+/// that ISA.
+macro_rules! kernel_fns {
+    ($name:ident, $feat:literal, $scores:ident, $accumulate:ident, $tok:literal, $ch:literal) => {
+        #[target_feature(enable = $feat)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $scores<K: RowCodec>(
+            k: &K,
+            rows: usize,
+            krows: &[*const u8; TILE],
+            kscale: &[f32],
+            t0: usize,
+            t1: usize,
+            q: *const f32,
+            d: usize,
+            sc: *mut f32,
+        ) {
+            // SAFETY: forwarded contract.
+            unsafe {
+                match rows {
+                    1 => kernels::scores::<K, 1, $tok>(k, krows, kscale, t0, t1, q, d, sc),
+                    2 => kernels::scores::<K, 2, $tok>(k, krows, kscale, t0, t1, q, d, sc),
+                    3 => kernels::scores::<K, 3, $tok>(k, krows, kscale, t0, t1, q, d, sc),
+                    _ => kernels::scores::<K, 4, $tok>(k, krows, kscale, t0, t1, q, d, sc),
+                }
+            }
+        }
+
+        #[target_feature(enable = $feat)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $accumulate<V: RowCodec>(
+            v: &V,
+            rows: usize,
+            vrows: &[*const u8; TILE],
+            t0: usize,
+            t1: usize,
+            w: *const f32,
+            wt: usize,
+            corr: &[f32; 4],
+            d: usize,
+            acc: *mut f32,
+        ) {
+            // SAFETY: forwarded contract.
+            unsafe {
+                match rows {
+                    1 => kernels::accumulate::<V, 1, $ch>(v, vrows, t0, t1, w, wt, corr, d, acc),
+                    2 => kernels::accumulate::<V, 2, $ch>(v, vrows, t0, t1, w, wt, corr, d, acc),
+                    3 => kernels::accumulate::<V, 3, $ch>(v, vrows, t0, t1, w, wt, corr, d, acc),
+                    _ => kernels::accumulate::<V, 4, $ch>(v, vrows, t0, t1, w, wt, corr, d, acc),
+                }
+            }
+        }
+
+        impl<K: RowCodec, V: RowCodec> TileOps for SimdOps<$name, K, V> {
+            const K_SCALED: bool = K::SCALED;
+            const V_SCALED: bool = V::SCALED;
+
+            #[inline]
+            unsafe fn scores(
+                &self,
+                rows: usize,
+                krows: &[*const u8; TILE],
+                kscale: &[f32],
+                t0: usize,
+                t1: usize,
+                q: *const f32,
+                d: usize,
+                sc: *mut f32,
+            ) {
+                // SAFETY: forwarded contract (the ISA is available).
+                unsafe { $scores(&self.k, rows, krows, kscale, t0, t1, q, d, sc) }
+            }
+
+            #[inline]
+            unsafe fn accumulate(
+                &self,
+                rows: usize,
+                vrows: &[*const u8; TILE],
+                t0: usize,
+                t1: usize,
+                w: *const f32,
+                wt: usize,
+                corr: &[f32; 4],
+                d: usize,
+                acc: *mut f32,
+            ) {
+                // SAFETY: forwarded contract.
+                unsafe { $accumulate(&self.v, rows, vrows, t0, t1, w, wt, corr, d, acc) }
+            }
+        }
+    };
+}
+
+kernel_fns!(Avx2, "avx2,fma,f16c", scores_avx2, accumulate_avx2, 2, 1);
+kernel_fns!(Avx512, "avx512f,avx512vl,avx2,fma,f16c", scores_avx512, accumulate_avx512, 4, 2);
+
+/// [`tile::run`] with `isa`'s kernels for the layer's codecs.
+///
+/// # Safety
+/// As [`tile::run`], with `isa` available on this CPU.
+pub(crate) unsafe fn attend_range(
+    isa: KernelIsa,
+    inp: &RangeInput,
+    start: usize,
+    end: usize,
+    states: &mut HeadStates,
+    scratch: &mut TileScratch,
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match isa {
+            KernelIsa::Avx2 => by_codecs_avx2(inp, start, end, states, scratch),
+            KernelIsa::Avx512 => by_codecs_avx512(inp, start, end, states, scratch),
+        }
+    }
+}
+
+/// Runs the tile driver with instruction set `$isa`'s kernels for the layer's codec pair: K and
+/// V share the codec except for turbo, whose two sides are Lloyd–Max codes of possibly
+/// different widths (the only pairs a validated layer holds).
+macro_rules! by_codecs {
+    ($name:ident, $isa:ty, $feat:literal) => {
+        #[target_feature(enable = $feat)]
+        unsafe fn $name(
+            inp: &RangeInput,
+            start: usize,
+            end: usize,
+            states: &mut HeadStates,
+            scratch: &mut TileScratch,
+        ) {
+            let d = inp.layer.head_dim;
+            macro_rules! go {
+                ($k:expr, $v:expr) => {
+                    tile::run(
+                        &SimdOps::<$isa, _, _> { k: $k, v: $v, isa: PhantomData },
+                        inp,
+                        start,
+                        end,
+                        states,
+                        scratch,
+                    )
+                };
+            }
+            macro_rules! lloyd_max_values {
+                ($k:expr, $vb:expr) => {
+                    match $vb {
+                        2 => go!($k, LloydMaxRow::<2>::new(d)),
+                        3 => go!($k, LloydMaxRow::<3>::new(d)),
+                        4 => go!($k, LloydMaxRow::<4>::new(d)),
+                        _ => go!($k, LloydMax8Row::new()),
+                    }
+                };
+            }
+            // SAFETY: forwarded contract; the ISA's features are enabled here.
+            unsafe {
+                match (inp.layer.keys.codec, inp.layer.values.codec) {
+                    (Codec::F32, Codec::F32) => go!(F32Row, F32Row),
+                    (Codec::F16, Codec::F16) => go!(F16Row, F16Row),
+                    (Codec::Bf16, Codec::Bf16) => go!(Bf16Row, Bf16Row),
+                    (Codec::Q8, Codec::Q8) => go!(Q8Row, Q8Row),
+                    (Codec::Q4, Codec::Q4) => go!(Q4Row, Q4Row),
+                    (Codec::LloydMax { bits: kb }, Codec::LloydMax { bits: vb }) => match kb {
+                        2 => lloyd_max_values!(LloydMaxRow::<2>::new(d), vb),
+                        3 => lloyd_max_values!(LloydMaxRow::<3>::new(d), vb),
+                        4 => lloyd_max_values!(LloydMaxRow::<4>::new(d), vb),
+                        _ => lloyd_max_values!(LloydMax8Row::new(), vb),
+                    },
+                    (k, v) => unreachable!("validated layers never pair codecs {k:?} and {v:?}"),
+                }
+            }
+        }
+    };
+}
+
+by_codecs!(by_codecs_avx2, Avx2, "avx2,fma,f16c");
+by_codecs!(by_codecs_avx512, Avx512, "avx512f,avx512vl,avx2,fma,f16c");
