@@ -52,9 +52,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Ok(v) = std::env::var(ATTN_ISA_ENV) {
         cfg.isa = IsaChoice::parse(&v)?;
     }
-    if std::env::var("PAGEKV_BENCH_GHZ").is_ok() {
-        println!("core clock from an FMA-throughput loop: {:.2} GHz", fma_clock_ghz());
-    }
     let pool = ThreadPool::global()?;
     println!(
         "{:<12} {:<11} {:>5} {:>7} {:>10} {:>12} {:>8} {:>10}",
@@ -74,37 +71,4 @@ fn parse_turbo(f: &str) -> Result<KvFormat, Box<dyn std::error::Error>> {
     let rest = f.trim_start_matches("turbo-k");
     let (k, v) = rest.split_once('v').ok_or("turbo format is turbo-kXvY")?;
     Ok(KvFormat::Turbo { k_bits: k.parse()?, v_bits: v.parse()? })
-}
-
-/// The core clock, estimated from a loop of independent 256-bit FMAs (two per cycle on the
-/// CPUs this runs on: Zen 3/4, Intel since Haswell) timed with wall time; run it on an idle
-/// core. Used to turn nanoseconds into cycles when comparing kernels.
-fn fma_clock_ghz() -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("fma") {
-            // SAFETY: FMA checked above.
-            return unsafe { fma_loop() };
-        }
-    }
-    f64::NAN
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn fma_loop() -> f64 {
-    use std::arch::x86_64::*;
-    const N: usize = 100_000_000;
-    let m = _mm256_set1_ps(0.999_999);
-    let c = _mm256_set1_ps(1e-7);
-    let mut a = [_mm256_set1_ps(1.0); 12];
-    let start = std::time::Instant::now();
-    for _ in 0..N {
-        for x in a.iter_mut() {
-            *x = _mm256_fmadd_ps(*x, m, c);
-        }
-    }
-    std::hint::black_box(a);
-    let s = start.elapsed().as_secs_f64();
-    (N * 12) as f64 / 2.0 / s / 1e9
 }

@@ -105,10 +105,6 @@ pub fn bench_attention(cfg: &BenchConfig, pool: impl Into<PoolHandle>) -> Result
                 };
                 let mut attn = Attention::new(config, pool.clone());
                 case.run(&mut attn)?; // surfaces bad shapes before timing
-                if std::env::var("PAGEKV_BENCH_THP").is_ok() {
-                    let s = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
-                    eprintln!("{}", s.lines().filter(|l| l.contains("AnonHuge")).collect::<String>());
-                }
                 let (ms, cpu_ms) = median(cfg.runs, || {
                     let _ = case.run(&mut attn);
                 });
@@ -230,20 +226,6 @@ impl Case {
             rotation_seed: kvcache::format::DEFAULT_ROTATION_SEED,
         };
         let mut pages = HostPages::new(geometry);
-        if std::env::var("PAGEKV_BENCH_THP").is_ok() {
-            extern "C" {
-                fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
-            }
-            let layer = pages.layer(0);
-            for plane in [&layer.keys, &layer.values] {
-                let (p, n) = (plane.codes.as_ptr() as usize, plane.codes.len());
-                let a = (p + (2 << 20) - 1) & !((2 << 20) - 1);
-                if p + n > a + (2 << 20) {
-                    let rc = unsafe { madvise(a as *mut _, (p + n - a) & !((2 << 20) - 1), 14) };
-                    assert_eq!(rc, 0);
-                }
-            }
-        }
         // Scatter: a random permutation of the block ids, dealt out to the sequences.
         let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
         for i in (1..ids.len()).rev() {
