@@ -124,19 +124,31 @@ pub(crate) struct RowState<'a> {
 }
 
 /// The row states of consecutive kv heads: one region of [`HeadStates::region`] floats per
-/// head, `m [rows] | l [rows] | acc [rows, d]` (the partitioned path's partials have the
-/// same layout, so a task's heads are one slice of them).
+/// head, `m [rows] | l [rows] | pad | acc [rows, d] | pad`, `acc` and every region starting on
+/// a cache line (the partitioned path's partials have the same layout, so a task's heads are
+/// one slice of them).
 pub(crate) struct HeadStates<'a> {
-    /// `[heads, rows * (d + 2)]`
+    /// `[heads, region(rows, d)]`
     pub buf: &'a mut [f32],
     pub rows: usize,
     pub d: usize,
 }
 
 impl<'a> HeadStates<'a> {
+    /// Offset of `acc` in a region.
+    pub fn acc_offset(rows: usize) -> usize {
+        (2 * rows).next_multiple_of(16)
+    }
+
     /// Floats per head.
     pub fn region(rows: usize, d: usize) -> usize {
-        rows * (d + 2)
+        Self::acc_offset(rows) + (rows * d).next_multiple_of(16)
+    }
+
+    /// `(m, l, acc)` of one region.
+    pub fn parts(region: &[f32], rows: usize, d: usize) -> (&[f32], &[f32], &[f32]) {
+        let at = Self::acc_offset(rows);
+        (&region[..rows], &region[rows..2 * rows], &region[at..at + rows * d])
     }
 
     /// Running max -inf, sum 0, output 0 for every row.
@@ -150,11 +162,11 @@ impl<'a> HeadStates<'a> {
 
     /// The state of head `i` (counted from the first head of the slice).
     pub fn head(&mut self, i: usize) -> RowState<'_> {
-        let per = Self::region(self.rows, self.d);
-        let region = &mut self.buf[i * per..(i + 1) * per];
-        let (m, rest) = region.split_at_mut(self.rows);
-        let (l, acc) = rest.split_at_mut(self.rows);
-        RowState { m, l, acc }
+        let (rows, d) = (self.rows, self.d);
+        let region = &mut self.buf[i * Self::region(rows, d)..(i + 1) * Self::region(rows, d)];
+        let (ml, acc) = region.split_at_mut(Self::acc_offset(rows));
+        let (m, l) = ml.split_at_mut(rows);
+        RowState { m, l: &mut l[..rows], acc: &mut acc[..rows * d] }
     }
 }
 

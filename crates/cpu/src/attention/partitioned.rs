@@ -44,9 +44,7 @@ pub(crate) fn attention(
     }
     ws.seq_first_part.push(parts);
     let chunks = HeadChunks::plan(hkv, rows, parts, TASKS_PER_THREAD * pool.n_threads());
-    if ws.partials.len() < parts * hkv * per_head {
-        ws.partials.resize(parts * hkv * per_head, 0.0);
-    }
+    ws.partials.ensure(parts * hkv * per_head);
     ws.prepare(pool.n_threads(), chunks.per, rows, d);
     let partials = SyncPtr::new(ws.partials.as_mut_ptr());
     let ws = &*ws;
@@ -101,23 +99,23 @@ pub(crate) fn attention(
     parts * hkv
 }
 
-/// Merges `parts` partial states (`region(j)`: `m [rows] | l [rows] | acc [rows, d]`) into `l`
+/// Merges `parts` partial states (`region(j)`, laid out as [`HeadStates`]) into `l`
 /// (`[rows]`) and `acc` (`[rows, d]`), both relative to the common max.
 fn merge<'a>(region: impl Fn(usize) -> &'a [f32], parts: usize, rows: usize, d: usize, l: &mut [f32], acc: &mut [f32]) {
+    let part = |j: usize| HeadStates::parts(region(j), rows, d);
     for row in 0..rows {
-        let big_m = (0..parts).map(|j| region(j)[row]).fold(f32::NEG_INFINITY, f32::max);
+        let big_m = (0..parts).map(|j| part(j).0[row]).fold(f32::NEG_INFINITY, f32::max);
         let out = &mut acc[row * d..(row + 1) * d];
         out.fill(0.0);
         let mut total = 0.0f32;
         for j in 0..parts {
-            let part = region(j);
-            let (m, lj) = (part[row], part[rows + row]);
-            if lj == 0.0 {
+            let (m, lj, a) = part(j);
+            if lj[row] == 0.0 {
                 continue; // this partition held no key of this row
             }
-            let w = (m - big_m).exp();
-            total += lj * w;
-            for (o, a) in out.iter_mut().zip(&part[2 * rows + row * d..2 * rows + (row + 1) * d]) {
+            let w = (m[row] - big_m).exp();
+            total += lj[row] * w;
+            for (o, a) in out.iter_mut().zip(&a[row * d..(row + 1) * d]) {
                 *o += a * w;
             }
         }

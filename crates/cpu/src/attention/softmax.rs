@@ -1,7 +1,8 @@
 //! The online-softmax step of a tile (AVX2, shared by every instruction set's kernels):
 //! [`update`] masks a row block's scores to each row's visible range, turns them into
-//! probabilities against the new running max and updates the running max and sum of four
-//! rows at once; [`scale_weights`] folds quantized value scales into the probabilities.
+//! probabilities against the running max and updates the running max and sum of four rows at
+//! once, in one pass while the max holds; [`scale_weights`] folds quantized value scales into
+//! the probabilities.
 //!
 //! `exp` is the Cephes `expf` polynomial ([`exp256`], about 1 ulp); masked lanes get exactly 0.
 
@@ -33,17 +34,95 @@ pub(crate) unsafe fn exp256(x: __m256) -> __m256 {
     }
 }
 
-/// Online-softmax update of a row block over tokens `t0 .. t1` of `sc`: masks each lane to its
-/// row's range, takes the tile max, turns scores into probabilities `exp(s - m_new)` (exactly 0
-/// where masked) in place, updates `m`, `l` (`[4]`, lanes past the block's rows ignored) and
-/// returns the accumulator correction `exp(m_old - m_new)` per row.
+/// How far above a row's running max `m` a score may lie and still be turned into a
+/// probability against `m` (it then is up to `e^32 ≈ 8e13`, far from overflowing f32 sums).
+const HEADROOM: f32 = 32.0;
+
+/// Lanes `[t: r0 r1 r2 r3 | t+1: r0 r1 r2 r3]` of `sc` outside their row's range `[a, b)`.
+struct Masks {
+    a: __m256i,
+    b: __m256i,
+}
+
+impl Masks {
+    #[inline(always)]
+    unsafe fn new(ranges: &RowRanges) -> Masks {
+        unsafe {
+            let ra = _mm_loadu_si128(ranges.a.as_ptr().cast());
+            let rb = _mm_loadu_si128(ranges.b.as_ptr().cast());
+            Masks { a: _mm256_set_m128i(ra, ra), b: _mm256_set_m128i(rb, rb) }
+        }
+    }
+
+    /// All-ones where token `tv` (per lane) is outside the lane's row range.
+    #[inline(always)]
+    unsafe fn outside(&self, tv: __m256i) -> __m256 {
+        unsafe {
+            let before = _mm256_cmpgt_epi32(self.a, tv);
+            let after = _mm256_cmpgt_epi32(_mm256_add_epi32(tv, _mm256_set1_epi32(1)), self.b);
+            _mm256_castsi256_ps(_mm256_or_si256(before, after))
+        }
+    }
+}
+
+/// Token index per lane for the pair starting at `t`.
+#[inline(always)]
+unsafe fn token_lanes(t: usize) -> __m256i {
+    unsafe { _mm256_add_epi32(_mm256_set1_epi32(t as i32), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)) }
+}
+
+/// `p = exp(sc - m_ref)` where visible, 0 elsewhere, for tokens `t0 .. t1`; returns the row
+/// sums and row maxima of `p` (`[4]` each).
+#[inline(always)]
+unsafe fn exp_pass(
+    sc: *const f32,
+    p: *mut f32,
+    t0: usize,
+    t1: usize,
+    masks: &Masks,
+    m_ref: __m128,
+) -> (__m128, __m128) {
+    unsafe {
+        let mr = _mm256_set_m128(m_ref, m_ref);
+        // Two accumulators each: the sums and maxima are the loop's only dependency chains.
+        let (mut sum0, mut sum1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let (mut max0, mut max1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut t = t0;
+        while t < t1 {
+            let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc.add(4 * t)), mr));
+            let e = _mm256_andnot_ps(masks.outside(token_lanes(t)), e);
+            _mm256_storeu_ps(p.add(4 * t), e);
+            sum0 = _mm256_add_ps(sum0, e);
+            max0 = _mm256_max_ps(max0, e);
+            std::mem::swap(&mut sum0, &mut sum1);
+            std::mem::swap(&mut max0, &mut max1);
+            t += 2;
+        }
+        let (sum, max) = (_mm256_add_ps(sum0, sum1), _mm256_max_ps(max0, max1));
+        (
+            _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps::<1>(sum)),
+            _mm_max_ps(_mm256_castps256_ps128(max), _mm256_extractf128_ps::<1>(max)),
+        )
+    }
+}
+
+/// Online-softmax update of a row block over tokens `t0 .. t1`: writes the probabilities
+/// `p[t][r] = exp(sc[t][r] - m_r)` (exactly 0 outside row `r`'s range), updates `m`, `l`
+/// (`[4]`; lanes of rows without a visible key in the tile keep theirs) and returns the
+/// accumulator correction `exp(m_old - m_new)` per row.
+///
+/// The reference `m` is the running max only in spirit: while no score of the tile exceeds a
+/// row's `m` by more than [`HEADROOM`], `m` stays and the correction is 1, so the common tile
+/// costs one pass (exp, mask, sum, max); otherwise the tile is redone against its true max.
+/// Either way `acc / l` is the same softmax (the reference cancels).
 ///
 /// # Safety
-/// AVX2/FMA; `sc` holds [`super::tile::SC_LEN`] floats and `t1 ≤ TILE`.
+/// AVX2/FMA; `sc` and `p` hold `SC_LEN` floats and `t1 ≤ TILE`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn update(
-    sc: *mut f32,
+    sc: *const f32,
+    p: *mut f32,
     t0: usize,
     t1: usize,
     ranges: &RowRanges,
@@ -51,53 +130,42 @@ pub(crate) unsafe fn update(
     l: &mut [f32; 4],
 ) -> [f32; 4] {
     unsafe {
-        let ra = _mm_loadu_si128(ranges.a.as_ptr().cast());
-        let rb = _mm_loadu_si128(ranges.b.as_ptr().cast());
-        let av = _mm256_set_m128i(ra, ra);
-        let bv = _mm256_set_m128i(rb, rb);
-        let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
-        let two = _mm256_set1_epi32(2);
-        let t_first = _mm256_add_epi32(_mm256_set1_epi32(t0 as i32), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-
-        // Pass 1: mask in place, running max.
-        let mut tv = t_first;
-        let mut mx = ninf;
+        let masks = Masks::new(ranges);
+        // Rows that see at least one key of the tile.
+        let active = _mm_castsi128_ps(_mm_cmpgt_epi32(
+            _mm_loadu_si128(ranges.b.as_ptr().cast()),
+            _mm_loadu_si128(ranges.a.as_ptr().cast()),
+        ));
+        let m_old = _mm_loadu_ps(m.as_ptr());
+        let l_old = _mm_loadu_ps(l.as_ptr());
+        let ninf = _mm_set1_ps(f32::NEG_INFINITY);
+        // Fast path: every active row has a running max to measure against.
+        let known = _mm_or_ps(_mm_cmpneq_ps(m_old, ninf), _mm_xor_ps(active, _mm_castsi128_ps(_mm_set1_epi32(-1))));
+        if _mm_movemask_ps(known) == 0xF {
+            let m_ref = _mm_blendv_ps(_mm_setzero_ps(), m_old, active);
+            let (sum, max) = exp_pass(sc, p, t0, t1, &masks, m_ref);
+            if _mm_movemask_ps(_mm_cmple_ps(max, _mm_set1_ps(HEADROOM.exp()))) == 0xF {
+                _mm_storeu_ps(l.as_mut_ptr(), _mm_add_ps(l_old, sum));
+                return [1.0; 4];
+            }
+        }
+        // A new max: mask, take it, redo the exponentials against it.
+        let mut tile_max = _mm256_set1_ps(f32::NEG_INFINITY);
         let mut t = t0;
         while t < t1 {
-            let p = sc.add(4 * t);
-            let outside = _mm256_or_si256(
-                _mm256_cmpgt_epi32(av, tv),
-                _mm256_cmpgt_epi32(_mm256_add_epi32(tv, _mm256_set1_epi32(1)), bv),
-            );
-            let s = _mm256_blendv_ps(_mm256_loadu_ps(p), ninf, _mm256_castsi256_ps(outside));
-            _mm256_storeu_ps(p, s);
-            mx = _mm256_max_ps(mx, s);
-            tv = _mm256_add_epi32(tv, two);
+            let s = _mm256_loadu_ps(sc.add(4 * t));
+            let s = _mm256_blendv_ps(s, _mm256_set1_ps(f32::NEG_INFINITY), masks.outside(token_lanes(t)));
+            tile_max = _mm256_max_ps(tile_max, s);
             t += 2;
         }
-        let tile_max = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps::<1>(mx));
-        let m_old = _mm_loadu_ps(m.as_ptr());
+        let tile_max = _mm_max_ps(_mm256_castps256_ps128(tile_max), _mm256_extractf128_ps::<1>(tile_max));
         let m_new = _mm_max_ps(m_old, tile_max);
         // A row with no visible key yet keeps m = -inf; use 0 as its reference (p is 0 anyway).
-        let m_ref = _mm_blendv_ps(m_new, _mm_setzero_ps(), _mm_cmpeq_ps(m_new, _mm256_castps256_ps128(ninf)));
-        let mr = _mm256_set_m128(m_ref, m_ref);
+        let m_ref = _mm_blendv_ps(m_new, _mm_setzero_ps(), _mm_cmpeq_ps(m_new, ninf));
         let corr = _mm256_castps256_ps128(exp256(_mm256_castps128_ps256(_mm_sub_ps(m_old, m_ref))));
-
-        // Pass 2: probabilities and row sums.
-        let mut sum = _mm256_setzero_ps();
-        let mut t = t0;
-        while t < t1 {
-            let p = sc.add(4 * t);
-            let s = _mm256_loadu_ps(p);
-            let e = _mm256_and_ps(exp256(_mm256_sub_ps(s, mr)), _mm256_cmp_ps::<_CMP_NEQ_OQ>(s, ninf));
-            _mm256_storeu_ps(p, e);
-            sum = _mm256_add_ps(sum, e);
-            t += 2;
-        }
-        let row_sum = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps::<1>(sum));
-        let l_new = _mm_fmadd_ps(_mm_loadu_ps(l.as_ptr()), corr, row_sum);
+        let (sum, _) = exp_pass(sc, p, t0, t1, &masks, m_ref);
         _mm_storeu_ps(m.as_mut_ptr(), m_new);
-        _mm_storeu_ps(l.as_mut_ptr(), l_new);
+        _mm_storeu_ps(l.as_mut_ptr(), _mm_fmadd_ps(l_old, corr, sum));
         let mut c = [0f32; 4];
         _mm_storeu_ps(c.as_mut_ptr(), corr);
         c

@@ -54,8 +54,10 @@ pub(crate) struct RangeInput<'a> {
 
 /// Per-thread tile buffers (f32).
 pub(crate) struct TileScratch<'a> {
-    /// `[SC_LEN]` scores, then probabilities, of one row block: `[token][4]`.
+    /// `[SC_LEN]` scores of one row block: `[token][4]`.
     pub sc: &'a mut [f32],
+    /// `[SC_LEN]` their probabilities.
+    pub p: &'a mut [f32],
     /// `[TILE, MAX_GROUPS]` key group scales of the tile.
     pub kscale: &'a mut [f32],
     /// `[TILE, MAX_GROUPS]` value group scales of the tile.
@@ -66,7 +68,7 @@ pub(crate) struct TileScratch<'a> {
 
 impl TileScratch<'_> {
     /// Floats each buffer needs, in field order.
-    pub const LENS: [usize; 4] = [SC_LEN, TILE * MAX_GROUPS, TILE * MAX_GROUPS, TILE * MAX_GROUPS * 4];
+    pub const LENS: [usize; 5] = [SC_LEN, SC_LEN, TILE * MAX_GROUPS, TILE * MAX_GROUPS, TILE * MAX_GROUPS * 4];
 }
 
 /// Per-row visible token range `[a, b)` inside a tile for the four rows of a block (empty,
@@ -273,12 +275,15 @@ fn slots_of(table: &[u32], bs: usize, t0: usize, t1: usize, slots: &mut [usize; 
 /// the TLB, and the L2 prefetches of the next tile (issued head by head, spread over the tile's
 /// work) cover contiguous memory.
 ///
+/// Inlined into a caller compiled for `ops`' instruction set (at least AVX2 + FMA + F16C), so
+/// the kernels inline into the tile loop.
+///
 /// # Safety
 /// AVX2, FMA, F16C and `ops`' instruction set are available; the block table is valid over
 /// `[start, end)` (as [`super::validate`] checks); `head_dim` is a multiple of 16 and at most
 /// `MAX_FAST_HEAD_DIM`; `ops` matches the layer's codecs; buffers sized as documented on
 /// [`TileScratch`] and [`HeadStates`].
-#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(always)]
 pub(crate) unsafe fn run<T: TileOps>(
     ops: &T,
     inp: &RangeInput,
@@ -361,17 +366,18 @@ pub(crate) unsafe fn run<T: TileOps>(
                     let q = q_head.add(rows.start * d);
                     ops.scores(nr, &krows, scratch.kscale, lo, hi, q, d, sc);
                     prefetch.quarter();
-                    let corr = softmax::update(sc, lo, hi, &ranges, &mut m, &mut l);
+                    let pr = scratch.p.as_mut_ptr();
+                    let corr = softmax::update(sc, pr, lo, hi, &ranges, &mut m, &mut l);
                     prefetch.quarter();
                     for j in 0..nr {
                         state.m[rows.start + j] = m[j];
                         state.l[rows.start + j] = l[j];
                     }
                     let (w, wt) = if T::V_SCALED {
-                        softmax::scale_weights(sc, scratch.vscale, MAX_GROUPS, ng, lo, hi, scratch.w);
+                        softmax::scale_weights(pr, scratch.vscale, MAX_GROUPS, ng, lo, hi, scratch.w);
                         (scratch.w.as_ptr(), ng * 4)
                     } else {
-                        (sc.cast_const(), 4)
+                        (pr.cast_const(), 4)
                     };
                     let acc = state.acc.as_mut_ptr().add(rows.start * d);
                     ops.accumulate(nr, &vrows, lo, hi, w, wt, &corr, d, acc);

@@ -13,31 +13,61 @@ use super::group::HeadStates;
 #[cfg(target_arch = "x86_64")]
 use super::tile::TileScratch;
 
+/// One cache line of f32.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+/// A growable f32 buffer aligned to cache lines: the kernels' 256-bit loads and stores of
+/// queries, accumulators and scores never straddle two lines (with a 16-byte aligned `Vec`,
+/// half of them would, depending on where the allocator put it).
+#[derive(Default)]
+pub(crate) struct AlignedF32 {
+    lines: Vec<Line>,
+}
+
+impl AlignedF32 {
+    /// Grows to at least `n` floats (zeroed when new).
+    pub fn ensure(&mut self, n: usize) {
+        let lines = n.div_ceil(16);
+        if self.lines.len() < lines {
+            self.lines.resize(lines, Line([0.0; 16]));
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.lines.len() * 16
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut f32 {
+        self.lines.as_mut_ptr().cast()
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        // SAFETY: `Line` is 16 f32 with no padding; the lines are initialized.
+        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len()) }
+    }
+}
+
 /// Buffers of one pool thread, for tasks of up to `heads` kv heads × `rows` query rows of `d`
 /// values.
 #[derive(Default)]
 pub(crate) struct ThreadScratch {
     /// `[heads, rows, d]` scaled, rotated queries.
-    pub q: Vec<f32>,
-    /// `[heads, rows * (d + 2)]` row states (see [`HeadStates`]).
-    pub state: Vec<f32>,
+    pub q: AlignedF32,
+    /// `[heads, HeadStates::region(rows, d)]` row states.
+    pub state: AlignedF32,
     /// Tile buffers, lengths `TileScratch::LENS` (x86-64 only).
-    pub tile: [Vec<f32>; 4],
-}
-
-fn ensure(v: &mut Vec<f32>, n: usize) {
-    if v.len() < n {
-        v.resize(n, 0.0);
-    }
+    pub tile: [AlignedF32; 5],
 }
 
 impl ThreadScratch {
     fn ensure(&mut self, heads: usize, rows: usize, d: usize) {
-        ensure(&mut self.q, heads * rows * d);
-        ensure(&mut self.state, heads * HeadStates::region(rows, d));
+        self.q.ensure(heads * rows * d);
+        self.state.ensure(heads * HeadStates::region(rows, d));
         #[cfg(target_arch = "x86_64")]
         for (buf, len) in self.tile.iter_mut().zip(TileScratch::LENS) {
-            ensure(buf, len);
+            buf.ensure(len);
         }
     }
 
@@ -45,11 +75,11 @@ impl ThreadScratch {
     /// values.
     #[cfg(target_arch = "x86_64")]
     pub fn split(&mut self, heads: usize, rows: usize, d: usize) -> (&mut [f32], HeadStates<'_>, TileScratch<'_>) {
-        let [sc, kscale, vscale, w] = &mut self.tile;
+        let [sc, p, kscale, vscale, w] = self.tile.each_mut().map(AlignedF32::as_mut_slice);
         (
-            &mut self.q[..heads * rows * d],
-            HeadStates { buf: &mut self.state[..heads * HeadStates::region(rows, d)], rows, d },
-            TileScratch { sc, kscale, vscale, w },
+            &mut self.q.as_mut_slice()[..heads * rows * d],
+            HeadStates { buf: &mut self.state.as_mut_slice()[..heads * HeadStates::region(rows, d)], rows, d },
+            TileScratch { sc, p, kscale, vscale, w },
         )
     }
 }
@@ -83,9 +113,9 @@ impl SyncPtr {
 #[derive(Default)]
 pub(crate) struct Workspace {
     threads: Vec<Slot>,
-    /// `[partitions, kv_heads, rows * (d + 2)]` partial states of the partitioned path
-    /// (see [`HeadStates`]), partitions of all sequences in order.
-    pub partials: Vec<f32>,
+    /// `[partitions, kv_heads, HeadStates::region(rows, d)]` partial states of the
+    /// partitioned path, partitions of all sequences in order.
+    pub partials: AlignedF32,
     /// `[num_seqs + 1]` first partition of each sequence (the last entry: their total).
     pub seq_first_part: Vec<usize>,
 }

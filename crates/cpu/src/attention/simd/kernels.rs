@@ -67,24 +67,18 @@ pub(crate) unsafe fn scores<K: RowCodec, const R: usize, const TOK: usize>(
             let mut acc = [[_mm256_setzero_ps(); TOK]; 4]; // [row][token]
             for k in 0..d / 16 {
                 let (oa, ob) = K::dims(k, d);
-                let mut x = [(_mm256_setzero_ps(), _mm256_setzero_ps()); TOK];
+                // Token by token: one decoded chunk live at a time keeps the 4·TOK accumulators
+                // and the rows' query halves in registers.
                 for j in 0..TOK {
-                    x[j] = codec.chunk(rows[j], k);
+                    let (mut x0, mut x1) = codec.chunk(rows[j], k);
                     if K::SCALED {
                         let s = _mm256_broadcast_ss(kscale.get_unchecked(tok[j] * MAX_GROUPS + oa / 32));
-                        x[j] = (_mm256_mul_ps(x[j].0, s), _mm256_mul_ps(x[j].1, s));
+                        x0 = _mm256_mul_ps(x0, s);
+                        x1 = _mm256_mul_ps(x1, s);
                     }
-                }
-                for (r, acc) in acc.iter_mut().enumerate().take(R) {
-                    let q0 = _mm256_loadu_ps(q.add(r * d + oa));
-                    for (a, x) in acc.iter_mut().zip(&x) {
-                        *a = _mm256_fmadd_ps(q0, x.0, *a);
-                    }
-                }
-                for (r, acc) in acc.iter_mut().enumerate().take(R) {
-                    let q1 = _mm256_loadu_ps(q.add(r * d + ob));
-                    for (a, x) in acc.iter_mut().zip(&x) {
-                        *a = _mm256_fmadd_ps(q1, x.1, *a);
+                    for (r, acc) in acc.iter_mut().enumerate().take(R) {
+                        let a = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(r * d + oa)), x0, acc[j]);
+                        acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(r * d + ob)), x1, a);
                     }
                 }
             }

@@ -94,7 +94,7 @@ macro_rules! kernel_fns {
             const K_SCALED: bool = K::SCALED;
             const V_SCALED: bool = V::SCALED;
 
-            #[inline]
+            #[inline(always)]
             unsafe fn scores(
                 &self,
                 rows: usize,
@@ -110,7 +110,7 @@ macro_rules! kernel_fns {
                 unsafe { $scores(&self.k, rows, krows, kscale, t0, t1, q, d, sc) }
             }
 
-            #[inline]
+            #[inline(always)]
             unsafe fn accumulate(
                 &self,
                 rows: usize,
