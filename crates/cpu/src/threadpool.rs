@@ -14,8 +14,12 @@
 //! - When the caller runs out of tasks it sets `CLOSED` (`fetch_or`), which tells it how many
 //!   workers joined, and waits until `done` reaches that number. Workers that wake late see a
 //!   closed job and go back to waiting, so a parked worker never delays a call.
-//! - Idle workers spin for [`SPIN_BEFORE_PARK`], then park on a condvar; the caller notifies
+//! - Idle workers wait for [`SPIN_BEFORE_PARK`], then park on a condvar; the caller notifies
 //!   only when some worker is parked (`sleepers > 0`), so an idle process uses no CPU.
+//! - Every wait (a worker for a job, the caller for the workers) spins only for
+//!   [`SPIN_BEFORE_YIELD`] and then yields the core between checks ([`Backoff`]): when the
+//!   machine has more runnable threads than cores, a thread that spun through its time slice
+//!   would take the core from the very thread it waits for.
 //!
 //! A panic in a task is caught on whichever thread ran it, the remaining tasks are skipped, and
 //! the first payload is re-raised on the caller with `resume_unwind` after every worker has
@@ -36,6 +40,11 @@ use std::time::{Duration, Instant};
 /// Decode calls arrive every few tens of microseconds, so this keeps workers hot during
 /// generation while an idle process settles to zero CPU within a fraction of a millisecond.
 pub const SPIN_BEFORE_PARK: Duration = Duration::from_micros(300);
+
+/// How long a waiting thread spins before it yields the core between checks. Long enough to
+/// catch the next job of a decode step without a system call when both threads have a core,
+/// short next to a scheduler time slice.
+pub const SPIN_BEFORE_YIELD: Duration = Duration::from_micros(4);
 
 /// The environment variable that sets the size of [`ThreadPool::global`].
 pub const THREADS_ENV: &str = "PAGEKV_THREADS";
@@ -84,13 +93,25 @@ unsafe fn trampoline<F: Fn(usize, usize) + Sync>(data: *const (), task: usize, t
 
 unsafe fn no_job(_: *const (), _: usize, _: usize) {}
 
+/// A value alone on its cache lines (128 bytes: adjacent-line prefetch pairs them), so that
+/// threads spinning on one counter do not slow the updates of another.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 struct Shared {
     /// `generation << GEN_SHIFT | CLOSED | joined`.
-    state: AtomicU64,
+    state: Padded<AtomicU64>,
     /// Next task index to hand out.
-    next: AtomicUsize,
+    next: Padded<AtomicUsize>,
     /// Workers that joined the current job and have left it.
-    done: AtomicUsize,
+    done: Padded<AtomicUsize>,
     /// Written only by the caller holding `call_lock` while no worker is joined; read only by
     /// workers that joined the open generation (see the module protocol).
     job: UnsafeCell<Job>,
@@ -121,9 +142,7 @@ pub struct ThreadPool {
 
 impl std::fmt::Debug for ThreadPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ThreadPool")
-            .field("n_threads", &self.n_threads)
-            .finish()
+        f.debug_struct("ThreadPool").field("n_threads", &self.n_threads).finish()
     }
 }
 
@@ -142,26 +161,17 @@ impl ThreadPool {
     pub fn try_new(n_threads: usize) -> Result<ThreadPool, ThreadPoolError> {
         let n_threads = n_threads.clamp(1, MAX_THREADS);
         let shared = Arc::new(Shared {
-            state: AtomicU64::new(CLOSED),
-            next: AtomicUsize::new(0),
-            done: AtomicUsize::new(0),
-            job: UnsafeCell::new(Job {
-                data: std::ptr::null(),
-                call: no_job,
-                n_tasks: 0,
-            }),
+            state: Padded(AtomicU64::new(CLOSED)),
+            next: Padded(AtomicUsize::new(0)),
+            done: Padded(AtomicUsize::new(0)),
+            job: UnsafeCell::new(Job { data: std::ptr::null(), call: no_job, n_tasks: 0 }),
             panic: Mutex::new(None),
             park: Mutex::new(()),
             wake: Condvar::new(),
             sleepers: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
         });
-        let mut pool = ThreadPool {
-            shared,
-            workers: Vec::new(),
-            n_threads,
-            call_lock: Mutex::new(()),
-        };
+        let mut pool = ThreadPool { shared, workers: Vec::new(), n_threads, call_lock: Mutex::new(()) };
         for thread in 1..n_threads {
             let shared = Arc::clone(&pool.shared);
             let handle = std::thread::Builder::new()
@@ -182,10 +192,7 @@ impl ThreadPool {
     /// An invalid `PAGEKV_THREADS` is an error here (every time), never a silent default.
     pub fn global() -> Result<&'static ThreadPool, ThreadPoolError> {
         static GLOBAL: OnceLock<Result<ThreadPool, ThreadPoolError>> = OnceLock::new();
-        GLOBAL
-            .get_or_init(ThreadPool::from_env)
-            .as_ref()
-            .map_err(Clone::clone)
+        GLOBAL.get_or_init(ThreadPool::from_env).as_ref().map_err(Clone::clone)
     }
 
     /// Threads taking part in `run`, the caller included.
@@ -222,46 +229,27 @@ impl ThreadPool {
         // Publish. SAFETY: no worker is joined (the previous call waited for all joined workers
         // and closed its generation), so nobody reads `job` while we write it.
         unsafe {
-            *shared.job.get() = Job {
-                data: &f as *const F as *const (),
-                call: trampoline::<F>,
-                n_tasks,
-            };
+            *shared.job.get() = Job { data: &f as *const F as *const (), call: trampoline::<F>, n_tasks };
         }
         shared.next.store(0, Ordering::Relaxed);
         shared.done.store(0, Ordering::Relaxed);
         let generation = (shared.state.load(Ordering::Relaxed) >> GEN_SHIFT).wrapping_add(1);
-        shared
-            .state
-            .store(generation << GEN_SHIFT, Ordering::SeqCst);
+        shared.state.store(generation << GEN_SHIFT, Ordering::SeqCst);
         if shared.sleepers.load(Ordering::SeqCst) > 0 {
             let _park = shared.park.lock().unwrap_or_else(|p| p.into_inner());
             shared.wake.notify_all();
         }
 
         // Take part, then close the job and wait for the workers that joined it.
-        let job = Job {
-            data: &f as *const F as *const (),
-            call: trampoline::<F>,
-            n_tasks,
-        };
+        let job = Job { data: &f as *const F as *const (), call: trampoline::<F>, n_tasks };
         // SAFETY: `f` is alive for the whole block.
         unsafe { work_on(shared, job, 0) };
         let joined = (shared.state.fetch_or(CLOSED, Ordering::AcqRel) & JOINED_MASK) as usize;
-        let mut spins = 0u32;
+        let mut backoff = Backoff::new();
         while shared.done.load(Ordering::Acquire) != joined {
-            spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+            backoff.snooze();
         }
-        let payload = shared
-            .panic
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let payload = shared.panic.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(payload) = payload {
             drop(_call);
             resume_unwind(payload);
@@ -292,10 +280,7 @@ impl TaskScope {
     fn enter(thread: usize) -> TaskScope {
         let prev_in_task = IN_TASK.with(|c| c.replace(true));
         let prev_index = THREAD_INDEX.with(|c| c.replace(thread));
-        TaskScope {
-            prev_in_task,
-            prev_index,
-        }
+        TaskScope { prev_in_task, prev_index }
     }
 }
 
@@ -336,16 +321,14 @@ fn worker_loop(shared: &Shared, thread: usize) {
         // Wait for a generation newer than `seen`: spin, then park.
         let mut state = shared.state.load(Ordering::Acquire);
         if state >> GEN_SHIFT == seen {
-            let start = Instant::now();
-            let mut spins = 0u32;
+            let mut backoff = Backoff::new();
             loop {
-                std::hint::spin_loop();
+                backoff.snooze();
                 state = shared.state.load(Ordering::Acquire);
                 if state >> GEN_SHIFT != seen || shared.shutdown.load(Ordering::Relaxed) {
                     break;
                 }
-                spins = spins.wrapping_add(1);
-                if spins % 64 == 0 && start.elapsed() > SPIN_BEFORE_PARK {
+                if backoff.waited() > SPIN_BEFORE_PARK {
                     let mut park = shared.park.lock().unwrap_or_else(|p| p.into_inner());
                     shared.sleepers.fetch_add(1, Ordering::SeqCst);
                     loop {
@@ -369,12 +352,7 @@ fn worker_loop(shared: &Shared, thread: usize) {
             if state & CLOSED != 0 || state >> GEN_SHIFT != seen {
                 break;
             }
-            match shared.state.compare_exchange_weak(
-                state,
-                state + 1,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
+            match shared.state.compare_exchange_weak(state, state + 1, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     // SAFETY: we joined the open generation, so the job fields were written
                     // before its publication and stay valid until we signal `done`.
@@ -389,17 +367,52 @@ fn worker_loop(shared: &Shared, thread: usize) {
     }
 }
 
+/// One wait: spin for [`SPIN_BEFORE_YIELD`], then yield the core on every call.
+struct Backoff {
+    start: Instant,
+    spins: u32,
+    yielding: bool,
+}
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff { start: Instant::now(), spins: 0, yielding: false }
+    }
+
+    /// Waits a little before the next check.
+    #[inline]
+    fn snooze(&mut self) {
+        if self.yielding {
+            std::thread::yield_now();
+            return;
+        }
+        std::hint::spin_loop();
+        self.spins = self.spins.wrapping_add(1);
+        if self.spins % 16 == 0 && self.start.elapsed() > SPIN_BEFORE_YIELD {
+            self.yielding = true;
+        }
+    }
+
+    /// Time since the wait began (checked only every few spins while spinning).
+    fn waited(&self) -> Duration {
+        if self.yielding || self.spins % 16 == 0 {
+            self.start.elapsed()
+        } else {
+            Duration::ZERO
+        }
+    }
+}
+
 /// Thread count from `PAGEKV_THREADS`, or the number of available cores when it is unset.
 pub fn threads_from_env() -> Result<usize, ThreadPoolError> {
     match std::env::var(THREADS_ENV) {
         Ok(value) => parse_thread_count(&value),
-        Err(std::env::VarError::NotPresent) => Ok(std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .min(MAX_THREADS)),
-        Err(std::env::VarError::NotUnicode(v)) => Err(ThreadPoolError::InvalidThreadCount {
-            value: v.to_string_lossy().into_owned(),
-        }),
+        Err(std::env::VarError::NotPresent) => {
+            Ok(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(MAX_THREADS))
+        }
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(ThreadPoolError::InvalidThreadCount { value: v.to_string_lossy().into_owned() })
+        }
     }
 }
 
@@ -407,8 +420,6 @@ pub fn threads_from_env() -> Result<usize, ThreadPoolError> {
 pub fn parse_thread_count(value: &str) -> Result<usize, ThreadPoolError> {
     match value.trim().parse::<usize>() {
         Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
-        _ => Err(ThreadPoolError::InvalidThreadCount {
-            value: value.to_string(),
-        }),
+        _ => Err(ThreadPoolError::InvalidThreadCount { value: value.to_string() }),
     }
 }

@@ -4,25 +4,25 @@
 //! Exactness: the AVX2 kernel keeps, per (weight row, activation row), eight f32 lanes; lane
 //! `l` accumulates over the blocks `fma(d_w d_x, (f32) p_l, acc_l)`, where `p_l` is the
 //! integer sum of the four byte products `4l..4l+4` of the block's 32 unpacked codes, and the
-//! eight lanes are summed by one fixed tree at the end (ggml's `hsum_float_8`). Here a 512-bit
-//! register carries the eight lanes of **two weight rows** (a row pair), so every lane sees
+//! eight lanes are summed by one fixed tree at the end (ggml's `hsum_float_8`). Here 512-bit
+//! registers carry the lanes of several weight rows at once (layouts below), so every lane sees
 //! the same integers (`vpdpbusd` forms the same four-product sums as `vpmaddubsw` +
 //! `vpmaddwd`, in exact integer arithmetic), the same scale and the same FMA sequence, and
 //! the final sums use the same tree: the results are bit-identical, only the work per
 //! instruction doubles and the two integer multiply steps become one.
 //!
-//! Lane layout of a row pair `(r0, r1)` in 128-bit quarters:
-//! - Q4_0/Q4_1: `[r0 lanes 0-3, r1 lanes 0-3, r0 lanes 4-7, r1 lanes 4-7]`: the two rows' 16
-//!   code bytes are loaded side by side and split into low nibbles (quarters 0, 1) and high
-//!   nibbles (quarters 2, 3); the activation block is laid out to match once per tile as
-//!   `[y0..16, y0..16, y16..32, y16..32]`.
-//! - Q8_0: `[r0 lanes 0-7, r1 lanes 0-7]` against `[y, y]`. Signed × signed has no VNNI
-//!   instruction on these CPUs, so the weights are offset to unsigned (`w ^ 0x80 = w + 128`)
-//!   and the exact correction `-128 Σ y` (per lane, computed once per activation block) is the
-//!   accumulator `vpdpbusd` starts from.
+//! Lane layouts, in 128-bit quarters of a 512-bit register:
+//! - Q4_0/Q4_1 take **four** rows at a time: their 16 code bytes side by side, split into low
+//!   nibbles (row `i`'s AVX2 lanes 0-3 in quarter `i`) and high nibbles (lanes 4-7), against
+//!   the activation halves `y[0..16]` and `y[16..32]` broadcast to every quarter; one scale
+//!   vector serves both halves.
+//! - Q8_0 takes row pairs `[r0 lanes 0-7, r1 lanes 0-7]` against `[y, y]`. Signed × signed has
+//!   no VNNI instruction on these CPUs, so the weights are offset to unsigned
+//!   (`w ^ 0x80 = w + 128`) and the exact correction `-128 Σ y` (per lane, computed once per
+//!   activation block) is the accumulator `vpdpbusd` starts from. An odd last row goes to the
+//!   AVX2 kernel (identical results).
 //!
-//! A tile is `NP` row pairs × `NJ` activation rows; an odd last row goes to the AVX2 kernel
-//! (identical results).
+//! Decode (one activation row) prefetches the weight tiles ahead of use.
 
 use super::blocks::QK;
 use super::dot_avx2;
@@ -55,99 +55,109 @@ unsafe fn prefetch_next_tile(b0: *const u8, b1: *const u8, dist: usize) {
     _mm_prefetch(b1.wrapping_add(dist) as *const i8, _MM_HINT_T0);
 }
 
-/// `[d0, off0, d1, off1]` of the block headers at `b0` and `b1`: Q4_1 `[d, m]`, Q4_0 `[d, -8d]`.
+/// Sum of 8 lanes given as two 4-lane halves, in plain f32 adds in the order of
+/// [`dot_avx2::hsum`] (so bit-identical to it): `((a0+b0) + (a2+b2)) + ((a1+b1) + (a3+b3))`.
+#[inline]
+fn hsum_tree(a: &[f32], b: &[f32]) -> f32 {
+    ((a[0] + b[0]) + (a[2] + b[2])) + ((a[1] + b[1]) + (a[3] + b[3]))
+}
+
+/// The headers of four Q4 blocks as `[d0, off0, d1, off1, d2, off2, d3, off3]`: Q4_1 `[d, m]`,
+/// Q4_0 `[d, -8d]` (exact: a power-of-two scaling, as in the AVX2 kernel).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn pair_header<const Q4_1: bool>(b0: *const u8, b1: *const u8) -> __m128 {
+unsafe fn quad_header<const Q4_1: bool>(b: [*const u8; 4]) -> __m256 {
     if Q4_1 {
-        let h = _mm_insert_epi32(
-            _mm_cvtsi32_si128(std::ptr::read_unaligned(b0 as *const i32)),
-            std::ptr::read_unaligned(b1 as *const i32),
-            1,
-        );
-        _mm_cvtph_ps(h)
+        let mut h = _mm_cvtsi32_si128(std::ptr::read_unaligned(b[0] as *const i32));
+        h = _mm_insert_epi32(h, std::ptr::read_unaligned(b[1] as *const i32), 1);
+        h = _mm_insert_epi32(h, std::ptr::read_unaligned(b[2] as *const i32), 2);
+        h = _mm_insert_epi32(h, std::ptr::read_unaligned(b[3] as *const i32), 3);
+        _mm256_cvtph_ps(h)
     } else {
-        let h = _mm_insert_epi16(
-            _mm_cvtsi32_si128(std::ptr::read_unaligned(b0 as *const u16) as i32),
-            std::ptr::read_unaligned(b1 as *const u16) as i32,
-            1,
-        );
-        let d = _mm_cvtph_ps(h); // [d0, d1, ..]
-                                 // -8 d is exact (a power-of-two scaling), as in the AVX2 kernel.
-        _mm_mul_ps(_mm_unpacklo_ps(d, d), _mm_setr_ps(1.0, -8.0, 1.0, -8.0))
+        let mut h = _mm_cvtsi32_si128(std::ptr::read_unaligned(b[0] as *const u16) as i32);
+        h = _mm_insert_epi16(h, std::ptr::read_unaligned(b[1] as *const u16) as i32, 1);
+        h = _mm_insert_epi16(h, std::ptr::read_unaligned(b[2] as *const u16) as i32, 2);
+        h = _mm_insert_epi16(h, std::ptr::read_unaligned(b[3] as *const u16) as i32, 3);
+        let d = _mm256_castps128_ps256(_mm_cvtph_ps(h)); // [d0, d1, d2, d3, ..]
+        let dd = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+        _mm256_mul_ps(dd, _mm256_setr_ps(1.0, -8.0, 1.0, -8.0, 1.0, -8.0, 1.0, -8.0))
     }
 }
 
-/// The 32 + 32 codes of two Q4 blocks (16 bytes each at `q0`, `q1`) as
-/// `[lo(q0), lo(q1), hi(q0), hi(q1)]`.
+/// Q4_0/Q4_1 tile: `NQ` quads of four weight rows × `NJ` activation rows. Row `i >= nr` of
+/// the tile repeats row `nr - 1` (its results are not used), so any `nr <= 4 NQ` works.
+///
+/// Lane layout of a quad: the four rows' 16 code bytes side by side, split into low nibbles
+/// (`lo`, the AVX2 lanes 0-3 of each row, row `i` in quarter `i`) and high nibbles (`hi`,
+/// lanes 4-7), against the activation halves `y[0..16]` and `y[16..32]` in every quarter.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn unpack_pair(q0: *const u8, q1: *const u8) -> __m512i {
-    let t = _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(q0 as *const __m128i)),
-        _mm_loadu_si128(q1 as *const __m128i),
-        1,
-    );
-    let z = _mm512_inserti64x4(_mm512_castsi256_si512(t), _mm256_srli_epi16(t, 4), 1);
-    _mm512_and_si512(z, _mm512_set1_epi8(0x0F))
-}
-
-/// Q4_0/Q4_1 tile: `NP` row pairs (rows `2p`, `2p + 1` of `w`) × `NJ` activation rows.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn nibble_pairs<const NP: usize, const NJ: usize, const Q4_1: bool>(
+unsafe fn nibble_quads<const NQ: usize, const NJ: usize, const Q4_1: bool>(
     w: *const u8,
     row_bytes: usize,
+    nr: usize,
     a: &Acts,
     j0: usize,
     out: &mut TileOut,
 ) {
     let (block, qs_off) = if Q4_1 { (20, 4) } else { (18, 2) };
     let nb = a.k / QK;
-    // Scale lane d·d_x of r0 (f32 lane 0 of the header product) into quarters 0 and 2,
-    // r1's (lane 2) into quarters 1 and 3.
-    let scale_idx = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2);
-    let mut acc = [[_mm512_setzero_ps(); NJ]; NP];
-    let mut acc_off = [[_mm_setzero_ps(); NJ]; NP];
+    // d_w d_x of row i (f32 lane 2i of the header product) into quarter i.
+    let scale_idx = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+    let nibble = _mm512_set1_epi8(0x0F);
+    let rows: [[*const u8; 4]; NQ] =
+        std::array::from_fn(|q| std::array::from_fn(|i| w.add((4 * q + i).min(nr - 1) * row_bytes)));
+    let pf = PREFETCH_TILES * 4 * NQ * row_bytes;
+    let mut acc_lo = [[_mm512_setzero_ps(); NJ]; NQ];
+    let mut acc_hi = [[_mm512_setzero_ps(); NJ]; NQ];
+    let mut acc_off = [[_mm256_setzero_ps(); NJ]; NQ];
     let ys = a.q8_qs.as_ptr().add(j0 * a.k);
     let ds = a.q8_ds.as_ptr().add(j0 * nb) as *const f64;
     for b in 0..nb {
-        let mut y = [_mm512_setzero_si512(); NJ];
-        let mut dx = [_mm_setzero_ps(); NJ];
+        let mut ylo = [_mm512_setzero_si512(); NJ];
+        let mut yhi = [_mm512_setzero_si512(); NJ];
+        let mut dx = [_mm256_setzero_ps(); NJ];
         for t in 0..NJ {
-            let yv = _mm512_castsi256_si512(_mm256_loadu_si256(ys.add(t * a.k + b * QK) as *const __m256i));
-            y[t] = _mm512_shuffle_i64x2(yv, yv, 0b01_01_00_00);
-            dx[t] = _mm_castpd_ps(_mm_loaddup_pd(ds.add(t * nb + b))); // [d_x, s_x, d_x, s_x]
+            let y = ys.add(t * a.k + b * QK);
+            ylo[t] = _mm512_broadcast_i32x4(_mm_loadu_si128(y as *const __m128i));
+            yhi[t] = _mm512_broadcast_i32x4(_mm_loadu_si128(y.add(16) as *const __m128i));
+            dx[t] = _mm256_castpd_ps(_mm256_broadcast_sd(&*ds.add(t * nb + b)));
+            // [d_x, s_x] × 4
         }
-        for p in 0..NP {
-            let b0 = w.add(2 * p * row_bytes + b * block);
-            let b1 = b0.add(row_bytes);
+        for q in 0..NQ {
+            let blk: [*const u8; 4] = std::array::from_fn(|i| rows[q][i].add(b * block));
             if NJ == 1 {
-                prefetch_next_tile(b0, b1, PREFETCH_TILES * 2 * NP * row_bytes);
+                for p in blk {
+                    _mm_prefetch(p.wrapping_add(pf) as *const i8, _MM_HINT_T0);
+                }
             }
-            let h = pair_header::<Q4_1>(b0, b1);
-            let qw = unpack_pair(b0.add(qs_off), b1.add(qs_off));
+            let h = quad_header::<Q4_1>(blk);
+            let mut z = _mm512_castsi128_si512(_mm_loadu_si128(blk[0].add(qs_off) as *const __m128i));
+            z = _mm512_inserti32x4(z, _mm_loadu_si128(blk[1].add(qs_off) as *const __m128i), 1);
+            z = _mm512_inserti32x4(z, _mm_loadu_si128(blk[2].add(qs_off) as *const __m128i), 2);
+            z = _mm512_inserti32x4(z, _mm_loadu_si128(blk[3].add(qs_off) as *const __m128i), 3);
+            let lo = _mm512_and_si512(z, nibble);
+            let hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nibble);
             for t in 0..NJ {
-                let prod = _mm_mul_ps(h, dx[t]); // [d0 d_x, off0 s_x, d1 d_x, off1 s_x]
-                acc_off[p][t] = _mm_add_ps(acc_off[p][t], prod);
-                let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qw, y[t]);
-                let scale = _mm512_permutexvar_ps(scale_idx, _mm512_castps128_ps512(prod));
-                acc[p][t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum), acc[p][t]);
+                let prod = _mm256_mul_ps(h, dx[t]); // [d_i d_x, off_i s_x] for i < 4
+                acc_off[q][t] = _mm256_add_ps(acc_off[q][t], prod);
+                let scale = _mm512_permutexvar_ps(scale_idx, _mm512_castps256_ps512(prod));
+                let sum_lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, ylo[t]);
+                let sum_hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, yhi[t]);
+                acc_lo[q][t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum_lo), acc_lo[q][t]);
+                acc_hi[q][t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum_hi), acc_hi[q][t]);
             }
         }
     }
-    for p in 0..NP {
+    for q in 0..NQ {
         for t in 0..NJ {
-            let v = acc[p][t];
-            let off = acc_off[p][t];
-            let (q0, q1, q2, q3) = (
-                _mm512_castps512_ps128(v),
-                _mm512_extractf32x4_ps(v, 1),
-                _mm512_extractf32x4_ps(v, 2),
-                _mm512_extractf32x4_ps(v, 3),
-            );
-            out[2 * p][t] = hsum_halves(q0, q2) + _mm_cvtss_f32(_mm_movehdup_ps(off));
-            out[2 * p + 1][t] = hsum_halves(q1, q3) + _mm_cvtss_f32(_mm_shuffle_ps(off, off, 0b11_11_11_11));
+            let (mut lo, mut hi, mut off) = ([0.0f32; 16], [0.0f32; 16], [0.0f32; 8]);
+            _mm512_storeu_ps(lo.as_mut_ptr(), acc_lo[q][t]);
+            _mm512_storeu_ps(hi.as_mut_ptr(), acc_hi[q][t]);
+            _mm256_storeu_ps(off.as_mut_ptr(), acc_off[q][t]);
+            for i in 0..4.min(nr.saturating_sub(4 * q)) {
+                out[4 * q + i][t] = hsum_tree(&lo[4 * i..], &hi[4 * i..]) + off[2 * i + 1];
+            }
         }
     }
 }
@@ -254,28 +264,27 @@ macro_rules! pair_tile {
     };
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_0_pairs<const NP: usize, const NJ: usize>(
-    w: *const u8,
-    row_bytes: usize,
-    a: &Acts,
-    j0: usize,
-    out: &mut TileOut,
-) {
-    nibble_pairs::<NP, NJ, false>(w, row_bytes, a, j0, out)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_1_pairs<const NP: usize, const NJ: usize>(
-    w: *const u8,
-    row_bytes: usize,
-    a: &Acts,
-    j0: usize,
-    out: &mut TileOut,
-) {
-    nibble_pairs::<NP, NJ, true>(w, row_bytes, a, j0, out)
-}
-
-pair_tile!(q4_0, q4_0_pairs, dot_avx2::q4_0);
-pair_tile!(q4_1, q4_1_pairs, dot_avx2::q4_1);
 pair_tile!(q8_0, q8_pairs, dot_avx2::q8_0);
+
+/// Defines a Q4 [`TileFn`](super::matmul::TileFn) over [`nibble_quads`].
+macro_rules! quad_tile {
+    ($name:ident, $q4_1:literal) => {
+        /// Tile kernel (see [`TileFn`](super::matmul::TileFn)): `nr <= 8` rows with `nj == 1`,
+        /// or `nr <= 4` rows with `nj <= 4`. Requires AVX-512 F/BW/VL/VNNI, AVX2, FMA, F16C.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub(super) unsafe fn $name(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut TileOut) {
+            debug_assert!(nr >= 1 && ((nj == 1 && nr <= 8) || (nr <= 4 && nj <= 4)));
+            let (wp, rb) = (w.as_ptr(), w.len() / nr);
+            match (nr.div_ceil(4), nj) {
+                (1, 1) => nibble_quads::<1, 1, $q4_1>(wp, rb, nr, a, j0, out),
+                (_, 1) => nibble_quads::<2, 1, $q4_1>(wp, rb, nr, a, j0, out),
+                (_, 2) => nibble_quads::<1, 2, $q4_1>(wp, rb, nr, a, j0, out),
+                (_, 3) => nibble_quads::<1, 3, $q4_1>(wp, rb, nr, a, j0, out),
+                (_, _) => nibble_quads::<1, 4, $q4_1>(wp, rb, nr, a, j0, out),
+            }
+        }
+    };
+}
+
+quad_tile!(q4_0, false);
+quad_tile!(q4_1, true);
