@@ -89,6 +89,7 @@ pub(crate) trait TileOps {
     /// `sc[t][r] = q_r · k_t` for tokens `t0 .. t1` and `rows ≤ 4` rows (`q`: `[rows, d]`),
     /// computed in whole vectors from `t0`, so up to three tokens past `t1` may be written
     /// (with garbage); lanes of rows `rows..4` are written as 0. `kscale`: `[TILE, MAX_GROUPS]`.
+    /// Prefetches `next`'s rows at the positions it reads.
     ///
     /// # Safety
     /// The instruction set is available; `krows[t0..t1]` are stored key rows of head_dim `d`
@@ -104,11 +105,13 @@ pub(crate) trait TileOps {
         q: *const f32,
         d: usize,
         sc: *mut f32,
+        next: &NextRows,
     );
 
     /// `acc[r] = acc[r]·corr[r] + Σ_t w_t[r]·v_t` over tokens `t0 .. t1` for `rows ≤ 4` rows
     /// (`acc`: `[rows, d]`). Weight of token `t`, row `r`, value group `g`: `w[t·wt + 4g + r]`
-    /// for scaled codecs, `w[t·wt + r]` otherwise.
+    /// for scaled codecs, `w[t·wt + r]` otherwise. Prefetches `next`'s rows at the same
+    /// positions, pass by pass.
     ///
     /// # Safety
     /// The instruction set is available; `vrows[t0..t1]` are stored value rows of head_dim `d`;
@@ -125,6 +128,7 @@ pub(crate) trait TileOps {
         corr: &[f32; 4],
         d: usize,
         acc: *mut f32,
+        next: &NextRows,
     );
 }
 
@@ -176,32 +180,32 @@ impl PlaneRows<'_> {
         }
     }
 
-    /// Prefetches into L2 the codes and scales of `kv_head` in `slots`.
+    /// Prefetches into L2 the scales of `kv_head` in `slots` (codes are prefetched by the
+    /// kernels, see [`NextRows`]).
     #[inline(always)]
-    fn prefetch(&self, slots: &[usize], kv_head: usize) {
-        let (cb, ns) = (self.plane.code_bytes, self.plane.n_scales);
-        // A prefetch is a hint and cannot fault; the addresses lie inside the plane anyway.
-        let codes = self.plane.codes.as_ptr();
-        let scales = self.plane.scales.as_ptr();
+    fn prefetch_scales(&self, slots: &[usize], kv_head: usize) {
+        let ns = self.plane.n_scales;
+        if ns == 0 {
+            return;
+        }
         for &slot in slots {
+            let at = self.plane.scales.as_ptr().wrapping_add(self.head_index(slot, kv_head) * ns);
+            // SAFETY: prefetches are hints and cannot fault.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(at.cast()) };
+        }
+    }
+
+    /// The code rows of `kv_head` in `slots`, for prefetching.
+    #[inline(always)]
+    fn next_rows(&self, slots: &[usize], kv_head: usize) -> NextRows {
+        let mut rows = [std::ptr::null::<u8>(); TILE];
+        let cb = self.plane.code_bytes;
+        for (r, &slot) in rows.iter_mut().zip(slots) {
             let i = self.head_index(slot, kv_head);
             debug_assert!((i + 1) * cb <= self.plane.codes.len());
-            let row = codes.wrapping_add(i * cb);
-            // SAFETY: prefetches cannot fault.
-            unsafe {
-                let mut off = 0;
-                while off < cb {
-                    _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(off).cast());
-                    off += 64;
-                }
-                if (row as usize + cb - 1) / 64 != (row as usize + off - 64) / 64 {
-                    _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(cb - 1).cast());
-                }
-                if ns > 0 {
-                    _mm_prefetch::<_MM_HINT_T1>(scales.wrapping_add(i * ns).cast());
-                }
-            }
+            *r = self.plane.codes.as_ptr().wrapping_add(i * cb);
         }
+        NextRows { rows, n: slots.len(), bytes: cb }
     }
 }
 
@@ -212,41 +216,46 @@ unsafe fn f16_to_f32(h: f16) -> f32 {
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32))) }
 }
 
-/// The next tile's rows of one kv head, prefetched into L2 a quarter at a time (keys of the
-/// first half of the tokens, keys of the second, then values likewise) between the steps of
-/// this tile's work: issued all at once, the 100-odd prefetches of a head overflow the miss
-/// queues and stall the core (16×4096 f16 on 2 threads: 78 → 46 cpu-ns per token and head).
-struct NextTile<'a> {
-    keys: &'a PlaneRows<'a>,
-    values: &'a PlaneRows<'a>,
-    /// `[tokens of the next tile]`
-    slots: &'a [usize],
-    kv_head: usize,
-    /// Quarters issued so far.
-    done: u8,
+/// The next tile's stored rows of one kv head and plane, for the kernels to prefetch into L2
+/// as they consume the current tile's: QK prefetches each next row whole when it reads the
+/// row at the same position, PV the part of it matching the pass it is in. Spread like this,
+/// the prefetches keep pace with the reads; issued in bursts (a head's next rows at once) they
+/// overflow the miss queues and stall the core.
+pub(crate) struct NextRows {
+    /// `[TILE]` first code byte of each next row; `rows[..n]` valid.
+    pub rows: [*const u8; TILE],
+    pub n: usize,
+    /// Code bytes of a row.
+    pub bytes: usize,
 }
 
-impl NextTile<'_> {
-    /// Issues the next quarter, if any is left.
+impl NextRows {
+    /// Prefetches the 64-byte lines of row `t` that start in `[from, to)` of it (offsets
+    /// relative to the row start; the last line also when `to` is the row's end), if `t` is one
+    /// of the next rows.
     #[inline(always)]
-    fn quarter(&mut self) {
-        let half = self.slots.len() / 2;
-        match self.done {
-            0 => self.keys.prefetch(&self.slots[..half], self.kv_head),
-            1 => self.keys.prefetch(&self.slots[half..], self.kv_head),
-            2 => self.values.prefetch(&self.slots[..half], self.kv_head),
-            3 => self.values.prefetch(&self.slots[half..], self.kv_head),
-            _ => return,
+    pub fn lines(&self, t: usize, from: usize, to: usize) {
+        if t >= self.n {
+            return;
         }
-        self.done += 1;
+        // SAFETY: t < n ≤ TILE; prefetches are hints and cannot fault.
+        unsafe {
+            let row = *self.rows.get_unchecked(t);
+            let mut off = from.next_multiple_of(64);
+            while off < to {
+                _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(off).cast());
+                off += 64;
+            }
+            if to == self.bytes {
+                _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(self.bytes - 1).cast());
+            }
+        }
     }
 
-    /// Issues every quarter left.
+    /// Prefetches all of row `t`.
     #[inline(always)]
-    fn rest(&mut self) {
-        while self.done < 4 {
-            self.quarter();
-        }
+    pub fn row(&self, t: usize) {
+        self.lines(t, 0, self.bytes);
     }
 }
 
@@ -312,10 +321,19 @@ pub(crate) unsafe fn run<T: TileOps>(
         slots_of(inp.table, bs, t1, t1 + n_next, &mut next);
         let (i0, i1) = inp.bounds.tokens_seeing(t0, t1);
         for (hi, kv_head) in inp.heads.clone().enumerate() {
-            let mut prefetch = NextTile { keys: &keys, values: &values, slots: &next[..n_next], kv_head, done: 0 };
-            prefetch.quarter();
+            let next_slots = &next[..n_next];
+            keys.prefetch_scales(next_slots, kv_head);
+            values.prefetch_scales(next_slots, kv_head);
+            let next_k = keys.next_rows(next_slots, kv_head);
+            let next_v = values.next_rows(next_slots, kv_head);
+            let no_rows = NextRows { rows: [std::ptr::null(); TILE], n: 0, bytes: 0 };
+            // Next rows the first row block's kernels do not reach: prefetched here.
+            let (mut done_lo, mut done_hi) = (0, 0);
             if i0 == i1 {
-                prefetch.rest();
+                for t in 0..n_next {
+                    next_k.row(t);
+                    next_v.row(t);
+                }
                 continue;
             }
             // SAFETY (whole head): every slot of the tile is valid (validated block table);
@@ -362,13 +380,15 @@ pub(crate) unsafe fn run<T: TileOps>(
                         m[j] = state.m[rows.start + j];
                         l[j] = state.l[rows.start + j];
                     }
+                    let first = done_hi == 0;
+                    if first {
+                        (done_lo, done_hi) = (lo, hi);
+                    }
                     let sc = scratch.sc.as_mut_ptr();
                     let q = q_head.add(rows.start * d);
-                    ops.scores(nr, &krows, scratch.kscale, lo, hi, q, d, sc);
-                    prefetch.quarter();
+                    ops.scores(nr, &krows, scratch.kscale, lo, hi, q, d, sc, if first { &next_k } else { &no_rows });
                     let pr = scratch.p.as_mut_ptr();
                     let corr = softmax::update(sc, pr, lo, hi, &ranges, &mut m, &mut l);
-                    prefetch.quarter();
                     for j in 0..nr {
                         state.m[rows.start + j] = m[j];
                         state.l[rows.start + j] = l[j];
@@ -380,11 +400,13 @@ pub(crate) unsafe fn run<T: TileOps>(
                         (pr.cast_const(), 4)
                     };
                     let acc = state.acc.as_mut_ptr().add(rows.start * d);
-                    ops.accumulate(nr, &vrows, lo, hi, w, wt, &corr, d, acc);
-                    prefetch.quarter();
+                    ops.accumulate(nr, &vrows, lo, hi, w, wt, &corr, d, acc, if first { &next_v } else { &no_rows });
                 }
             }
-            prefetch.rest();
+            for t in (0..done_lo).chain(done_hi..n_next) {
+                next_k.row(t);
+                next_v.row(t);
+            }
         }
         std::mem::swap(&mut slots, &mut next);
         t0 = t1;

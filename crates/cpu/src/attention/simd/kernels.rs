@@ -14,7 +14,7 @@
 use std::arch::x86_64::*;
 
 use super::codecs::RowCodec;
-use crate::attention::tile::{MAX_GROUPS, TILE};
+use crate::attention::tile::{NextRows, MAX_GROUPS, TILE};
 
 /// Sums each of eight vectors into `[a0 a1 a2 a3 | b0 b1 b2 b3]` (`a`: token t's rows,
 /// `b`: token t+1's).
@@ -51,6 +51,7 @@ pub(crate) unsafe fn scores<K: RowCodec, const R: usize, const TOK: usize>(
     q: *const f32,
     d: usize,
     sc: *mut f32,
+    next: &NextRows,
 ) {
     debug_assert!(TOK % 2 == 0 && R <= 4);
     unsafe {
@@ -63,6 +64,11 @@ pub(crate) unsafe fn scores<K: RowCodec, const R: usize, const TOK: usize>(
             for j in 0..TOK {
                 tok[j] = (t + j).min(t1 - 1);
                 rows[j] = *krows.get_unchecked(tok[j]);
+            }
+            for j in 0..TOK {
+                if t + j < t1 {
+                    next.row(t + j);
+                }
             }
             let mut acc = [[_mm256_setzero_ps(); TOK]; 4]; // [row][token]
             for k in 0..d / 16 {
@@ -110,8 +116,12 @@ unsafe fn accumulate_chunks<V: RowCodec, const R: usize, const N: usize>(
     corr: &[f32; 4],
     d: usize,
     acc: *mut f32,
+    next: &NextRows,
 ) {
     unsafe {
+        // Bytes of the row this pass reads (codec chunks are consecutive in the row).
+        let chunk_bytes = next.bytes / (d / 16);
+        let (pf_from, pf_to) = (k0 * chunk_bytes, (k0 + N) * chunk_bytes);
         let mut dims = [(0usize, 0usize); N];
         for (c, dims) in dims.iter_mut().enumerate() {
             *dims = V::dims(k0 + c, d);
@@ -126,6 +136,7 @@ unsafe fn accumulate_chunks<V: RowCodec, const R: usize, const N: usize>(
             }
         }
         for t in t0..t1 {
+            next.lines(t, pf_from, pf_to);
             let row = *vrows.get_unchecked(t);
             let mut x = [(_mm256_setzero_ps(), _mm256_setzero_ps()); N];
             for (i, x) in x.iter_mut().enumerate() {
@@ -170,18 +181,19 @@ pub(crate) unsafe fn accumulate<V: RowCodec, const R: usize, const CH: usize>(
     corr: &[f32; 4],
     d: usize,
     acc: *mut f32,
+    next: &NextRows,
 ) {
     unsafe {
         let chunks = d / 16;
         let mut k = 0;
         if CH == 2 {
             while k + 2 <= chunks {
-                accumulate_chunks::<V, R, 2>(codec, vrows, k, t0, t1, w, wt, corr, d, acc);
+                accumulate_chunks::<V, R, 2>(codec, vrows, k, t0, t1, w, wt, corr, d, acc, next);
                 k += 2;
             }
         }
         while k < chunks {
-            accumulate_chunks::<V, R, 1>(codec, vrows, k, t0, t1, w, wt, corr, d, acc);
+            accumulate_chunks::<V, R, 1>(codec, vrows, k, t0, t1, w, wt, corr, d, acc, next);
             k += 1;
         }
     }

@@ -20,7 +20,7 @@ use kvcache::Codec;
 
 use self::codecs::{Bf16Row, F16Row, F32Row, LloydMax8Row, LloydMaxRow, Q4Row, Q8Row, RowCodec};
 use super::group::HeadStates;
-use super::tile::{self, RangeInput, TileOps, TileScratch, TILE};
+use super::tile::{self, NextRows, RangeInput, TileOps, TileScratch, TILE};
 use super::KernelIsa;
 
 /// AVX2 + FMA + F16C: QK two tokens at a time, PV one chunk (16 values) per pass.
@@ -53,14 +53,15 @@ macro_rules! kernel_fns {
             q: *const f32,
             d: usize,
             sc: *mut f32,
+            next: &NextRows,
         ) {
             // SAFETY: forwarded contract.
             unsafe {
                 match rows {
-                    1 => kernels::scores::<K, 1, $tok>(k, krows, kscale, t0, t1, q, d, sc),
-                    2 => kernels::scores::<K, 2, $tok>(k, krows, kscale, t0, t1, q, d, sc),
-                    3 => kernels::scores::<K, 3, $tok>(k, krows, kscale, t0, t1, q, d, sc),
-                    _ => kernels::scores::<K, 4, $tok>(k, krows, kscale, t0, t1, q, d, sc),
+                    1 => kernels::scores::<K, 1, $tok>(k, krows, kscale, t0, t1, q, d, sc, next),
+                    2 => kernels::scores::<K, 2, $tok>(k, krows, kscale, t0, t1, q, d, sc, next),
+                    3 => kernels::scores::<K, 3, $tok>(k, krows, kscale, t0, t1, q, d, sc, next),
+                    _ => kernels::scores::<K, 4, $tok>(k, krows, kscale, t0, t1, q, d, sc, next),
                 }
             }
         }
@@ -78,14 +79,15 @@ macro_rules! kernel_fns {
             corr: &[f32; 4],
             d: usize,
             acc: *mut f32,
+            next: &NextRows,
         ) {
             // SAFETY: forwarded contract.
             unsafe {
                 match rows {
-                    1 => kernels::accumulate::<V, 1, $ch>(v, vrows, t0, t1, w, wt, corr, d, acc),
-                    2 => kernels::accumulate::<V, 2, $ch>(v, vrows, t0, t1, w, wt, corr, d, acc),
-                    3 => kernels::accumulate::<V, 3, $ch>(v, vrows, t0, t1, w, wt, corr, d, acc),
-                    _ => kernels::accumulate::<V, 4, $ch>(v, vrows, t0, t1, w, wt, corr, d, acc),
+                    1 => kernels::accumulate::<V, 1, $ch>(v, vrows, t0, t1, w, wt, corr, d, acc, next),
+                    2 => kernels::accumulate::<V, 2, $ch>(v, vrows, t0, t1, w, wt, corr, d, acc, next),
+                    3 => kernels::accumulate::<V, 3, $ch>(v, vrows, t0, t1, w, wt, corr, d, acc, next),
+                    _ => kernels::accumulate::<V, 4, $ch>(v, vrows, t0, t1, w, wt, corr, d, acc, next),
                 }
             }
         }
@@ -105,9 +107,10 @@ macro_rules! kernel_fns {
                 q: *const f32,
                 d: usize,
                 sc: *mut f32,
+                next: &NextRows,
             ) {
                 // SAFETY: forwarded contract (the ISA is available).
-                unsafe { $scores(&self.k, rows, krows, kscale, t0, t1, q, d, sc) }
+                unsafe { $scores(&self.k, rows, krows, kscale, t0, t1, q, d, sc, next) }
             }
 
             #[inline(always)]
@@ -122,9 +125,10 @@ macro_rules! kernel_fns {
                 corr: &[f32; 4],
                 d: usize,
                 acc: *mut f32,
+                next: &NextRows,
             ) {
                 // SAFETY: forwarded contract.
-                unsafe { $accumulate(&self.v, rows, vrows, t0, t1, w, wt, corr, d, acc) }
+                unsafe { $accumulate(&self.v, rows, vrows, t0, t1, w, wt, corr, d, acc, next) }
             }
         }
     };
