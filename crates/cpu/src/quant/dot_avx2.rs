@@ -15,6 +15,29 @@ use super::blocks::QK;
 use super::matmul::{Acts, TileOut};
 use std::arch::x86_64::*;
 
+/// How many 4-row tiles ahead decode prefetches the weights. Measured with
+/// `BENCH_HUGE=1 BENCH_THREADS=1 cargo bench -p pagekv-cpu --bench decode_matvec` (whole-token
+/// matvec work of SmolLM2-135M, one thread, tok/s of thread CPU time, AVX-512 kernels): no
+/// prefetch ~100; 1, 2, 3, 4, 6, 8 tiles ~181, ~194, ~200, ~200, ~188, ~177 (8-row tiles:
+/// ~168 at 1 or 2 tiles, which is why decode takes 4 rows at a time).
+pub(super) const PREFETCH_TILES: usize = 3;
+
+/// Decode streams the weights from memory with little work per byte, so the hardware
+/// prefetchers (which stop at page boundaries and see many interleaved short row streams)
+/// fall behind. A tile's rows are contiguous and its `nb` block steps each consume an equal
+/// share of them, `step_bytes`; so at block step `b` this asks for the same share of the tile
+/// `dist` bytes on, `step_bytes` from `tile + dist + b · step_bytes`, one prefetch per cache
+/// line. A prefetch never faults, so reaching past the matrix is harmless.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn prefetch_share(tile: *const u8, dist: usize, b: usize, step_bytes: usize) {
+    let p = tile.wrapping_add(dist + b * step_bytes);
+    // Consecutive steps' points are at most 64 bytes apart, so every line is asked for.
+    for line in 0..step_bytes.div_ceil(64) {
+        _mm_prefetch(p.wrapping_add(64 * line) as *const i8, _MM_HINT_T0);
+    }
+}
+
 /// Horizontal sum of 8 lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -74,6 +97,9 @@ unsafe fn nibble_tile<const NR: usize, const NJ: usize, const Q4_1: bool>(
     let ys = a.q8_qs.as_ptr().add(j0 * a.k);
     let ds = a.q8_ds.as_ptr().add(j0 * nb) as *const f64;
     for b in 0..nb {
+        if NJ == 1 {
+            prefetch_share(wp, PREFETCH_TILES * w.len(), b, NR * block);
+        }
         let mut y = [_mm256_setzero_si256(); NJ];
         let mut dx = [_mm_setzero_ps(); NJ];
         for t in 0..NJ {
@@ -122,6 +148,9 @@ unsafe fn q8_0_t<const NR: usize, const NJ: usize>(w: &[u8], a: &Acts, j0: usize
     let ys = a.q8_qs.as_ptr().add(j0 * a.k);
     let ds = a.q8_ds.as_ptr().add(j0 * nb) as *const f32;
     for b in 0..nb {
+        if NJ == 1 {
+            prefetch_share(wp, PREFETCH_TILES * w.len(), b, NR * BLOCK);
+        }
         let mut y = [_mm256_setzero_si256(); NJ];
         let mut dx = [_mm_setzero_ps(); NJ];
         for t in 0..NJ {

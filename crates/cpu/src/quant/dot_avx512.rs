@@ -25,7 +25,7 @@
 //! Decode (one activation row) prefetches the weight tiles ahead of use.
 
 use super::blocks::QK;
-use super::dot_avx2;
+use super::dot_avx2::{self, prefetch_share, PREFETCH_TILES};
 use super::matmul::{Acts, TileOut};
 use std::arch::x86_64::*;
 
@@ -38,21 +38,6 @@ unsafe fn hsum_halves(a: __m128, b: __m128) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
-}
-
-/// How many tiles ahead decode prefetches (1 and 2 measured alike, 0 about 30% slower and 3
-/// a little slower: `cargo bench -p pagekv-cpu --bench decode_matvec`, one thread).
-const PREFETCH_TILES: usize = 2;
-
-/// Decode streams the weights from memory with little work per byte, so the hardware
-/// prefetchers (which stop at page boundaries and see eight interleaved short row streams)
-/// fall behind: each block of a tile asks for the same place in the tile that follows,
-/// `dist` bytes on. A prefetch never faults, so reaching past the matrix is harmless.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn prefetch_next_tile(b0: *const u8, b1: *const u8, dist: usize) {
-    _mm_prefetch(b0.wrapping_add(dist) as *const i8, _MM_HINT_T0);
-    _mm_prefetch(b1.wrapping_add(dist) as *const i8, _MM_HINT_T0);
 }
 
 /// Sum of 8 lanes given as two 4-lane halves, in plain f32 adds in the order of
@@ -84,15 +69,15 @@ unsafe fn quad_header<const Q4_1: bool>(b: [*const u8; 4]) -> __m256 {
     }
 }
 
-/// Q4_0/Q4_1 tile: `NQ` quads of four weight rows × `NJ` activation rows. Row `i >= nr` of
-/// the tile repeats row `nr - 1` (its results are not used), so any `nr <= 4 NQ` works.
+/// Q4_0/Q4_1 tile: one quad of four weight rows × `NJ` activation rows. Row `i >= nr` of the
+/// quad repeats row `nr - 1` (its results are not stored), so any `1 <= nr <= 4` works.
 ///
-/// Lane layout of a quad: the four rows' 16 code bytes side by side, split into low nibbles
-/// (`lo`, the AVX2 lanes 0-3 of each row, row `i` in quarter `i`) and high nibbles (`hi`,
-/// lanes 4-7), against the activation halves `y[0..16]` and `y[16..32]` in every quarter.
+/// Lane layout: the four rows' 16 code bytes side by side, split into low nibbles (`lo`, the
+/// AVX2 lanes 0-3 of each row, row `i` in quarter `i`) and high nibbles (`hi`, lanes 4-7),
+/// against the activation halves `y[0..16]` and `y[16..32]` in every quarter.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn nibble_quads<const NQ: usize, const NJ: usize, const Q4_1: bool>(
+unsafe fn nibble_quad<const NJ: usize, const Q4_1: bool>(
     w: *const u8,
     row_bytes: usize,
     nr: usize,
@@ -105,15 +90,16 @@ unsafe fn nibble_quads<const NQ: usize, const NJ: usize, const Q4_1: bool>(
     // d_w d_x of row i (f32 lane 2i of the header product) into quarter i.
     let scale_idx = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
     let nibble = _mm512_set1_epi8(0x0F);
-    let rows: [[*const u8; 4]; NQ] =
-        std::array::from_fn(|q| std::array::from_fn(|i| w.add((4 * q + i).min(nr - 1) * row_bytes)));
-    let pf = PREFETCH_TILES * 4 * NQ * row_bytes;
-    let mut acc_lo = [[_mm512_setzero_ps(); NJ]; NQ];
-    let mut acc_hi = [[_mm512_setzero_ps(); NJ]; NQ];
-    let mut acc_off = [[_mm256_setzero_ps(); NJ]; NQ];
+    let rows: [*const u8; 4] = std::array::from_fn(|i| w.add(i.min(nr - 1) * row_bytes));
+    let mut acc_lo = [_mm512_setzero_ps(); NJ];
+    let mut acc_hi = [_mm512_setzero_ps(); NJ];
+    let mut acc_off = [_mm256_setzero_ps(); NJ];
     let ys = a.q8_qs.as_ptr().add(j0 * a.k);
     let ds = a.q8_ds.as_ptr().add(j0 * nb) as *const f64;
     for b in 0..nb {
+        if NJ == 1 {
+            prefetch_share(w, PREFETCH_TILES * 4 * row_bytes, b, 4 * block);
+        }
         let mut ylo = [_mm512_setzero_si512(); NJ];
         let mut yhi = [_mm512_setzero_si512(); NJ];
         let mut dx = [_mm256_setzero_ps(); NJ];
@@ -121,43 +107,34 @@ unsafe fn nibble_quads<const NQ: usize, const NJ: usize, const Q4_1: bool>(
             let y = ys.add(t * a.k + b * QK);
             ylo[t] = _mm512_broadcast_i32x4(_mm_loadu_si128(y as *const __m128i));
             yhi[t] = _mm512_broadcast_i32x4(_mm_loadu_si128(y.add(16) as *const __m128i));
-            dx[t] = _mm256_castpd_ps(_mm256_broadcast_sd(&*ds.add(t * nb + b)));
             // [d_x, s_x] × 4
+            dx[t] = _mm256_castpd_ps(_mm256_broadcast_sd(&*ds.add(t * nb + b)));
         }
-        for q in 0..NQ {
-            let blk: [*const u8; 4] = std::array::from_fn(|i| rows[q][i].add(b * block));
-            if NJ == 1 {
-                for p in blk {
-                    _mm_prefetch(p.wrapping_add(pf) as *const i8, _MM_HINT_T0);
-                }
-            }
-            let h = quad_header::<Q4_1>(blk);
-            let mut z = _mm512_castsi128_si512(_mm_loadu_si128(blk[0].add(qs_off) as *const __m128i));
-            z = _mm512_inserti32x4(z, _mm_loadu_si128(blk[1].add(qs_off) as *const __m128i), 1);
-            z = _mm512_inserti32x4(z, _mm_loadu_si128(blk[2].add(qs_off) as *const __m128i), 2);
-            z = _mm512_inserti32x4(z, _mm_loadu_si128(blk[3].add(qs_off) as *const __m128i), 3);
-            let lo = _mm512_and_si512(z, nibble);
-            let hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nibble);
-            for t in 0..NJ {
-                let prod = _mm256_mul_ps(h, dx[t]); // [d_i d_x, off_i s_x] for i < 4
-                acc_off[q][t] = _mm256_add_ps(acc_off[q][t], prod);
-                let scale = _mm512_permutexvar_ps(scale_idx, _mm512_castps256_ps512(prod));
-                let sum_lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, ylo[t]);
-                let sum_hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, yhi[t]);
-                acc_lo[q][t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum_lo), acc_lo[q][t]);
-                acc_hi[q][t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum_hi), acc_hi[q][t]);
-            }
+        let blk: [*const u8; 4] = std::array::from_fn(|i| rows[i].add(b * block));
+        let h = quad_header::<Q4_1>(blk);
+        let mut z = _mm512_castsi128_si512(_mm_loadu_si128(blk[0].add(qs_off) as *const __m128i));
+        z = _mm512_inserti32x4(z, _mm_loadu_si128(blk[1].add(qs_off) as *const __m128i), 1);
+        z = _mm512_inserti32x4(z, _mm_loadu_si128(blk[2].add(qs_off) as *const __m128i), 2);
+        z = _mm512_inserti32x4(z, _mm_loadu_si128(blk[3].add(qs_off) as *const __m128i), 3);
+        let lo = _mm512_and_si512(z, nibble);
+        let hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nibble);
+        for t in 0..NJ {
+            let prod = _mm256_mul_ps(h, dx[t]); // [d_i d_x, off_i s_x] for i < 4
+            acc_off[t] = _mm256_add_ps(acc_off[t], prod);
+            let scale = _mm512_permutexvar_ps(scale_idx, _mm512_castps256_ps512(prod));
+            let sum_lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, ylo[t]);
+            let sum_hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, yhi[t]);
+            acc_lo[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum_lo), acc_lo[t]);
+            acc_hi[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum_hi), acc_hi[t]);
         }
     }
-    for q in 0..NQ {
-        for t in 0..NJ {
-            let (mut lo, mut hi, mut off) = ([0.0f32; 16], [0.0f32; 16], [0.0f32; 8]);
-            _mm512_storeu_ps(lo.as_mut_ptr(), acc_lo[q][t]);
-            _mm512_storeu_ps(hi.as_mut_ptr(), acc_hi[q][t]);
-            _mm256_storeu_ps(off.as_mut_ptr(), acc_off[q][t]);
-            for i in 0..4.min(nr.saturating_sub(4 * q)) {
-                out[4 * q + i][t] = hsum_tree(&lo[4 * i..], &hi[4 * i..]) + off[2 * i + 1];
-            }
+    for t in 0..NJ {
+        let (mut lo, mut hi, mut off) = ([0.0f32; 16], [0.0f32; 16], [0.0f32; 8]);
+        _mm512_storeu_ps(lo.as_mut_ptr(), acc_lo[t]);
+        _mm512_storeu_ps(hi.as_mut_ptr(), acc_hi[t]);
+        _mm256_storeu_ps(off.as_mut_ptr(), acc_off[t]);
+        for i in 0..nr {
+            out[i][t] = hsum_tree(&lo[4 * i..], &hi[4 * i..]) + off[2 * i + 1];
         }
     }
 }
@@ -189,12 +166,12 @@ unsafe fn q8_pairs<const NP: usize, const NJ: usize>(
             corr[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, y[t]));
             dx[t] = _mm_set1_ps(*ds.add(2 * (t * nb + b)));
         }
+        if NJ == 1 {
+            prefetch_share(w, PREFETCH_TILES * 2 * NP * row_bytes, b, 2 * NP * BLOCK);
+        }
         for p in 0..NP {
             let b0 = w.add(2 * p * row_bytes + b * BLOCK);
             let b1 = b0.add(row_bytes);
-            if NJ == 1 {
-                prefetch_next_tile(b0, b1, PREFETCH_TILES * 2 * NP * row_bytes);
-            }
             let h = _mm_insert_epi16(
                 _mm_cvtsi32_si128(std::ptr::read_unaligned(b0 as *const u16) as i32),
                 std::ptr::read_unaligned(b1 as *const u16) as i32,
@@ -233,30 +210,28 @@ unsafe fn q8_pairs<const NP: usize, const NJ: usize>(
 /// by the AVX2 tile kernel `$single` (bit-identical results).
 macro_rules! pair_tile {
     ($name:ident, $pairs:ident, $single:path) => {
-        /// Tile kernel (see [`TileFn`](super::matmul::TileFn)): `nr <= 8` rows with `nj == 1`,
-        /// or `nr <= 4` rows with `nj <= 4`. Requires AVX-512 F/BW/VL/VNNI, AVX2, FMA, F16C.
+        /// Tile kernel (see [`TileFn`](super::matmul::TileFn)): `1 <= nr <= 4` rows,
+        /// `1 <= nj <= 4` activation rows. Requires AVX-512 F/BW/VL/VNNI, AVX2, FMA, F16C.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         pub(super) unsafe fn $name(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut TileOut) {
-            debug_assert!((nj == 1 && nr <= 8) || (nr <= 4 && nj <= 4));
+            debug_assert!((1..=4).contains(&nr) && (1..=4).contains(&nj));
             let row_bytes = w.len() / nr;
             let wp = w.as_ptr();
             let np = nr / 2;
             match (np, nj) {
                 (0, _) => {}
                 (1, 1) => $pairs::<1, 1>(wp, row_bytes, a, j0, out),
-                (2, 1) => $pairs::<2, 1>(wp, row_bytes, a, j0, out),
-                (3, 1) => $pairs::<3, 1>(wp, row_bytes, a, j0, out),
-                (_, 1) => $pairs::<4, 1>(wp, row_bytes, a, j0, out),
                 (1, 2) => $pairs::<1, 2>(wp, row_bytes, a, j0, out),
                 (1, 3) => $pairs::<1, 3>(wp, row_bytes, a, j0, out),
                 (1, _) => $pairs::<1, 4>(wp, row_bytes, a, j0, out),
+                (_, 1) => $pairs::<2, 1>(wp, row_bytes, a, j0, out),
                 (_, 2) => $pairs::<2, 2>(wp, row_bytes, a, j0, out),
                 (_, 3) => $pairs::<2, 3>(wp, row_bytes, a, j0, out),
                 (_, _) => $pairs::<2, 4>(wp, row_bytes, a, j0, out),
             }
             if nr % 2 == 1 {
                 let last = nr - 1;
-                let mut tail: TileOut = [[0.0; 4]; 8];
+                let mut tail: TileOut = Default::default();
                 $single(&w[last * row_bytes..nr * row_bytes], 1, a, j0, nj, &mut tail);
                 out[last] = tail[0];
             }
@@ -266,21 +241,20 @@ macro_rules! pair_tile {
 
 pair_tile!(q8_0, q8_pairs, dot_avx2::q8_0);
 
-/// Defines a Q4 [`TileFn`](super::matmul::TileFn) over [`nibble_quads`].
+/// Defines a Q4 [`TileFn`](super::matmul::TileFn) over [`nibble_quad`].
 macro_rules! quad_tile {
     ($name:ident, $q4_1:literal) => {
-        /// Tile kernel (see [`TileFn`](super::matmul::TileFn)): `nr <= 8` rows with `nj == 1`,
-        /// or `nr <= 4` rows with `nj <= 4`. Requires AVX-512 F/BW/VL/VNNI, AVX2, FMA, F16C.
+        /// Tile kernel (see [`TileFn`](super::matmul::TileFn)): `1 <= nr <= 4` rows,
+        /// `1 <= nj <= 4` activation rows. Requires AVX-512 F/BW/VL/VNNI, AVX2, FMA, F16C.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         pub(super) unsafe fn $name(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut TileOut) {
-            debug_assert!(nr >= 1 && ((nj == 1 && nr <= 8) || (nr <= 4 && nj <= 4)));
+            debug_assert!((1..=4).contains(&nr) && (1..=4).contains(&nj));
             let (wp, rb) = (w.as_ptr(), w.len() / nr);
-            match (nr.div_ceil(4), nj) {
-                (1, 1) => nibble_quads::<1, 1, $q4_1>(wp, rb, nr, a, j0, out),
-                (_, 1) => nibble_quads::<2, 1, $q4_1>(wp, rb, nr, a, j0, out),
-                (_, 2) => nibble_quads::<1, 2, $q4_1>(wp, rb, nr, a, j0, out),
-                (_, 3) => nibble_quads::<1, 3, $q4_1>(wp, rb, nr, a, j0, out),
-                (_, _) => nibble_quads::<1, 4, $q4_1>(wp, rb, nr, a, j0, out),
+            match nj {
+                1 => nibble_quad::<1, $q4_1>(wp, rb, nr, a, j0, out),
+                2 => nibble_quad::<2, $q4_1>(wp, rb, nr, a, j0, out),
+                3 => nibble_quad::<3, $q4_1>(wp, rb, nr, a, j0, out),
+                _ => nibble_quad::<4, $q4_1>(wp, rb, nr, a, j0, out),
             }
         }
     };

@@ -29,7 +29,7 @@ const TASKS_PER_THREAD: usize = 4;
 /// Fewest weight rows per task, so tiny tasks do not drown in scheduling.
 const MIN_ROWS_PER_TASK: usize = 8;
 /// Most weight rows of a tile.
-pub const TILE_MAX_ROWS: usize = 8;
+pub const TILE_MAX_ROWS: usize = 4;
 /// Most activation rows of a tile.
 pub const TILE_MAX_ACTS: usize = 4;
 /// Most matrices in one [`matmul_fused`] call.
@@ -194,11 +194,11 @@ fn kernel_for(isa: Isa, ty: WeightType) -> Kernel {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512Vnni {
         use super::dot_avx512 as v;
-        let pairs = |tile: TileFn| Kernel { tile, decode_rows: 8, tile_rows: 4, tile_acts: 4 };
+        let quads = |tile: TileFn| Kernel { tile, decode_rows: 4, tile_rows: 4, tile_acts: 4 };
         match ty {
-            WeightType::Q4_0 => return pairs(v::q4_0),
-            WeightType::Q4_1 => return pairs(v::q4_1),
-            WeightType::Q8_0 => return pairs(v::q8_0),
+            WeightType::Q4_0 => return quads(v::q4_0),
+            WeightType::Q4_1 => return quads(v::q4_1),
+            WeightType::Q8_0 => return quads(v::q8_0),
             _ => {}
         }
     }
