@@ -259,6 +259,14 @@ impl NextRows {
     }
 }
 
+/// Moves every row pointer one head vector (`bytes`) on.
+#[inline(always)]
+fn advance(rows: &mut [*const u8], bytes: usize) {
+    for r in rows {
+        *r = r.wrapping_add(bytes);
+    }
+}
+
 /// `slots[t]` ← the slot holding position `t0 + t`, for `t0 .. t1` (one division per block).
 #[inline(always)]
 fn slots_of(table: &[u32], bs: usize, t0: usize, t1: usize, slots: &mut [usize; TILE]) {
@@ -320,12 +328,28 @@ pub(crate) unsafe fn run<T: TileOps>(
         let n_next = end.min(t1 + TILE) - t1;
         slots_of(inp.table, bs, t1, t1 + n_next, &mut next);
         let (i0, i1) = inp.bounds.tokens_seeing(t0, t1);
+        // Row pointers of the first head; each further head's rows follow its predecessor's by
+        // one head vector.
+        let next_slots = &next[..n_next];
+        let mut next_k = keys.next_rows(next_slots, inp.heads.start);
+        let mut next_v = values.next_rows(next_slots, inp.heads.start);
+        for (t, &slot) in slots[..n].iter().enumerate() {
+            // SAFETY: every slot of the tile is valid (validated block table).
+            unsafe {
+                krows[t] = keys.row(slot, inp.heads.start);
+                vrows[t] = values.row(slot, inp.heads.start);
+            }
+        }
+        let (kcb, vcb) = (layer.keys.code_bytes, layer.values.code_bytes);
         for (hi, kv_head) in inp.heads.clone().enumerate() {
-            let next_slots = &next[..n_next];
+            if hi > 0 {
+                advance(&mut krows[..n], kcb);
+                advance(&mut vrows[..n], vcb);
+                advance(&mut next_k.rows[..n_next], kcb);
+                advance(&mut next_v.rows[..n_next], vcb);
+            }
             keys.prefetch_scales(next_slots, kv_head);
             values.prefetch_scales(next_slots, kv_head);
-            let next_k = keys.next_rows(next_slots, kv_head);
-            let next_v = values.next_rows(next_slots, kv_head);
             let no_rows = NextRows { rows: [std::ptr::null(); TILE], n: 0, bytes: 0 };
             // Next rows the first row block's kernels do not reach: prefetched here.
             let (mut done_lo, mut done_hi) = (0, 0);
@@ -341,8 +365,6 @@ pub(crate) unsafe fn run<T: TileOps>(
             // documented; the head's state holds rows r0..r1.
             unsafe {
                 for (t, &slot) in slots[..n].iter().enumerate() {
-                    krows[t] = keys.row(slot, kv_head);
-                    vrows[t] = values.row(slot, kv_head);
                     if T::K_SCALED {
                         keys.scales(slot, kv_head, &mut scratch.kscale[t * MAX_GROUPS..]);
                     }
