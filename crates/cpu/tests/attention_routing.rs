@@ -157,15 +157,17 @@ fn auto_partitions_few_long_sequences_and_not_many_or_short_ones() {
         causal: true,
     };
     let cfg = RouterConfig::default();
-    // 1 sequence × 2 kv heads on 2 threads, 4096 tokens: partitioned.
-    assert_eq!(router::choose(&layer, &p, 2, &cfg), AttentionRoute::Partitioned);
+    // 1 sequence × 2 kv heads, 4096 tokens: partitioned on 4 threads (two would idle), primitive
+    // on 2 (one kv head per thread).
+    assert_eq!(router::choose(&layer, &p, 4, &cfg), AttentionRoute::Partitioned);
+    assert_eq!(router::choose(&layer, &p, 2, &cfg), AttentionRoute::Primitive);
     // A short window makes the read range short: primitive.
     p.sliding_window = Some(100);
-    assert_eq!(router::choose(&layer, &p, 2, &cfg), AttentionRoute::Primitive);
+    assert_eq!(router::choose(&layer, &p, 4, &cfg), AttentionRoute::Primitive);
     p.sliding_window = None;
     // A threshold above the context: primitive.
     let high = RouterConfig { partition_threshold: 8192, ..cfg };
-    assert_eq!(router::choose(&layer, &p, 2, &high), AttentionRoute::Primitive);
+    assert_eq!(router::choose(&layer, &p, 4, &high), AttentionRoute::Primitive);
     // Many sequences fill the threads: primitive.
     let tables16: Vec<&[u32]> = vec![tables[0]; 16];
     let ctx16 = vec![built.context_lens[0]; 16];
@@ -174,7 +176,7 @@ fn auto_partitions_few_long_sequences_and_not_many_or_short_ones() {
     p.block_tables = &tables16;
     p.context_lens = &ctx16;
     p.queries = &queries16;
-    assert_eq!(router::choose(&layer, &p, 2, &cfg), AttentionRoute::Primitive);
+    assert_eq!(router::choose(&layer, &p, 4, &cfg), AttentionRoute::Primitive);
 }
 
 #[test]

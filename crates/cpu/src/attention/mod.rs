@@ -8,8 +8,10 @@
 //!
 //! Three implementations of the same function (see `../shared/DESIGN.md`):
 //! - [`reference`]: scalar, f64 accumulation, online softmax; the oracle and the fallback.
-//! - [`primitive`]: one work item per (sequence, kv head): its pages are read once and serve
-//!   every query row of the group (`q_len × num_heads / num_kv_heads` rows).
+//! - [`primitive`]: one pass per (sequence, kv-head group): each page is read once and serves
+//!   every query row of the group (`q_len × num_heads / num_kv_heads` rows); a task takes a
+//!   sequence's kv heads together (whole blocks read at once), split only to give every
+//!   thread work.
 //! - [`partitioned`]: split-K ("flash decoding"): the context is cut into partitions of
 //!   `partition_size` tokens processed in parallel, then merged exactly.
 //!
