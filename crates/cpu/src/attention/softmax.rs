@@ -27,7 +27,7 @@ pub(crate) unsafe fn exp256(x: __m256) -> __m256 {
         y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.333_452e-3));
         y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.166_579_6e-2));
         y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.666_666_5e-1));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.000_000_1e-1));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(0.5)); // Cephes 5.0000001201e-1, as f32
         y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0)));
         let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)));
         _mm256_mul_ps(y, _mm256_castsi256_ps(pow2))

@@ -4,19 +4,20 @@
 //!
 //! The range is walked in *tiles* of up to [`TILE`] consecutive positions, which may span
 //! blocks: each tile's slots are located once through the block table (one division per block
-//! touched, not per token) and serve every head. Per tile and head, the head's K and V rows are
-//! located, quantized group scales converted to f32, the head's rows of the next tile
-//! prefetched into L2, and for each block of up to four query rows (`q_len × G` rows,
+//! touched, not per token) and serve every head, whose rows follow each other in the pages.
+//! Per tile and head: the head's quantized group scales are converted to f32, the scales of
+//! the next tile prefetched, and for each block of up to four query rows (`q_len × G` rows,
 //! `G = num_heads / num_kv_heads`, ordered `token · G + h`):
 //! 1. [`TileOps::scores`]: `sc[t][r] = q_r · k_t`, keys decoded in registers and shared by the
-//!    block's rows; the query is already scaled and, for rotated formats, rotated.
-//! 2. [`softmax::update`]: per-row visibility masks (causal, window, tile end), tile max,
-//!    `exp`, running max/sum of the four rows at once.
+//!    block's rows; the query is already scaled and, for rotated formats, rotated. It
+//!    prefetches the next tile's key rows as it goes ([`NextRows`]).
+//! 2. [`softmax::update`]: per-row visibility masks (causal, window, tile end), `exp`, running
+//!    max/sum of the four rows at once, one pass while the running max holds.
 //! 3. [`TileOps::accumulate`]: `acc = acc·corr + Σ_t p_t·v_t`, quantized value scales folded
-//!    into the weights ([`softmax::scale_weights`]).
+//!    into the weights ([`softmax::scale_weights`]); prefetches the next value rows.
 //!
-//! `sc` holds one row block's scores, then probabilities, as `[token][4]`: a 256-bit vector is
-//! two tokens × four rows, a 512-bit one four tokens.
+//! `sc` holds one row block's scores and `p` their probabilities, as `[token][4]`: a 256-bit
+//! vector is two tokens × four rows.
 
 use std::arch::x86_64::*;
 

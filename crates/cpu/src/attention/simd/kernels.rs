@@ -143,18 +143,18 @@ unsafe fn accumulate_chunks<V: RowCodec, const R: usize, const N: usize>(
                 *x = codec.chunk(row, k0 + i);
             }
             let wr = wg.add(t * wt);
-            for r in 0..R {
+            for (r, a) in a.iter_mut().enumerate().take(R) {
                 let p = _mm256_broadcast_ss(&*wr.add(r));
-                for i in 0..N {
-                    a[r][i][0] = _mm256_fmadd_ps(p, x[i].0, a[r][i][0]);
-                    a[r][i][1] = _mm256_fmadd_ps(p, x[i].1, a[r][i][1]);
+                for (a, x) in a.iter_mut().zip(&x) {
+                    a[0] = _mm256_fmadd_ps(p, x.0, a[0]);
+                    a[1] = _mm256_fmadd_ps(p, x.1, a[1]);
                 }
             }
         }
-        for r in 0..R {
-            for (i, &(oa, ob)) in dims.iter().enumerate() {
-                _mm256_storeu_ps(acc.add(r * d + oa), a[r][i][0]);
-                _mm256_storeu_ps(acc.add(r * d + ob), a[r][i][1]);
+        for (r, a) in a.iter().enumerate().take(R) {
+            for (a, &(oa, ob)) in a.iter().zip(&dims) {
+                _mm256_storeu_ps(acc.add(r * d + oa), a[0]);
+                _mm256_storeu_ps(acc.add(r * d + ob), a[1]);
             }
         }
     }
