@@ -6,7 +6,9 @@ from llama_cpp import Llama
 
 cfg = json.loads(sys.argv[1])
 max_ctx = max(cfg["contexts"]) + cfg["decode_tokens"] + 16
-llm = Llama(model_path=cfg["model"], n_ctx=max_ctx, n_batch=512, n_threads=cfg["threads"],
+# n_batch = the context, so llama-cpp-python keeps a score row per position; n_ubatch = 512 keeps
+# its compute chunks as by default.
+llm = Llama(model_path=cfg["model"], n_ctx=max_ctx, n_batch=max_ctx, n_ubatch=512, n_threads=cfg["threads"],
             n_threads_batch=cfg["threads"], verbose=False)
 for ctx in cfg["contexts"]:
     prompt = cfg["prompt"][:ctx]
