@@ -5,7 +5,8 @@
 //! "median (best)": on a shared machine the best run is the one least disturbed.
 //!
 //! Run: `cargo bench -p pagekv-cpu --bench decode_matvec` (`BENCH_THREADS=1,2` picks the pool
-//! sizes, `BENCH_HUGE=1` puts the weights in huge pages, `BENCH_REPEATS` the number of timed runs, `BENCH_ISAS=avx2,avx512vnni,scalar` the
+//! sizes, `BENCH_WEIGHTS=q4_0|q8_0|f16|bf16` the layers' type (default q4_1), `BENCH_N` the
+//! activation rows per step (default 1), `BENCH_HUGE=1` puts the weights in huge pages, `BENCH_REPEATS` the number of timed runs, `BENCH_ISAS=avx2,avx512vnni,scalar` the
 //! kernel families; default: all but scalar).
 
 use pagekv_cpu::quant::hugepage::HugePageBuf;
@@ -85,7 +86,15 @@ fn main() {
         .collect();
     let repeats: usize = std::env::var("BENCH_REPEATS").map(|s| s.parse().expect("BENCH_REPEATS")).unwrap_or(7);
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let q = WeightType::Q4_1;
+    let q = match std::env::var("BENCH_WEIGHTS").as_deref() {
+        Ok("q4_0") => WeightType::Q4_0,
+        Ok("q8_0") => WeightType::Q8_0,
+        Ok("f16") => WeightType::F16,
+        Ok("bf16") => WeightType::BF16,
+        _ => WeightType::Q4_1,
+    };
+    // Activation rows of the whole-token loop (several sequences decoding together).
+    let n_acts: usize = std::env::var("BENCH_N").map(|s| s.parse().expect("BENCH_N")).unwrap_or(1);
     // Per layer: q, k, v, o, gate, up, down as (rows, cols).
     let shapes =
         [(HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN), (FFN, HIDDEN), (FFN, HIDDEN), (HIDDEN, FFN)];
@@ -96,7 +105,9 @@ fn main() {
     let mut out = vec![0.0f32; 64 * VOCAB];
     let mut scratch = QuantScratch::new();
     let tokens = 32;
-    println!("decode matvec work of SmolLM2-135M Q4_1 ({tokens} tokens per run, median of {repeats} runs)");
+    println!(
+        "decode matvec work of SmolLM2-135M, layers {q:?}, {n_acts} activation row(s) ({tokens} steps per run, median of {repeats} runs)"
+    );
     for &nt in &threads {
         let pool = ThreadPool::new(nt);
         let isas: Vec<Isa> = match std::env::var("BENCH_ISAS") {
@@ -107,13 +118,15 @@ fn main() {
             Err(_) => Isa::available().into_iter().filter(|&i| i != Isa::Scalar).collect(),
         };
         for isa in isas {
-            let mut step = |out: &mut [f32], scratch: &mut QuantScratch| {
+            let step = |out: &mut [f32], scratch: &mut QuantScratch| {
                 for layer in &layers {
                     for m in layer {
-                        matmul_with_isa(isa, m.view(), &x[..m.cols], 1, &mut out[..m.rows], scratch, &pool).unwrap();
+                        let (xs, os) = (&x[..n_acts * m.cols], &mut out[..n_acts * m.rows]);
+                        matmul_with_isa(isa, m.view(), xs, n_acts, os, scratch, &pool).unwrap();
                     }
                 }
-                matmul_with_isa(isa, output.view(), &x[..HIDDEN], 1, &mut out[..VOCAB], scratch, &pool).unwrap();
+                let (xs, os) = (&x[..n_acts * HIDDEN], &mut out[..n_acts * VOCAB]);
+                matmul_with_isa(isa, output.view(), xs, n_acts, os, scratch, &pool).unwrap();
             };
             step(&mut out, &mut scratch);
             let runs: Vec<(f64, f64)> = (0..repeats)
@@ -128,7 +141,7 @@ fn main() {
             let wall = summary(runs.iter().map(|r| tokens as f64 / r.0).collect(), true);
             // With one thread, CPU time is the time left when preemption is taken out.
             let cpu = summary(runs.iter().map(|r| tokens as f64 / r.1).collect(), true);
-            println!("  {nt} threads {isa:?}: {wall} tok/s wall, {cpu} tok/s of caller CPU time");
+            println!("  {nt} threads {isa:?}: {wall} steps/s wall, {cpu} steps/s of caller CPU time");
             let mut single = |m: &Matrix, n: usize, name: &str| {
                 let iters = (20_000_000 / (m.rows * m.cols * n)).max(3);
                 let runs: Vec<f64> = (0..repeats)
