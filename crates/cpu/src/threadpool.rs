@@ -1,16 +1,20 @@
 //! A small persistent thread pool for data-parallel kernels: [`ThreadPool`].
 //!
 //! `pool.run(n_tasks, |task, thread| ..)` is a blocking parallel-for. The calling thread takes
-//! part (it is thread index 0; workers are 1..n_threads), tasks are handed out one by one from an
-//! atomic counter, and nothing is allocated per call: the closure is passed to the workers as a
+//! part (it is thread index 0; workers are 1..n_threads). Each thread owns a contiguous range of
+//! the task indices and takes them in order from its front; a thread whose range is empty
+//! steals single tasks from the back of another's ([`TaskRange`]). So a thread runs long runs
+//! of consecutive tasks (a matmul task is a run of weight rows, and the kernels' prefetching
+//! flows from one task into the next) on a counter its core keeps in cache, while threads that
+//! arrive late or run slow still share the work evenly. Nothing is allocated per call: the closure is passed to the workers as a
 //! type-erased pointer plus a monomorphized trampoline, published under a generation number.
 //!
 //! Protocol (one job at a time, serialized by `call_lock`):
 //! - `state` packs `generation << GEN_SHIFT | CLOSED | joined`. The caller writes the job
 //!   fields, then stores a new generation with `joined = 0` and `CLOSED` clear (Release).
 //! - A worker that sees a new, open generation *joins* by a CAS that increments `joined`; only
-//!   a worker that joined may read the job fields. It then takes tasks from `next` until they
-//!   run out and increments `done`.
+//!   a worker that joined may read the job fields. It then takes tasks (its own range, then
+//!   stolen ones) until none are left anywhere and increments `done`.
 //! - When the caller runs out of tasks it sets `CLOSED` (`fetch_or`), which tells it how many
 //!   workers joined, and waits until `done` reaches that number. Workers that wake late see a
 //!   closed job and go back to waiting, so a parked worker never delays a call.
@@ -108,8 +112,8 @@ impl<T> std::ops::Deref for Padded<T> {
 struct Shared {
     /// `generation << GEN_SHIFT | CLOSED | joined`.
     state: Padded<AtomicU64>,
-    /// Next task index to hand out.
-    next: Padded<AtomicUsize>,
+    /// Per thread index, the tasks it has not taken yet (see [`TaskRange`]).
+    ranges: Box<[Padded<TaskRange>]>,
     /// Workers that joined the current job and have left it.
     done: Padded<AtomicUsize>,
     /// Written only by the caller holding `call_lock` while no worker is joined; read only by
@@ -162,7 +166,7 @@ impl ThreadPool {
         let n_threads = n_threads.clamp(1, MAX_THREADS);
         let shared = Arc::new(Shared {
             state: Padded(AtomicU64::new(CLOSED)),
-            next: Padded(AtomicUsize::new(0)),
+            ranges: (0..n_threads).map(|_| Padded(TaskRange::default())).collect(),
             done: Padded(AtomicUsize::new(0)),
             job: UnsafeCell::new(Job { data: std::ptr::null(), call: no_job, n_tasks: 0 }),
             panic: Mutex::new(None),
@@ -214,7 +218,7 @@ impl ThreadPool {
         if n_tasks == 0 {
             return;
         }
-        if self.n_threads == 1 || n_tasks == 1 || IN_TASK.with(Cell::get) {
+        if self.n_threads == 1 || n_tasks == 1 || n_tasks > TaskRange::MAX_TASKS || IN_TASK.with(Cell::get) {
             let thread = THREAD_INDEX.with(Cell::get);
             let _guard = TaskScope::enter(thread);
             for task in 0..n_tasks {
@@ -231,7 +235,9 @@ impl ThreadPool {
         unsafe {
             *shared.job.get() = Job { data: &f as *const F as *const (), call: trampoline::<F>, n_tasks };
         }
-        shared.next.store(0, Ordering::Relaxed);
+        for (t, range) in shared.ranges.iter().enumerate() {
+            range.reset(t * n_tasks / self.n_threads, (t + 1) * n_tasks / self.n_threads);
+        }
         shared.done.store(0, Ordering::Relaxed);
         let generation = (shared.state.load(Ordering::Relaxed) >> GEN_SHIFT).wrapping_add(1);
         shared.state.store(generation << GEN_SHIFT, Ordering::SeqCst);
@@ -291,23 +297,69 @@ impl Drop for TaskScope {
     }
 }
 
-/// Takes tasks from `shared.next` until none are left; records the first panic and makes the
-/// other threads stop taking tasks.
+/// The task indices a thread has not taken yet, `front..back`, packed in one word
+/// (`front << 32 | back`) so that the owner (taking from the front) and thieves (taking from
+/// the back) agree through compare-and-swap on who gets each index.
+#[derive(Default)]
+struct TaskRange(AtomicU64);
+
+impl TaskRange {
+    /// Most tasks a job may have (indices must fit in 32 bits); larger counts run serially.
+    const MAX_TASKS: usize = u32::MAX as usize;
+
+    fn pack(front: usize, back: usize) -> u64 {
+        (front as u64) << 32 | back as u64
+    }
+
+    /// Sets the range to `front..back` (the caller, before publishing a job).
+    fn reset(&self, front: usize, back: usize) {
+        debug_assert!(front <= back && back <= Self::MAX_TASKS);
+        self.0.store(Self::pack(front, back), Ordering::Relaxed);
+    }
+
+    /// Takes the first index (the owner) or the last (a thief), if any is left.
+    fn take(&self, from_front: bool) -> Option<usize> {
+        let mut v = self.0.load(Ordering::Relaxed);
+        loop {
+            let (front, back) = ((v >> 32) as usize, (v & 0xFFFF_FFFF) as usize);
+            if front >= back {
+                return None;
+            }
+            let (next, task) =
+                if from_front { (Self::pack(front + 1, back), front) } else { (Self::pack(front, back - 1), back - 1) };
+            match self.0.compare_exchange_weak(v, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Some(task),
+                Err(now) => v = now,
+            }
+        }
+    }
+}
+
+/// The next task for `thread`: the front of its own range, else the back of another thread's
+/// (the nearest after it in index order).
+fn next_task(shared: &Shared, thread: usize) -> Option<usize> {
+    let n = shared.ranges.len();
+    shared.ranges[thread].take(true).or_else(|| (1..n).find_map(|i| shared.ranges[(thread + i) % n].take(false)))
+}
+
+/// Takes tasks (own range, then stolen) until none are left; records the first panic and makes
+/// the other threads stop taking tasks.
 ///
 /// # Safety
 /// `job.data` must stay valid for the duration of the call.
 unsafe fn work_on(shared: &Shared, job: Job, thread: usize) {
     let _scope = TaskScope::enter(thread);
-    let result = catch_unwind(AssertUnwindSafe(|| loop {
-        let task = shared.next.fetch_add(1, Ordering::Relaxed);
-        if task >= job.n_tasks {
-            break;
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        while let Some(task) = next_task(shared, thread) {
+            debug_assert!(task < job.n_tasks);
+            // SAFETY: forwarded from the caller's contract.
+            unsafe { (job.call)(job.data, task, thread) };
         }
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { (job.call)(job.data, task, thread) };
     }));
     if let Err(payload) = result {
-        shared.next.store(usize::MAX / 2, Ordering::Relaxed);
+        for range in shared.ranges.iter() {
+            range.reset(0, 0);
+        }
         let mut slot = shared.panic.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
             *slot = Some(payload);
