@@ -6,14 +6,15 @@
 //!
 //! Run: `cargo bench -p pagekv-cpu --bench decode_matvec` (`BENCH_THREADS=1,2` picks the pool
 //! sizes, `BENCH_WEIGHTS=q4_0|q8_0|f16|bf16` the layers' type (default q4_1), `BENCH_N` the
-//! activation rows per step (default 1), `BENCH_HUGE=1` puts the weights in huge pages, `BENCH_REPEATS` the number of timed runs, `BENCH_ISAS=avx2,avx512vnni,scalar` the
+//! activation rows per step (default 1; the K-quants `q4_k|q5_k|q6_k` run a 512-wide model),
+//! `BENCH_HUGE=1` puts the weights in huge pages, `BENCH_REPEATS` the number of timed runs, `BENCH_ISAS=avx2,avx512vnni,scalar` the
 //! kernel families; default: all but scalar).
 
 use pagekv_cpu::quant::hugepage::HugePageBuf;
 use pagekv_cpu::quant::quantize::quantize_row;
 use pagekv_cpu::quant::{matmul_with_isa, Isa, QuantScratch, WeightType, WeightView};
 use pagekv_cpu::threadpool::ThreadPool;
-use rand::{Rng, SeedableRng};
+use rand::{Rng, RngCore, SeedableRng};
 use std::time::Instant;
 
 const HIDDEN: usize = 576;
@@ -35,7 +36,23 @@ impl Matrix {
     fn random(rng: &mut impl Rng, ty: WeightType, rows: usize, cols: usize) -> Matrix {
         let mut data = Vec::with_capacity(rows * ty.row_bytes(cols).unwrap());
         let mut row = vec![0.0f32; cols];
-        for _ in 0..rows {
+        if ty.block_elems() == 256 {
+            // No reference quantizer for the K-quants: random codes with small f16 scales at
+            // the header offsets (d, dmin for Q4_K/Q5_K; d at byte 208 for Q6_K).
+            data.resize(rows * ty.row_bytes(cols).unwrap(), 0);
+            rng.fill_bytes(&mut data);
+            let scale = half::f16::from_f32(1e-3).to_le_bytes();
+            for blk in data.chunks_exact_mut(ty.block_bytes()) {
+                match ty {
+                    WeightType::Q6K => blk[208..210].copy_from_slice(&scale),
+                    _ => {
+                        blk[0..2].copy_from_slice(&scale);
+                        blk[2..4].copy_from_slice(&scale);
+                    }
+                }
+            }
+        }
+        for _ in 0..rows * (ty.block_elems() != 256) as usize {
             row.iter_mut().for_each(|v| *v = rng.gen_range(-0.1..0.1));
             quantize_row(ty, &row, &mut data).unwrap();
         }
@@ -91,13 +108,18 @@ fn main() {
         Ok("q8_0") => WeightType::Q8_0,
         Ok("f16") => WeightType::F16,
         Ok("bf16") => WeightType::BF16,
+        Ok("q4_k") => WeightType::Q4K,
+        Ok("q5_k") => WeightType::Q5K,
+        Ok("q6_k") => WeightType::Q6K,
         _ => WeightType::Q4_1,
     };
+    // The K-quants need rows of a multiple of 256 values: a 512-wide model of the same depth.
+    let hidden = if q.block_elems() == 256 { 512 } else { HIDDEN };
     // Activation rows of the whole-token loop (several sequences decoding together).
     let n_acts: usize = std::env::var("BENCH_N").map(|s| s.parse().expect("BENCH_N")).unwrap_or(1);
     // Per layer: q, k, v, o, gate, up, down as (rows, cols).
     let shapes =
-        [(HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN), (FFN, HIDDEN), (FFN, HIDDEN), (HIDDEN, FFN)];
+        [(hidden, hidden), (KV, hidden), (KV, hidden), (hidden, hidden), (FFN, hidden), (FFN, hidden), (hidden, FFN)];
     let layers: Vec<Vec<Matrix>> =
         (0..LAYERS).map(|_| shapes.iter().map(|&(r, c)| Matrix::random(&mut rng, q, r, c)).collect()).collect();
     let output = Matrix::random(&mut rng, WeightType::Q8_0, VOCAB, HIDDEN);
@@ -157,7 +179,7 @@ fn main() {
                 println!("    {name:<24} {} µs", summary(runs, false));
             };
             for (m, name) in
-                layers[0].iter().zip(["q 576x576", "k 192x576", "v", "o", "gate 1536x576", "up", "down 576x1536"])
+                layers[0].iter().zip(["q hidden x hidden", "k 192 x hidden", "v", "o", "gate 1536 x hidden", "up", "down hidden x 1536"])
             {
                 if name != "v" && name != "o" && name != "up" {
                     single(m, 1, name);

@@ -276,6 +276,12 @@ fn tail_shapes() -> Vec<(usize, usize, usize)> {
         }
     }
     v.extend([(37, 576, 1), (64, 1536, 1), (29, 576, 70), (24, 64, 67)]);
+    // K-quant rows (multiples of 256 values).
+    for (m, k) in [(1, 256), (3, 512), (7, 1536), (16, 2304)] {
+        for n in [1, 2, 3, 4, 5, 9] {
+            v.push((m, k, n));
+        }
+    }
     v
 }
 

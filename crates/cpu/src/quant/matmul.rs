@@ -93,6 +93,14 @@ tile_from_rows!(scalar_f32, dot_scalar::f32_row);
 tile_from_rows!(scalar_f16, dot_scalar::f16_row);
 tile_from_rows!(scalar_bf16, dot_scalar::bf16_row);
 #[cfg(target_arch = "x86_64")]
+mod avx512_rows {
+    use super::super::dot_avx512_k as kq;
+    use super::{Acts, TileOut};
+    tile_from_rows!(q4_k, kq::q4_k);
+    tile_from_rows!(q5_k, kq::q5_k);
+    tile_from_rows!(q6_k, kq::q6_k);
+}
+#[cfg(target_arch = "x86_64")]
 mod avx2_rows {
     use super::super::{dot_avx2_float as f, dot_avx2_k as kq};
     use super::Acts;
@@ -199,6 +207,9 @@ fn kernel_for(isa: Isa, ty: WeightType) -> Kernel {
             WeightType::Q4_0 => return quads(v::q4_0),
             WeightType::Q4_1 => return quads(v::q4_1),
             WeightType::Q8_0 => return quads(v::q8_0),
+            WeightType::Q4K => return rows(avx512_rows::q4_k),
+            WeightType::Q5K => return rows(avx512_rows::q5_k),
+            WeightType::Q6K => return rows(avx512_rows::q6_k),
             _ => {}
         }
     }

@@ -9,8 +9,8 @@
 //! - [`matmul`]: `out[n, m] = x[n, k] · W[m, k]ᵀ` (and [`matmul_fused`] for several matrices
 //!   over the same `x`), threads over output rows, dispatching to per-ISA tile kernels
 //!   ([`dot_scalar`]; `dot_avx2` for Q4_0/Q4_1/Q8_0, `dot_avx2_k` for the K-quants,
-//!   `dot_avx2_float` for F32/F16/BF16; `dot_avx512` for Q4_0/Q4_1/Q8_0 with AVX-512 VNNI,
-//!   bit-identical to `dot_avx2`).
+//!   `dot_avx2_float` for F32/F16/BF16; `dot_avx512` for Q4_0/Q4_1/Q8_0 and `dot_avx512_k` for the
+//!   K-quants with AVX-512 VNNI, bit-identical to their AVX2 counterparts).
 //!
 //! A weight tensor is a GGUF tensor with dims `[k, m]`: `m` rows of `k` values, `k` fastest,
 //! each row a whole number of blocks.
@@ -33,6 +33,8 @@ mod dot_avx2_float;
 mod dot_avx2_k;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx512;
+#[cfg(target_arch = "x86_64")]
+mod dot_avx512_k;
 
 pub use activations::{Q8Kind, QuantScratch};
 pub use matmul::{fusable, matmul, matmul_fused, matmul_fused_with_isa, matmul_with_isa, Isa, MatmulPart};
