@@ -14,7 +14,7 @@ use pagekv_cpu::quant::hugepage::HugePageBuf;
 use pagekv_cpu::quant::quantize::quantize_row;
 use pagekv_cpu::quant::{matmul_with_isa, Isa, QuantScratch, WeightType, WeightView};
 use pagekv_cpu::threadpool::ThreadPool;
-use rand::{Rng, RngCore, SeedableRng};
+use rand::{Rng, SeedableRng};
 use std::time::Instant;
 
 const HIDDEN: usize = 576;
@@ -178,9 +178,15 @@ fn main() {
                     .collect();
                 println!("    {name:<24} {} µs", summary(runs, false));
             };
-            for (m, name) in
-                layers[0].iter().zip(["q hidden x hidden", "k 192 x hidden", "v", "o", "gate 1536 x hidden", "up", "down hidden x 1536"])
-            {
+            for (m, name) in layers[0].iter().zip([
+                "q hidden x hidden",
+                "k 192 x hidden",
+                "v",
+                "o",
+                "gate 1536 x hidden",
+                "up",
+                "down hidden x 1536",
+            ]) {
                 if name != "v" && name != "o" && name != "up" {
                     single(m, 1, name);
                 }

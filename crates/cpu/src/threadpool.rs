@@ -440,14 +440,14 @@ impl Backoff {
         }
         std::hint::spin_loop();
         self.spins = self.spins.wrapping_add(1);
-        if self.spins % 16 == 0 && self.start.elapsed() > SPIN_BEFORE_YIELD {
+        if self.spins.is_multiple_of(16) && self.start.elapsed() > SPIN_BEFORE_YIELD {
             self.yielding = true;
         }
     }
 
     /// Time since the wait began (checked only every few spins while spinning).
     fn waited(&self) -> Duration {
-        if self.yielding || self.spins % 16 == 0 {
+        if self.yielding || self.spins.is_multiple_of(16) {
             self.start.elapsed()
         } else {
             Duration::ZERO

@@ -103,7 +103,7 @@ fn quantized_activations(ty: WeightType, x: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<
             let sum: i32 = qs.iter().map(|&q| q as i32).sum();
             s_delta.push(s as f64 - d as f64 * sum as f64);
             let amax = chunk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-            err.extend(std::iter::repeat(0.54 * amax / 127.0).take(QK));
+            err.extend(std::iter::repeat_n(0.54 * amax / 127.0, QK));
         }
         return (xq, err, s_delta);
     }
@@ -115,7 +115,7 @@ fn quantized_activations(ty: WeightType, x: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<
                 let b = quantize_q8_k(chunk.try_into().unwrap());
                 xq.extend(b.qs.iter().map(|&q| q as f32 * b.d));
                 let amax = chunk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-                err.extend(std::iter::repeat(0.54 * amax / 127.0).take(QK_K));
+                err.extend(std::iter::repeat_n(0.54 * amax / 127.0, QK_K));
             }
             (xq, err, vec![])
         }

@@ -1,6 +1,9 @@
 //! Reference dequantizers against hand-built blocks with values worked out by hand from each
 //! format's definition, and reference quantizers against their defining properties.
 
+// Kernels and references index several parallel arrays by the same lane or row.
+#![allow(clippy::needless_range_loop)]
+
 use half::{bf16, f16};
 use pagekv_cpu::quant::blocks::*;
 use pagekv_cpu::quant::quantize::*;

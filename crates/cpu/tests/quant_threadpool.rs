@@ -52,10 +52,7 @@ fn workers_take_part_and_results_are_complete() {
     assert_eq!(sum.load(Ordering::Relaxed), 200 * (255 * 256 / 2));
     let total: usize = used.iter().map(|u| u.load(Ordering::Relaxed)).sum();
     assert_eq!(total, 200 * 256);
-    assert!(
-        used[1].load(Ordering::Relaxed) + used[2].load(Ordering::Relaxed) > 0,
-        "no worker ran a task"
-    );
+    assert!(used[1].load(Ordering::Relaxed) + used[2].load(Ordering::Relaxed) > 0, "no worker ran a task");
 }
 
 #[test]
@@ -64,10 +61,7 @@ fn nested_calls_run_serially() {
     let counts: Vec<AtomicUsize> = (0..16 * 16).map(|_| AtomicUsize::new(0)).collect();
     pool.run(16, |outer, outer_thread| {
         pool.run(16, |inner, inner_thread| {
-            assert_eq!(
-                inner_thread, outer_thread,
-                "nested run must stay on the same thread"
-            );
+            assert_eq!(inner_thread, outer_thread, "nested run must stay on the same thread");
             counts[outer * 16 + inner].fetch_add(1, Ordering::Relaxed);
         });
     });
@@ -101,10 +95,7 @@ fn panic_in_task_reaches_caller_and_pool_survives() {
             })
         }));
         let payload = result.expect_err("panic must propagate");
-        let msg = payload
-            .downcast_ref::<String>()
-            .cloned()
-            .unwrap_or_default();
+        let msg = payload.downcast_ref::<String>().cloned().unwrap_or_default();
         assert_eq!(msg, format!("task {bad} failed"));
         check_exactly_once(&pool, 100);
     }
@@ -124,13 +115,7 @@ fn thread_count_parsing() {
     assert_eq!(parse_thread_count("4"), Ok(4));
     assert_eq!(parse_thread_count(" 2 "), Ok(2));
     for bad in ["0", "-1", "two", "", "100000"] {
-        assert!(
-            matches!(
-                parse_thread_count(bad),
-                Err(ThreadPoolError::InvalidThreadCount { .. })
-            ),
-            "{bad}"
-        );
+        assert!(matches!(parse_thread_count(bad), Err(ThreadPoolError::InvalidThreadCount { .. })), "{bad}");
     }
 }
 
@@ -152,10 +137,7 @@ fn per_call_overhead_is_printed() {
             });
         }
         let per_call = start.elapsed().as_secs_f64() / calls as f64;
-        println!(
-            "thread pool: {n_threads} threads, 8 empty tasks: {:.2} us per run() call",
-            per_call * 1e6
-        );
+        println!("thread pool: {n_threads} threads, 8 empty tasks: {:.2} us per run() call", per_call * 1e6);
         assert_eq!(sink.load(Ordering::Relaxed), (1000 + calls) * 28);
 
         // Tasks of ~2 us each, one per thread: the time above the ideal is the overhead that
@@ -176,5 +158,30 @@ fn per_call_overhead_is_printed() {
             "thread pool: {n_threads} threads, {n_threads} tasks of 2 us: {:.2} us per call (ideal 2.00)",
             per_call * 1e6
         );
+    }
+}
+
+#[test]
+fn the_caller_takes_its_own_range_in_order_then_steals() {
+    // The caller (thread 0) owns the first tasks and takes them front to back; a worker that
+    // stalls on its first task has the rest of its range stolen, so the call still finishes and
+    // every index runs exactly once.
+    let pool = ThreadPool::new(2);
+    for _ in 0..5 {
+        let order = std::sync::Mutex::new(Vec::new());
+        let counts: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+        let stalled = AtomicUsize::new(0);
+        pool.run(64, |task, thread| {
+            counts[task].fetch_add(1, Ordering::Relaxed);
+            if thread == 0 {
+                order.lock().unwrap().push(task);
+            } else if stalled.fetch_add(1, Ordering::Relaxed) == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        });
+        assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
+        let order = order.into_inner().unwrap();
+        assert_eq!(order[..32], (0..32).collect::<Vec<_>>()[..], "own range first, in order");
+        assert!(order.len() > 32, "the stalled worker's range was not stolen: {order:?}");
     }
 }

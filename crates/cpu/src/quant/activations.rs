@@ -131,7 +131,7 @@ impl QuantScratch {
         k: usize,
         pool: &ThreadPool,
     ) {
-        debug_assert!(k % QK == 0 && x.len() == n * k);
+        debug_assert!(k.is_multiple_of(QK) && x.len() == n * k);
         let nb = k / QK;
         if self.q8_qs.len() < n * k {
             self.q8_qs.resize(n * k, 0);
@@ -169,7 +169,7 @@ impl QuantScratch {
 
     /// Quantizes `x: [n, k]` (k a multiple of 256) to Q8_K blocks.
     pub fn quantize_q8k(&mut self, x: &[f32], n: usize, k: usize, pool: &ThreadPool) {
-        debug_assert!(k % QK_K == 0 && x.len() == n * k);
+        debug_assert!(k.is_multiple_of(QK_K) && x.len() == n * k);
         let nb = k / QK_K;
         if self.q8k.len() < n * nb {
             self.q8k.resize(n * nb, bytemuck::Zeroable::zeroed());

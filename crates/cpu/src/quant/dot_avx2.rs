@@ -11,6 +11,9 @@
 //! Kernels work on tiles of `NR` weight rows × `NJ` activation rows (4×1 for decode, 1×4 for
 //! prefill): each weight block is unpacked once per tile, each activation block loaded once.
 
+// Kernels and references index several parallel arrays by the same lane or row.
+#![allow(clippy::needless_range_loop)]
+
 use super::blocks::QK;
 use super::matmul::{Acts, TileOut};
 use std::arch::x86_64::*;

@@ -7,6 +7,9 @@
 //! once. The min terms (Q4_K/Q5_K `dmin · mn_j`) and the Q6_K offset (`-32 · sc_g`) use the
 //! activation block sums `bsums`, in scalar integers.
 
+// Kernels and references index several parallel arrays by the same lane or row.
+#![allow(clippy::needless_range_loop)]
+
 use super::blocks::{scale_min_k4, BlockQ8K, K_SCALE_SIZE, QK_K};
 use super::dot_avx2::{dispatch_nj, hsum};
 use super::matmul::Acts;

@@ -24,6 +24,9 @@
 //!
 //! Decode (one activation row) prefetches the weight tiles ahead of use.
 
+// Kernels and references index several parallel arrays by the same lane or row.
+#![allow(clippy::needless_range_loop)]
+
 use super::blocks::QK;
 use super::dot_avx2::{self, prefetch_share, PREFETCH_TILES};
 use super::matmul::{Acts, TileOut};

@@ -15,6 +15,9 @@
 //! of one sub-block at a time, and the min term's `Σ mn_j (bsums_2j + bsums_2j+1)` is one
 //! `vpmaddwd` (integers again, so exact).
 
+// Kernels and references index several parallel arrays by the same lane or row.
+#![allow(clippy::needless_range_loop)]
+
 use super::blocks::{BlockQ8K, QK_K};
 use super::dot_avx2::hsum;
 use super::matmul::Acts;

@@ -129,7 +129,7 @@ impl WeightType {
     /// Bytes of one row of `cols` values; an error when `cols` is not a whole number of blocks.
     pub fn row_bytes(self, cols: usize) -> Result<usize, QuantError> {
         let block = self.block_elems();
-        if cols % block != 0 {
+        if !cols.is_multiple_of(block) {
             return Err(QuantError::RaggedRow { ty: self, cols, block });
         }
         Ok(cols / block * self.block_bytes())

@@ -2,6 +2,9 @@
 //! `dequantize_row_*`). They are the oracle for every fast kernel and also serve cold paths
 //! such as embedding lookups.
 
+// Kernels and references index several parallel arrays by the same lane or row.
+#![allow(clippy::needless_range_loop)]
+
 use super::blocks::*;
 use super::{QuantError, WeightType};
 use bytemuck::pod_read_unaligned;

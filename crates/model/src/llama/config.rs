@@ -57,15 +57,21 @@ impl ModelConfig {
         let num_layers = u("block_count")?;
         let hidden = u("embedding_length")?;
         let num_heads = u("attention.head_count")?;
-        let num_kv_heads = if meta.get(&key("attention.head_count_kv")).is_some() { u("attention.head_count_kv")? } else { num_heads };
+        let num_kv_heads =
+            if meta.get(&key("attention.head_count_kv")).is_some() { u("attention.head_count_kv")? } else { num_heads };
         if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
             return Err(ModelError::Invalid(format!("{num_heads} heads is not a multiple of {num_kv_heads} kv heads")));
         }
-        let head_dim = if meta.get(&key("attention.key_length")).is_some() { u("attention.key_length")? } else { hidden / num_heads };
+        let head_dim = if meta.get(&key("attention.key_length")).is_some() {
+            u("attention.key_length")?
+        } else {
+            hidden / num_heads
+        };
         if head_dim == 0 || head_dim % 2 != 0 || head_dim > 1024 {
             return Err(ModelError::Invalid(format!("head dimension {head_dim} is not supported")));
         }
-        let rope_dims = if meta.get(&key("rope.dimension_count")).is_some() { u("rope.dimension_count")? } else { head_dim };
+        let rope_dims =
+            if meta.get(&key("rope.dimension_count")).is_some() { u("rope.dimension_count")? } else { head_dim };
         if rope_dims > head_dim || rope_dims % 2 != 0 {
             return Err(ModelError::Invalid(format!("rope dimension count {rope_dims} vs head dim {head_dim}")));
         }

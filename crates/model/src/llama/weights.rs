@@ -238,7 +238,7 @@ fn tensor(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Tenso
     if len as u64 != info.n_bytes {
         return Err(bad(format!("{} bytes, expected {len}", info.n_bytes)));
     }
-    if ty == WeightType::F32 && file.tensor_data(info).as_ptr() as usize % 4 != 0 {
+    if ty == WeightType::F32 && !(file.tensor_data(info).as_ptr() as usize).is_multiple_of(4) {
         return Err(bad("F32 data is not 4-byte aligned".into()));
     }
     Ok(Tensor { name: name.into(), ty, rows, cols, index, len })
