@@ -1,4 +1,4 @@
 //! placeholder
 pub mod attention;
-pub mod threadpool;
 pub mod quant;
+pub mod threadpool;

@@ -3,7 +3,6 @@
 //! taken from `gguf.GGUFReader` on the same file. Skipped, with a message, when the file
 //! is absent.
 
-
 use pagekv_model::gguf::{GgmlType, GgufFile, MetaValue};
 
 fn open_model() -> Option<GgufFile> {

@@ -93,8 +93,7 @@ fn log_softmax_at(x: &[f32], i: usize) -> f64 {
 
 /// llama.cpp's full first-step logits (`logits_apache2_first.npy`: a little-endian f32 array).
 fn first_step_logits() -> Vec<f32> {
-    let p =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/smollm2/logits_apache2_first.npy");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/smollm2/logits_apache2_first.npy");
     let npy = std::fs::read(p).expect("first-step logits");
     let header_len = u16::from_le_bytes([npy[8], npy[9]]) as usize;
     npy[10 + header_len..].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()

@@ -2,7 +2,6 @@
 //! case of ../shared/reference/smollm2/llamacpp.json renders byte-identically and tokenizes
 //! to the same ids. Skipped, with a visible line, when the model or golden file is absent.
 
-
 use pagekv_model::gguf::GgufFile;
 use pagekv_model::template::{ChatMessage, ChatTemplate, TemplateOrigin};
 use pagekv_model::tokenizer::Tokenizer;
@@ -23,27 +22,14 @@ fn chat_cases_render_and_tokenize_like_llama_cpp() {
 
     let cases = golden["chat"].as_array().unwrap();
     for case in cases {
-        let messages: Vec<ChatMessage> =
-            serde_json::from_value(case["messages"].clone()).unwrap();
+        let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
         let rendered = template.render(&messages, true).unwrap();
         assert_eq!(rendered, case["rendered"].as_str().unwrap());
-        let want: Vec<u32> = case["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect();
+        let want: Vec<u32> = case["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
         assert_eq!(tok.encode(&rendered, true).unwrap(), want);
-        let reply: Vec<u32> = case["greedy_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect();
-        assert_eq!(
-            tok.decode(&reply, true).unwrap(),
-            case["greedy_text"].as_str().unwrap()
-        );
+        let reply: Vec<u32> =
+            case["greedy_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        assert_eq!(tok.decode(&reply, true).unwrap(), case["greedy_text"].as_str().unwrap());
     }
     println!("chat: {}/{} cases identical to llama.cpp", cases.len(), cases.len());
 }

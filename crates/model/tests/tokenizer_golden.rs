@@ -2,30 +2,23 @@
 //! BPE, `smollm` pre-tokenizer): golden ids from ../shared/reference/smollm2/llamacpp.json.
 //! Skipped, with a visible line, when the model file or the golden file is absent.
 
-
 use pagekv_model::gguf::GgufFile;
 use pagekv_model::tokenizer::{StreamDecoder, Tokenizer, TokenizerModel};
 use serde_json::Value;
 
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/smollm2/llamacpp.json");
 
-
 /// The tokenizer and golden data, or `None` (after printing why) when either is missing.
 fn setup(test: &str) -> Option<(Tokenizer, Value)> {
     let model = pagekv_model::testing::default_model(test)?;
     let file = GgufFile::open(&model).expect("open model");
     let tok = Tokenizer::from_gguf(file.metadata()).expect("tokenizer from metadata");
-    let golden: Value =
-        serde_json::from_str(&std::fs::read_to_string(GOLDEN).expect("read golden")).unwrap();
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(GOLDEN).expect("read golden")).unwrap();
     Some((tok, golden))
 }
 
 fn ids_of(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("id array")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
+    v.as_array().expect("id array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
 
 #[test]
@@ -94,8 +87,7 @@ fn apache_license_ids_survive_decode_and_encode() {
 
 #[test]
 fn streaming_matches_decode_and_never_splits_a_character() {
-    let Some((tok, golden)) = setup("streaming_matches_decode_and_never_splits_a_character")
-    else {
+    let Some((tok, golden)) = setup("streaming_matches_decode_and_never_splits_a_character") else {
         return;
     };
     for case in golden["tokenize"].as_array().unwrap() {

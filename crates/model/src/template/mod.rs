@@ -42,10 +42,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
+        ChatMessage { role: role.into(), content: content.into() }
     }
 }
 
@@ -130,27 +127,14 @@ impl ChatTemplate {
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
-        env.add_function("strftime_now", |format: String| {
-            strftime::strftime(&format, strftime::now_secs())
-        });
+        env.add_function("strftime_now", |format: String| strftime::strftime(&format, strftime::now_secs()));
         env.add_filter("tojson", tojson::tojson);
-        env.add_template_owned(NAME, source.to_owned())
-            .map_err(|e| TemplateError::Syntax(describe(&e)))?;
-        Ok(ChatTemplate {
-            env,
-            source: source.to_owned(),
-            origin,
-            bos_token: String::new(),
-            eos_token: String::new(),
-        })
+        env.add_template_owned(NAME, source.to_owned()).map_err(|e| TemplateError::Syntax(describe(&e)))?;
+        Ok(ChatTemplate { env, source: source.to_owned(), origin, bos_token: String::new(), eos_token: String::new() })
     }
 
     /// Sets the texts the template sees as `bos_token` and `eos_token`.
-    pub fn with_special_tokens(
-        mut self,
-        bos_token: impl Into<String>,
-        eos_token: impl Into<String>,
-    ) -> ChatTemplate {
+    pub fn with_special_tokens(mut self, bos_token: impl Into<String>, eos_token: impl Into<String>) -> ChatTemplate {
         self.bos_token = bos_token.into();
         self.eos_token = eos_token.into();
         self
@@ -159,23 +143,14 @@ impl ChatTemplate {
     /// Makes `strftime_now` format a fixed instant (seconds since the Unix epoch, UTC)
     /// instead of the clock, for reproducible renders in tests and benchmarks.
     pub fn with_fixed_time(mut self, epoch_secs: i64) -> ChatTemplate {
-        self.env.add_function("strftime_now", move |format: String| {
-            strftime::strftime(&format, epoch_secs)
-        });
+        self.env.add_function("strftime_now", move |format: String| strftime::strftime(&format, epoch_secs));
         self
     }
 
     /// Renders `messages`; with `add_generation_prompt`, the text that opens the assistant's
     /// reply is appended (as the template defines it).
-    pub fn render(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, TemplateError> {
-        let template = self
-            .env
-            .get_template(NAME)
-            .map_err(|e| TemplateError::Render(describe(&e)))?;
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TemplateError> {
+        let template = self.env.get_template(NAME).map_err(|e| TemplateError::Render(describe(&e)))?;
         template
             .render(context! {
                 messages => messages,

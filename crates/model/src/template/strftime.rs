@@ -14,15 +14,7 @@ pub fn strftime(format: &str, secs: i64) -> String {
     let weekday = (days + 4).rem_euclid(7) as usize; // 1970-01-01 was a Thursday; 0 = Sunday
     let yday = days - days_from_civil(year, 1, 1) + 1;
 
-    const DAYS: [&str; 7] = [
-        "Sunday",
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-        "Thursday",
-        "Friday",
-        "Saturday",
-    ];
+    const DAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
     const MONTHS: [&str; 12] = [
         "January",
         "February",
@@ -81,10 +73,7 @@ pub fn strftime(format: &str, secs: i64) -> String {
 
 /// Seconds since the Unix epoch now (0 if the clock is before 1970).
 pub fn now_secs() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
 /// (year, month 1..=12, day 1..=31) of a day count since 1970-01-01 (H. Hinnant's algorithm).

@@ -12,13 +12,8 @@ fn chatml_fallback_renders_chatml() {
     let t = ChatTemplate::from_gguf(&Metadata::new()).unwrap();
     assert!(t.is_fallback());
     assert_eq!(t.origin(), TemplateOrigin::ChatMlFallback);
-    let out = t
-        .render(&msgs(&[("system", "Be brief."), ("user", "Hi")]), true)
-        .unwrap();
-    assert_eq!(
-        out,
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-    );
+    let out = t.render(&msgs(&[("system", "Be brief."), ("user", "Hi")]), true).unwrap();
+    assert_eq!(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
     let out = t.render(&msgs(&[("user", "Hi")]), false).unwrap();
     assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n");
 }
@@ -27,33 +22,22 @@ fn chatml_fallback_renders_chatml() {
 fn from_gguf_reads_template_and_special_token_texts() {
     let mut meta = Metadata::new();
     let tokens = ["<unk>", "<s>", "</s>"].map(String::from).to_vec();
-    meta.insert(
-        "tokenizer.ggml.tokens".into(),
-        MetaValue::Array(MetaArray::String(tokens)),
-    );
+    meta.insert("tokenizer.ggml.tokens".into(), MetaValue::Array(MetaArray::String(tokens)));
     meta.insert("tokenizer.ggml.bos_token_id".into(), MetaValue::U32(1));
     meta.insert("tokenizer.ggml.eos_token_id".into(), MetaValue::U32(2));
     meta.insert(
         CHAT_TEMPLATE_KEY.into(),
         MetaValue::String(
-            "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{{ eos_token }}{% endfor %}"
-                .into(),
+            "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{{ eos_token }}{% endfor %}".into(),
         ),
     );
     let t = ChatTemplate::from_gguf(&meta).unwrap();
     assert_eq!(t.origin(), TemplateOrigin::Gguf);
-    assert_eq!(
-        t.render(&msgs(&[("user", "a"), ("assistant", "b")]), false)
-            .unwrap(),
-        "<s>[user]a</s>[assistant]b</s>"
-    );
+    assert_eq!(t.render(&msgs(&[("user", "a"), ("assistant", "b")]), false).unwrap(), "<s>[user]a</s>[assistant]b</s>");
 
     let mut bad = Metadata::new();
     bad.insert(CHAT_TEMPLATE_KEY.into(), MetaValue::U32(3));
-    assert!(matches!(
-        ChatTemplate::from_gguf(&bad),
-        Err(TemplateError::Metadata(_))
-    ));
+    assert!(matches!(ChatTemplate::from_gguf(&bad), Err(TemplateError::Metadata(_))));
 }
 
 #[test]
@@ -68,7 +52,8 @@ fn python_methods_work() {
 
 #[test]
 fn trim_and_lstrip_blocks_as_transformers() {
-    let src = "{% for m in messages %}\n    {% if m.role == 'user' %}\n{{ m.content }}\n    {% endif %}\n{% endfor %}\n";
+    let src =
+        "{% for m in messages %}\n    {% if m.role == 'user' %}\n{{ m.content }}\n    {% endif %}\n{% endfor %}\n";
     let t = ChatTemplate::new(src).unwrap();
     assert_eq!(t.render(&msgs(&[("user", "q")]), false).unwrap(), "q\n");
 }
@@ -77,30 +62,24 @@ fn trim_and_lstrip_blocks_as_transformers() {
 fn loop_controls_are_enabled() {
     let src = "{% for m in messages %}{% if m.role == 'stop' %}{% break %}{% endif %}{{ m.content }}{% endfor %}";
     let t = ChatTemplate::new(src).unwrap();
-    let out = t
-        .render(&msgs(&[("user", "a"), ("stop", "b"), ("user", "c")]), false)
-        .unwrap();
+    let out = t.render(&msgs(&[("user", "a"), ("stop", "b"), ("user", "c")]), false).unwrap();
     assert_eq!(out, "a");
 }
 
 #[test]
 fn raise_exception_fails_the_render_with_its_message() {
-    let src = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation must start with user') }}{% endif %}ok";
+    let src =
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation must start with user') }}{% endif %}ok";
     let t = ChatTemplate::new(src).unwrap();
     assert_eq!(t.render(&msgs(&[("user", "a")]), false).unwrap(), "ok");
     let err = t.render(&msgs(&[("assistant", "a")]), false).unwrap_err();
     assert!(matches!(err, TemplateError::Render(_)));
-    assert!(
-        err.to_string().contains("Conversation must start with user"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("Conversation must start with user"), "{err}");
 }
 
 #[test]
 fn strftime_now_with_fixed_time() {
-    let t = ChatTemplate::new("Today Date: {{ strftime_now('%d %b %Y') }}")
-        .unwrap()
-        .with_fixed_time(1_721_999_109);
+    let t = ChatTemplate::new("Today Date: {{ strftime_now('%d %b %Y') }}").unwrap().with_fixed_time(1_721_999_109);
     assert_eq!(t.render(&[], false).unwrap(), "Today Date: 26 Jul 2024");
     // The clock version renders a plausible year.
     let live = ChatTemplate::new("{{ strftime_now('%Y') }}").unwrap();
@@ -121,17 +100,11 @@ fn tojson_matches_python_json_dumps() {
         t.render(&[], false).unwrap(),
         "{\n  \"name\": \"f\",\n  \"parameters\": {\n    \"a\": 1,\n    \"b\": [\n      1,\n      2.5,\n      true,\n      null\n    ],\n    \"c\": \"é\\\"<>&\\n\"\n  }\n}"
     );
-    let t = ChatTemplate::new(
-        "{{ {'z': 1, 'a': []} | tojson(sort_keys=true, separators=[',', ':']) }}",
-    )
-    .unwrap();
+    let t = ChatTemplate::new("{{ {'z': 1, 'a': []} | tojson(sort_keys=true, separators=[',', ':']) }}").unwrap();
     assert_eq!(t.render(&[], false).unwrap(), "{\"a\":[],\"z\":1}");
     // Messages serialize as role/content objects in field order.
     let t = ChatTemplate::new("{{ messages | tojson }}").unwrap();
-    assert_eq!(
-        t.render(&msgs(&[("user", "hi")]), false).unwrap(),
-        "[{\"role\": \"user\", \"content\": \"hi\"}]"
-    );
+    assert_eq!(t.render(&msgs(&[("user", "hi")]), false).unwrap(), "[{\"role\": \"user\", \"content\": \"hi\"}]");
 }
 
 #[test]

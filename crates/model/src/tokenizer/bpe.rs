@@ -34,32 +34,18 @@ pub(super) struct ParsedMerges {
 /// Splits `"left right"` rules. The separator is the first space after the first byte, as in
 /// llama.cpp, so a left part may itself begin with a space in vocabularies that keep raw
 /// spaces.
-pub(super) fn parse_merges(
-    rules: &[String],
-    vocab: &Vocab,
-) -> Result<ParsedMerges, TokenizerError> {
+pub(super) fn parse_merges(rules: &[String], vocab: &Vocab) -> Result<ParsedMerges, TokenizerError> {
     let mut pairs = Vec::with_capacity(rules.len());
     let mut seen = std::collections::HashSet::with_capacity(rules.len());
     let mut dropped = 0;
     for (index, rule) in rules.iter().enumerate() {
-        let split = rule
-            .char_indices()
-            .skip(1)
-            .find(|&(_, c)| c == ' ')
-            .map(|(i, _)| i);
+        let split = rule.char_indices().skip(1).find(|&(_, c)| c == ' ').map(|(i, _)| i);
         let (left, right) = match split {
             Some(i) if i + 1 < rule.len() => (&rule[..i], &rule[i + 1..]),
-            _ => {
-                return Err(TokenizerError::BadMerge {
-                    index,
-                    rule: rule.clone(),
-                })
-            }
+            _ => return Err(TokenizerError::BadMerge { index, rule: rule.clone() }),
         };
         let merged = format!("{left}{right}");
-        let usable = vocab.contains_key(left)
-            && vocab.contains_key(right)
-            && vocab.contains_key(&merged);
+        let usable = vocab.contains_key(left) && vocab.contains_key(right) && vocab.contains_key(&merged);
         if !usable || !seen.insert((left, right)) {
             dropped += 1;
             continue;
@@ -77,11 +63,7 @@ impl BpeEncoder {
         merge_rules: &[String],
         pre: &PreTokenizerSpec,
     ) -> Result<(BpeEncoder, usize), TokenizerError> {
-        let vocab: Vocab = tokens
-            .iter()
-            .enumerate()
-            .map(|(id, t)| (t.clone(), id as u32))
-            .collect();
+        let vocab: Vocab = tokens.iter().enumerate().map(|(id, t)| (t.clone(), id as u32)).collect();
         let merges = parse_merges(merge_rules, &vocab)?;
         let model = BPE::builder()
             .vocab_and_merges(vocab, merges.pairs)
@@ -91,16 +73,8 @@ impl BpeEncoder {
 
         let mut steps: Vec<PreTokenizerWrapper> = Vec::with_capacity(pre.regexes.len() + 1);
         for (index, re) in pre.regexes.iter().enumerate() {
-            let split = Split::new(
-                SplitPattern::Regex((*re).to_owned()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(|e| TokenizerError::BadRegex {
-                pre: pre.names[0].to_owned(),
-                index,
-                reason: e.to_string(),
-            })?;
+            let split = Split::new(SplitPattern::Regex((*re).to_owned()), SplitDelimiterBehavior::Isolated, false)
+                .map_err(|e| TokenizerError::BadRegex { pre: pre.names[0].to_owned(), index, reason: e.to_string() })?;
             steps.push(split.into());
         }
         // Bytes → stand-in characters only; the splitting was done above.
@@ -116,10 +90,7 @@ impl BpeEncoder {
         if text.is_empty() {
             return Ok(());
         }
-        let encoding = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|e| TokenizerError::Backend(e.to_string()))?;
+        let encoding = self.inner.encode_fast(text, false).map_err(|e| TokenizerError::Backend(e.to_string()))?;
         out.extend_from_slice(encoding.get_ids());
         Ok(())
     }

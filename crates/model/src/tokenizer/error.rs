@@ -23,11 +23,7 @@ pub enum TokenizerError {
     EmptyVocabulary,
     /// A per-token array (`token_type`, `scores`) does not have one entry per token.
     #[error("{key} has {found} entries but the vocabulary has {expected} tokens")]
-    LengthMismatch {
-        key: &'static str,
-        expected: usize,
-        found: usize,
-    },
+    LengthMismatch { key: &'static str, expected: usize, found: usize },
     /// A `tokenizer.ggml.token_type` value outside 0..=6.
     #[error("token {id}: unknown token type {value} (tokenizer.ggml.token_type; expected 0..=6)")]
     BadTokenType { id: u32, value: i32 },
@@ -39,18 +35,10 @@ pub enum TokenizerError {
     BadMerge { index: usize, rule: String },
     /// A special token id (BOS, EOS, ...) at or past the vocabulary size.
     #[error("{key} = {id} is out of range for a vocabulary of {vocab_size} tokens")]
-    SpecialIdOutOfRange {
-        key: &'static str,
-        id: u32,
-        vocab_size: usize,
-    },
+    SpecialIdOutOfRange { key: &'static str, id: u32, vocab_size: usize },
     /// A pre-tokenizer regex that the regex engine rejects.
     #[error("pre-tokenizer '{pre}': regex {index} does not compile: {reason}")]
-    BadRegex {
-        pre: String,
-        index: usize,
-        reason: String,
-    },
+    BadRegex { pre: String, index: usize, reason: String },
     /// The `tokenizers` crate refused the BPE model it was given or failed to encode.
     #[error("BPE backend (tokenizers crate): {0}")]
     Backend(String),

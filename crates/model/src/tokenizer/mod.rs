@@ -63,10 +63,10 @@ enum Encoder {
 /// reference or `Arc` (it is `Send + Sync`).
 pub struct Tokenizer {
     model: TokenizerModel,
-    pre: Option<&'static str>, // canonical pre-tokenizer name (gpt2 only)
-    tokens: Vec<String>,       // [vocab] token text as stored
-    types: Vec<TokenType>,     // [vocab]
-    pieces: Vec<Vec<u8>>,      // [vocab] bytes printed for the token (specials included)
+    pre: Option<&'static str>,        // canonical pre-tokenizer name (gpt2 only)
+    tokens: Vec<String>,              // [vocab] token text as stored
+    types: Vec<TokenType>,            // [vocab]
+    pieces: Vec<Vec<u8>>,             // [vocab] bytes printed for the token (specials included)
     text_to_id: HashMap<String, u32>, // token text → id (later id wins on duplicates)
     special: SpecialMatcher,
     encoder: Encoder,
@@ -129,21 +129,13 @@ impl Tokenizer {
             Some(s) => s,
             None => vec![0.0; n],
         };
-        let text_to_id: HashMap<String, u32> = spec
-            .tokens
-            .iter()
-            .enumerate()
-            .map(|(id, t)| (t.clone(), id as u32))
-            .collect();
+        let text_to_id: HashMap<String, u32> =
+            spec.tokens.iter().enumerate().map(|(id, t)| (t.clone(), id as u32)).collect();
 
         let is_llama = spec.model == TokenizerModel::Llama;
         let default_id = |id: u32| (is_llama && (id as usize) < n).then_some(id);
         let check = |key: &'static str, id: Option<u32>| match id {
-            Some(id) if id as usize >= n => Err(TokenizerError::SpecialIdOutOfRange {
-                key,
-                id,
-                vocab_size: n,
-            }),
+            Some(id) if id as usize >= n => Err(TokenizerError::SpecialIdOutOfRange { key, id, vocab_size: n }),
             other => Ok(other),
         };
         let bos_id = check("tokenizer.ggml.bos_token_id", spec.bos_id)?.or(default_id(1));
@@ -175,18 +167,13 @@ impl Tokenizer {
                 let pre_name = match spec.pre.as_deref() {
                     Some(name) => name,
                     None => {
-                        warnings.push(
-                            "tokenizer.ggml.pre is missing; using the 'default' pre-tokenizer"
-                                .to_owned(),
-                        );
+                        warnings.push("tokenizer.ggml.pre is missing; using the 'default' pre-tokenizer".to_owned());
                         "default"
                     }
                 };
-                let pre = pretokenize::lookup(pre_name).ok_or_else(|| {
-                    TokenizerError::UnknownPreTokenizer {
-                        name: pre_name.to_owned(),
-                        known: pretokenize::known_names(),
-                    }
+                let pre = pretokenize::lookup(pre_name).ok_or_else(|| TokenizerError::UnknownPreTokenizer {
+                    name: pre_name.to_owned(),
+                    known: pretokenize::known_names(),
                 })?;
                 let (encoder, dropped) = BpeEncoder::new(&spec.tokens, merges, pre)?;
                 if dropped > 0 {
@@ -276,11 +263,7 @@ impl Tokenizer {
 
     /// `encode`, then BOS in front when the model asks for it (`add_bos()`) and EOS at the
     /// end when it asks for that (`add_eos()`): the ids a raw prompt is fed as.
-    pub fn encode_with_bos(
-        &self,
-        text: &str,
-        parse_special: bool,
-    ) -> Result<Vec<u32>, TokenizerError> {
+    pub fn encode_with_bos(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
         let mut ids = Vec::new();
         if let (true, Some(bos)) = (self.add_bos, self.bos_id) {
             ids.push(bos);
@@ -320,10 +303,7 @@ impl Tokenizer {
     pub fn piece(&self, id: u32, skip_special: bool) -> Result<&[u8], TokenizerError> {
         let i = id as usize;
         if i >= self.tokens.len() {
-            return Err(TokenizerError::IdOutOfRange {
-                id,
-                vocab_size: self.tokens.len(),
-            });
+            return Err(TokenizerError::IdOutOfRange { id, vocab_size: self.tokens.len() });
         }
         if skip_special && self.is_special(id) {
             return Ok(&[]);
@@ -350,10 +330,7 @@ impl Tokenizer {
     /// and `encode(.., parse_special = false)` does not recognize. User-defined tokens are
     /// not special in this sense: they are printed like text.
     pub fn is_special(&self, id: u32) -> bool {
-        matches!(
-            self.token_type(id),
-            Some(TokenType::Control | TokenType::Unknown)
-        )
+        matches!(self.token_type(id), Some(TokenType::Control | TokenType::Unknown))
     }
 
     /// Number of tokens in the vocabulary.
@@ -425,20 +402,13 @@ fn token_types(spec: &VocabSpec) -> Result<Vec<TokenType>, TokenizerError> {
     let n = spec.tokens.len();
     match &spec.token_types {
         None => Ok(vec![TokenType::Normal; n]),
-        Some(raw) if raw.len() != n => Err(TokenizerError::LengthMismatch {
-            key: "tokenizer.ggml.token_type",
-            expected: n,
-            found: raw.len(),
-        }),
+        Some(raw) if raw.len() != n => {
+            Err(TokenizerError::LengthMismatch { key: "tokenizer.ggml.token_type", expected: n, found: raw.len() })
+        }
         Some(raw) => raw
             .iter()
             .enumerate()
-            .map(|(id, &value)| {
-                TokenType::from_i32(value).ok_or(TokenizerError::BadTokenType {
-                    id: id as u32,
-                    value,
-                })
-            })
+            .map(|(id, &value)| TokenType::from_i32(value).ok_or(TokenizerError::BadTokenType { id: id as u32, value }))
             .collect(),
     }
 }
@@ -457,28 +427,16 @@ fn spm_byte_ids(text_to_id: &HashMap<String, u32>) -> [Option<u32>; 256] {
 
 /// The bytes token `id` prints when printed at all (llama.cpp's `token_to_piece` with
 /// specials shown).
-fn token_piece(
-    model: TokenizerModel,
-    id: u32,
-    text: &str,
-    ty: TokenType,
-) -> Result<Vec<u8>, TokenizerError> {
+fn token_piece(model: TokenizerModel, id: u32, text: &str, ty: TokenType) -> Result<Vec<u8>, TokenizerError> {
     Ok(match (ty, model) {
-        (TokenType::Control | TokenType::Unknown | TokenType::UserDefined, _) => {
-            text.as_bytes().to_vec()
-        }
+        (TokenType::Control | TokenType::Unknown | TokenType::UserDefined, _) => text.as_bytes().to_vec(),
         (TokenType::Normal, TokenizerModel::Gpt2) => bytelevel::decode_token_text(text),
         (TokenType::Normal, TokenizerModel::Llama) => text.replace(SPM_SPACE, " ").into_bytes(),
-        (TokenType::Byte, TokenizerModel::Llama) => vec![parse_byte_token(text).ok_or_else(
-            || TokenizerError::BadByteToken {
-                id,
-                text: text.to_owned(),
-            },
-        )?],
-        // Byte tokens mean nothing to byte-level BPE; undefined and unused print nothing.
-        (TokenType::Byte, TokenizerModel::Gpt2) | (TokenType::Undefined | TokenType::Unused, _) => {
-            Vec::new()
+        (TokenType::Byte, TokenizerModel::Llama) => {
+            vec![parse_byte_token(text).ok_or_else(|| TokenizerError::BadByteToken { id, text: text.to_owned() })?]
         }
+        // Byte tokens mean nothing to byte-level BPE; undefined and unused print nothing.
+        (TokenType::Byte, TokenizerModel::Gpt2) | (TokenType::Undefined | TokenType::Unused, _) => Vec::new(),
     })
 }
 

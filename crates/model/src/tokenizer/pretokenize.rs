@@ -167,10 +167,7 @@ pub fn lookup(name: &str) -> Option<&'static PreTokenizerSpec> {
 
 /// All accepted `tokenizer.ggml.pre` values, comma-separated (for error messages).
 pub fn known_names() -> String {
-    let names: Vec<&str> = PRE_TOKENIZERS
-        .iter()
-        .flat_map(|p| p.names.iter().copied())
-        .collect();
+    let names: Vec<&str> = PRE_TOKENIZERS.iter().flat_map(|p| p.names.iter().copied()).collect();
     names.join(", ")
 }
 

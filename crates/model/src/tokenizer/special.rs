@@ -44,11 +44,7 @@ impl SpecialMatcher {
                     TokenType::Control | TokenType::Unknown => false,
                     _ => return None,
                 };
-                Some(Candidate {
-                    id: id as u32,
-                    text: text.clone(),
-                    always,
-                })
+                Some(Candidate { id: id as u32, text: text.clone(), always })
             })
             .collect();
         candidates.sort_by(|a, b| b.text.len().cmp(&a.text.len()).then(a.id.cmp(&b.id)));
@@ -67,9 +63,7 @@ impl SpecialMatcher {
                 continue;
             }
             // Cheap test first: most candidates occur nowhere.
-            let occurs = fragments
-                .iter()
-                .any(|f| matches!(f, Fragment::Text(t) if t.contains(cand.text.as_str())));
+            let occurs = fragments.iter().any(|f| matches!(f, Fragment::Text(t) if t.contains(cand.text.as_str())));
             if !occurs {
                 continue;
             }
@@ -102,10 +96,8 @@ mod tests {
     use Fragment::{Text, Token};
 
     fn matcher() -> SpecialMatcher {
-        let tokens: Vec<String> = ["a", "<s>", "<|im_start|>", "<|im", "<tool>", ""]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let tokens: Vec<String> =
+            ["a", "<s>", "<|im_start|>", "<|im", "<tool>", ""].iter().map(|s| s.to_string()).collect();
         let types = [
             TokenType::Normal,
             TokenType::Control,
@@ -122,29 +114,15 @@ mod tests {
         let m = matcher();
         assert_eq!(
             m.partition("x<|im_start|>y<|imz<s><s>", true),
-            vec![
-                Text("x"),
-                Token(2),
-                Text("y"),
-                Token(3),
-                Text("z"),
-                Token(1),
-                Token(1)
-            ]
+            vec![Text("x"), Token(2), Text("y"), Token(3), Text("z"), Token(1), Token(1)]
         );
     }
 
     #[test]
     fn control_tokens_only_when_parsing_special_user_defined_always() {
         let m = matcher();
-        assert_eq!(
-            m.partition("<s>a<tool>b", false),
-            vec![Text("<s>a"), Token(4), Text("b")]
-        );
-        assert_eq!(
-            m.partition("<s>a<tool>b", true),
-            vec![Token(1), Text("a"), Token(4), Text("b")]
-        );
+        assert_eq!(m.partition("<s>a<tool>b", false), vec![Text("<s>a"), Token(4), Text("b")]);
+        assert_eq!(m.partition("<s>a<tool>b", true), vec![Token(1), Text("a"), Token(4), Text("b")]);
         assert_eq!(m.partition("", true), vec![]);
     }
 }

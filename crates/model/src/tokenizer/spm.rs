@@ -48,9 +48,7 @@ impl PartialOrd for Bigram {
 impl Ord for Bigram {
     /// Max-heap order: higher score first, then the leftmost pair.
     fn cmp(&self, other: &Self) -> Ordering {
-        self.score
-            .total_cmp(&other.score)
-            .then_with(|| other.left.cmp(&self.left))
+        self.score.total_cmp(&other.score).then_with(|| other.left.cmp(&self.left))
     }
 }
 
@@ -70,17 +68,8 @@ impl SpmEncoder {
         unk_id: Option<u32>,
     ) -> SpmEncoder {
         debug_assert_eq!(tokens.len(), scores.len());
-        let text_to_id = tokens
-            .iter()
-            .enumerate()
-            .map(|(id, t)| (t.clone(), id as u32))
-            .collect();
-        SpmEncoder {
-            text_to_id,
-            scores,
-            byte_ids,
-            unk_id,
-        }
+        let text_to_id = tokens.iter().enumerate().map(|(id, t)| (t.clone(), id as u32)).collect();
+        SpmEncoder { text_to_id, scores, byte_ids, unk_id }
     }
 
     /// Appends the ids of `text` (already escaped: spaces as `▁`) to `out`.
@@ -92,12 +81,7 @@ impl SpmEncoder {
         let mut symbols: Vec<Symbol> = Vec::with_capacity(text.len());
         for (start, c) in text.char_indices() {
             let index = symbols.len();
-            symbols.push(Symbol {
-                start,
-                len: c.len_utf8(),
-                prev: index.checked_sub(1),
-                next: None,
-            });
+            symbols.push(Symbol { start, len: c.len_utf8(), prev: index.checked_sub(1), next: None });
             if index > 0 {
                 symbols[index - 1].next = Some(index);
             }
@@ -159,24 +143,12 @@ impl SpmEncoder {
         Ok(())
     }
 
-    fn push_bigram(
-        &self,
-        text: &str,
-        symbols: &[Symbol],
-        left: usize,
-        right: usize,
-        queue: &mut BinaryHeap<Bigram>,
-    ) {
+    fn push_bigram(&self, text: &str, symbols: &[Symbol], left: usize, right: usize, queue: &mut BinaryHeap<Bigram>) {
         let (l, r) = (symbols[left], symbols[right]);
         debug_assert_eq!(l.start + l.len, r.start, "neighbours are contiguous");
         let merged = &text[l.start..r.start + r.len];
         if let Some(&id) = self.text_to_id.get(merged) {
-            queue.push(Bigram {
-                left,
-                right,
-                score: self.scores[id as usize],
-                len: merged.len(),
-            });
+            queue.push(Bigram { left, right, score: self.scores[id as usize], len: merged.len() });
         }
     }
 }

@@ -24,10 +24,7 @@ pub struct StreamDecoder {
 impl StreamDecoder {
     /// A decoder; with `skip_special`, control and unknown tokens print nothing.
     pub fn new(skip_special: bool) -> StreamDecoder {
-        StreamDecoder {
-            pending: Vec::new(),
-            skip_special,
-        }
+        StreamDecoder { pending: Vec::new(), skip_special }
     }
 
     /// Adds token `id`; returns the text completed by it (possibly empty).

@@ -10,11 +10,8 @@ use crate::gguf::{MetaArray, MetaValue, Metadata};
 /// `<unk> <s> </s>`, the 256 byte tokens, single characters, scored merges, a control and a
 /// user-defined token.
 fn spm_spec() -> VocabSpec {
-    let mut tokens: Vec<(String, i32, f32)> = vec![
-        ("<unk>".into(), 2, 0.0),
-        ("<s>".into(), 3, 0.0),
-        ("</s>".into(), 3, 0.0),
-    ];
+    let mut tokens: Vec<(String, i32, f32)> =
+        vec![("<unk>".into(), 2, 0.0), ("<s>".into(), 3, 0.0), ("</s>".into(), 3, 0.0)];
     for b in 0..=255u8 {
         tokens.push((format!("<0x{b:02X}>"), 6, 0.0));
     }
@@ -38,20 +35,14 @@ fn spm_spec() -> VocabSpec {
     }
     tokens.push(("<|im_start|>".into(), 3, 0.0));
     tokens.push(("<tool>".into(), 4, 0.0));
-    let mut spec = VocabSpec::new(
-        TokenizerModel::Llama,
-        tokens.iter().map(|t| t.0.clone()).collect(),
-    );
+    let mut spec = VocabSpec::new(TokenizerModel::Llama, tokens.iter().map(|t| t.0.clone()).collect());
     spec.token_types = Some(tokens.iter().map(|t| t.1).collect());
     spec.scores = Some(tokens.iter().map(|t| t.2).collect());
     spec
 }
 
 fn ids(tok: &Tokenizer, texts: &[&str]) -> Vec<u32> {
-    texts
-        .iter()
-        .map(|t| tok.token_id(t).unwrap_or_else(|| panic!("no token {t:?}")))
-        .collect()
+    texts.iter().map(|t| tok.token_id(t).unwrap_or_else(|| panic!("no token {t:?}"))).collect()
 }
 
 #[test]
@@ -63,10 +54,7 @@ fn spm_merges_by_score_with_space_prefix() {
     let got = tok.encode("hello world", true).unwrap();
     assert_eq!(got, ids(&tok, &["▁hello", "▁world"]));
     assert_eq!(tok.decode(&got, false).unwrap(), "hello world");
-    assert_eq!(
-        tok.encode_with_bos("hello", true).unwrap(),
-        [vec![1], ids(&tok, &["▁hello"])].concat()
-    );
+    assert_eq!(tok.encode_with_bos("hello", true).unwrap(), [vec![1], ids(&tok, &["▁hello"])].concat());
 }
 
 #[test]
@@ -105,10 +93,7 @@ fn spm_special_tokens_and_space_prefix_after_them() {
     // Without parsing, "<s>" is text: '<' 's' '>' are spelled with byte tokens.
     assert_eq!(
         tok.encode("<s>hello", false).unwrap(),
-        ids(
-            &tok,
-            &["▁", "<0x3C>", "<0x73>", "<0x3E>", "h", "e", "llo"]
-        )
+        ids(&tok, &["▁", "<0x3C>", "<0x73>", "<0x3E>", "h", "e", "llo"])
     );
     // User-defined tokens are matched either way.
     let got = tok.encode("a<tool>", false).unwrap();
@@ -124,10 +109,7 @@ fn spm_without_byte_tokens_uses_unk() {
     let spec = VocabSpec {
         token_types: Some(vec![2, 3, 3, 1, 1]),
         scores: Some(vec![0.0; 5]),
-        ..VocabSpec::new(
-            TokenizerModel::Llama,
-            ["<unk>", "<s>", "</s>", "▁", "a"].map(String::from).to_vec(),
-        )
+        ..VocabSpec::new(TokenizerModel::Llama, ["<unk>", "<s>", "</s>", "▁", "a"].map(String::from).to_vec())
     };
     let tok = Tokenizer::from_spec(spec).unwrap();
     assert_eq!(tok.encode("aé", false).unwrap(), vec![3, 4, 0]);
@@ -140,17 +122,13 @@ fn spm_without_byte_tokens_uses_unk() {
 /// Three control tokens, the 256 byte characters, merged tokens, and "xyz" reachable by
 /// no merge.
 fn bpe_spec(pre: &str) -> VocabSpec {
-    let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-        .map(String::from)
-        .to_vec();
+    let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"].map(String::from).to_vec();
     let mut types = vec![3, 3, 3];
     for b in 0..=255u8 {
         tokens.push(byte_to_char(b).to_string());
         types.push(1);
     }
-    let merges = [
-        "h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "Ġ 1",
-    ];
+    let merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "Ġ 1"];
     for m in merges {
         tokens.push(m.replace(' ', ""));
         types.push(1);
@@ -172,10 +150,7 @@ fn bpe(pre: &str) -> Tokenizer {
 #[test]
 fn bpe_merges_inside_words() {
     let tok = bpe("gpt-2");
-    assert_eq!(
-        tok.encode("hello world", false).unwrap(),
-        ids(&tok, &["hello", "Ġworld"])
-    );
+    assert_eq!(tok.encode("hello world", false).unwrap(), ids(&tok, &["hello", "Ġworld"]));
     assert_eq!(tok.decode(&ids(&tok, &["hello", "Ġworld"]), false).unwrap(), "hello world");
     assert!(!tok.add_bos());
 }
@@ -184,15 +159,9 @@ fn bpe_merges_inside_words() {
 fn pre_tokenizer_choice_changes_ids() {
     // gpt-2 keeps " 123" as one word, so "Ġ 1" merges; smollm isolates every digit first.
     let gpt2 = bpe("gpt-2");
-    assert_eq!(
-        gpt2.encode("a 123", false).unwrap(),
-        ids(&gpt2, &["a", "Ġ1", "2", "3"])
-    );
+    assert_eq!(gpt2.encode("a 123", false).unwrap(), ids(&gpt2, &["a", "Ġ1", "2", "3"]));
     let smollm = bpe("smollm");
-    assert_eq!(
-        smollm.encode("a 123", false).unwrap(),
-        ids(&smollm, &["a", "Ġ", "1", "2", "3"])
-    );
+    assert_eq!(smollm.encode("a 123", false).unwrap(), ids(&smollm, &["a", "Ġ", "1", "2", "3"]));
     // llama-bpe takes a word that is itself a token without merging, and adds BOS.
     let llama3 = bpe("llama-bpe");
     assert_eq!(llama3.encode("xyz", false).unwrap(), ids(&llama3, &["xyz"]));
@@ -275,9 +244,7 @@ fn stream_equals_decode_on_random_ids() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     for _ in 0..200 {
         let n = rng.gen_range(0..24);
-        let ids: Vec<u32> = (0..n)
-            .map(|_| rng.gen_range(0..tok.vocab_size() as u32))
-            .collect();
+        let ids: Vec<u32> = (0..n).map(|_| rng.gen_range(0..tok.vocab_size() as u32)).collect();
         let mut dec = StreamDecoder::new(false);
         let mut streamed = String::new();
         for &id in &ids {
@@ -301,10 +268,7 @@ fn bad_specs_are_typed_errors() {
 
     let mut s = bpe_spec("smollm");
     s.token_types.as_mut().unwrap().pop();
-    assert!(matches!(
-        err(s),
-        TokenizerError::LengthMismatch { key: "tokenizer.ggml.token_type", .. }
-    ));
+    assert!(matches!(err(s), TokenizerError::LengthMismatch { key: "tokenizer.ggml.token_type", .. }));
 
     let mut s = bpe_spec("smollm");
     s.token_types.as_mut().unwrap()[5] = 9;
@@ -312,10 +276,7 @@ fn bad_specs_are_typed_errors() {
 
     let mut s = bpe_spec("smollm");
     s.bos_id = Some(1_000_000);
-    assert!(matches!(
-        err(s),
-        TokenizerError::SpecialIdOutOfRange { id: 1_000_000, .. }
-    ));
+    assert!(matches!(err(s), TokenizerError::SpecialIdOutOfRange { id: 1_000_000, .. }));
 
     let mut s = bpe_spec("smollm");
     s.merges.as_mut().unwrap().push("nospace".into());
@@ -339,16 +300,10 @@ fn bad_specs_are_typed_errors() {
     s.tokens[3] = "<0xZZ>".into();
     assert!(matches!(err(s), TokenizerError::BadByteToken { id: 3, .. }));
 
-    assert!(matches!(
-        err(VocabSpec::new(TokenizerModel::Gpt2, vec![])),
-        TokenizerError::EmptyVocabulary
-    ));
+    assert!(matches!(err(VocabSpec::new(TokenizerModel::Gpt2, vec![])), TokenizerError::EmptyVocabulary));
 
     let tok = bpe("smollm");
-    assert!(matches!(
-        tok.decode(&[tok.vocab_size() as u32], false),
-        Err(TokenizerError::IdOutOfRange { .. })
-    ));
+    assert!(matches!(tok.decode(&[tok.vocab_size() as u32], false), Err(TokenizerError::IdOutOfRange { .. })));
     let mut dec = StreamDecoder::new(true);
     assert!(dec.push(&tok, u32::MAX).is_err());
 }
@@ -397,10 +352,7 @@ fn from_gguf_reads_the_same_vocabulary() {
     assert_eq!(tok.bos_id(), None); // -1 means none
     assert!(tok.add_bos());
     assert_eq!(tok.pre_tokenizer(), Some("smollm"));
-    assert_eq!(
-        tok.encode("hello world", false).unwrap(),
-        ids(&tok, &["hello", "Ġworld"])
-    );
+    assert_eq!(tok.encode("hello world", false).unwrap(), ids(&tok, &["hello", "Ġworld"]));
 
     let spm = Tokenizer::from_gguf(&meta_from(&spm_spec())).unwrap();
     assert_eq!(spm.encode("hello", false).unwrap(), ids(&spm, &["▁hello"]));
@@ -409,10 +361,7 @@ fn from_gguf_reads_the_same_vocabulary() {
 #[test]
 fn from_gguf_errors_name_the_key() {
     let mut meta = meta_from(&bpe_spec("smollm"));
-    meta.insert(
-        "tokenizer.ggml.padding_token_id".into(),
-        MetaValue::String("x".into()),
-    );
+    meta.insert("tokenizer.ggml.padding_token_id".into(), MetaValue::String("x".into()));
     let e = Tokenizer::from_gguf(&meta).unwrap_err();
     assert!(matches!(e, TokenizerError::Metadata(_)));
     assert!(e.to_string().contains("padding_token_id"), "{e}");

@@ -136,9 +136,7 @@ impl VocabSpec {
         spec.pre = optional(meta, &key("pre"), |k| meta.get_str(k).map(str::to_owned))?;
         spec.token_types = optional(meta, &key("token_type"), |k| meta.get_i32_array(k))?;
         spec.scores = optional(meta, &key("scores"), |k| meta.get_f32_array(k))?;
-        spec.merges = optional(meta, &key("merges"), |k| {
-            meta.get_str_array(k).map(|m| m.to_vec())
-        })?;
+        spec.merges = optional(meta, &key("merges"), |k| meta.get_str_array(k).map(|m| m.to_vec()))?;
         spec.bos_id = token_id(meta, &key("bos_token_id"))?;
         spec.eos_id = token_id(meta, &key("eos_token_id"))?;
         spec.unk_id = token_id(meta, &key("unknown_token_id"))?;
