@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use kvcache::KvFormat;
+use pagekv_engine::sampling::argmax;
 use pagekv_engine::Generator;
 use pagekv_model::Model;
 use serde_json::json;
@@ -161,14 +162,4 @@ fn log_softmax(x: &[f32], out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(x) {
         *o = v - lse;
     }
-}
-
-fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
 }
