@@ -59,8 +59,9 @@ pub enum Event {
     /// and end-of-generation tokens produce no `Token` event.
     Token { id: u32, text: String, logprobs: Option<TokenLogprobs> },
     /// The end. `text` is what was still held back (usually empty): the full output is the
-    /// concatenation of every `Token` text and this one.
-    Done { finish_reason: FinishReason, usage: Usage, text: String },
+    /// concatenation of every `Token` text and this one. `stop_sequence`: the stop string that
+    /// ended the request, if one did.
+    Done { finish_reason: FinishReason, usage: Usage, text: String, stop_sequence: Option<String> },
     /// The request failed; nothing follows.
     Error(EngineError),
 }

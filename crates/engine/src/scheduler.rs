@@ -468,9 +468,10 @@ impl Scheduler {
             cached_tokens: seq.cached_tokens.unwrap_or(0),
             completion_tokens: seq.generated,
         };
+        let stop_sequence = seq.matcher.matched().map(str::to_string);
         self.counters.finished += 1;
         self.bank_sequence(&mut seq);
-        self.finals.push((seq.out, Event::Done { finish_reason, usage, text }));
+        self.finals.push((seq.out, Event::Done { finish_reason, usage, text, stop_sequence }));
     }
 
     /// Ends a sequence with an error; its blocks are released (their contents may be partial).

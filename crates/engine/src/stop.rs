@@ -80,23 +80,29 @@ pub struct StopMatcher {
     /// Text received but not yet emitted: always a (possibly empty) proper prefix of some stop
     /// string, or empty when there are no stop strings.
     held: String,
-    stopped: bool,
+    /// Index into `stops` of the string that matched, once one has.
+    matched: Option<usize>,
 }
 
 impl StopMatcher {
     pub fn new(stop_strings: &[String]) -> StopMatcher {
         let stops = stop_strings.iter().filter(|s| !s.is_empty()).cloned().collect();
-        StopMatcher { stops, held: String::new(), stopped: false }
+        StopMatcher { stops, held: String::new(), matched: None }
     }
 
     /// Whether a stop string has matched.
     pub fn stopped(&self) -> bool {
-        self.stopped
+        self.matched.is_some()
+    }
+
+    /// The stop string that matched (Anthropic's `stop_sequence`, vLLM's `stop_reason`).
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
     }
 
     /// Feeds the next piece of decoded text.
     pub fn push(&mut self, piece: &str) -> StopOutput {
-        if self.stopped {
+        if self.stopped() {
             return StopOutput { text: String::new(), finish: Some(FinishReason::Stop) };
         }
         if self.stops.is_empty() {
@@ -104,18 +110,18 @@ impl StopMatcher {
         }
         self.held.push_str(piece);
         // Earliest-ending match; `held` had none before this piece, so any match ends in it.
-        let mut best: Option<(usize, usize)> = None; // (end, start)
-        for s in &self.stops {
+        let mut best: Option<(usize, usize, usize)> = None; // (end, start, index in stops)
+        for (i, s) in self.stops.iter().enumerate() {
             if let Some(start) = self.held.find(s.as_str()) {
                 let end = start + s.len();
-                if best.is_none_or(|(e, st)| end < e || (end == e && start < st)) {
-                    best = Some((end, start));
+                if best.is_none_or(|(e, st, _)| end < e || (end == e && start < st)) {
+                    best = Some((end, start, i));
                 }
             }
         }
-        if let Some((_, start)) = best {
+        if let Some((_, start, i)) = best {
             self.held.truncate(start);
-            self.stopped = true;
+            self.matched = Some(i);
             return StopOutput { text: std::mem::take(&mut self.held), finish: Some(FinishReason::Stop) };
         }
         let keep = self.longest_partial_suffix();
@@ -188,6 +194,13 @@ mod tests {
         // "bc" completes before "abcd" could.
         let (out, _) = run(&["abcd", "bc"], &["xa", "b", "c", "d"]);
         assert_eq!(out.concat(), "xa");
+        let stops = vec!["abcd".to_string(), "bc".to_string()];
+        let mut m = StopMatcher::new(&stops);
+        assert_eq!(m.matched(), None);
+        for p in ["xa", "b", "c"] {
+            m.push(p);
+        }
+        assert_eq!(m.matched(), Some("bc"));
         // Same end: the longer (earlier start) wins.
         let (out, _) = run(&["cd", "abcd"], &["xab", "cd"]);
         assert_eq!(out.concat(), "x");
@@ -198,6 +211,11 @@ mod tests {
         let (out, fin) = run(&["", "é!"], &["caf", "é", "!"]);
         assert_eq!(out.concat(), "caf");
         assert_eq!(fin, Some(FinishReason::Stop));
+        // Empty stop strings are dropped, so the index still names the matched one.
+        let stops = vec![String::new(), "é!".to_string()];
+        let mut m = StopMatcher::new(&stops);
+        m.push("café!");
+        assert_eq!(m.matched(), Some("é!"));
         let (out, fin) = run(&[""], &["a", "b"]);
         assert_eq!(out, vec!["a", "b", ""]);
         assert_eq!(fin, None);

@@ -86,6 +86,7 @@ struct Outcome {
     text: String,
     finish: FinishReason,
     usage: Usage,
+    stop_sequence: Option<String>,
 }
 
 fn collect(mut stream: RequestStream) -> Outcome {
@@ -96,10 +97,10 @@ fn collect(mut stream: RequestStream) -> Outcome {
                 tokens.push(id);
                 text.push_str(&t);
             }
-            Event::Done { finish_reason, usage, text: t } => {
+            Event::Done { finish_reason, usage, text: t, stop_sequence } => {
                 text.push_str(&t);
                 assert!(stream.recv().is_none(), "nothing after Done");
-                return Outcome { tokens, text, finish: finish_reason, usage };
+                return Outcome { tokens, text, finish: finish_reason, usage, stop_sequence };
             }
             Event::Error(e) => panic!("request failed: {e}"),
         }
@@ -348,7 +349,9 @@ fn stop_strings_logprobs_and_seeded_sampling_through_the_engine() {
     r.stop.stop_strings = vec![stop.clone()];
     let stopped = collect(h.submit(r).unwrap());
     assert_eq!(stopped.finish, FinishReason::Stop);
+    assert_eq!(stopped.stop_sequence.as_deref(), Some(stop.as_str()));
     assert_eq!(stopped.text, base.text[..base.text.find(&stop).unwrap()]);
+    assert_eq!(base.stop_sequence, None);
     // Logprobs: the greedy token is the most likely one.
     let mut r = greedy(p.clone(), 4);
     r.logprobs = Some(3);

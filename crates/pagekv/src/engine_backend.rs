@@ -170,7 +170,7 @@ fn forward(stream: &mut engine::RequestStream, tx: &EventSender, tokenizer: &Tok
                     return;
                 }
             }
-            engine::Event::Done { finish_reason, usage, text } => {
+            engine::Event::Done { finish_reason, usage, text, stop_sequence } => {
                 if let (false, Some(id)) = (text.is_empty(), last_id) {
                     if tx.send(Event::Token { id, text, logprob: None }).is_err() {
                         return;
@@ -185,7 +185,7 @@ fn forward(stream: &mut engine::RequestStream, tx: &EventSender, tokenizer: &Tok
                     cached_tokens: usage.cached_tokens,
                     completion_tokens: usage.completion_tokens,
                 };
-                let _ = tx.send(Event::Done { finish_reason, stop_sequence: None, usage });
+                let _ = tx.send(Event::Done { finish_reason, stop_sequence, usage });
                 return;
             }
             engine::Event::Error(e) => {
@@ -210,5 +210,13 @@ fn backend_error(e: EngineError) -> BackendError {
         EngineError::Forward(_) | EngineError::Config(_) => BackendErrorKind::Internal,
         _ => BackendErrorKind::InvalidRequest,
     };
-    BackendError::new(kind, e.to_string())
+    let code = match &e {
+        EngineError::PromptTooLong { .. } | EngineError::PromptExceedsPool { .. } => Some("context_length_exceeded"),
+        _ => None,
+    };
+    let error = BackendError::new(kind, e.to_string());
+    match code {
+        Some(code) => error.with_code(code),
+        None => error,
+    }
 }

@@ -123,13 +123,24 @@ async fn stop_strings_end_the_output_before_the_match() {
     let messages = json!([{"role": "user", "content": "Tell me about the moon in two sentences."}]);
     let full = reply_text(&s.post("/v1/chat/completions", &chat(&s.model, messages.clone(), 40)).await.ok());
     let (stop, cut) = pick_stop(&full);
-    let mut body = chat(&s.model, messages, 40);
+    let mut body = chat(&s.model, messages.clone(), 40);
     body["stop"] = json!([stop]);
     let r = s.post("/v1/chat/completions", &body).await.ok();
     assert_eq!(reply_text(&r), cut, "stop {stop:?} in {full:?}");
     assert_eq!(r["choices"][0]["finish_reason"], "stop");
     let events = s.stream("/v1/chat/completions", &streaming(body)).await;
     assert_eq!(streamed_text(&events), cut);
+
+    // The Anthropic API names the stop sequence that matched; without a match it names none.
+    let mut body = json!({"model": s.model, "messages": messages, "max_tokens": 40, "temperature": 0,
+        "stop_sequences": ["zqzqzq", stop]});
+    let m = s.post("/v1/messages", &body).await.ok();
+    assert_eq!(m["content"][0]["text"].as_str(), Some(cut.as_str()), "{m}");
+    assert_eq!((m["stop_reason"].as_str(), m["stop_sequence"].as_str()), (Some("stop_sequence"), Some(stop.as_str())));
+    body["stop_sequences"] = json!(["zqzqzq"]);
+    let m = s.post("/v1/messages", &body).await.ok();
+    assert!(matches!(m["stop_reason"].as_str(), Some("max_tokens" | "end_turn")), "{m}");
+    assert!(m["stop_sequence"].is_null(), "{m}");
 }
 
 /// A 4-character stop string from the middle of `full` and the text before its first
@@ -246,6 +257,7 @@ async fn bad_input_is_refused_with_openai_errors_and_the_server_keeps_serving() 
     // A prompt the whole pool cannot hold: refused up front, not queued forever.
     let e = s.post("/v1/completions", &json!({"model": model, "prompt": ids(110), "max_tokens": 4})).await.error(400);
     assert!(e["message"].as_str().unwrap().contains("pool"), "{e}");
+    assert_eq!(e["code"], "context_length_exceeded", "{e}");
     // Huge, overflowing, zero and negative max_tokens.
     for n in [json!(1_000_000_000_000u64), json!(1e30), json!(u64::MAX), json!(0), json!(-5)] {
         let e = s.post("/v1/completions", &json!({"model": model, "prompt": "hi", "max_tokens": n})).await.error(400);
@@ -341,6 +353,27 @@ async fn disconnect_returns_the_blocks_to_the_pool() {
         .await;
     assert_eq!(m.get("pagekv_generations_finished_total{reason=\"cancelled\"}"), 2.0, "{}", m.summary());
     // And the pool still serves.
+    let r = s.post("/v1/completions", &completion(&s.model, "The capital of France is", 4)).await.ok();
+    assert_eq!(usage_of(&r).1, 4);
+}
+
+/// `--request-timeout`: a generation that runs past it is answered 504 `request_timeout` and
+/// its blocks go back to the pool within a step; the server keeps serving.
+#[tokio::test]
+async fn request_timeout_cancels_and_returns_the_blocks() {
+    let args = [DEFAULT_ARGS, &["--request-timeout", "1"]].concat();
+    let Some(s) = ServerProcess::start("request_timeout", &args) else { return };
+    let baseline = s.metrics().await.get("pagekv_kv_blocks_used");
+    // Counting to 900 tokens takes several seconds at any speed seen so far.
+    let body = completion(&s.model, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", 900);
+    let e = s.post("/v1/completions", &body).await.error(504);
+    assert_eq!(e["code"], "request_timeout", "{e}");
+    let m = s
+        .wait_metrics(RETURN_LIMIT, "blocks back after a timeout", |m| {
+            m.get("pagekv_kv_blocks_used") == baseline && m.get("pagekv_running_sequences") == 0.0
+        })
+        .await;
+    assert_eq!(m.get("pagekv_generations_finished_total{reason=\"timeout\"}"), 1.0, "{}", m.summary());
     let r = s.post("/v1/completions", &completion(&s.model, "The capital of France is", 4)).await.ok();
     assert_eq!(usage_of(&r).1, 4);
 }

@@ -230,11 +230,18 @@ pub struct LogprobEntry {
 pub struct BackendError {
     pub kind: BackendErrorKind,
     pub message: String,
+    /// The OpenAI error `code` clients match on (`"context_length_exceeded"`), when one applies.
+    pub code: Option<&'static str>,
 }
 
 impl BackendError {
     pub fn new(kind: BackendErrorKind, message: impl Into<String>) -> Self {
-        BackendError { kind, message: message.into() }
+        BackendError { kind, message: message.into(), code: None }
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
     }
 }
 

@@ -69,6 +69,18 @@ impl ApiError {
             .with_code("shutting_down")
     }
 
+    /// 504: the generation ran past the server's `--request-timeout` and was cancelled.
+    pub fn timed_out(limit: std::time::Duration) -> Self {
+        ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "The request ran longer than the server's limit of {:.3} s and was cancelled.",
+                limit.as_secs_f64()
+            ),
+        )
+        .with_code("request_timeout")
+    }
+
     /// OpenAI's `type` for this status (OpenAI uses `invalid_request_error` for every client
     /// error, 401 and 404 included, and tells them apart by `code`).
     fn openai_type(&self) -> &'static str {
@@ -131,7 +143,7 @@ impl From<BackendError> for ApiError {
             BackendErrorKind::Overloaded | BackendErrorKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             BackendErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        ApiError::new(status, e.message)
+        ApiError { code: e.code, ..ApiError::new(status, e.message) }
     }
 }
 

@@ -3,14 +3,14 @@
 //! [`start`] prepares the prompt on a blocking thread, checks it against the context window,
 //! submits it and returns a [`Job`]. [`Job::next`] yields [`Step`]s while measuring time to
 //! first token and inter-token latency; it ends early with 503 when the server's grace period
-//! is over. Dropping a `Job` drops the backend's [`EventStream`], which cancels the request —
+//! is over, and with 504 when the request runs past the server's request timeout. Dropping a `Job` drops the backend's [`EventStream`], which cancels the request —
 //! this is how a client disconnect reaches the engine (the response body owns the job).
 //!
 //! [`sse_response`] turns a stream of encoded chunks into a `text/event-stream` response.
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{header, StatusCode};
@@ -83,10 +83,12 @@ pub(crate) async fn start(state: &Arc<AppState>, arrived: Instant, spec: Spec) -
     })?;
     state.metrics.generation_started();
     state.metrics.add_prompt_tokens(prompt_tokens, 0);
+    let deadline = state.request_timeout.map(|t| (tokio::time::Instant::from_std(arrived) + t, t));
     Ok(Job {
         state: state.clone(),
         events,
         cancel: state.cancel.clone(),
+        deadline,
         arrived,
         last_token: None,
         prompt_tokens,
@@ -99,6 +101,8 @@ pub(crate) struct Job {
     state: Arc<AppState>,
     events: EventStream,
     cancel: watch::Receiver<bool>,
+    /// When the request times out, and the limit (for the message).
+    deadline: Option<(tokio::time::Instant, Duration)>,
     arrived: Instant,
     last_token: Option<Instant>,
     /// Prompt length in tokens (known before the backend reports usage).
@@ -113,13 +117,25 @@ impl Job {
         if self.finished {
             return Step::Failed(ApiError::internal("generation already finished"));
         }
+        let timeout = async {
+            match self.deadline {
+                Some((at, _)) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         let event = tokio::select! {
             biased;
             event = self.events.recv() => Ok(event),
-            _ = self.cancel.wait_for(|&c| c) => Err(()),
+            _ = self.cancel.wait_for(|&c| c) => Err(Outcome::Cancelled),
+            _ = timeout => Err(Outcome::TimedOut),
         };
-        let Ok(event) = event else {
-            return self.finish(Outcome::Cancelled, Step::Failed(ApiError::shutting_down()));
+        let event = match event {
+            Ok(event) => event,
+            Err(Outcome::TimedOut) => {
+                let limit = self.deadline.map_or(Duration::ZERO, |d| d.1);
+                return self.finish(Outcome::TimedOut, Step::Failed(ApiError::timed_out(limit)));
+            }
+            Err(_) => return self.finish(Outcome::Cancelled, Step::Failed(ApiError::shutting_down())),
         };
         match event {
             Some(Event::Token { text, logprob, .. }) => {

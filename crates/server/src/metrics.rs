@@ -77,6 +77,7 @@ pub(crate) enum Outcome {
     Length,
     Error,
     Cancelled,
+    TimedOut,
 }
 
 impl Outcome {
@@ -86,6 +87,7 @@ impl Outcome {
             Outcome::Length => "length",
             Outcome::Error => "error",
             Outcome::Cancelled => "cancelled",
+            Outcome::TimedOut => "timeout",
         }
     }
 }
@@ -178,11 +180,11 @@ impl ServerMetrics {
         header(
             &mut out,
             "pagekv_generations_finished_total",
-            "Generations by how they ended (stop, length, error, cancelled).",
+            "Generations by how they ended (stop, length, error, cancelled, timeout).",
             "counter",
         );
         let finished = self.finished.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        for outcome in [Outcome::Stop, Outcome::Length, Outcome::Error, Outcome::Cancelled] {
+        for outcome in [Outcome::Stop, Outcome::Length, Outcome::Error, Outcome::Cancelled, Outcome::TimedOut] {
             let n = finished.get(&outcome).copied().unwrap_or(0);
             let _ = writeln!(out, "pagekv_generations_finished_total{{reason=\"{}\"}} {n}", outcome.as_str());
         }

@@ -49,6 +49,10 @@ pub struct ServerConfig {
     /// After shutdown is requested, how long in-flight requests may run before they are
     /// cancelled.
     pub grace_period: Duration,
+    /// Longest a generation may run, from arrival to its last token (`--request-timeout`);
+    /// past it the request is cancelled (its blocks freed within one engine step) and the
+    /// client gets 504 `request_timeout`. `None`: no limit.
+    pub request_timeout: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -59,6 +63,7 @@ impl Default for ServerConfig {
             api_key: None,
             max_body_bytes: 4 << 20,
             grace_period: Duration::from_secs(10),
+            request_timeout: None,
         }
     }
 }
@@ -84,6 +89,7 @@ pub(crate) struct AppState {
     pub(crate) max_body_bytes: usize,
     /// Becomes `true` when the grace period is over: generations stop and report it.
     pub(crate) cancel: watch::Receiver<bool>,
+    pub(crate) request_timeout: Option<Duration>,
     /// Set when shutdown was requested (`/health` answers 503 from then on).
     pub(crate) draining: AtomicBool,
     /// Unix time of start, reported as the model's `created`.
@@ -128,6 +134,7 @@ impl Server {
             api_key: config.api_key,
             max_body_bytes: config.max_body_bytes,
             cancel,
+            request_timeout: config.request_timeout,
             draining: AtomicBool::new(false),
             started_unix: unix_now(),
             next_id: AtomicU64::new(0),

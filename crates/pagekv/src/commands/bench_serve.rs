@@ -149,6 +149,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
             api_key: None,
             max_body_bytes: 16 << 20,
             grace_period: Duration::ZERO,
+            request_timeout: None,
         };
         let server = Server::bind(server_config, backend).await?;
         let addr = server.local_addr()?;

@@ -50,6 +50,10 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 10.0)]
     pub grace_period: f64,
+    /// Seconds a request may run, arrival to last token; past it the request is cancelled and
+    /// answered 504 `request_timeout` (0: no limit) [env: PAGEKV_REQUEST_TIMEOUT].
+    #[arg(long, env = "PAGEKV_REQUEST_TIMEOUT", hide_env = true, default_value_t = 0.0)]
+    pub request_timeout: f64,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -70,6 +74,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let config =
         EngineConfig { cache, max_batch_tokens: a.max_batch_tokens as usize, max_seqs: a.max_seqs as usize, bank };
     let grace = seconds(a.grace_period, "--grace-period")?;
+    let request_timeout = Some(seconds(a.request_timeout, "--request-timeout")?).filter(|t| !t.is_zero());
     let model_id = model_id(&loaded.path);
     let tokenizer = Arc::new(loaded.tokenizer);
     let engine = Engine::start(loaded.model, tokenizer.clone(), config)?;
@@ -90,6 +95,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         api_key: a.api_key.filter(|k| !k.is_empty()),
         max_body_bytes: a.max_body_bytes,
         grace_period: grace,
+        request_timeout,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let result = runtime.block_on(async move {

@@ -373,3 +373,39 @@ async fn shutdown_cancels_what_outlives_the_grace_period() {
     server.shutdown().await.expect("clean shutdown");
     backend.wait_until("backend sees both cancellations", |b| b.cancellations() == 2).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Request timeout
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_timeout_are_cancelled_and_answered_504() {
+    let config = ServerConfig { request_timeout: Some(Duration::from_millis(300)), ..Default::default() };
+    let server = TestServer::with(config, slow(1_000_000, 10)).await;
+    // Not streaming: 504 with the OpenAI error shape, and the backend sees the cancellation.
+    let r = within("non-streaming answer", server.post("/v1/chat/completions", &chat(false))).await;
+    assert_eq!(r.status, 504, "{}", r.text());
+    let e = r.json();
+    assert_eq!(
+        (e["error"]["code"].as_str(), e["error"]["type"].as_str()),
+        (Some("request_timeout"), Some("server_error"))
+    );
+    server.backend.wait_until("backend sees the cancellation", |b| b.cancellations() == 1).await;
+    // Streaming: tokens flow until the deadline, then an error event and [DONE].
+    let (status, mut reader) = server.open_stream("/v1/chat/completions", &chat(true)).await;
+    assert_eq!(status, 200);
+    let events = within("stream ends at the deadline", reader.read_all()).await;
+    let (done, rest) = events.split_last().unwrap();
+    assert_eq!(done.data, "[DONE]");
+    assert!(rest.len() > 2, "some tokens came before the deadline: {}", rest.len());
+    assert_eq!(rest.last().unwrap().json()["error"]["code"], "request_timeout");
+    server.backend.wait_until("backend sees both cancellations", |b| b.cancellations() == 2).await;
+    let m = parse_metrics(&server.get("/metrics").await.text());
+    assert_eq!(m.value("pagekv_generations_finished_total", &[("reason", "timeout")]), 2.0);
+    // A request that finishes in time is unaffected.
+    drop(server);
+    let config = ServerConfig { request_timeout: Some(Duration::from_secs(30)), ..Default::default() };
+    let server = TestServer::with(config, slow(5, 1)).await;
+    let r = server.post("/v1/chat/completions", &chat(false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["message"]["content"], expected_text(5));
+}
