@@ -30,6 +30,7 @@
 //! the query and un-rotate the output instead of touching the keys.
 
 pub mod bench;
+pub mod ggml;
 mod group;
 pub mod partitioned;
 pub mod primitive;

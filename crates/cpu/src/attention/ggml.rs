@@ -1,0 +1,796 @@
+//! ggml-compatible attention numerics (opt-in, `PAGEKV_ATTN_NUMERICS=ggml`): attention over an
+//! f16 KV cache rounded step by step as llama.cpp's CPU backend rounds it, so a model run here
+//! can agree with llama.cpp to the last bit instead of to the last few tenths of a logit.
+//!
+//! What llama.cpp computes (llama-cpp-python 0.3.36 as the golden data in ../shared/reference
+//! was made: `flash_attn` off, an f16 cache with V stored transposed, ggml-cpu built with GCC for
+//! AVX-512; its `llama-graph.cpp` `build_attn_mha`, ggml-cpu `ggml_compute_forward_mul_mat`,
+//! `llamafile/sgemm.cpp` `tinyBLAS`, `vec.cpp` `ggml_vec_dot_f16` / `ggml_vec_soft_max_f32`,
+//! `vec.h` `ggml_v_expf`, `ops.cpp` `ggml_compute_forward_soft_max_f32`):
+//!
+//! 1. `kq = mul_mat(K, Q)`: Q is converted to f16 (round to nearest even), each score is an f32
+//!    dot product of f16 values (every product exact, so only the summation order rounds).
+//! 2. `soft_max_ext(kq, mask, scale)`: `w = score · scale` in f32; `e = ggml_v_expf(w − max)`;
+//!    the denominator sums `e` 16 positions at a time (an f32 tree per 16, then f64);
+//!    `p = e · f32(1 / sum)`.
+//! 3. `kqv = mul_mat(V, p)`: p is converted to f16 and each output is an f32 dot product over
+//!    the positions (exact products again; only the order rounds).
+//!
+//! The summation order of both products depends on how many query tokens the batch holds:
+//! with several (prefill), tinyBLAS accumulates 16 lanes, lane `i mod 16` taking element `i`,
+//! then folds them (`_mm512_reduce_add_ps`); with one (decode), `ggml_vec_dot_f16` keeps four
+//! 16-lane accumulators over steps of 64 and folds `(a0 + a2) + (a1 + a3)` first. Positions
+//! index the lanes from 0 (llama.cpp's cache cells, which for one sequence are its positions),
+//! and masked positions add exact zeros, so the cache's padding does not matter.
+//!
+//! [`GgmlSteps`] switches each rounding step on or off (off = that step computed in f64 and
+//! rounded once, or not rounded at all): the golden tests use it to measure which step accounts
+//! for how much of the disagreement with llama.cpp. Only f16 caches (unrotated) are served;
+//! any other format is a configuration error. The kernel is scalar (it is a reference of
+//! llama.cpp's numerics, not a fast path), parallel over (sequence, kv head) on the thread pool.
+
+use half::f16;
+use kvcache::{AttentionRoute, CacheCounters, KvFormat, LayerView, NULL_BLOCK};
+
+use super::group::QueryBounds;
+use super::{AttentionError, AttentionParams, PoolHandle};
+
+/// Environment variable choosing the attention numerics.
+pub const ATTN_NUMERICS_ENV: &str = "PAGEKV_ATTN_NUMERICS";
+/// Accepted values of [`ATTN_NUMERICS_ENV`].
+pub const ATTN_NUMERICS_VALUES: &str = "fast, ggml";
+
+/// Which rounding steps of llama.cpp's attention to reproduce; see the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GgmlSteps {
+    /// Q converted to f16 before `K·Q` (off: f32 queries).
+    pub f16_query: bool,
+    /// `K·Q` summed in ggml's f32 order (off: in f64, rounded once).
+    pub kq_order: bool,
+    /// `ggml_v_expf` (off: `exp` in f64, rounded once).
+    pub expf: bool,
+    /// The softmax denominator summed per 16 positions in f32, then in f64 (off: all in f64).
+    pub sum_order: bool,
+    /// Probabilities converted to f16 before `V·p` (off: kept in f32).
+    pub f16_probs: bool,
+    /// `V·p` summed in ggml's f32 order (off: in f64, rounded once).
+    pub kqv_order: bool,
+}
+
+impl GgmlSteps {
+    /// Every step as llama.cpp rounds it.
+    pub const ALL: GgmlSteps =
+        GgmlSteps { f16_query: true, kq_order: true, expf: true, sum_order: true, f16_probs: true, kqv_order: true };
+    /// No step: f64 sums, exact `exp`, f32 queries and probabilities (normalized before `V·p`).
+    pub const NONE: GgmlSteps = GgmlSteps {
+        f16_query: false,
+        kq_order: false,
+        expf: false,
+        sum_order: false,
+        f16_probs: false,
+        kqv_order: false,
+    };
+    /// The step names, in field order (for ablation tables).
+    pub const NAMES: [&'static str; 6] = ["f16_query", "kq_order", "expf", "sum_order", "f16_probs", "kqv_order"];
+
+    /// The steps as flags, in [`Self::NAMES`] order.
+    pub fn flags(&self) -> [bool; 6] {
+        [self.f16_query, self.kq_order, self.expf, self.sum_order, self.f16_probs, self.kqv_order]
+    }
+
+    /// The steps from flags in [`Self::NAMES`] order.
+    pub fn from_flags(f: [bool; 6]) -> GgmlSteps {
+        GgmlSteps { f16_query: f[0], kq_order: f[1], expf: f[2], sum_order: f[3], f16_probs: f[4], kqv_order: f[5] }
+    }
+}
+
+/// How attention rounds: the fast kernels' own numerics, or llama.cpp's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AttnNumerics {
+    /// The router's kernels (`PAGEKV_ATTN_IMPL`).
+    #[default]
+    Fast,
+    /// The scalar kernel of this module with these steps ([`GgmlSteps::ALL`] for `ggml`).
+    Ggml(GgmlSteps),
+}
+
+impl AttnNumerics {
+    /// Parses a `PAGEKV_ATTN_NUMERICS` / `--attn-numerics` value.
+    pub fn parse(value: &str) -> Result<AttnNumerics, AttentionError> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "fast" => Ok(AttnNumerics::Fast),
+            "ggml" => Ok(AttnNumerics::Ggml(GgmlSteps::ALL)),
+            _ => Err(AttentionError::Config {
+                name: ATTN_NUMERICS_ENV,
+                value: value.to_string(),
+                accepted: ATTN_NUMERICS_VALUES.to_string(),
+            }),
+        }
+    }
+
+    /// Reads `PAGEKV_ATTN_NUMERICS` (default [`AttnNumerics::Fast`]).
+    pub fn from_env() -> Result<AttnNumerics, AttentionError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Like [`Self::from_env`] over any lookup.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<AttnNumerics, AttentionError> {
+        match lookup(ATTN_NUMERICS_ENV) {
+            Some(v) => AttnNumerics::parse(&v),
+            None => Ok(AttnNumerics::Fast),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            AttnNumerics::Fast => "fast",
+            AttnNumerics::Ggml(_) => "ggml",
+        }
+    }
+}
+
+/// The ggml-numerics attention operator: its steps and the thread pool it runs on.
+pub struct GgmlAttention {
+    steps: GgmlSteps,
+    pool: PoolHandle,
+}
+
+impl GgmlAttention {
+    pub fn new(steps: GgmlSteps, pool: impl Into<PoolHandle>) -> GgmlAttention {
+        GgmlAttention { steps, pool: pool.into() }
+    }
+
+    pub fn steps(&self) -> GgmlSteps {
+        self.steps
+    }
+
+    /// Computes attention for every query of `p` over `layer` (an f16 cache) into `out`
+    /// (`[num_seqs, q_len, num_heads, head_dim]`). Counted as the scalar reference route (it is
+    /// one), with the dequantized tokens every path counts.
+    pub fn forward(
+        &self,
+        layer: &LayerView,
+        p: &AttentionParams,
+        counters: &CacheCounters,
+        out: &mut [f32],
+    ) -> Result<AttentionRoute, AttentionError> {
+        check(layer, p, out)?;
+        let hkv = layer.num_kv_heads;
+        let out_ptr = SharedOut(out.as_mut_ptr());
+        let steps = self.steps;
+        self.pool.run(p.num_seqs * hkv, |task, _thread| {
+            let (seq, kv_head) = (task / hkv, task % hkv);
+            // SAFETY: each (seq, kv_head) task writes only its own query heads' rows of `out`,
+            // which `check` sized to `[num_seqs, q_len, num_heads, head_dim]`.
+            unsafe { group(layer, p, steps, seq, kv_head, out_ptr) };
+        });
+        counters.count_route(AttentionRoute::Reference);
+        let read: usize = (0..p.num_seqs).map(|s| QueryBounds::of(p, s).read_range().len()).sum();
+        CacheCounters::add(&counters.dequantized_tokens, (read * hkv) as u64);
+        Ok(AttentionRoute::Reference)
+    }
+}
+
+/// [`GgmlAttention::forward`] on the calling thread (tests, one-off use).
+pub fn attention(
+    layer: &LayerView,
+    p: &AttentionParams,
+    steps: GgmlSteps,
+    out: &mut [f32],
+) -> Result<(), AttentionError> {
+    check(layer, p, out)?;
+    let out_ptr = SharedOut(out.as_mut_ptr());
+    for seq in 0..p.num_seqs {
+        for kv_head in 0..layer.num_kv_heads {
+            // SAFETY: as in `GgmlAttention::forward`, on one thread.
+            unsafe { group(layer, p, steps, seq, kv_head, out_ptr) };
+        }
+    }
+    Ok(())
+}
+
+/// The output buffer shared by the tasks, each writing disjoint rows.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: tasks write disjoint rows (see `GgmlAttention::forward`).
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+/// Checks shapes, the format and every block the call reads.
+fn check(layer: &LayerView, p: &AttentionParams, out: &[f32]) -> Result<(), AttentionError> {
+    if layer.format != KvFormat::F16 || layer.rotation.is_some() {
+        return Err(AttentionError::Config {
+            name: ATTN_NUMERICS_ENV,
+            value: "ggml".into(),
+            accepted: format!("fast (ggml numerics need an f16 KV cache; this one is {})", layer.format.name()),
+        });
+    }
+    let (hkv, d, bs) = (layer.num_kv_heads, layer.head_dim, layer.block_size);
+    if hkv == 0 || p.num_heads == 0 || p.num_heads % hkv != 0 {
+        return Err(AttentionError::HeadGroup { num_heads: p.num_heads, num_kv_heads: hkv });
+    }
+    if d == 0 || bs == 0 {
+        return Err(AttentionError::Layer(format!("head_dim {d}, block_size {bs}")));
+    }
+    if p.q_len == 0 {
+        return Err(AttentionError::Shape { what: "q_len", expected: 1, got: 0 });
+    }
+    let n = p.num_seqs * p.q_len * p.num_heads * d;
+    for (what, got) in [("queries", p.queries.len()), ("out", out.len())] {
+        if got != n {
+            return Err(AttentionError::Shape { what, expected: n, got });
+        }
+    }
+    for (what, got) in [("block_tables", p.block_tables.len()), ("context_lens", p.context_lens.len())] {
+        if got != p.num_seqs {
+            return Err(AttentionError::Shape { what, expected: p.num_seqs, got });
+        }
+    }
+    if p.sliding_window == Some(0) {
+        return Err(AttentionError::ZeroWindow);
+    }
+    let row_bytes = hkv * 2 * d; // one slot of one plane: [num_kv_heads, head_dim] f16
+    for (side, plane) in [("K", &layer.keys), ("V", &layer.values)] {
+        if plane.code_bytes != 2 * d || plane.num_kv_heads != hkv || plane.codes.len() % (bs * row_bytes) != 0 {
+            return Err(AttentionError::Layer(format!("{side} plane is not an f16 plane of whole blocks")));
+        }
+    }
+    let num_blocks = layer.keys.codes.len() / (bs * row_bytes);
+    if layer.values.codes.len() / (bs * row_bytes) != num_blocks {
+        return Err(AttentionError::Layer("K and V planes hold different slot counts".into()));
+    }
+    for seq in 0..p.num_seqs {
+        let ctx = p.context_lens[seq];
+        if ctx < p.q_len {
+            return Err(AttentionError::ContextTooShort { seq, context_len: ctx, q_len: p.q_len });
+        }
+        let table = p.block_tables[seq];
+        let needed = ctx.div_ceil(bs);
+        if table.len() < needed {
+            return Err(AttentionError::BlockTableShort { seq, needed, len: table.len() });
+        }
+        let range = QueryBounds::of(p, seq).read_range();
+        for logical in range.start / bs..needed {
+            let block = table[logical];
+            if block == NULL_BLOCK || block as usize >= num_blocks {
+                return Err(AttentionError::BadBlock { seq, logical, block, num_blocks });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Attention of every query row of (`seq`, `kv_head`), written to its rows of `out`.
+///
+/// # Safety
+/// `out` points to `[num_seqs, q_len, num_heads, head_dim]` floats that no other thread writes
+/// in this group's rows; `check` passed.
+unsafe fn group(layer: &LayerView, p: &AttentionParams, steps: GgmlSteps, seq: usize, kv_head: usize, out: SharedOut) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("fma") {
+        // SAFETY: FMA was detected on this CPU; the caller upholds the rest.
+        unsafe { group_fma(layer, p, steps, seq, kv_head, out) };
+        return;
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { group_body(layer, p, steps, seq, kv_head, out) }
+}
+
+/// [`group_body`] compiled with FMA instructions (elsewhere `mul_add` is a libm call).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn group_fma(
+    layer: &LayerView,
+    p: &AttentionParams,
+    steps: GgmlSteps,
+    seq: usize,
+    kv_head: usize,
+    out: SharedOut,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { group_body(layer, p, steps, seq, kv_head, out) }
+}
+
+#[inline(always)]
+unsafe fn group_body(
+    layer: &LayerView,
+    p: &AttentionParams,
+    steps: GgmlSteps,
+    seq: usize,
+    kv_head: usize,
+    out: SharedOut,
+) {
+    let (d, bs) = (layer.head_dim, layer.block_size);
+    let g = p.num_heads / layer.num_kv_heads;
+    let bounds = QueryBounds::of(p, seq);
+    let table = p.block_tables[seq];
+    let range = bounds.read_range();
+    let (t0, n) = (range.start, range.len());
+    // ggml picks tinyBLAS (16 lanes) for a batch of several query tokens, ggml_vec_dot_f16
+    // (4 × 16 lanes) for one; tinyBLAS wants k % 16 == 0 (K·Q) and m % 4 == 0 (V·p).
+    let batch = p.num_seqs * p.q_len > 1;
+    let kq_tiny = batch && d % 16 == 0;
+    let kqv_tiny = batch && d % 4 == 0;
+
+    // Decoded keys and values of the positions read (f16 values, exact in f32).
+    let mut keys = vec![0f32; n * d]; // [n, head_dim]
+    let mut values = vec![0f32; n * d]; // [n, head_dim]
+    for (j, pos) in range.clone().enumerate() {
+        let slot = table[pos / bs] as usize * bs + pos % bs;
+        layer.keys.decode(slot, kv_head, &mut keys[j * d..(j + 1) * d]);
+        layer.values.decode(slot, kv_head, &mut values[j * d..(j + 1) * d]);
+    }
+    let mut q = vec![0f32; d]; // [head_dim]
+    let mut e = vec![0f32; n]; // [n] scores, then exponentials, then probabilities
+    let mut lanes = vec![0f32; 64 * d]; // [64, head_dim] V·p accumulators (lane-major)
+    let mut wide = vec![0f64; d]; // [head_dim] f64 V·p (kqv_order off)
+    let mut o = vec![0f32; d]; // [head_dim]
+    for i in 0..p.q_len {
+        let (lo, hi) = bounds.keys_of(i);
+        for h in 0..g {
+            let head = kv_head * g + h;
+            let src = ((seq * p.q_len + i) * p.num_heads + head) * d;
+            q.copy_from_slice(&p.queries[src..src + d]);
+            if steps.f16_query {
+                for x in q.iter_mut() {
+                    *x = f16::from_f32(*x).to_f32();
+                }
+            }
+            // Scores of the visible positions, scaled (ggml_vec_scale_f32 after the product).
+            let vis = lo - t0..hi - t0;
+            let mut max = f32::NEG_INFINITY;
+            for j in vis.clone() {
+                let k = &keys[j * d..(j + 1) * d];
+                let s = match (steps.kq_order, kq_tiny) {
+                    (true, true) => dot_tinyblas(&q, k),
+                    (true, false) => dot_vec_f16(&q, k),
+                    (false, _) => dot_f64(&q, k),
+                };
+                let w = s * p.scale;
+                e[j] = w;
+                max = max.max(w);
+            }
+            for j in vis.clone() {
+                let x = e[j] - max;
+                e[j] = if steps.expf { expf(x) } else { (x as f64).exp() as f32 };
+            }
+            let sum = if steps.sum_order {
+                softmax_sum(&e[vis.clone()], lo)
+            } else {
+                e[vis.clone()].iter().map(|&v| v as f64).sum()
+            };
+            let inv = (1.0 / sum) as f32;
+            for v in &mut e[vis.clone()] {
+                *v *= inv;
+                if steps.f16_probs {
+                    *v = f16::from_f32(*v).to_f32();
+                }
+            }
+            // V·p.
+            let probs = &e[vis.clone()];
+            let vals = &values[vis.start * d..vis.end * d];
+            match (steps.kqv_order, kqv_tiny) {
+                (true, true) => pv_lanes::<16>(probs, vals, lo, d, &mut lanes, &mut o),
+                (true, false) => pv_lanes::<64>(probs, vals, lo, d, &mut lanes, &mut o),
+                (false, _) => {
+                    wide.fill(0.0);
+                    for (&pr, v) in probs.iter().zip(vals.chunks_exact(d)) {
+                        for (w, &x) in wide.iter_mut().zip(v) {
+                            *w += pr as f64 * x as f64;
+                        }
+                    }
+                    for (dst, &w) in o.iter_mut().zip(&wide) {
+                        *dst = w as f32;
+                    }
+                }
+            }
+            // SAFETY: this row belongs to this group (see `group`).
+            unsafe { std::ptr::copy_nonoverlapping(o.as_ptr(), out.0.add(src), d) };
+        }
+    }
+}
+
+/// GCC's `_mm512_reduce_add_ps`: halves folded pairwise, `(x[i] + x[i+8])`, then
+/// `(y[i] + y[i+4])`, `(z[i] + z[i+2])`, `z[0] + z[1]`.
+#[inline(always)]
+pub fn reduce16(x: &[f32; 16]) -> f32 {
+    let mut y = [0f32; 8];
+    for i in 0..8 {
+        y[i] = x[i + 8] + x[i];
+    }
+    let z = [y[4] + y[0], y[5] + y[1], y[6] + y[2], y[7] + y[3]];
+    (z[0] + z[2]) + (z[1] + z[3])
+}
+
+/// tinyBLAS's f32 dot product (`KN = 16`, `a.len() % 16 == 0`): lane `l` accumulates
+/// `a[l + 16c] · b[l + 16c]` by FMA in order of `c`, then [`reduce16`].
+#[inline(always)]
+pub fn dot_tinyblas(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert!(a.len() == b.len() && a.len() % 16 == 0);
+    let mut acc = [0f32; 16];
+    for (ca, cb) in a.chunks_exact(16).zip(b.chunks_exact(16)) {
+        for l in 0..16 {
+            acc[l] = ca[l].mul_add(cb[l], acc[l]);
+        }
+    }
+    reduce16(&acc)
+}
+
+/// `ggml_vec_dot_f16` on AVX-512: four 16-lane accumulators over steps of 64 (element `i` in
+/// accumulator `(i mod 64) / 16`, lane `i mod 16`), folded `(a0 + a2) + (a1 + a3)`, then
+/// [`reduce16`]; the elements past the last whole step are added one by one in f64.
+#[inline(always)]
+pub fn dot_vec_f16(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let n = a.len();
+    let np = n & !63;
+    let mut acc = [[0f32; 16]; 4];
+    for (sa, sb) in a[..np].chunks_exact(64).zip(b[..np].chunks_exact(64)) {
+        for j in 0..4 {
+            for l in 0..16 {
+                acc[j][l] = sa[16 * j + l].mul_add(sb[16 * j + l], acc[j][l]);
+            }
+        }
+    }
+    let mut x = [0f32; 16];
+    for l in 0..16 {
+        x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let mut s = reduce16(&x) as f64;
+    for i in np..n {
+        s += (a[i] * b[i]) as f64;
+    }
+    s as f32
+}
+
+/// The dot product in f64, rounded once.
+fn dot_f64(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum::<f64>() as f32
+}
+
+/// `ggml_vec_soft_max_f32`'s denominator for exponentials `e` of positions `first..`: positions
+/// are grouped by 16 from 0, each group summed by [`reduce16`] (positions outside `e` count 0)
+/// and the groups added in f64.
+pub fn softmax_sum(e: &[f32], first: usize) -> f64 {
+    let mut sum = 0f64;
+    let mut j = 0;
+    while j < e.len() {
+        let lane0 = (first + j) % 16;
+        let take = (16 - lane0).min(e.len() - j);
+        let mut x = [0f32; 16];
+        x[lane0..lane0 + take].copy_from_slice(&e[j..j + take]);
+        sum += reduce16(&x) as f64;
+        j += take;
+    }
+    sum
+}
+
+/// `V·p` in ggml's order with `L` accumulator lanes over positions (16: tinyBLAS; 64:
+/// `ggml_vec_dot_f16`'s four 16-lane accumulators), position `t` in lane `t mod L`, each lane
+/// accumulating by FMA in position order; then the lanes are folded as the kernel folds them.
+/// `probs` `[n]` and `vals` `[n, d]` are positions `first..first + n`; `lanes` is `[64, d]`.
+#[inline(always)]
+fn pv_lanes<const L: usize>(probs: &[f32], vals: &[f32], first: usize, d: usize, lanes: &mut [f32], o: &mut [f32]) {
+    let lanes = &mut lanes[..L * d];
+    lanes.fill(0.0);
+    for (j, (&pr, v)) in probs.iter().zip(vals.chunks_exact(d)).enumerate() {
+        let l = (first + j) % L;
+        for (a, &x) in lanes[l * d..(l + 1) * d].iter_mut().zip(v) {
+            *a = x.mul_add(pr, *a);
+        }
+    }
+    for (dim, dst) in o.iter_mut().enumerate() {
+        let lane = |l: usize| lanes[l * d + dim];
+        let mut x = [0f32; 16];
+        for (l, xl) in x.iter_mut().enumerate() {
+            *xl = if L == 16 { lane(l) } else { (lane(l) + lane(l + 32)) + (lane(l + 16) + lane(l + 48)) };
+        }
+        *dst = reduce16(&x);
+    }
+}
+
+// Constants of ggml_v_expf (the C source writes them as hex floats).
+/// `0x1.8p23`: adding it rounds to an integer in the low mantissa bits.
+const SHIFT: f32 = f32::from_bits(0x4b40_0000);
+/// `0x1.715476p+0` ≈ 1 / ln 2.
+const INV_LN2: f32 = f32::from_bits(0x3fb8_aa3b);
+/// `0x1.62e4p-1` and `0x1.7f7d1cp-20`: ln 2 split in a high and a low part.
+const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
+const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
+/// Polynomial coefficients `0x1.0e4020p-7`, `0x1.573e2ep-5`, `0x1.555e66p-3`, `0x1.fffdb6p-2`,
+/// `0x1.ffffecp-1`.
+const C5: f32 = f32::from_bits(0x3c07_2010);
+const C4: f32 = f32::from_bits(0x3d2b_9f17);
+const C3: f32 = f32::from_bits(0x3e2a_af33);
+const C2: f32 = f32::from_bits(0x3eff_fedb);
+const C1: f32 = f32::from_bits(0x3f7f_fff6);
+
+/// ggml's AVX-512 `ggml_v_expf` for one lane: `e^x = 2^n · (1 + p(b))`, `n = round(x / ln 2)`,
+/// `b = x − n ln 2`, the scaling by `2^n` rounded once (`vscalefps`); 0 or ∞ past `|n| > 192`.
+/// Within about 2 ulp of `e^x`.
+#[inline(always)]
+pub fn expf(x: f32) -> f32 {
+    let z = x.mul_add(INV_LN2, SHIFT);
+    let n = z - SHIFT;
+    let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+    let u = b * b;
+    let j = C5.mul_add(b, C4).mul_add(u, C3.mul_add(b, C2)).mul_add(u, C1.mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    // j · 2^n rounded once: exact in f64, then one rounding to f32 (subnormals included).
+    (j as f64 * 2f64.powi(n as i32)) as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::reference;
+    use kvcache::{HostPages, PageGeometry, PageStore};
+    use rand::rngs::StdRng;
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+
+    struct Case {
+        head_dim: usize,
+        hkv: usize,
+        group: usize,
+        q_len: usize,
+        contexts: Vec<usize>,
+        causal: bool,
+        window: Option<usize>,
+        format: KvFormat,
+    }
+
+    struct Built {
+        pages: HostPages,
+        tables: Vec<Vec<u32>>,
+        queries: Vec<f32>,
+    }
+
+    const BS: usize = 16;
+
+    fn build(c: &Case, seed: u64) -> Built {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let normal = |rng: &mut StdRng| -> f32 {
+            // Box–Muller: a normal sample from two uniforms.
+            let (u, v): (f64, f64) = (rng.gen_range(1e-12..1.0), rng.gen());
+            ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+        };
+        let needed: usize = c.contexts.iter().map(|x| x.div_ceil(BS)).sum();
+        let num_blocks = 2 * needed + 1;
+        let geometry = PageGeometry {
+            num_layers: 1,
+            num_blocks,
+            block_size: BS,
+            num_kv_heads: c.hkv,
+            head_dim: c.head_dim,
+            format: c.format,
+            rotation_seed: seed,
+        };
+        let mut pages = HostPages::new(geometry);
+        let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+        ids.shuffle(&mut rng);
+        let row = c.hkv * c.head_dim;
+        // Spare blocks hold large values, so reading a wrong one shows.
+        for &b in &ids[needed..] {
+            let slots: Vec<u32> = (0..BS as u32).map(|i| b * BS as u32 + i).collect();
+            let junk: Vec<f32> = (0..BS * row).map(|_| 1e3 * normal(&mut rng)).collect();
+            pages.write(0, &slots, &junk, &junk);
+        }
+        let mut next = 0;
+        let mut tables = Vec::new();
+        for &ctx in &c.contexts {
+            let table = ids[next..next + ctx.div_ceil(BS)].to_vec();
+            next += table.len();
+            let k: Vec<f32> = (0..ctx * row).map(|_| normal(&mut rng)).collect();
+            let v: Vec<f32> = (0..ctx * row).map(|_| normal(&mut rng)).collect();
+            let slots: Vec<u32> = (0..ctx).map(|p| table[p / BS] * BS as u32 + (p % BS) as u32).collect();
+            pages.write(0, &slots, &k, &v);
+            tables.push(table);
+        }
+        let n = c.contexts.len() * c.q_len * c.hkv * c.group * c.head_dim;
+        // Queries ~ 3·N(0,1): peaky softmax, outputs O(1).
+        let queries = (0..n).map(|_| 3.0 * normal(&mut rng)).collect();
+        Built { pages, tables, queries }
+    }
+
+    /// Runs `c` through the reference and the ggml kernel with `steps`; returns the worst
+    /// `‖ggml − ref‖∞ / ‖ref‖∞` over output head vectors.
+    fn rel_error(c: &Case, steps: GgmlSteps, seed: u64) -> f32 {
+        let b = build(c, seed);
+        let tables: Vec<&[u32]> = b.tables.iter().map(|t| t.as_slice()).collect();
+        let p = AttentionParams {
+            queries: &b.queries,
+            num_seqs: c.contexts.len(),
+            q_len: c.q_len,
+            num_heads: c.hkv * c.group,
+            block_tables: &tables,
+            context_lens: &c.contexts,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            sliding_window: c.window,
+            causal: c.causal,
+        };
+        let layer = b.pages.layer(0);
+        let mut want = vec![f32::NAN; b.queries.len()];
+        reference::attention(&layer, &p, &mut want);
+        let mut got = vec![f32::NAN; b.queries.len()];
+        attention(&layer, &p, steps, &mut got).unwrap();
+        // The pooled path computes the same bits.
+        let pool = crate::threadpool::ThreadPool::new(2);
+        let mut pooled = vec![f32::NAN; b.queries.len()];
+        let counters = CacheCounters::default();
+        GgmlAttention::new(steps, std::sync::Arc::new(pool)).forward(&layer, &p, &counters, &mut pooled).unwrap();
+        assert_eq!(
+            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            pooled.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        let mut worst = 0f32;
+        for (a, w) in got.chunks(c.head_dim).zip(want.chunks(c.head_dim)) {
+            let scale = w.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+            let err = a.iter().zip(w).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            worst = worst.max(if err.is_nan() { f32::INFINITY } else { err / scale });
+        }
+        worst
+    }
+
+    fn cases() -> Vec<Case> {
+        let mut v = Vec::new();
+        for (head_dim, hkv, group) in [(64, 3, 3), (80, 2, 1), (128, 1, 4), (96, 2, 2)] {
+            for (q_len, causal) in [(1, false), (7, true), (33, true)] {
+                for window in [None, Some(40)] {
+                    v.push(Case {
+                        head_dim,
+                        hkv,
+                        group,
+                        q_len,
+                        contexts: vec![300, 41 + q_len],
+                        causal,
+                        window,
+                        format: KvFormat::F16,
+                    });
+                }
+            }
+        }
+        v.push(Case {
+            head_dim: 64,
+            hkv: 1,
+            group: 2,
+            q_len: 1,
+            contexts: vec![1, 17, 64, 65],
+            causal: false,
+            window: None,
+            format: KvFormat::F16,
+        });
+        v
+    }
+
+    #[test]
+    fn ggml_numerics_stay_within_f16_rounding_of_the_reference() {
+        // With every step on, the error is that of f16 queries and f16 probabilities (each a
+        // relative 2^-11 at most; measured up to 1.8e-3 of the head's largest output); the
+        // summation orders add f32 rounding only.
+        let mut worst = 0f32;
+        for (i, c) in cases().iter().enumerate() {
+            let e = rel_error(c, GgmlSteps::ALL, 100 + i as u64);
+            assert!(e < 5e-3, "case {i} (head_dim {}, q_len {}): {e}", c.head_dim, c.q_len);
+            worst = worst.max(e);
+        }
+        eprintln!("ggml numerics vs reference: worst relative error {worst:.2e}");
+        // The f16 steps do show (the queries' rounding moves the scores by up to ~1e-3·|q||k|).
+        assert!(worst > 1e-5, "{worst}");
+    }
+
+    #[test]
+    fn without_the_f16_steps_ggml_numerics_match_the_reference_to_f32_rounding() {
+        // Measured up to 1.2e-6 (f32 orders) and 6.4e-7 (no step).
+        let steps = GgmlSteps { f16_query: false, f16_probs: false, ..GgmlSteps::ALL };
+        for (i, c) in cases().iter().enumerate() {
+            let e = rel_error(c, steps, 200 + i as u64);
+            assert!(e < 3e-6, "case {i}: {e}");
+            let e2 = rel_error(c, GgmlSteps::NONE, 300 + i as u64);
+            assert!(e2 < 1.5e-6, "case {i} (no step): {e2}");
+        }
+    }
+
+    #[test]
+    fn every_step_changes_some_output_bits() {
+        // A step whose switch changes nothing would be a step the ablation cannot measure.
+        let c = &cases()[2]; // head_dim 64, q_len 7, causal
+        let b = build(c, 7);
+        let tables: Vec<&[u32]> = b.tables.iter().map(|t| t.as_slice()).collect();
+        let p = AttentionParams {
+            queries: &b.queries,
+            num_seqs: c.contexts.len(),
+            q_len: c.q_len,
+            num_heads: c.hkv * c.group,
+            block_tables: &tables,
+            context_lens: &c.contexts,
+            scale: 0.125,
+            sliding_window: None,
+            causal: true,
+        };
+        let layer = b.pages.layer(0);
+        let run = |steps: GgmlSteps| {
+            let mut o = vec![f32::NAN; b.queries.len()];
+            attention(&layer, &p, steps, &mut o).unwrap();
+            o
+        };
+        // The f16 probabilities round away most 1-ulp changes before them, so the other steps
+        // are switched against a base without them.
+        let without_f16_probs = GgmlSteps { f16_probs: false, ..GgmlSteps::ALL };
+        for (k, name) in GgmlSteps::NAMES.iter().enumerate() {
+            let base = if *name == "f16_probs" { GgmlSteps::ALL } else { without_f16_probs };
+            let mut f = base.flags();
+            f[k] = false;
+            let (on, off) = (run(base), run(GgmlSteps::from_flags(f)));
+            let changed = on.iter().zip(&off).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert!(changed > 0, "switching {name} off changed nothing");
+        }
+    }
+
+    #[test]
+    fn reduce16_folds_halves_pairwise() {
+        // 2^24 + 1 + 1: the two ones meet first (lanes 1 and 9) and survive; summed left to
+        // right each would be lost to rounding against 2^24.
+        let mut x = [0f32; 16];
+        x[0] = 16_777_216.0;
+        x[1] = 1.0;
+        x[9] = 1.0;
+        assert_eq!(reduce16(&x), 16_777_218.0);
+        assert_eq!(x.iter().sum::<f32>(), 16_777_216.0);
+        // Lanes 0 and 8 meet first: 2^24 + 1 is lost, then the lane-1 one.
+        let mut y = [0f32; 16];
+        y[0] = 16_777_216.0;
+        y[8] = 1.0;
+        y[4] = 1.0;
+        assert_eq!(reduce16(&y), 16_777_216.0);
+    }
+
+    #[test]
+    fn vec_dot_order_folds_accumulators_before_lanes() {
+        // Element i goes to accumulator (i mod 64) / 16; accumulators 0 and 2 are added first.
+        let mut a = vec![0f32; 64];
+        let b = vec![1f32; 64];
+        a[0] = 16_777_216.0;
+        a[32] = 1.0; // accumulator 2, lane 0: lost against 2^24
+        a[16] = 1.0; // accumulator 1, lane 0
+        a[48] = 1.0; // accumulator 3, lane 0: meets the other one first, 2 survives
+        assert_eq!(dot_vec_f16(&a, &b), 16_777_218.0);
+        // tinyBLAS adds them to lane 0 in order: every one is lost.
+        assert_eq!(dot_tinyblas(&a, &b), 16_777_216.0);
+        // Leftovers past 64 are added in f64.
+        let mut a = vec![0f32; 66];
+        a[0] = 16_777_216.0;
+        a[64] = 1.0;
+        a[65] = 1.0;
+        assert_eq!(dot_vec_f16(&a, &[1f32; 66]), 16_777_218.0);
+    }
+
+    #[test]
+    fn softmax_sum_groups_by_absolute_position() {
+        let e = [16_777_216.0f32, 1.0, 1.0];
+        // Positions 15, 16, 17: the big value is alone in its group, the ones meet.
+        assert_eq!(softmax_sum(&e, 15), 16_777_218.0);
+        // Positions 0, 1, 2, one group: z = [2^24, 1, 1, 0], (2^24 + 1) + (1 + 0) loses both.
+        assert_eq!(softmax_sum(&e, 0), 16_777_216.0);
+    }
+
+    #[test]
+    fn expf_is_within_two_ulp_and_flushes_like_ggml() {
+        let mut rng = StdRng::seed_from_u64(9);
+        for _ in 0..200_000 {
+            let x: f32 = rng.gen_range(-103.0..88.0);
+            let want = (x as f64).exp() as f32;
+            let got = expf(x);
+            let ulp = want.to_bits().abs_diff(got.to_bits());
+            assert!(ulp <= 2, "x {x}: {got} vs {want}");
+        }
+        assert_eq!(expf(0.0), 1.0);
+        // |n| > 192: flushed to 0 below (masked positions, -inf, give exact zeros), ∞ above.
+        assert_eq!(expf(-140.0), 0.0);
+        assert_eq!(expf(f32::NEG_INFINITY), 0.0);
+        assert_eq!(expf(140.0), f32::INFINITY);
+        assert!(expf(-95.0) > 0.0, "subnormal results are kept, not flushed");
+    }
+}
