@@ -158,41 +158,34 @@ impl PlaneRows<'_> {
         unsafe { self.plane.codes.as_ptr().add(i * self.plane.code_bytes) }
     }
 
-    /// Converts the f16 group scales of (`slot`, `kv_head`) into `out` (`[n_scales]`).
-    ///
-    /// # Safety
-    /// F16C available; `slot` inside the plane.
+    /// First group scale of (`slot`, `kv_head`); the heads of a slot follow each other, so the
+    /// next head's scales are `n_scales` further.
     #[inline(always)]
-    unsafe fn scales(&self, slot: usize, kv_head: usize, out: &mut [f32]) {
-        let ns = self.plane.n_scales;
-        let src = &self.plane.scales[self.head_index(slot, kv_head) * ns..][..ns];
-        let out = &mut out[..ns];
-        // SAFETY: 4 halves (8 bytes) read per full quad, inside `src`; F16C per the contract.
-        unsafe {
-            let mut i = 0;
-            while i + 4 <= ns {
-                let h = _mm_loadl_epi64(src.as_ptr().add(i).cast());
-                _mm_storeu_ps(out.as_mut_ptr().add(i), _mm_cvtph_ps(h));
-                i += 4;
-            }
-            for (o, s) in out[i..].iter_mut().zip(&src[i..]) {
-                *o = f16_to_f32(*s);
-            }
-        }
+    fn scale_row(&self, slot: usize, kv_head: usize) -> *const f16 {
+        let i = self.head_index(slot, kv_head);
+        debug_assert!((i + 1) * self.plane.n_scales <= self.plane.scales.len());
+        self.plane.scales.as_ptr().wrapping_add(i * self.plane.n_scales)
     }
 
-    /// Prefetches into L2 the scales of `kv_head` in `slots` (codes are prefetched by the
-    /// kernels, see [`NextRows`]).
+    /// Prefetches into L2 the scales of kv heads `heads` in `slots` (one slot's heads are
+    /// contiguous: a line or two per slot, not one prefetch per head). Codes are prefetched by
+    /// the kernels, see [`NextRows`].
     #[inline(always)]
-    fn prefetch_scales(&self, slots: &[usize], kv_head: usize) {
+    fn prefetch_scales(&self, slots: &[usize], heads: &Range<usize>) {
         let ns = self.plane.n_scales;
-        if ns == 0 {
+        if ns == 0 || heads.is_empty() {
             return;
         }
+        let bytes = heads.len() * ns * 2;
         for &slot in slots {
-            let at = self.plane.scales.as_ptr().wrapping_add(self.head_index(slot, kv_head) * ns);
-            // SAFETY: prefetches are hints and cannot fault.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(at.cast()) };
+            let at = self.scale_row(slot, heads.start).cast::<u8>();
+            let mut off = 0;
+            // SAFETY (loop): prefetches are hints and cannot fault.
+            while off < bytes {
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(off).cast()) };
+                off += 64;
+            }
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(bytes - 1).cast()) };
         }
     }
 
@@ -215,6 +208,43 @@ impl PlaneRows<'_> {
 unsafe fn f16_to_f32(h: f16) -> f32 {
     // SAFETY: F16C per the caller.
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32))) }
+}
+
+/// `out[t · MAX_GROUPS + i] = rows[t][i]` as f32, for `i < ns` and every `t` of `rows`: one
+/// head's group scales of a tile's tokens, each token's `ns` halves at `rows[t]`.
+///
+/// # Safety
+/// F16C available; each `rows[t]` points to `ns` readable halves; `out` holds
+/// `rows.len() · MAX_GROUPS` floats and `ns ≤ MAX_GROUPS`.
+#[inline(always)]
+unsafe fn convert_scales(rows: &[*const f16], ns: usize, out: &mut [f32]) {
+    debug_assert!(ns <= MAX_GROUPS && out.len() >= rows.len() * MAX_GROUPS);
+    let o = out.as_mut_ptr();
+    // SAFETY: reads stay inside each row's `ns` halves (whole quads, then single halves);
+    // writes inside `out` (caller's contract).
+    unsafe {
+        if ns == 4 {
+            for (t, &r) in rows.iter().enumerate() {
+                _mm_storeu_ps(o.add(t * MAX_GROUPS), _mm_cvtph_ps(_mm_loadl_epi64(r.cast())));
+            }
+            return;
+        }
+        for (t, &r) in rows.iter().enumerate() {
+            let mut i = 0;
+            while i + 8 <= ns {
+                _mm256_storeu_ps(o.add(t * MAX_GROUPS + i), _mm256_cvtph_ps(_mm_loadu_si128(r.add(i).cast())));
+                i += 8;
+            }
+            while i + 4 <= ns {
+                _mm_storeu_ps(o.add(t * MAX_GROUPS + i), _mm_cvtph_ps(_mm_loadl_epi64(r.add(i).cast())));
+                i += 4;
+            }
+            while i < ns {
+                *o.add(t * MAX_GROUPS + i) = f16_to_f32(*r.add(i));
+                i += 1;
+            }
+        }
+    }
 }
 
 /// The next tile's stored rows of one kv head and plane, for the kernels to prefetch into L2
@@ -320,6 +350,10 @@ pub(crate) unsafe fn run<T: TileOps>(
     let values = PlaneRows { plane: &layer.values };
     let mut krows = [std::ptr::null::<u8>(); TILE];
     let mut vrows = [std::ptr::null::<u8>(); TILE];
+    // Group scales of the tile's tokens, like `krows` / `vrows` (scaled codecs only).
+    let mut ksrows = [std::ptr::null::<f16>(); TILE];
+    let mut vsrows = [std::ptr::null::<f16>(); TILE];
+    let (kns, vns) = (layer.keys.n_scales, layer.values.n_scales);
     let (mut slots, mut next) = ([0usize; TILE], [0usize; TILE]);
     slots_of(inp.table, bs, start, end.min(start + TILE), &mut slots);
     let mut t0 = start;
@@ -340,17 +374,37 @@ pub(crate) unsafe fn run<T: TileOps>(
                 krows[t] = keys.row(slot, inp.heads.start);
                 vrows[t] = values.row(slot, inp.heads.start);
             }
+            if T::K_SCALED {
+                ksrows[t] = keys.scale_row(slot, inp.heads.start);
+            }
+            if T::V_SCALED {
+                vsrows[t] = values.scale_row(slot, inp.heads.start);
+            }
+        }
+        if T::K_SCALED {
+            keys.prefetch_scales(next_slots, &inp.heads);
+        }
+        if T::V_SCALED {
+            values.prefetch_scales(next_slots, &inp.heads);
         }
         let (kcb, vcb) = (layer.keys.code_bytes, layer.values.code_bytes);
-        for (hi, kv_head) in inp.heads.clone().enumerate() {
+        for hi in 0..inp.heads.len() {
             if hi > 0 {
                 advance(&mut krows[..n], kcb);
                 advance(&mut vrows[..n], vcb);
                 advance(&mut next_k.rows[..n_next], kcb);
                 advance(&mut next_v.rows[..n_next], vcb);
+                if T::K_SCALED {
+                    for r in &mut ksrows[..n] {
+                        *r = r.wrapping_add(kns);
+                    }
+                }
+                if T::V_SCALED {
+                    for r in &mut vsrows[..n] {
+                        *r = r.wrapping_add(vns);
+                    }
+                }
             }
-            keys.prefetch_scales(next_slots, kv_head);
-            values.prefetch_scales(next_slots, kv_head);
             let no_rows = NextRows { rows: [std::ptr::null(); TILE], n: 0, bytes: 0 };
             // Next rows the first row block's kernels do not reach: prefetched here.
             let (mut done_lo, mut done_hi) = (0, 0);
@@ -365,13 +419,11 @@ pub(crate) unsafe fn run<T: TileOps>(
             // kernels read rows through krows/vrows[..n] and the scratch buffers, sized as
             // documented; the head's state holds rows r0..r1.
             unsafe {
-                for (t, &slot) in slots[..n].iter().enumerate() {
-                    if T::K_SCALED {
-                        keys.scales(slot, kv_head, &mut scratch.kscale[t * MAX_GROUPS..]);
-                    }
-                    if T::V_SCALED {
-                        values.scales(slot, kv_head, &mut scratch.vscale[t * MAX_GROUPS..]);
-                    }
+                if T::K_SCALED {
+                    convert_scales(&ksrows[..n], kns, scratch.kscale);
+                }
+                if T::V_SCALED {
+                    convert_scales(&vsrows[..n], vns, scratch.vscale);
                 }
                 let state = states.head(hi);
                 let q_head = inp.q.as_ptr().add(hi * rows_per_head * d);

@@ -139,6 +139,54 @@ impl RowCodec for Q4Row {
     }
 }
 
+/// q4 for AVX-512F/VL kernels: a nibble indexes the 16-entry table of `nibble - 8` with one
+/// `vpermt2ps`, which reads only the index's low four bits (no mask, no subtract, no
+/// int-to-float conversion): four operations per 16 values instead of seven. Same chunk layout
+/// and values as [`Q4Row`].
+#[derive(Clone, Copy)]
+pub(crate) struct Q4LutRow {
+    /// `nibble - 8` for nibbles 0..8.
+    lo: __m256,
+    /// `nibble - 8` for nibbles 8..16.
+    hi: __m256,
+}
+
+impl Q4LutRow {
+    /// # Safety
+    /// AVX must be available (and AVX-512F/VL wherever [`RowCodec::chunk`] is called).
+    #[inline(always)]
+    pub unsafe fn new() -> Self {
+        // SAFETY: AVX per the caller.
+        unsafe {
+            Q4LutRow {
+                lo: _mm256_setr_ps(-8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0),
+                hi: _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0),
+            }
+        }
+    }
+}
+
+impl RowCodec for Q4LutRow {
+    const SCALED: bool = true;
+
+    #[inline(always)]
+    fn dims(k: usize, d: usize) -> (usize, usize) {
+        Q4Row::dims(k, d)
+    }
+
+    #[inline(always)]
+    unsafe fn chunk(&self, row: *const u8, k: usize) -> (__m256, __m256) {
+        // SAFETY: chunk k's 8 bytes (16g + j0 ..+8) lie in the row of d/2 bytes; AVX-512F/VL
+        // per the caller (the kernels of the AVX-512 set are the only users).
+        unsafe {
+            let x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(row.add(16 * (k / 2) + 8 * (k % 2)).cast()));
+            let lo = _mm256_permutex2var_ps(self.lo, x, self.hi);
+            let hi = _mm256_permutex2var_ps(self.lo, _mm256_srli_epi32::<4>(x), self.hi);
+            (lo, hi)
+        }
+    }
+}
+
 /// Lloyd–Max codes of `B` ∈ {2, 3, 4} bits: 8 values fill `B` bytes of a little-endian bit
 /// stream; a code indexes a 16-entry level table with `vpermps` (two and a blend for 4 bits).
 #[derive(Clone, Copy)]
@@ -240,6 +288,109 @@ impl RowCodec for LloydMax8Row {
             let a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast()));
             let b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8).cast()));
             (_mm256_i32gather_ps::<4>(self.levels, a), _mm256_i32gather_ps::<4>(self.levels, b))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Every chunk reader against the scalar decoder of `kvcache` on fresh random head vectors,
+    //! on each instruction set this CPU runs (the AVX-512 set reads q4 through [`Q4LutRow`]).
+
+    use super::*;
+    use half::f16;
+    use kvcache::Codec;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use rand_distr::StandardNormal;
+
+    /// Every chunk of `codec` (times its group's scale for scaled codecs) placed at its head
+    /// dimensions: `out` (`[d]`) is what the kernels compute with.
+    #[inline(always)]
+    unsafe fn decode_row<K: RowCodec>(codec: &K, row: &[u8], scales: &[f32], d: usize, out: &mut [f32]) {
+        let mut t = [0f32; 16];
+        for k in 0..d / 16 {
+            let (a, b) = K::dims(k, d);
+            // SAFETY: the row holds a whole head vector of `d` values; the caller's ISA.
+            unsafe {
+                let (x0, x1) = codec.chunk(row.as_ptr(), k);
+                _mm256_storeu_ps(t.as_mut_ptr(), x0);
+                _mm256_storeu_ps(t.as_mut_ptr().add(8), x1);
+            }
+            for i in 0..8 {
+                let (sa, sb) = if K::SCALED { (scales[(a + i) / 32], scales[(b + i) / 32]) } else { (1.0, 1.0) };
+                out[a + i] = t[i] * sa;
+                out[b + i] = t[8 + i] * sb;
+            }
+        }
+    }
+
+    macro_rules! decode_with {
+        ($name:ident, $feat:literal, $q4:expr) => {
+            #[target_feature(enable = $feat)]
+            unsafe fn $name(codec: Codec, row: &[u8], scales: &[f32], d: usize, out: &mut [f32]) {
+                // SAFETY: forwarded contract; the features are enabled here.
+                unsafe {
+                    match codec {
+                        Codec::F32 => decode_row(&F32Row, row, scales, d, out),
+                        Codec::F16 => decode_row(&F16Row, row, scales, d, out),
+                        Codec::Bf16 => decode_row(&Bf16Row, row, scales, d, out),
+                        Codec::Q8 => decode_row(&Q8Row, row, scales, d, out),
+                        Codec::Q4 => decode_row(&$q4, row, scales, d, out),
+                        Codec::LloydMax { bits: 2 } => decode_row(&LloydMaxRow::<2>::new(d), row, scales, d, out),
+                        Codec::LloydMax { bits: 3 } => decode_row(&LloydMaxRow::<3>::new(d), row, scales, d, out),
+                        Codec::LloydMax { bits: 4 } => decode_row(&LloydMaxRow::<4>::new(d), row, scales, d, out),
+                        Codec::LloydMax { .. } => decode_row(&LloydMax8Row::new(), row, scales, d, out),
+                    }
+                }
+            }
+        };
+    }
+
+    decode_with!(decode_avx2, "avx2,fma,f16c", Q4Row);
+    decode_with!(decode_avx512, "avx512f,avx512vl,avx2,fma,f16c", Q4LutRow::new());
+
+    #[test]
+    fn chunks_match_the_scalar_decoder_on_every_isa() {
+        let avx2 =
+            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+        assert!(avx2, "the fast kernels need AVX2 + FMA + F16C");
+        let avx512 = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl");
+        let codecs = [
+            Codec::F32,
+            Codec::F16,
+            Codec::Bf16,
+            Codec::Q8,
+            Codec::Q4,
+            Codec::LloydMax { bits: 2 },
+            Codec::LloydMax { bits: 3 },
+            Codec::LloydMax { bits: 4 },
+            Codec::LloydMax { bits: 8 },
+        ];
+        let mut rng = StdRng::seed_from_u64(0xc0dec);
+        for d in [16, 64, 80, 96, 128, 256] {
+            for codec in codecs {
+                for _ in 0..20 {
+                    let amp: f32 = rng.gen_range(0.01..100.0);
+                    let x: Vec<f32> = (0..d).map(|_| amp * rng.sample::<f32, _>(StandardNormal)).collect();
+                    let mut codes = vec![0u8; codec.code_bytes(d)];
+                    let mut scales = vec![f16::ZERO; codec.scales(d)];
+                    codec.encode(&x, &mut codes, &mut scales);
+                    let mut want = vec![0f32; d];
+                    codec.decode(&codes, &scales, &mut want);
+                    let fscales: Vec<f32> = scales.iter().map(|s| s.to_f32()).collect();
+                    let mut got = vec![f32::NAN; d];
+                    // SAFETY: AVX2/FMA/F16C checked above; the row is one whole head vector.
+                    unsafe { decode_avx2(codec, &codes, &fscales, d, &mut got) };
+                    assert_eq!(got, want, "{codec:?} d {d} on avx2");
+                    if avx512 {
+                        let mut got = vec![f32::NAN; d];
+                        // SAFETY: AVX-512F/VL checked above.
+                        unsafe { decode_avx512(codec, &codes, &fscales, d, &mut got) };
+                        assert_eq!(got, want, "{codec:?} d {d} on avx512");
+                    }
+                }
+            }
         }
     }
 }

@@ -18,7 +18,7 @@ use std::marker::PhantomData;
 
 use kvcache::Codec;
 
-use self::codecs::{Bf16Row, F16Row, F32Row, LloydMax8Row, LloydMaxRow, Q4Row, Q8Row, RowCodec};
+use self::codecs::{Bf16Row, F16Row, F32Row, LloydMax8Row, LloydMaxRow, Q4LutRow, Q4Row, Q8Row, RowCodec};
 use super::group::HeadStates;
 use super::tile::{self, NextRows, RangeInput, TileOps, TileScratch, TILE};
 use super::KernelIsa;
@@ -162,7 +162,7 @@ pub(crate) unsafe fn attend_range(
 /// V share the codec except for turbo, whose two sides are Lloyd–Max codes of possibly
 /// different widths (the only pairs a validated layer holds).
 macro_rules! by_codecs {
-    ($name:ident, $isa:ty, $feat:literal) => {
+    ($name:ident, $isa:ty, $feat:literal, $q4:expr) => {
         #[target_feature(enable = $feat)]
         unsafe fn $name(
             inp: &RangeInput,
@@ -201,7 +201,7 @@ macro_rules! by_codecs {
                     (Codec::F16, Codec::F16) => go!(F16Row, F16Row),
                     (Codec::Bf16, Codec::Bf16) => go!(Bf16Row, Bf16Row),
                     (Codec::Q8, Codec::Q8) => go!(Q8Row, Q8Row),
-                    (Codec::Q4, Codec::Q4) => go!(Q4Row, Q4Row),
+                    (Codec::Q4, Codec::Q4) => go!($q4, $q4),
                     (Codec::LloydMax { bits: kb }, Codec::LloydMax { bits: vb }) => match kb {
                         2 => lloyd_max_values!(LloydMaxRow::<2>::new(d), vb),
                         3 => lloyd_max_values!(LloydMaxRow::<3>::new(d), vb),
@@ -215,5 +215,5 @@ macro_rules! by_codecs {
     };
 }
 
-by_codecs!(by_codecs_avx2, Avx2, "avx2,fma,f16c");
-by_codecs!(by_codecs_avx512, Avx512, "avx512f,avx512vl,avx2,fma,f16c");
+by_codecs!(by_codecs_avx2, Avx2, "avx2,fma,f16c", Q4Row);
+by_codecs!(by_codecs_avx512, Avx512, "avx512f,avx512vl,avx2,fma,f16c", Q4LutRow::new());
