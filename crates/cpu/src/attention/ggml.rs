@@ -730,6 +730,52 @@ mod tests {
     }
 
     #[test]
+    fn numerics_parse_and_bad_values_list_the_accepted_ones() {
+        assert_eq!(AttnNumerics::parse("fast").unwrap(), AttnNumerics::Fast);
+        assert_eq!(AttnNumerics::parse(" GGML ").unwrap(), AttnNumerics::Ggml(GgmlSteps::ALL));
+        assert_eq!(AttnNumerics::from_lookup(|_| None).unwrap(), AttnNumerics::Fast);
+        let e = AttnNumerics::from_lookup(|_| Some("exact".into())).unwrap_err().to_string();
+        assert!(e.contains(ATTN_NUMERICS_ENV) && e.contains("\"exact\"") && e.contains("fast, ggml"), "{e}");
+    }
+
+    #[test]
+    fn other_formats_and_bad_shapes_are_errors() {
+        let mut c = Case {
+            head_dim: 64,
+            hkv: 1,
+            group: 1,
+            q_len: 1,
+            contexts: vec![20],
+            causal: false,
+            window: None,
+            format: KvFormat::Q8,
+        };
+        let run = |c: &Case, queries: Option<usize>| {
+            let b = build(c, 1);
+            let tables: Vec<&[u32]> = b.tables.iter().map(|t| t.as_slice()).collect();
+            let q = &b.queries[..queries.unwrap_or(b.queries.len())];
+            let p = AttentionParams {
+                queries: q,
+                num_seqs: 1,
+                q_len: 1,
+                num_heads: 1,
+                block_tables: &tables,
+                context_lens: &c.contexts,
+                scale: 0.125,
+                sliding_window: None,
+                causal: false,
+            };
+            let mut out = vec![0f32; 64];
+            attention(&b.pages.layer(0), &p, GgmlSteps::ALL, &mut out)
+        };
+        let e = run(&c, None).unwrap_err().to_string();
+        assert!(e.contains(ATTN_NUMERICS_ENV) && e.contains("f16 KV cache") && e.contains("q8"), "{e}");
+        c.format = KvFormat::F16;
+        assert!(run(&c, None).is_ok());
+        assert!(matches!(run(&c, Some(63)), Err(AttentionError::Shape { what: "queries", .. })));
+    }
+
+    #[test]
     fn reduce16_folds_halves_pairwise() {
         // 2^24 + 1 + 1: the two ones meet first (lanes 1 and 9) and survive; summed left to
         // right each would be lost to rounding against 2^24.

@@ -5,11 +5,16 @@
 //! RMSNorm, SwiGLU MLP, residual) → final norm → logits for the rows asked for. Every buffer
 //! is allocated up front in [`Scratch`] and grows only when a larger batch arrives, so a
 //! decode step allocates nothing.
+//!
+//! Attention runs on the router's fast kernels, or, with `PAGEKV_ATTN_NUMERICS=ggml`
+//! ([`Model::set_attn_numerics`]), on the scalar kernel that rounds as llama.cpp does
+//! (`pagekv_cpu::attention::ggml`): slower, for agreement with llama.cpp to the bit.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use kvcache::{KvPool, LayerView, PageStore};
+use pagekv_cpu::attention::ggml::{AttnNumerics, GgmlAttention};
 use pagekv_cpu::attention::{Attention, AttentionConfig, AttentionParams};
 use pagekv_cpu::quant::{dequantize_row, fusable, matmul, matmul_fused, MatmulPart, QuantScratch};
 use pagekv_cpu::threadpool::ThreadPool;
@@ -75,12 +80,15 @@ pub struct Model {
     pub weights: Weights,
     rope: Rope,
     attention: Attention,
+    /// The ggml-numerics kernel, when `PAGEKV_ATTN_NUMERICS=ggml` chose it.
+    ggml: Option<GgmlAttention>,
     threads: &'static ThreadPool,
     scratch: Scratch,
 }
 
 impl Model {
-    /// Loads a GGUF file (mapped, not read) with the attention configuration given.
+    /// Loads a GGUF file (mapped, not read) with the attention configuration given; the
+    /// attention numerics come from `PAGEKV_ATTN_NUMERICS` (default `fast`).
     pub fn load(path: &Path, attention: AttentionConfig) -> Result<Model, ModelError> {
         let file = GgufFile::open(path)?;
         Model::from_file(Arc::new(file), attention)
@@ -99,14 +107,26 @@ impl Model {
             config.rope_linear_scale,
             factors.as_deref(),
         );
+        let numerics = AttnNumerics::from_env().map_err(|e| ModelError::Attention(e.to_string()))?;
         Ok(Model {
             rope,
             attention: Attention::new(attention, threads),
+            ggml: ggml_kernel(numerics, threads),
             threads,
             scratch: Scratch::default(),
             weights,
             config,
         })
+    }
+
+    /// Chooses how attention rounds: the fast kernels, or llama.cpp's numerics (f16 caches only;
+    /// a forward over another format is then an error).
+    pub fn set_attn_numerics(&mut self, numerics: AttnNumerics) {
+        self.ggml = ggml_kernel(numerics, self.threads);
+    }
+
+    pub fn attn_numerics(&self) -> AttnNumerics {
+        self.ggml.as_ref().map_or(AttnNumerics::Fast, |g| AttnNumerics::Ggml(g.steps()))
     }
 
     /// Runs one step: writes the batch's K/V into `pool` (every layer) and returns the logits
@@ -162,12 +182,16 @@ impl Model {
                 self.rope.apply(&mut s.q[i * qd..(i + 1) * qd], batch.positions[i] as usize);
                 self.rope.apply_cached(&mut s.k[i * kvd..(i + 1) * kvd]);
             }
-            // As ggml: the K·Q product sees Q at the K cache's precision.
-            round_queries_for(pool.config().format, &mut s.q[..n * qd]);
+            // As ggml: the K·Q product sees Q at the K cache's precision (the ggml kernel rounds
+            // its queries itself, as its steps say).
+            if self.ggml.is_none() {
+                round_queries_for(pool.config().format, &mut s.q[..n * qd]);
+            }
             pool.pages_mut().write(li, &batch.slots, &s.k[..n * kvd], &s.v[..n * kvd]);
             let layer = pool.layer(li);
             attend(
                 &mut self.attention,
+                self.ggml.as_ref(),
                 &layer,
                 batch,
                 c,
@@ -329,6 +353,7 @@ fn mm_fused<const N: usize>(
 #[allow(clippy::too_many_arguments)]
 fn attend(
     attention: &mut Attention,
+    ggml: Option<&GgmlAttention>,
     layer: &LayerView,
     batch: &Batch,
     c: &ModelConfig,
@@ -369,13 +394,24 @@ fn attend(
             sliding_window: batch.sliding_window,
             causal: q_len > 1,
         };
-        attention
-            .forward(layer, &params, counters, &mut out[t0 * qd..t1 * qd])
-            .map_err(|e| ModelError::Attention(e.to_string()))?;
+        let out = &mut out[t0 * qd..t1 * qd];
+        match ggml {
+            Some(g) => g.forward(layer, &params, counters, out),
+            None => attention.forward(layer, &params, counters, out),
+        }
+        .map_err(|e| ModelError::Attention(e.to_string()))?;
         i = j;
     }
     *tables_buf = recycle(tables);
     Ok(())
+}
+
+/// The ggml-numerics kernel `numerics` asks for, if any.
+fn ggml_kernel(numerics: AttnNumerics, threads: &'static ThreadPool) -> Option<GgmlAttention> {
+    match numerics {
+        AttnNumerics::Fast => None,
+        AttnNumerics::Ggml(steps) => Some(GgmlAttention::new(steps, threads)),
+    }
 }
 
 /// Reuses a vector's allocation for references of another lifetime (it is emptied first,
