@@ -72,6 +72,10 @@ pub struct RuntimeArgs {
     /// Attention path [env: PAGEKV_ATTN_IMPL].
     #[arg(long, value_name = "IMPL", value_parser = ["auto", "reference", "primitive", "partitioned"])]
     pub attn_impl: Option<String>,
+    /// Attention numerics: fast (the kernels' own rounding) or ggml (llama.cpp's, step by step;
+    /// f16 KV cache only, scalar and slower) [env: PAGEKV_ATTN_NUMERICS].
+    #[arg(long, value_name = "NUMERICS", value_parser = ["fast", "ggml"])]
+    pub attn_numerics: Option<String>,
     /// Tokens per partition of the partitioned attention path [env: PAGEKV_PARTITION_SIZE].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub partition_size: Option<u64>,
@@ -104,6 +108,7 @@ impl RuntimeArgs {
     /// Exports the given flags as their variables.
     pub fn export(&self) {
         set("PAGEKV_ATTN_IMPL", self.attn_impl.clone());
+        set("PAGEKV_ATTN_NUMERICS", self.attn_numerics.clone());
         set("PAGEKV_PARTITION_SIZE", self.partition_size.map(|v| v.to_string()));
         set("PAGEKV_THREADS", self.threads.map(|v| v.to_string()));
         set("PAGEKV_DEVICE", self.device.clone());

@@ -729,6 +729,61 @@ mod tests {
         }
     }
 
+    /// ggml's AVX-512 `ggml_v_expf`, transcribed from vec.h with the same intrinsics.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn ggml_v_expf_avx512(x: &[f32; 16]) -> [f32; 16] {
+        use std::arch::x86_64::*;
+        let x = unsafe { _mm512_loadu_ps(x.as_ptr()) };
+        let r = _mm512_set1_ps(SHIFT);
+        let z = _mm512_fmadd_ps(x, _mm512_set1_ps(INV_LN2), r);
+        let n = _mm512_sub_ps(z, r);
+        let b = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x));
+        let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+        let u = _mm512_mul_ps(b, b);
+        let j = _mm512_fmadd_ps(
+            _mm512_fmadd_ps(
+                _mm512_fmadd_ps(_mm512_set1_ps(C5), b, _mm512_set1_ps(C4)),
+                u,
+                _mm512_fmadd_ps(_mm512_set1_ps(C3), b, _mm512_set1_ps(C2)),
+            ),
+            u,
+            _mm512_fmadd_ps(_mm512_set1_ps(C1), b, _mm512_set1_ps(1.0)),
+        );
+        let res = _mm512_scalef_ps(j, n);
+        let alt = _mm512_mask_blend_ps(
+            _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps()),
+            _mm512_set1_ps(f32::INFINITY),
+            _mm512_setzero_ps(),
+        );
+        let out = _mm512_mask_blend_ps(d, res, alt);
+        let mut o = [0f32; 16];
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), out) };
+        o
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn expf_is_bit_identical_to_the_avx512_kernel() {
+        if !std::is_x86_feature_detected!("avx512f") {
+            eprintln!("skipped: no AVX-512 on this CPU");
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(11);
+        for round in 0..20_000 {
+            let mut x = [0f32; 16];
+            for v in x.iter_mut() {
+                // Softmax inputs (≤ 0) down into the subnormal and flushed range, a few above.
+                *v = if round % 8 == 0 { rng.gen_range(-140.0..100.0) } else { rng.gen_range(-30.0..0.0) };
+            }
+            // SAFETY: AVX-512F was detected.
+            let want = unsafe { ggml_v_expf_avx512(&x) };
+            for (xi, w) in x.iter().zip(want) {
+                assert_eq!(expf(*xi).to_bits(), w.to_bits(), "x {xi}");
+            }
+        }
+    }
+
     #[test]
     fn numerics_parse_and_bad_values_list_the_accepted_ones() {
         assert_eq!(AttnNumerics::parse("fast").unwrap(), AttnNumerics::Fast);
