@@ -138,3 +138,32 @@ fn inspect_reports_the_default_model() {
     let f16 = v["kv_bytes_per_token"].as_array().unwrap().iter().find(|r| r["format"] == "f16").unwrap();
     assert_eq!(f16["bytes_per_token"], 30 * 3 * 64 * 2 * 2);
 }
+
+#[test]
+fn eval_scores_formats_against_f16_with_and_without_exact_weights() {
+    if pagekv_model::testing::default_model("cli eval").is_none() {
+        return;
+    }
+    let rows = |extra: &[&str]| -> Vec<serde_json::Value> {
+        let mut args = vec!["eval", "--json", "--max-tokens", "96", "--formats", "f16,q8,q4"];
+        args.extend_from_slice(extra);
+        let o = pagekv(&args, &[]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    for (extra, exact) in [(&[][..], false), (&["--exact-weights"][..], true)] {
+        let r = rows(extra);
+        assert_eq!(r.len(), 3, "{r:?}");
+        let by = |f: &str| r.iter().find(|x| x["format"] == f).unwrap_or_else(|| panic!("no {f}: {r:?}"));
+        for x in &r {
+            assert_eq!((x["scored"].as_u64(), x["exact_weights"].as_bool()), (Some(95), Some(exact)), "{x}");
+            let top1 = x["top1_agreement"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&top1) && x["kl_mean"].as_f64().unwrap() >= 0.0, "{x}");
+        }
+        // f16 against itself is exact; q4 is further from f16 than q8 is.
+        assert_eq!((by("f16")["kl_mean"].as_f64(), by("f16")["top1_agreement"].as_f64()), (Some(0.0), Some(1.0)));
+        assert!(by("q4")["kl_mean"].as_f64() > by("q8")["kl_mean"].as_f64(), "{r:?}");
+    }
+    let o = pagekv(&["eval", "--formats", "q5"], &[]);
+    assert!(!o.status.success() && stderr(&o).contains("q8"), "{}", stderr(&o));
+}

@@ -167,6 +167,60 @@ impl Weights {
         &self.file
     }
 
+    /// Replaces every matrix by its f32 dequantization (the embedding included), so matrix
+    /// products run on f32 activations without the 8-bit activation quantization the
+    /// quantized kernels use. The values are exactly the model's weights; only the arithmetic
+    /// gets more precise (and 4–8× more bytes per token). `pagekv eval --exact-weights` uses it
+    /// to measure a KV format's error apart from the model's own rounding noise.
+    pub fn dequantize_to_f32(&mut self) -> Result<(), ModelError> {
+        let mut offsets = vec![None; self.file.tensors().len()];
+        let mut len = 0usize;
+        let mut copies: Vec<Tensor> = Vec::new();
+        for t in self.streamed().into_iter().chain([&self.token_embd]) {
+            if offsets[t.index].is_none() {
+                offsets[t.index] = Some(len);
+                copies.push(t.clone());
+                len = (len + t.rows * t.cols * 4).next_multiple_of(Resident::ALIGN);
+            }
+        }
+        if available_memory().is_some_and(|avail| len > avail / 2) {
+            return Err(ModelError::Invalid(format!(
+                "dequantizing the weights to f32 needs {} MiB, more than half of the available memory",
+                len >> 20
+            )));
+        }
+        let mut buf = HugePageBuf::zeroed(len)
+            .map_err(|e| ModelError::Invalid(format!("cannot allocate {} MiB for f32 weights: {e}", len >> 20)))?;
+        let dst = buf.as_mut_slice();
+        let mut row = Vec::new();
+        for t in &copies {
+            let off = offsets[t.index].expect("laid out above");
+            let src = self.bytes(t);
+            let row_bytes = t.len / t.rows;
+            row.resize(t.cols, 0.0f32);
+            // `[rows, cols]` f32, row after row.
+            let out = &mut dst[off..off + t.rows * t.cols * 4];
+            for (r, o) in out.chunks_exact_mut(t.cols * 4).enumerate() {
+                pagekv_cpu::quant::reference::dequantize_row(t.ty, &src[r * row_bytes..(r + 1) * row_bytes], &mut row)
+                    .map_err(|e| ModelError::Tensor { name: t.name.clone(), reason: e.to_string() })?;
+                o.copy_from_slice(bytemuck::cast_slice(&row));
+            }
+        }
+        let to_f32 = |t: &mut Tensor| {
+            t.ty = WeightType::F32;
+            t.len = t.rows * t.cols * 4;
+        };
+        for l in &mut self.layers {
+            for t in [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w_gate, &mut l.w_up, &mut l.w_down] {
+                to_f32(t);
+            }
+        }
+        to_f32(&mut self.output);
+        to_f32(&mut self.token_embd);
+        self.resident = Some(Resident { buf, offsets });
+        Ok(())
+    }
+
     /// Bytes a decode step reads from the weights (every matrix once, the embedding row aside).
     pub fn decode_bytes(&self) -> usize {
         let mut total = self.output.len;
