@@ -306,6 +306,11 @@ fn attention_step_ablation() {
         ("fast".into(), AttnNumerics::Fast),
         ("ggml: all steps".into(), AttnNumerics::Ggml(GgmlSteps::ALL)),
         ("ggml: no step".into(), AttnNumerics::Ggml(GgmlSteps::NONE)),
+        // The steps that lose no precision (orders and expf), without the two f16 roundings.
+        (
+            "ggml: orders and expf only".into(),
+            AttnNumerics::Ggml(GgmlSteps { f16_query: false, f16_probs: false, ..GgmlSteps::ALL }),
+        ),
     ];
     for (k, name) in GgmlSteps::NAMES.iter().enumerate() {
         let mut off = GgmlSteps::ALL.flags();
@@ -319,6 +324,8 @@ fn attention_step_ablation() {
         r.model.set_attn_numerics(numerics);
         let t = teacher_forced(&mut r);
         t.print(&what);
+        let greedy = greedy_matches(&mut r);
+        eprintln!("  greedy {greedy} of 6");
         if let Some(full) = &full {
             let d = t.logits.iter().zip(full).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             let vocab = r.model.config.vocab_size;
