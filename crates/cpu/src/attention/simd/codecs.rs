@@ -25,6 +25,10 @@ pub(crate) trait RowCodec: Copy {
     /// Values carry per-group f16 scales (quantized codecs).
     const SCALED: bool;
 
+    /// The QK kernel scales keys through [`Self::scaled`] / [`Self::chunk_scaled`] (prepared
+    /// once per token and group) instead of multiplying each decoded chunk by the scale.
+    const FOLDS_SCALE: bool = false;
+
     /// Head dimensions `(a, b)` of the two 8-value halves of chunk `k`.
     #[inline(always)]
     fn dims(k: usize, _d: usize) -> (usize, usize) {
@@ -37,7 +41,37 @@ pub(crate) trait RowCodec: Copy {
     /// `row` points to a whole stored head vector of the reader's `head_dim`; `k < head_dim/16`;
     /// AVX2, FMA and F16C are available.
     unsafe fn chunk(&self, row: *const u8, k: usize) -> (__m256, __m256);
+
+    /// What [`Self::chunk_scaled`] needs to decode one group's chunks times scale `s` (by
+    /// default the broadcast scale), prepared once per (token, group).
+    ///
+    /// # Safety
+    /// As [`Self::chunk`].
+    #[inline(always)]
+    unsafe fn scaled(&self, s: *const f32) -> Scaled {
+        // SAFETY: `s` is readable; AVX per the caller.
+        unsafe { Scaled(_mm256_broadcast_ss(&*s), _mm256_setzero_ps()) }
+    }
+
+    /// Chunk `k` times its group scale, `scaled` being [`Self::scaled`] of that scale: the
+    /// values of `chunk(row, k)` multiplied by the scale, bit for bit.
+    ///
+    /// # Safety
+    /// As [`Self::chunk`].
+    #[inline(always)]
+    unsafe fn chunk_scaled(&self, scaled: &Scaled, row: *const u8, k: usize) -> (__m256, __m256) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            let (x0, x1) = self.chunk(row, k);
+            (_mm256_mul_ps(x0, scaled.0), _mm256_mul_ps(x1, scaled.0))
+        }
+    }
 }
+
+/// A codec's per-(token, group) state for scaled chunks: the broadcast scale, or (for
+/// [`Q4LutRow`]) its table of `scale · (nibble - 8)`.
+#[derive(Clone, Copy)]
+pub(crate) struct Scaled(__m256, __m256);
 
 #[derive(Clone, Copy)]
 pub(crate) struct F32Row;
@@ -168,6 +202,7 @@ impl Q4LutRow {
 
 impl RowCodec for Q4LutRow {
     const SCALED: bool = true;
+    const FOLDS_SCALE: bool = true;
 
     #[inline(always)]
     fn dims(k: usize, d: usize) -> (usize, usize) {
@@ -182,6 +217,28 @@ impl RowCodec for Q4LutRow {
             let x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(row.add(16 * (k / 2) + 8 * (k % 2)).cast()));
             let lo = _mm256_permutex2var_ps(self.lo, x, self.hi);
             let hi = _mm256_permutex2var_ps(self.lo, _mm256_srli_epi32::<4>(x), self.hi);
+            (lo, hi)
+        }
+    }
+
+    /// The table times the scale: two multiplies per group and token instead of one per 8
+    /// decoded values.
+    #[inline(always)]
+    unsafe fn scaled(&self, s: *const f32) -> Scaled {
+        // SAFETY: `s` is readable; AVX per the caller.
+        unsafe {
+            let s = _mm256_broadcast_ss(&*s);
+            Scaled(_mm256_mul_ps(self.lo, s), _mm256_mul_ps(self.hi, s))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn chunk_scaled(&self, scaled: &Scaled, row: *const u8, k: usize) -> (__m256, __m256) {
+        // SAFETY: as `chunk`.
+        unsafe {
+            let x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(row.add(16 * (k / 2) + 8 * (k % 2)).cast()));
+            let lo = _mm256_permutex2var_ps(scaled.0, x, scaled.1);
+            let hi = _mm256_permutex2var_ps(scaled.0, _mm256_srli_epi32::<4>(x), scaled.1);
             (lo, hi)
         }
     }
@@ -321,6 +378,20 @@ mod tests {
                 let (sa, sb) = if K::SCALED { (scales[(a + i) / 32], scales[(b + i) / 32]) } else { (1.0, 1.0) };
                 out[a + i] = t[i] * sa;
                 out[b + i] = t[8 + i] * sb;
+            }
+            if K::SCALED {
+                // The scaled reader gives the same products bit for bit.
+                let mut u = [0f32; 16];
+                // SAFETY: as above; the group's scale is readable.
+                unsafe {
+                    let (y0, y1) = codec.chunk_scaled(&codec.scaled(&scales[a / 32]), row.as_ptr(), k);
+                    _mm256_storeu_ps(u.as_mut_ptr(), y0);
+                    _mm256_storeu_ps(u.as_mut_ptr().add(8), y1);
+                }
+                for i in 0..8 {
+                    assert_eq!(u[i].to_bits(), out[a + i].to_bits(), "scaled chunk {k} lane {i}");
+                    assert_eq!(u[8 + i].to_bits(), out[b + i].to_bits(), "scaled chunk {k} lane {}", 8 + i);
+                }
             }
         }
     }

@@ -71,17 +71,29 @@ pub(crate) unsafe fn scores<K: RowCodec, const R: usize, const TOK: usize>(
                 }
             }
             let mut acc = [[_mm256_setzero_ps(); TOK]; 4]; // [row][token]
+                                                           // Codecs that fold the scale: per token, the scale state of the group being read
+                                                           // (chunks 2g and 2g+1 hold group g, the last chunk alone when d % 32 = 16),
+                                                           // prepared on the group's first chunk.
+            let mut scaled = [codec.scaled(kscale.as_ptr()); TOK];
             for k in 0..d / 16 {
                 let (oa, ob) = K::dims(k, d);
+                if K::FOLDS_SCALE && k % 2 == 0 {
+                    for j in 0..TOK {
+                        scaled[j] = codec.scaled(kscale.as_ptr().add(tok[j] * MAX_GROUPS + k / 2));
+                    }
+                }
                 // Token by token: one decoded chunk live at a time keeps the 4·TOK accumulators
                 // and the rows' query halves in registers.
                 for j in 0..TOK {
-                    let (mut x0, mut x1) = codec.chunk(rows[j], k);
-                    if K::SCALED {
+                    let (x0, x1) = if K::FOLDS_SCALE {
+                        codec.chunk_scaled(&scaled[j], rows[j], k)
+                    } else if K::SCALED {
                         let s = _mm256_broadcast_ss(kscale.get_unchecked(tok[j] * MAX_GROUPS + oa / 32));
-                        x0 = _mm256_mul_ps(x0, s);
-                        x1 = _mm256_mul_ps(x1, s);
-                    }
+                        let (x0, x1) = codec.chunk(rows[j], k);
+                        (_mm256_mul_ps(x0, s), _mm256_mul_ps(x1, s))
+                    } else {
+                        codec.chunk(rows[j], k)
+                    };
                     for (r, acc) in acc.iter_mut().enumerate().take(R) {
                         let a = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(r * d + oa)), x0, acc[j]);
                         acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(r * d + ob)), x1, a);
