@@ -137,6 +137,8 @@ struct TeacherForced {
     first_max_diff: f32,
     /// `[positions, vocab]` all logits (for comparisons with a full llama.cpp dump).
     logits: Vec<f32>,
+    /// Wall time of the 4 prefill steps (a rough figure: the machine is shared).
+    seconds: f64,
 }
 
 impl TeacherForced {
@@ -147,7 +149,7 @@ impl TeacherForced {
     fn print(&self, what: &str) {
         eprintln!(
             "{what}: top-1 agreement {:.2}% ({}/{}), ppl {:.4} vs llama.cpp {:.4} ({:+.3}%), max log-prob diff {:.2e}, \
-             first-step max |Δlogit| {:.4}",
+             first-step max |Δlogit| {:.4}, {:.1} s",
             self.agreement() * 100.0,
             self.agree,
             self.n,
@@ -155,7 +157,8 @@ impl TeacherForced {
             self.want_ppl,
             (self.ppl / self.want_ppl - 1.0) * 100.0,
             self.max_lp_diff,
-            self.first_max_diff
+            self.first_max_diff,
+            self.seconds
         );
     }
 }
@@ -173,9 +176,11 @@ fn teacher_forced(r: &mut Runner) -> TeacherForced {
     let vocab = r.model.config.vocab_size;
     let mut seq = r.sequence();
     let mut logits = Vec::new();
+    let start = std::time::Instant::now();
     for chunk in tokens.chunks(256) {
         logits.extend(r.step(&mut seq, chunk, Logits::All));
     }
+    let seconds = start.elapsed().as_secs_f64();
     seq.release(&mut r.pool);
     let n = tokens.len() - 1; // positions with a next token
     let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
@@ -201,7 +206,7 @@ fn teacher_forced(r: &mut Runner) -> TeacherForced {
     let want = first_step_logits();
     assert_eq!(want.len(), vocab);
     let first_max_diff = want.iter().zip(row(0)).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-    TeacherForced { agree, n, ppl, want_ppl, max_lp_diff, first_max_diff, logits }
+    TeacherForced { agree, n, ppl, want_ppl, max_lp_diff, first_max_diff, logits, seconds }
 }
 
 /// The greedy prompts whose first 16 tokens equal llama.cpp's, of 6.
