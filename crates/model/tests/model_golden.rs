@@ -288,6 +288,21 @@ fn ggml_numerics_decode_steps_match_llama_cpp_bit_for_bit() {
     assert_eq!(d, 0.0, "logits after 296 decode steps differ from llama.cpp's");
 }
 
+/// ggml's numerics are defined for an f16 cache only: any other format is an error naming the
+/// setting, not a silent fallback.
+#[test]
+fn ggml_numerics_refuse_other_kv_formats() {
+    let Some(mut r) = Runner::new(KvFormat::Q8, AttnNumerics::Ggml(GgmlSteps::ALL)) else { return };
+    let mut seq = r.sequence();
+    seq.begin_append(&mut r.pool, 2).unwrap();
+    let mut batch = Batch::default();
+    batch.push(&[1, 2], seq.offset() + 2, seq.pending_slots(), seq.block_table(), Logits::Last);
+    let e = r.model.forward(&batch, &mut r.pool).unwrap_err().to_string();
+    assert!(e.contains("PAGEKV_ATTN_NUMERICS") && e.contains("f16 KV cache") && e.contains("q8"), "{e}");
+    r.model.set_attn_numerics(AttnNumerics::Fast);
+    assert!(r.model.forward(&batch, &mut r.pool).is_ok());
+}
+
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
