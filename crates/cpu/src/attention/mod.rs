@@ -33,6 +33,8 @@ pub mod bench;
 pub mod ggml;
 mod group;
 pub mod partitioned;
+#[cfg(test)]
+mod precision;
 pub mod primitive;
 pub mod reference;
 pub mod router;
@@ -406,7 +408,7 @@ fn dequantized_tokens(layer: &LayerView, p: &AttentionParams) -> u64 {
 /// cannot.
 pub fn fast_path_isa(layer: &LayerView, choice: IsaChoice) -> Result<KernelIsa, FallbackReason> {
     let isa = choice.resolve().ok_or(FallbackReason::UnsupportedCpu)?;
-    if layer.head_dim % 16 != 0 || layer.head_dim > MAX_FAST_HEAD_DIM {
+    if !layer.head_dim.is_multiple_of(16) || layer.head_dim > MAX_FAST_HEAD_DIM {
         return Err(FallbackReason::UnsupportedHeadDim);
     }
     Ok(isa)
@@ -446,7 +448,7 @@ fn warn_fallback_once(reason: FallbackReason, requested: AttnImpl, layer: &Layer
 /// Checks every shape and every block a call will read; after this, kernels index freely.
 fn validate(layer: &LayerView, p: &AttentionParams, out: &[f32]) -> Result<(), AttentionError> {
     let (hkv, d) = (layer.num_kv_heads, layer.head_dim);
-    if hkv == 0 || p.num_heads == 0 || p.num_heads % hkv != 0 {
+    if hkv == 0 || p.num_heads == 0 || !p.num_heads.is_multiple_of(hkv) {
         return Err(AttentionError::HeadGroup { num_heads: p.num_heads, num_kv_heads: hkv });
     }
     if p.q_len == 0 {
@@ -480,8 +482,7 @@ fn validate(layer: &LayerView, p: &AttentionParams, out: &[f32]) -> Result<(), A
             return Err(AttentionError::BlockTableShort { seq, needed, len: table.len() });
         }
         let range = QueryBounds::of(p, seq).read_range();
-        for logical in range.start / bs..needed {
-            let block = table[logical];
+        for (logical, &block) in table.iter().enumerate().take(needed).skip(range.start / bs) {
             if block == NULL_BLOCK || block as usize >= num_blocks {
                 return Err(AttentionError::BadBlock { seq, logical, block, num_blocks });
             }

@@ -53,7 +53,7 @@ pub(crate) unsafe fn scores<K: RowCodec, const R: usize, const TOK: usize>(
     sc: *mut f32,
     next: &NextRows,
 ) {
-    debug_assert!(TOK % 2 == 0 && R <= 4);
+    debug_assert!(TOK.is_multiple_of(2) && R <= 4);
     unsafe {
         let mut t = t0;
         while t < t1 {
