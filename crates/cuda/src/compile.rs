@@ -20,6 +20,7 @@ const CACHE_WRITE: &str = include_str!("../kernels/cache_write.cu");
 const DECODE: &str = include_str!("../kernels/decode.cu");
 const DECODE_TC: &str = include_str!("../kernels/decode_tc.cu");
 const BENCH: &str = include_str!("../kernels/bench.cu");
+const MODEL: &str = include_str!("../kernels/model.cu");
 
 /// Which kernels a module holds and how they are specialized.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -28,6 +29,8 @@ pub enum ModuleSpec {
     Kv { format: KvFormat, head_dim: usize, group: usize },
     /// Benchmark helpers (random fill, read bandwidth).
     Bench,
+    /// The model kernels (embedding, RMSNorm, QKV + RoPE, SiLU·mul, argmax, conversions).
+    Model,
 }
 
 /// (codec id, bits) as the kernels' `CODEC_*` constants.
@@ -62,13 +65,14 @@ impl ModuleSpec {
         match self {
             ModuleSpec::Kv { .. } => [COMMON, CACHE_WRITE, DECODE, DECODE_TC].join("\n"),
             ModuleSpec::Bench => [COMMON, BENCH].join("\n"),
+            ModuleSpec::Model => [COMMON, MODEL].join("\n"),
         }
     }
 
     fn defines(&self) -> Vec<String> {
         let (format, d, g) = match *self {
             ModuleSpec::Kv { format, head_dim, group } => (format, head_dim, group),
-            ModuleSpec::Bench => (KvFormat::F32, 128, 0),
+            ModuleSpec::Bench | ModuleSpec::Model => (KvFormat::F32, 128, 0),
         };
         let (kc, kb) = codec_id(format.key_codec());
         let (vc, vb) = codec_id(format.value_codec());

@@ -15,6 +15,9 @@
 //! - [`DecodeAttention`]: paged decode attention, `primitive` and `partitioned` (split-K + merge)
 //!   routes, every format with dequantization fused, GQA, sliding window; a tensor-core kernel
 //!   for f16/bf16/q8/q4 pages and a SIMT kernel for everything ([`DecodeKernel`]).
+//! - [`ModelOps`]: the kernels of the model forward pass (embedding, RMSNorm, QKV + RoPE,
+//!   SiLU·mul, argmax) and its matrix products through cuBLAS over [`DeviceMatrix`] weights
+//!   (bf16 or f32); the forward pass itself is `pagekv-model`'s `CudaModel`.
 //! - [`mod@bench`]: the attention benchmark ([`bench::bench_attention`] → [`bench::Row`]s, JSON
 //!   lines via [`bench::Row::to_json`]) with its roofline rows; measured figures in
 //!   `crates/cuda/RESULTS.md`.
@@ -34,12 +37,26 @@ pub mod compile;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
+mod model_ops;
+#[cfg(feature = "cuda")]
 mod pages;
 
 #[cfg(feature = "cuda")]
-pub use attention::{auto_partition_size, tc_partition_size, DecodeAttention, DecodeBatch, DecodeKernel, DecodeRoute};
+pub use attention::{
+    auto_partition_size, tc_partition_size, DecodeAttention, DecodeBatch, DecodeKernel, DecodeRoute, MAX_GROUP,
+};
+/// A typed device buffer (cudarc's `CudaSlice`), named here so crates above need no cudarc.
+#[cfg(feature = "cuda")]
+pub use cudarc::driver::CudaSlice as DeviceVec;
+/// Element types a [`DeviceVec`] can hold (cudarc's bounds).
+#[cfg(feature = "cuda")]
+pub use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 #[cfg(feature = "cuda")]
 pub use device::CudaDevice;
+#[cfg(feature = "cuda")]
+pub use model_ops::{
+    DType, DeviceMatrix, GemvShape, ModelOps, Prologue, QkvRope, RopeParams, GEMV_MAX_N, GEMV_ROWS_PER_WARP,
+};
 #[cfg(feature = "cuda")]
 pub use pages::{DevicePages, HostLayerCopy};
 

@@ -2,14 +2,17 @@
 //! `chat`, `eval` and `bench decode`. It keeps the tokens whose K/V are cached, so a new
 //! prompt that extends them (the next chat turn) computes only the new tokens: the cache is
 //! trimmed back to the common prefix and only the rest is prefilled.
+//!
+//! It runs over any [`Forward`] backend: the CPU [`Model`] (the default) with host pages, or a
+//! GPU model with device pages (`pagekv_model::cuda::CudaModel`).
 
 use kvcache::{CacheConfig, CacheError, KvPool, SequenceCache, SequencePolicy};
-use pagekv_model::{Batch, Logits, Model, ModelError};
+use pagekv_model::{Batch, Forward, Logits, Model, ModelError};
 
 /// One sequence, its pool and the tokens it holds.
-pub struct Generator {
-    model: Model,
-    pool: KvPool,
+pub struct Generator<M: Forward = Model> {
+    model: M,
+    pool: KvPool<M::Pages>,
     seq: SequenceCache,
     /// `[offset]` token ids whose K/V the cache holds.
     tokens: Vec<u32>,
@@ -17,6 +20,8 @@ pub struct Generator {
     /// Tokens per prefill step (bounds the scratch buffers).
     chunk: usize,
     policy: SequencePolicy,
+    /// `[logit rows]` greedy ids of the last [`Generator::step_greedy`].
+    ids: Vec<u32>,
 }
 
 /// What a prefill did.
@@ -28,10 +33,10 @@ pub struct Prefill {
     pub computed: usize,
 }
 
-impl Generator {
+impl<M: Forward> Generator<M> {
     /// A generator over a pool built from `cache` (geometry taken from the model).
-    pub fn new(model: Model, mut cache: CacheConfig) -> Result<Generator, ModelError> {
-        let c = &model.config;
+    pub fn new(model: M, mut cache: CacheConfig) -> Result<Generator<M>, ModelError> {
+        let c = model.config();
         cache.num_layers = c.num_layers;
         cache.num_kv_heads = c.num_kv_heads;
         cache.head_dim = c.head_dim;
@@ -43,21 +48,30 @@ impl Generator {
         }
         let policy = SequencePolicy::from_config(&cache);
         let reserve = if cache.dynamic_growth { cache.block_size } else { cache.num_blocks * cache.block_size };
-        let mut pool = KvPool::new(cache)?;
+        let mut pool = model.new_pool(cache)?;
         let seq = SequenceCache::new(&mut pool, policy, reserve)?;
-        Ok(Generator { model, pool, seq, tokens: Vec::new(), batch: Batch::default(), chunk: 512, policy })
+        Ok(Generator {
+            model,
+            pool,
+            seq,
+            tokens: Vec::new(),
+            batch: Batch::default(),
+            chunk: 512,
+            policy,
+            ids: Vec::new(),
+        })
     }
 
     /// Gives the model back (the pool and the sequence are dropped).
-    pub fn into_model(self) -> Model {
+    pub fn into_model(self) -> M {
         self.model
     }
 
-    pub fn model(&self) -> &Model {
+    pub fn model(&self) -> &M {
         &self.model
     }
 
-    pub fn pool(&self) -> &KvPool {
+    pub fn pool(&self) -> &KvPool<M::Pages> {
         &self.pool
     }
 
@@ -107,7 +121,7 @@ impl Generator {
             let logits = if i + 1 == chunks { Logits::Last } else { Logits::None };
             self.run(chunk, logits)?;
         }
-        let v = self.model.config.vocab_size;
+        let v = self.model.config().vocab_size;
         let logits = self.model_logits(v);
         Ok((Prefill { reused, computed: rest.len() }, logits))
     }
@@ -116,13 +130,20 @@ impl Generator {
     /// `[tokens.len(), vocab]`.
     pub fn score(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
         self.run(tokens, Logits::All)?;
-        Ok(self.model_logits(tokens.len() * self.model.config.vocab_size))
+        Ok(self.model_logits(tokens.len() * self.model.config().vocab_size))
     }
 
     /// Appends one generated token and returns the logits that follow it.
     pub fn step(&mut self, token: u32) -> Result<&[f32], ModelError> {
         self.run(&[token], Logits::Last)?;
-        Ok(self.model_logits(self.model.config.vocab_size))
+        Ok(self.model_logits(self.model.config().vocab_size))
+    }
+
+    /// Appends one generated token and returns the greedy choice that follows it (the
+    /// backend's argmax: on a GPU only the id leaves the device, not the logits).
+    pub fn step_greedy(&mut self, token: u32) -> Result<u32, ModelError> {
+        self.append(&[token], Logits::Last, true)?;
+        Ok(self.ids[0])
     }
 
     fn model_logits(&self, n: usize) -> &[f32] {
@@ -130,6 +151,10 @@ impl Generator {
     }
 
     fn run(&mut self, tokens: &[u32], logits: Logits) -> Result<(), ModelError> {
+        self.append(tokens, logits, false)
+    }
+
+    fn append(&mut self, tokens: &[u32], logits: Logits, greedy: bool) -> Result<(), ModelError> {
         self.seq.begin_append(&mut self.pool, tokens.len())?;
         self.batch.clear();
         self.batch.sliding_window = self.seq.attention_window(None);
@@ -140,7 +165,11 @@ impl Generator {
             self.seq.block_table(),
             logits,
         );
-        let result = self.model.forward(&self.batch, &mut self.pool).map(|_| ());
+        let result = if greedy {
+            self.model.forward_greedy(&self.batch, &mut self.pool, &mut self.ids)
+        } else {
+            self.model.forward(&self.batch, &mut self.pool).map(|_| ())
+        };
         match result {
             Ok(()) => {
                 self.seq.commit_append(&mut self.pool);

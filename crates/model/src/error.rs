@@ -22,6 +22,9 @@ pub enum ModelError {
     Batch(String),
     #[error("token id {id} is out of range (vocabulary of {vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },
+    /// A device backend (CUDA) failed or refused.
+    #[error("device: {0}")]
+    Device(String),
     #[error(transparent)]
     Cache(#[from] kvcache::CacheError),
     #[error(transparent)]

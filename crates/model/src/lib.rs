@@ -7,8 +7,13 @@
 //! - [`template`]: the chat template, rendered with minijinja.
 //! - [`llama`]: model configuration, weights and the forward pass over the paged cache.
 //! - [`Batch`]: the plain arrays one forward step consumes.
+//! - [`backend::Forward`]: one forward step over a backend's pages (the CPU [`Model`]; with the
+//!   `cuda` feature, `cuda::CudaModel` on a GPU).
 //! - [`testing`]: where tests find the default model.
+pub mod backend;
 pub mod batch;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod gguf;
 pub mod llama;
@@ -16,6 +21,7 @@ pub mod template;
 pub mod testing;
 pub mod tokenizer;
 
+pub use backend::Forward;
 pub use batch::{Batch, BatchSeq, Logits};
 pub use error::ModelError;
 pub use llama::{Model, ModelConfig};

@@ -5,7 +5,7 @@
 //! decode `--decode-tokens` tokens greedily (timed: tg tok/s); the median over `--runs` decode
 //! runs (the cache is trimmed back to the prompt between runs). With `--llama-cpp PYTHON`, the
 //! same shapes are measured with llama-cpp-python (that interpreter must have it installed) in
-//! the same run, for a like-for-like comparison.
+//! the same run, for a like-for-like comparison. `--device cuda` runs `bench_decode_cuda.rs`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -44,12 +44,23 @@ pub struct DecodeArgs {
     /// Also measure llama.cpp through this Python interpreter's llama-cpp-python.
     #[arg(long, value_name = "PYTHON")]
     pub llama_cpp: Option<PathBuf>,
+    /// Sequences decoded together (--device cuda; each prefilled with the same context).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
     #[command(flatten)]
     pub model: ModelArgs,
 }
 
 pub fn run(a: DecodeArgs) -> Result<()> {
-    super::run::require_cpu()?;
+    if let crate::settings::Device::Cuda(n) = crate::settings::Device::from_env()? {
+        return super::bench_decode_cuda::run(n, a);
+    }
+    if a.model.model.as_ref().is_some_and(|m| m.to_string_lossy().starts_with("synthetic:")) {
+        bail!("synthetic models run on the GPU only: add --device cuda");
+    }
+    if a.batch != 1 {
+        bail!("--batch {} needs --device cuda (the CPU bench decodes one sequence)", a.batch);
+    }
     let contexts: Vec<usize> = a
         .contexts
         .split(',')

@@ -95,8 +95,8 @@ impl GenerationStats {
 
 /// Generates after `prompt`, calling `emit` with each piece of text ready to show. The
 /// generated tokens stay in the generator's cache (the next chat turn reuses them).
-pub fn generate(
-    generator: &mut Generator,
+pub fn generate<M: pagekv_model::Forward>(
+    generator: &mut Generator<M>,
     tokenizer: &Tokenizer,
     prompt: &[u32],
     sampling: &SamplingArgs,

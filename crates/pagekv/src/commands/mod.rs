@@ -1,6 +1,7 @@
 //! The subcommands.
 
 pub mod bench;
+pub mod bench_decode_cuda;
 pub mod bench_serve;
 pub mod chat;
 pub mod cuda;
@@ -64,7 +65,7 @@ mod tests {
 }
 
 /// One line about a pool: format, blocks, bytes, appends, growth, attention routes.
-pub fn cache_summary(pool: &kvcache::KvPool) -> String {
+pub fn cache_summary<S: kvcache::PageStore>(pool: &kvcache::KvPool<S>) -> String {
     let s = pool.stats();
     let routes = s.attention_calls.iter().map(|(r, n)| format!("{}={n}", r.name())).collect::<Vec<_>>().join(" ");
     let fallbacks: u64 = s.fallbacks.iter().map(|(_, n)| n).sum();

@@ -1,5 +1,6 @@
 //! `pagekv run [PROMPT]`: one completion streamed to stdout (the prompt from the argument or
-//! stdin); `--chat` wraps it as a single user message in the chat template.
+//! stdin); `--chat` wraps it as a single user message in the chat template. `--device cuda[:N]`
+//! runs it on the GPU (feature `cuda`).
 
 use std::io::{Read, Write};
 
@@ -32,7 +33,7 @@ pub struct RunArgs {
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
-    require_cpu()?;
+    let device = Device::from_env()?;
     let prompt = match a.prompt {
         Some(p) => p,
         None => {
@@ -58,6 +59,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     // A chat render carries its own BOS text; a raw prompt gets BOS when the model asks for it.
     let ids = if a.chat { tok.encode(&text, true)? } else { tok.encode_with_bos(&text, true)? };
+    if let Device::Cuda(n) = device {
+        return super::cuda::run_model(n, loaded.model, &tok, &ids, &a.sampling, a.verbose);
+    }
     let cache = cache_config(&loaded.model)?;
     let mut generator = Generator::new(loaded.model, cache)?;
     let mut out = std::io::stdout().lock();
@@ -74,10 +78,11 @@ pub fn run(a: RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// The model runtime runs on the CPU; `--device cuda` is refused with a clear line.
+/// Subcommands whose model runtime is the CPU's only (chat, eval, serve) refuse `--device cuda`
+/// with a clear line.
 pub fn require_cpu() -> Result<()> {
     match Device::from_env()? {
         Device::Cpu => Ok(()),
-        Device::Cuda(_) => bail!("the CUDA model runtime is not available yet: run models with --device cpu (CUDA serves `pagekv bench attention --device cuda`)"),
+        Device::Cuda(_) => bail!("this subcommand runs models on the CPU only: use --device cpu (on CUDA: `pagekv run`, `pagekv bench decode`, `pagekv bench attention`)"),
     }
 }

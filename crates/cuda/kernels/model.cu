@@ -1,0 +1,358 @@
+// model.cu — the element-wise and small kernels of the llama-family forward pass on the GPU.
+// Matrix products go through cuBLAS (src/model_ops.rs); attention and the cache write are the
+// paged kernels of decode*.cu and cache_write.cu.
+//
+// Activations between kernels are f32 (the residual stream, q/k/v, logits). The inputs of the
+// matrix products are in the weights' type, so every kernel that feeds a product comes in two
+// instantiations: `_bf16` (u16 bf16 bits) and `_f32`.
+//
+// Where a rounding is a choice, it follows the CPU forward (crates/model/src/llama/ops.rs), so
+// the two can be compared closely: RMSNorm sums squares in f64, RoPE builds its angles by
+// repeated f32 multiplication and rotates with the first product fused.
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ u16 from_f32<u16>(float v) { return f32_to_bf16(v); }
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+
+template <typename T>
+__device__ __forceinline__ float to_f32(T v);
+template <>
+__device__ __forceinline__ float to_f32<u16>(u16 v) { return bf16_to_f32(v); }
+template <>
+__device__ __forceinline__ float to_f32<float>(float v) { return v; }
+
+__device__ __forceinline__ u32 pk_hash(u64 x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return (u32)x;
+}
+
+// out [n, h] f32 ← rows `tokens[i]` of table [vocab, h] (T). Grid (n), any block size.
+template <typename T>
+__device__ void embed(float* __restrict__ out, const T* __restrict__ table, const u32* __restrict__ tokens, u32 h) {
+    const u32 i = blockIdx.x;
+    const T* row = table + (u64)tokens[i] * h;
+    for (u32 j = threadIdx.x; j < h; j += blockDim.x) out[(u64)i * h + j] = to_f32<T>(row[j]);
+}
+
+// out [n, h] (T) ← x[rows[i] or i] / sqrt(mean(x²) + eps) · w, per row. Grid (n), block 256.
+// `rows` (nullable) gathers: out row i normalizes x row rows[i] (the rows whose logits are
+// wanted). Squares summed in f64 as the CPU does; the mean rounded to f32.
+template <typename T>
+__device__ void rms_norm(T* __restrict__ out, const float* __restrict__ x, const float* __restrict__ w,
+                         const u32* __restrict__ rows, u32 h, float eps) {
+    __shared__ double partial[32];
+    __shared__ float inv_s;
+    const u32 i = blockIdx.x;
+    const u32 src = rows ? rows[i] : i;
+    const float* xr = x + (u64)src * h;
+    double s = 0.0;
+    for (u32 j = threadIdx.x; j < h; j += blockDim.x) {
+        const float v = xr[j];
+        s += (double)__fmul_rn(v, v);
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (u32 k = 0; k < (blockDim.x + 31) / 32; k++) t += partial[k];
+        const float mean = (float)(t / (double)h);
+        inv_s = 1.0f / sqrtf(mean + eps);
+    }
+    __syncthreads();
+    const float inv = inv_s;
+    for (u32 j = threadIdx.x; j < h; j += blockDim.x) {
+        out[(u64)i * h + j] = from_f32<T>(__fmul_rn(__fmul_rn(xr[j], inv), w[j]));
+    }
+}
+
+// gate·up: out [n, f] (T) ← silu(gu[:, :f]) · gu[:, f:] with gu [n, 2f] f32, as the CPU's
+// `x / (1 + e^-x) · up` (libdevice expf here; the CPU uses ggml's polynomial expf).
+template <typename T>
+__device__ void silu_mul(T* __restrict__ out, const float* __restrict__ gu, u32 f, u32 n) {
+    const u64 total = (u64)n * f;
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)gridDim.x * blockDim.x) {
+        const u64 i = e / f, j = e % f;
+        const float g = gu[i * 2 * f + j], u = gu[i * 2 * f + f + j];
+        out[e] = from_f32<T>(__fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(0.0f - g))), u));
+    }
+}
+
+// out [n] (T) ← in [n] f32.
+template <typename T>
+__device__ void convert(T* __restrict__ out, const float* __restrict__ in, u64 n) {
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (u64)gridDim.x * blockDim.x)
+        out[e] = from_f32<T>(in[e]);
+}
+
+// Uniform values in [-scale, scale) from a hash of (index, seed) — synthetic weights.
+template <typename T>
+__device__ void fill_uniform(T* __restrict__ p, u64 n, float scale, u32 seed) {
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (u64)gridDim.x * blockDim.x) {
+        const u32 r = pk_hash(e * 0x9E3779B97F4A7C15ull + seed);
+        p[e] = from_f32<T>(((float)(r >> 8) * (1.0f / 8388608.0f) - 1.0f) * scale);
+    }
+}
+
+#define PK_INSTANTIATE(NAME, T)                                                                                 \
+    extern "C" __global__ void pk_embed_##NAME(float* out, const T* table, const u32* tokens, u32 h) {        \
+        embed<T>(out, table, tokens, h);                                                                        \
+    }                                                                                                           \
+    extern "C" __global__ void pk_rms_norm_##NAME(T* out, const float* x, const float* w, const u32* rows,      \
+                                                  u32 h, float eps) {                                           \
+        rms_norm<T>(out, x, w, rows, h, eps);                                                                   \
+    }                                                                                                           \
+    extern "C" __global__ void pk_silu_mul_##NAME(T* out, const float* gu, u32 f, u32 n) {                      \
+        silu_mul<T>(out, gu, f, n);                                                                             \
+    }                                                                                                           \
+    extern "C" __global__ void pk_convert_##NAME(T* out, const float* in, u64 n) { convert<T>(out, in, n); }    \
+    extern "C" __global__ void pk_fill_uniform_##NAME(T* p, u64 n, float scale, u32 seed) {                     \
+        fill_uniform<T>(p, n, scale, seed);                                                                     \
+    }
+
+PK_INSTANTIATE(bf16, u16)
+PK_INSTANTIATE(f32, float)
+
+// The attention input of every token from the fused QKV product, in one pass:
+//   qkv [n, (nh + 2·nkv)·d] f32 (q heads, then k heads, then v heads), bias [(nh + 2·nkv)·d]
+//   (nullable), q_norm/k_norm [d] (nullable; per-head RMSNorm, qwen3), positions [n];
+//   q [n, nh, d], k [n, nkv, d], v [n, nkv, d] f32 out.
+// q and k are rotated (RoPE) over their first `rope_dims` dims, `style` 0: adjacent pairs
+// (2i, 2i+1), 1: neox pairs (i, i + rope_dims/2). Pair i's angle at position p is
+// freq_scale · (p · theta_scale^i / factor_i) with theta_scale^i built by i repeated f32
+// multiplications (as ggml and the CPU Rope). `q_round` 1: q rounded to f16, 2: to bf16 (the
+// K·Q product sees q at the cache's precision, as on the CPU).
+// Grid (n, nh + 2·nkv), block 32: one warp per head vector.
+extern "C" __global__ void pk_qkv_rope(float* __restrict__ q, float* __restrict__ k, float* __restrict__ v,
+                                       const float* __restrict__ qkv, const float* __restrict__ bias,
+                                       const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                                       const u32* __restrict__ positions, const float* __restrict__ factors,
+                                       u32 nh, u32 nkv, u32 d, u32 rope_dims, u32 style, float theta_scale,
+                                       float freq_scale, float eps, u32 q_round) {
+    extern __shared__ float head[];  // [d]
+    const u32 i = blockIdx.x, hh = blockIdx.y, lane = threadIdx.x;
+    const u32 width = (nh + 2 * nkv) * d;
+    const float* src = qkv + (u64)i * width + (u64)hh * d;
+    const float* b = bias ? bias + (u64)hh * d : nullptr;
+    const int kind = hh < nh ? 0 : (hh < nh + nkv ? 1 : 2);  // q, k, v
+    for (u32 j = lane; j < d; j += 32) head[j] = b ? __fadd_rn(src[j], b[j]) : src[j];
+    __syncwarp();
+    const float* norm = kind == 0 ? q_norm : (kind == 1 ? k_norm : nullptr);
+    if (norm) {
+        double s = 0.0;
+        for (u32 j = lane; j < d; j += 32) s += (double)__fmul_rn(head[j], head[j]);
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        const float inv = 1.0f / sqrtf((float)(s / (double)d) + eps);
+        __syncwarp();
+        for (u32 j = lane; j < d; j += 32) head[j] = __fmul_rn(__fmul_rn(head[j], inv), norm[j]);
+        __syncwarp();
+    }
+    if (kind < 2) {
+        const u32 half = rope_dims / 2;
+        const float pos = (float)positions[i];
+        for (u32 p = lane; p < half; p += 32) {
+            float theta = pos;
+            for (u32 t = 0; t < p; t++) theta = __fmul_rn(theta, theta_scale);
+            const float f = factors ? factors[p] : 1.0f;
+            const float angle = __fmul_rn(freq_scale, __fdiv_rn(theta, f));
+            const float c = cosf(angle), s = sinf(angle);
+            const u32 a_i = style == 0 ? 2 * p : p, b_i = style == 0 ? 2 * p + 1 : p + half;
+            const float a = head[a_i], bb = head[b_i];
+            head[a_i] = fmaf(a, c, -__fmul_rn(bb, s));
+            head[b_i] = fmaf(a, s, __fmul_rn(bb, c));
+        }
+        __syncwarp();
+    }
+    float* dst = kind == 0 ? q + ((u64)i * nh + hh) * d
+               : kind == 1 ? k + ((u64)i * nkv + (hh - nh)) * d
+                           : v + ((u64)i * nkv + (hh - nh - nkv)) * d;
+    for (u32 j = lane; j < d; j += 32) {
+        float x = head[j];
+        if (kind == 0 && q_round == 1) x = f16_to_f32(f32_to_f16(x));
+        if (kind == 0 && q_round == 2) x = bf16_to_f32(f32_to_bf16(x));
+        dst[j] = x;
+    }
+}
+
+// ids [rows] ← index of the largest value of each logits row [rows, vocab] f32: the first one
+// on ties, NaN skipped, 0 for a row of NaN (as the engine's host argmax). Grid (rows), block
+// 1024.
+extern "C" __global__ void pk_argmax(u32* __restrict__ ids, const float* __restrict__ logits, u32 vocab) {
+    __shared__ float best_v[32];
+    __shared__ u32 best_i[32];
+    const float* row = logits + (u64)blockIdx.x * vocab;
+    float bv = PK_NEG_INF;
+    u32 bi = 0xffffffffu;
+    for (u32 j = threadIdx.x; j < vocab; j += blockDim.x) {
+        const float x = row[j];
+        if (!isnan(x) && (bi == 0xffffffffu || x > bv)) {
+            bv = x;
+            bi = j;
+        }
+    }
+    // (value, index) max with the lower index on equal values; no index loses to any index.
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi != 0xffffffffu && (bi == 0xffffffffu || ov > bv || (ov == bv && oi < bi))) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    const u32 warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    if ((threadIdx.x & 31) == 0) {
+        best_v[warp] = bv;
+        best_i[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (u32 w = 1; w < nw; w++) {
+            const float ov = best_v[w];
+            const u32 oi = best_i[w];
+            if (oi != 0xffffffffu && (bi == 0xffffffffu || ov > bv || (ov == bv && oi < bi))) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        ids[blockIdx.x] = bi == 0xffffffffu ? 0 : bi;
+    }
+}
+
+// Reads n 16-byte words and sums them (weight-read roofline: every matrix once, as a decode
+// step reads them). `sink` keeps the loads alive.
+extern "C" __global__ void pk_read_sum(const uint4* __restrict__ p, u64 n, u32* __restrict__ sink) {
+    u32 acc = 0;
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (u64)gridDim.x * blockDim.x) {
+        const uint4 w = __ldcs(p + e);
+        acc ^= w.x ^ w.y ^ w.z ^ w.w;
+    }
+    if (acc == 0x9E3779B9u) sink[0] = acc;
+}
+
+// ---- Matrix-vector products for decode: y [n, rows] (+)= x' [n, cols] · Wᵀ, W bf16 [rows, cols]
+// (cols a multiple of 8), n ≤ 4 token rows, f32 accumulation. Memory-bound: each weight row is
+// streamed once with 16-byte loads, every warp on GEMV_R rows at a time. The input x' is built
+// in shared memory as bf16 by a prologue that fuses the op before the product:
+//   mode 0: x' = bf16(x)                               x [n, cols] f32 (attention output)
+//   mode 1: x' = bf16(rms_norm(x) · nw), eps            x [*, cols] f32 (residual), rows picked
+//           by `xrows` when given (the logit rows)
+//   mode 2: x' = bf16(silu(x[:, :cols]) · x[:, cols:])  x [n, 2·cols] f32 (gate|up)
+// — the same values the unfused kernels (pk_rms_norm, pk_silu_mul, pk_convert) produce.
+// Dynamic shared memory: n · cols · 2 bytes. Grid: any (grid-stride over groups of R rows, one
+// group per warp at a time), block 32 · GEMV_WARPS.
+#define GEMV_WARPS 8
+
+__device__ __forceinline__ float dot8_bf16(uint4 w, uint4 x, float acc) {
+    const u32 ws[4] = {w.x, w.y, w.z, w.w}, xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        acc = fmaf(__uint_as_float(ws[k] << 16), __uint_as_float(xs[k] << 16), acc);
+        acc = fmaf(__uint_as_float(ws[k] & 0xffff0000u), __uint_as_float(xs[k] & 0xffff0000u), acc);
+    }
+    return acc;
+}
+
+template <int N, int GEMV_R>
+__device__ void gemv_bf16(float* __restrict__ y, const u16* __restrict__ W, const float* __restrict__ x,
+                          const float* __restrict__ nw, const u32* __restrict__ xrows, u32 rows, u32 cols,
+                          u32 mode, float eps, u32 accumulate) {
+    extern __shared__ __align__(16) u16 xs[];  // [N, cols]
+    __shared__ double partial[GEMV_WARPS];
+    __shared__ float inv_s;
+    const u32 tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    for (int i = 0; i < N; i++) {
+        const u32 src = xrows ? xrows[i] : (u32)i;
+        if (mode == 0) {
+            const float* xr = x + (u64)src * cols;
+            for (u32 j = tid; j < cols; j += blockDim.x) xs[i * cols + j] = f32_to_bf16(xr[j]);
+        } else if (mode == 1) {
+            const float* xr = x + (u64)src * cols;
+            double s = 0.0;
+            for (u32 j = tid; j < cols; j += blockDim.x) s += (double)__fmul_rn(xr[j], xr[j]);
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (lane == 0) partial[warp] = s;
+            __syncthreads();
+            if (tid == 0) {
+                double t = 0.0;
+                for (int k = 0; k < GEMV_WARPS; k++) t += partial[k];
+                inv_s = 1.0f / sqrtf((float)(t / (double)cols) + eps);
+            }
+            __syncthreads();
+            const float inv = inv_s;
+            for (u32 j = tid; j < cols; j += blockDim.x) xs[i * cols + j] = f32_to_bf16(__fmul_rn(__fmul_rn(xr[j], inv), nw[j]));
+            __syncthreads();
+        } else {
+            const float* xr = x + (u64)src * 2 * cols;
+            for (u32 j = tid; j < cols; j += blockDim.x) {
+                const float g = xr[j], u = xr[cols + j];
+                xs[i * cols + j] = f32_to_bf16(__fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(0.0f - g))), u));
+            }
+        }
+    }
+    __syncthreads();
+    const u32 c8 = cols / 8;
+    const uint4* xv = (const uint4*)xs;
+    const u32 groups = (rows + GEMV_R - 1) / GEMV_R;
+    for (u32 g = blockIdx.x * GEMV_WARPS + warp; g < groups; g += gridDim.x * GEMV_WARPS) {
+        const u32 r0 = g * GEMV_R;
+        float acc[GEMV_R][N];
+#pragma unroll
+        for (int r = 0; r < GEMV_R; r++)
+#pragma unroll
+            for (int i = 0; i < N; i++) acc[r][i] = 0.0f;
+        const uint4* wr[GEMV_R];
+#pragma unroll
+        for (int r = 0; r < GEMV_R; r++) wr[r] = (const uint4*)(W + (u64)min(r0 + r, rows - 1) * cols);
+#pragma unroll 4
+        for (u32 c = lane; c < c8; c += 32) {
+            uint4 wv[GEMV_R];
+#pragma unroll
+            for (int r = 0; r < GEMV_R; r++) wv[r] = __ldcs(wr[r] + c);
+#pragma unroll
+            for (int i = 0; i < N; i++) {
+                const uint4 xq = xv[i * c8 + c];
+#pragma unroll
+                for (int r = 0; r < GEMV_R; r++) acc[r][i] = dot8_bf16(wv[r], xq, acc[r][i]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < GEMV_R; r++)
+#pragma unroll
+            for (int i = 0; i < N; i++) {
+                float v = acc[r][i];
+                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                acc[r][i] = v;
+            }
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < GEMV_R; r++) {
+                if (r0 + r >= rows) continue;
+#pragma unroll
+                for (int i = 0; i < N; i++) {
+                    float* o = y + (u64)i * rows + r0 + r;
+                    *o = accumulate ? *o + acc[r][i] : acc[r][i];
+                }
+            }
+        }
+    }
+}
+
+#define PK_GEMV(N, R)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)                                              \
+        pk_gemv_bf16_n##N##_r##R(float* y, const u16* W, const float* x, const float* nw, const u32* xrows,   \
+                                 u32 rows, u32 cols, u32 mode, float eps, u32 accumulate) {                    \
+        gemv_bf16<N, R>(y, W, x, nw, xrows, rows, cols, mode, eps, accumulate);                                \
+    }
+#define PK_GEMV_R(R) PK_GEMV(1, R) PK_GEMV(2, R) PK_GEMV(3, R) PK_GEMV(4, R)
+PK_GEMV_R(1)
+PK_GEMV_R(2)
+PK_GEMV_R(4)

@@ -1,0 +1,663 @@
+//! [`ModelOps`]: the operations of a llama-family forward pass on one device, around the
+//! kernels of `kernels/model.cu` and cuBLAS — embedding, RMSNorm (optionally gathering rows),
+//! the fused QKV split with bias, q/k norms and RoPE, SiLU·mul, conversions, matrix products,
+//! argmax, and synthetic weights. Attention and the cache write are [`crate::DecodeAttention`]
+//! and [`crate::DevicePages`].
+//!
+//! Matrices ([`DeviceMatrix`]) are row-major `[rows, cols]` in a [`DType`]: bf16 (the default:
+//! half the bytes a decode step streams) or f32 (exact products, for comparisons with the CPU).
+//! A product's input has the weights' type and its output is f32
+//! ([`ModelOps::matmul`]: `out [n, rows] (+)= x [n, cols] · Wᵀ`, f32 accumulation), so the
+//! residual stream, q/k/v and logits stay f32 and a residual add is the product's `beta = 1`.
+
+use std::sync::Arc;
+
+use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use half::bf16;
+
+use crate::compile::ModuleSpec;
+use crate::pages::dptr;
+use crate::{CudaDevice, CudaError};
+
+/// Element type of a [`DeviceMatrix`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    Bf16,
+    F32,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::Bf16 => 2,
+            DType::F32 => 4,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Bf16 => "bf16",
+            DType::F32 => "f32",
+        }
+    }
+
+    /// `bf16` or `f32`; anything else is an error naming the accepted values.
+    pub fn parse(s: &str) -> Result<DType, CudaError> {
+        match s {
+            "bf16" => Ok(DType::Bf16),
+            "f32" => Ok(DType::F32),
+            _ => Err(CudaError::Invalid(format!("weight type {s:?}: accepted values are bf16, f32"))),
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        self.name()
+    }
+
+    fn cuda(self) -> blas_sys::cudaDataType {
+        match self {
+            DType::Bf16 => blas_sys::cudaDataType::CUDA_R_16BF,
+            DType::F32 => blas_sys::cudaDataType::CUDA_R_32F,
+        }
+    }
+}
+
+/// A row-major `[rows, cols]` matrix (weights, or activations that feed a product) in device
+/// memory.
+pub struct DeviceMatrix {
+    /// `[rows, cols]` elements of `dtype`, as bytes.
+    data: CudaSlice<u8>,
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+}
+
+impl DeviceMatrix {
+    /// A zeroed matrix.
+    pub fn zeros(device: &CudaDevice, rows: usize, cols: usize, dtype: DType) -> Result<DeviceMatrix, CudaError> {
+        let n = rows
+            .checked_mul(cols)
+            .and_then(|n| n.checked_mul(dtype.size()))
+            .ok_or_else(|| CudaError::Invalid(format!("matrix [{rows}, {cols}] overflows")))?;
+        let data = device.stream().alloc_zeros::<u8>(n.max(16)).map_err(|e| CudaError::driver("cuMemAlloc", e))?;
+        Ok(DeviceMatrix { data, rows, cols, dtype })
+    }
+
+    /// A matrix holding `values` (`[rows, cols]` f32, rounded to `dtype` to nearest even).
+    pub fn from_f32(
+        device: &CudaDevice,
+        rows: usize,
+        cols: usize,
+        dtype: DType,
+        values: &[f32],
+    ) -> Result<DeviceMatrix, CudaError> {
+        let mut m = DeviceMatrix::zeros(device, rows, cols, dtype)?;
+        m.write_rows(device, 0, values)?;
+        Ok(m)
+    }
+
+    /// Overwrites rows `first..first + values.len() / cols` with `values` (f32, rounded to the
+    /// matrix's type).
+    pub fn write_rows(&mut self, device: &CudaDevice, first: usize, values: &[f32]) -> Result<(), CudaError> {
+        if self.cols == 0 || values.len() % self.cols != 0 || first + values.len() / self.cols > self.rows {
+            return Err(CudaError::Invalid(format!(
+                "{} values at row {first} of a [{}, {}] matrix",
+                values.len(),
+                self.rows,
+                self.cols
+            )));
+        }
+        let bytes: Vec<u8> = match self.dtype {
+            DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DType::Bf16 => values.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect(),
+        };
+        let off = first * self.cols * self.dtype.size();
+        let mut dst = self.data.slice_mut(off..off + bytes.len());
+        device.stream().memcpy_htod(&bytes, &mut dst).map_err(|e| CudaError::driver("cuMemcpyHtoD", e))
+    }
+
+    /// The matrix as f32 values on the host (tests).
+    pub fn to_f32(&self, device: &CudaDevice) -> Result<Vec<f32>, CudaError> {
+        let n = self.rows * self.cols;
+        let bytes = device
+            .stream()
+            .clone_dtoh(&self.data.slice(..n * self.dtype.size()))
+            .map_err(|e| CudaError::driver("cuMemcpyDtoH", e))?;
+        Ok(match self.dtype {
+            DType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            DType::Bf16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Bytes of the matrix's elements.
+    pub fn bytes(&self) -> usize {
+        self.rows * self.cols * self.dtype.size()
+    }
+
+    fn ptr(&self, device: &CudaDevice) -> u64 {
+        dptr(&self.data, device)
+    }
+}
+
+/// Arguments of [`ModelOps::qkv_rope`] beyond the buffers.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeParams {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Dimensions of each head that are rotated (even, ≤ head_dim).
+    pub rope_dims: usize,
+    /// `false`: adjacent pairs (2i, 2i+1) (llama); `true`: (i, i + rope_dims/2) (neox, qwen).
+    pub neox: bool,
+    /// `base^(-2 / rope_dims)`.
+    pub theta_scale: f32,
+    /// `1 / linear scale`.
+    pub freq_scale: f32,
+    /// Epsilon of the per-head q/k norms.
+    pub eps: f32,
+    /// Round q to the K cache's precision: 0 none, 1 f16, 2 bf16.
+    pub q_round: u32,
+}
+
+/// Device buffers of [`ModelOps::qkv_rope`]. Shapes in comments.
+pub struct QkvRope<'a> {
+    /// `[n, (num_heads + 2·num_kv_heads)·head_dim]` the fused QKV product.
+    pub qkv: &'a CudaSlice<f32>,
+    /// `[(num_heads + 2·num_kv_heads)·head_dim]` optional bias.
+    pub bias: Option<&'a CudaSlice<f32>>,
+    /// `[head_dim]` optional per-head norms.
+    pub q_norm: Option<&'a CudaSlice<f32>>,
+    pub k_norm: Option<&'a CudaSlice<f32>>,
+    /// `[rope_dims / 2]` optional frequency divisors.
+    pub factors: Option<&'a CudaSlice<f32>>,
+    /// `[n]` positions.
+    pub positions: &'a CudaSlice<u32>,
+}
+
+/// What [`ModelOps::gemv`] does to its input before the product (fused into the same launch).
+#[derive(Clone, Copy)]
+pub enum Prologue<'a> {
+    /// `x [n, cols]` f32, rounded to bf16 (the attention output).
+    Convert,
+    /// RMSNorm of `x` rows with weights `w [cols]` (the residual stream before a block, or the
+    /// logit rows before the output product).
+    RmsNorm { w: &'a CudaSlice<f32>, eps: f32 },
+    /// `silu(x[:, :cols]) · x[:, cols:]` of `x [n, 2·cols]` f32 (the MLP's gate|up product).
+    SiluMul,
+}
+
+/// Most token rows [`ModelOps::gemv`] serves.
+pub const GEMV_MAX_N: usize = 4;
+
+/// Rows one warp of [`ModelOps::gemv`] streams at a time (the kernels compiled).
+pub const GEMV_ROWS_PER_WARP: [usize; 3] = [1, 2, 4];
+
+/// Launch shape of [`ModelOps::gemv`]: rows per warp (one of [`GEMV_ROWS_PER_WARP`]) and the
+/// most blocks of 8 warps per SM (more hide more latency; each block repeats the prologue).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemvShape {
+    pub rows_per_warp: usize,
+    pub blocks_per_sm: usize,
+}
+
+impl GemvShape {
+    /// The default, or `PAGEKV_CUDA_GEMV_R` / `PAGEKV_CUDA_GEMV_BPS` (tuning runs).
+    pub fn from_env() -> GemvShape {
+        let get = |name: &str, default: usize, ok: &dyn Fn(usize) -> bool| {
+            std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).filter(|&v| ok(v)).unwrap_or(default)
+        };
+        GemvShape {
+            // Measured on the H200 (RESULTS.md, model run 5): one row per warp and 8 blocks per
+            // SM streamed Llama 3 8B's matrices fastest of {1, 2, 4} × {2, 4, 8, 16}.
+            rows_per_warp: get("PAGEKV_CUDA_GEMV_R", 1, &|v| GEMV_ROWS_PER_WARP.contains(&v)),
+            blocks_per_sm: get("PAGEKV_CUDA_GEMV_BPS", 8, &|v| (1..=32).contains(&v)),
+        }
+    }
+}
+
+/// Dynamic shared memory the decode product may take: the device's opt-in limit less the
+/// kernel's static shared memory (the norm's partial sums), rounded down to a KiB.
+fn gemv_smem_limit(device: &CudaDevice) -> usize {
+    device.smem_optin().saturating_sub(1024)
+}
+
+/// Loaded kernels of one dtype.
+struct Typed {
+    embed: CudaFunction,
+    rms_norm: CudaFunction,
+    silu_mul: CudaFunction,
+    convert: CudaFunction,
+    fill: CudaFunction,
+}
+
+/// The model kernels and a cuBLAS handle on one device's stream.
+pub struct ModelOps {
+    device: Arc<CudaDevice>,
+    blas: CudaBlas,
+    bf16: Typed,
+    f32: Typed,
+    qkv_rope: CudaFunction,
+    /// `[rows per warp index][n - 1]` the decode products for 1..=GEMV_MAX_N token rows and
+    /// [`GEMV_ROWS_PER_WARP`] rows per warp.
+    gemv: Vec<Vec<CudaFunction>>,
+    gemv_shape: GemvShape,
+    argmax: CudaFunction,
+    read_sum: CudaFunction,
+    /// `[4]` sink of the read kernel.
+    sink: CudaSlice<u32>,
+}
+
+fn launch_err(name: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CudaError {
+    move |e| CudaError::driver(name, e)
+}
+
+impl ModelOps {
+    /// Loads (compiling on first use) the model kernels and opens cuBLAS on `device`'s stream.
+    pub fn new(device: Arc<CudaDevice>) -> Result<ModelOps, CudaError> {
+        // SAFETY: only tries to dlopen the library.
+        if !unsafe { blas_sys::is_culib_present() } {
+            return Err(CudaError::Unsupported(
+                "cuBLAS not found: libcublas.so could not be loaded (add the CUDA toolkit's lib64 to LD_LIBRARY_PATH)"
+                    .into(),
+            ));
+        }
+        let module = device.module(&ModuleSpec::Model)?;
+        let typed = |t: DType| -> Result<Typed, CudaError> {
+            let f = |n: &str| module.function(&format!("pk_{n}_{}", t.suffix()));
+            Ok(Typed {
+                embed: f("embed")?,
+                rms_norm: f("rms_norm")?,
+                silu_mul: f("silu_mul")?,
+                convert: f("convert")?,
+                fill: f("fill_uniform")?,
+            })
+        };
+        let blas = CudaBlas::new(device.stream().clone())
+            .map_err(|e| CudaError::Driver { op: "cublasCreate", msg: format!("{e:?}") })?;
+        let sink = device.stream().alloc_zeros::<u32>(4).map_err(|e| CudaError::driver("cuMemAlloc", e))?;
+        let mut gemv = vec![Vec::with_capacity(GEMV_MAX_N); GEMV_ROWS_PER_WARP.len()];
+        device.bind()?;
+        for (ri, r) in GEMV_ROWS_PER_WARP.iter().enumerate() {
+            for n in 1..=GEMV_MAX_N {
+                let f = module.function(&format!("pk_gemv_bf16_n{n}_r{r}"))?;
+                // SAFETY: a valid function handle of a loaded module.
+                unsafe {
+                    cudarc::driver::result::function::set_function_attribute(
+                        f.cu_function(),
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        gemv_smem_limit(&device) as i32,
+                    )
+                }
+                .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+                gemv[ri].push(f);
+            }
+        }
+        Ok(ModelOps {
+            gemv,
+            gemv_shape: GemvShape::from_env(),
+            bf16: typed(DType::Bf16)?,
+            f32: typed(DType::F32)?,
+            qkv_rope: module.function("pk_qkv_rope")?,
+            argmax: module.function("pk_argmax")?,
+            read_sum: module.function("pk_read_sum")?,
+            blas,
+            sink,
+            device,
+        })
+    }
+
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
+    fn typed(&self, t: DType) -> &Typed {
+        match t {
+            DType::Bf16 => &self.bf16,
+            DType::F32 => &self.f32,
+        }
+    }
+
+    /// A grid-stride launch over `n` elements.
+    fn stride_cfg(&self, n: usize) -> LaunchConfig {
+        let blocks = n.div_ceil(256).clamp(1, 8 * self.device.sm_count().max(1));
+        LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+    }
+
+    fn p<T>(&self, s: &CudaSlice<T>) -> u64 {
+        dptr(s, &self.device)
+    }
+
+    /// `out [n, h]` f32 ← rows `tokens [n]` of `table [vocab, h]`. Token ids must be < vocab
+    /// (the caller validates them).
+    pub fn embed(
+        &self,
+        out: &mut CudaSlice<f32>,
+        table: &DeviceMatrix,
+        tokens: &CudaSlice<u32>,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let h = table.cols;
+        if out.len() < n * h || tokens.len() < n {
+            return Err(CudaError::Invalid(format!("embed of {n} tokens: out {}, tokens {}", out.len(), tokens.len())));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let f = &self.typed(table.dtype).embed;
+        let (o, t, k, h32) = (self.p(out), table.ptr(&self.device), self.p(tokens), h as u32);
+        let mut b = self.device.stream().launch_builder(f);
+        b.arg(&o).arg(&t).arg(&k).arg(&h32);
+        let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: pk_embed_T(float*, const T*, const u32*, u32); sizes checked above.
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_embed)"))
+    }
+
+    /// `out [n, h]` (out's dtype) ← RMSNorm of `x` rows (`rows [n]` picks them when given, else
+    /// rows `0..n`) with weights `w [h]`.
+    pub fn rms_norm(
+        &self,
+        out: &mut DeviceMatrix,
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        rows: Option<&CudaSlice<u32>>,
+        n: usize,
+        eps: f32,
+    ) -> Result<(), CudaError> {
+        let h = out.cols;
+        if w.len() < h || out.rows < n || (rows.is_none() && x.len() < n * h) || rows.is_some_and(|r| r.len() < n) {
+            return Err(CudaError::Invalid(format!("rms_norm of {n} rows of {h}")));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let f = &self.typed(out.dtype).rms_norm;
+        let (o, xp, wp, rp, h32) =
+            (out.ptr(&self.device), self.p(x), self.p(w), rows.map_or(0, |r| self.p(r)), h as u32);
+        let mut b = self.device.stream().launch_builder(f);
+        b.arg(&o).arg(&xp).arg(&wp).arg(&rp).arg(&h32).arg(&eps);
+        let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: pk_rms_norm_T(T*, const float*, const float*, const u32*, u32, float); gathered row
+        // ids are < x's rows (the caller's contract).
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_rms_norm)"))
+    }
+
+    /// Splits the fused QKV product of `n` tokens into `q [n, nh, d]`, `k`, `v [n, nkv, d]`,
+    /// adding the bias, applying the q/k norms and RoPE, rounding q (see `kernels/model.cu`).
+    pub fn qkv_rope(
+        &self,
+        q: &mut CudaSlice<f32>,
+        k: &mut CudaSlice<f32>,
+        v: &mut CudaSlice<f32>,
+        a: &QkvRope,
+        p: &RopeParams,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let (nh, nkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
+        let width = (nh + 2 * nkv) * d;
+        let bad = a.qkv.len() < n * width
+            || q.len() < n * nh * d
+            || k.len() < n * nkv * d
+            || v.len() < n * nkv * d
+            || a.positions.len() < n
+            || a.bias.is_some_and(|b| b.len() < width)
+            || a.q_norm.is_some_and(|b| b.len() < d)
+            || a.k_norm.is_some_and(|b| b.len() < d)
+            || a.factors.is_some_and(|f| f.len() < p.rope_dims / 2)
+            || p.rope_dims > d
+            || p.rope_dims % 2 != 0;
+        if bad {
+            return Err(CudaError::Invalid(format!("qkv_rope of {n} tokens: buffer sizes or {p:?}")));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let opt = |s: Option<&CudaSlice<f32>>| s.map_or(0u64, |s| self.p(s));
+        let (qp, kp, vp, xp) = (self.p(q), self.p(k), self.p(v), self.p(a.qkv));
+        let (bp, qn, kn, pp, fp) = (opt(a.bias), opt(a.q_norm), opt(a.k_norm), self.p(a.positions), opt(a.factors));
+        let (nh32, nkv32, d32, rd, style) = (nh as u32, nkv as u32, d as u32, p.rope_dims as u32, p.neox as u32);
+        let mut b = self.device.stream().launch_builder(&self.qkv_rope);
+        b.arg(&qp).arg(&kp).arg(&vp).arg(&xp).arg(&bp).arg(&qn).arg(&kn).arg(&pp).arg(&fp);
+        b.arg(&nh32).arg(&nkv32).arg(&d32).arg(&rd).arg(&style).arg(&p.theta_scale).arg(&p.freq_scale);
+        b.arg(&p.eps).arg(&p.q_round);
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, (nh + 2 * nkv) as u32, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: (4 * d) as u32,
+        };
+        // SAFETY: argument list matches pk_qkv_rope; sizes checked above.
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_qkv_rope)"))
+    }
+
+    /// `out [n, f]` (out's dtype) ← `silu(gu[:, :f]) · gu[:, f:]`, `gu [n, 2f]` f32.
+    pub fn silu_mul(&self, out: &mut DeviceMatrix, gu: &CudaSlice<f32>, n: usize) -> Result<(), CudaError> {
+        let f = out.cols;
+        if out.rows < n || gu.len() < n * 2 * f {
+            return Err(CudaError::Invalid(format!("silu_mul of {n} rows of {f}")));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let func = &self.typed(out.dtype).silu_mul;
+        let (o, g, f32_, n32) = (out.ptr(&self.device), self.p(gu), f as u32, n as u32);
+        let mut b = self.device.stream().launch_builder(func);
+        b.arg(&o).arg(&g).arg(&f32_).arg(&n32);
+        // SAFETY: pk_silu_mul_T(T*, const float*, u32, u32); sizes checked above.
+        unsafe { b.launch(self.stride_cfg(n * f)) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_silu_mul)"))
+    }
+
+    /// The first `len` elements of `out` ← `x` (f32) in out's dtype.
+    pub fn convert(&self, out: &mut DeviceMatrix, x: &CudaSlice<f32>, len: usize) -> Result<(), CudaError> {
+        if out.rows * out.cols < len || x.len() < len {
+            return Err(CudaError::Invalid(format!("convert of {len} values")));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let f = &self.typed(out.dtype).convert;
+        let (o, xp, n) = (out.ptr(&self.device), self.p(x), len as u64);
+        let mut b = self.device.stream().launch_builder(f);
+        b.arg(&o).arg(&xp).arg(&n);
+        // SAFETY: pk_convert_T(T*, const float*, u64); sizes checked above.
+        unsafe { b.launch(self.stride_cfg(len)) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_convert)"))
+    }
+
+    /// `out [n, w.rows] = x [n, w.cols] · wᵀ`, or `+=` with `accumulate` (f32 accumulation,
+    /// f32 output; x and w of the same dtype).
+    pub fn matmul(
+        &self,
+        out: &mut CudaSlice<f32>,
+        x: &DeviceMatrix,
+        w: &DeviceMatrix,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        if x.dtype != w.dtype || x.cols != w.cols || x.rows < n || out.len() < n * w.rows {
+            return Err(CudaError::Invalid(format!(
+                "matmul [{n}, {}] ({}) · [{}, {}]ᵀ ({}) into {} values",
+                x.cols,
+                x.dtype.name(),
+                w.rows,
+                w.cols,
+                w.dtype.name(),
+                out.len()
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let too_big = |v: usize| v > i32::MAX as usize;
+        if too_big(n) || too_big(w.rows) || too_big(w.cols) {
+            return Err(CudaError::Unsupported("matrix dimension beyond i32".into()));
+        }
+        let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0f32 });
+        let (wp, xp, op) = (w.ptr(&self.device), x.ptr(&self.device), self.p(out));
+        // Column-major view: C [rows × n] = (W as [cols × rows])ᵀ · (x as [cols × n]).
+        // SAFETY: pointers are live device buffers of the checked sizes on the handle's stream.
+        unsafe {
+            blas::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                w.rows as i32,
+                n as i32,
+                w.cols as i32,
+                (&alpha) as *const f32 as *const _,
+                wp as *const _,
+                w.dtype.cuda(),
+                w.cols as i32,
+                xp as *const _,
+                x.dtype.cuda(),
+                x.cols as i32,
+                (&beta) as *const f32 as *const _,
+                op as *mut _,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                w.rows as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| CudaError::Driver { op: "cublasGemmEx", msg: format!("{e:?}") })
+    }
+
+    /// The launch shape of [`Self::gemv`] (default from [`GemvShape::from_env`]).
+    pub fn set_gemv_shape(&mut self, shape: GemvShape) {
+        self.gemv_shape = shape;
+    }
+
+    pub fn gemv_shape(&self) -> GemvShape {
+        self.gemv_shape
+    }
+
+    /// Whether [`Self::gemv`] serves `n` token rows against `w`: bf16 weights, columns a multiple
+    /// of 8, `n ≤ GEMV_MAX_N`, and the bf16 input fits in shared memory.
+    pub fn gemv_serves(&self, w: &DeviceMatrix, n: usize) -> bool {
+        w.dtype == DType::Bf16
+            && w.cols % 8 == 0
+            && (1..=GEMV_MAX_N).contains(&n)
+            && n * w.cols * 2 <= gemv_smem_limit(&self.device)
+    }
+
+    /// The decode product: `out [n, w.rows] (+)= x' [n, w.cols] · wᵀ` with `x'` the bf16 result of
+    /// `prologue` on `x` (rows `rows [n]` of `x` when given, else `0..n`), f32 accumulation, in
+    /// one launch that streams the weights once (see `kernels/model.cu`). The caller checks
+    /// [`Self::gemv_serves`] first; `out` must not overlap `x`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv(
+        &self,
+        out: &mut CudaSlice<f32>,
+        x: &CudaSlice<f32>,
+        w: &DeviceMatrix,
+        prologue: Prologue,
+        rows: Option<&CudaSlice<u32>>,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        let in_width = match prologue {
+            Prologue::SiluMul => 2 * w.cols,
+            _ => w.cols,
+        };
+        let bad = !self.gemv_serves(w, n)
+            || out.len() < n * w.rows
+            || (rows.is_none() && x.len() < n * in_width)
+            || rows.is_some_and(|r| r.len() < n)
+            || matches!(prologue, Prologue::RmsNorm { w: nw, .. } if nw.len() < w.cols);
+        if bad {
+            return Err(CudaError::Invalid(format!("gemv of {n} rows against [{}, {}]", w.rows, w.cols)));
+        }
+        let (mode, nw, eps) = match prologue {
+            Prologue::Convert => (0u32, 0u64, 0f32),
+            Prologue::RmsNorm { w: nw, eps } => (1, self.p(nw), eps),
+            Prologue::SiluMul => (2, 0, 0.0),
+        };
+        let shape = self.gemv_shape;
+        let ri = GEMV_ROWS_PER_WARP.iter().position(|&r| r == shape.rows_per_warp).unwrap_or(1);
+        let f = &self.gemv[ri][n - 1];
+        let (y, wp, xp, rp) = (self.p(out), w.ptr(&self.device), self.p(x), rows.map_or(0, |r| self.p(r)));
+        let (r32, c32, acc) = (w.rows as u32, w.cols as u32, accumulate as u32);
+        let mut b = self.device.stream().launch_builder(f);
+        b.arg(&y).arg(&wp).arg(&xp).arg(&nw).arg(&rp).arg(&r32).arg(&c32).arg(&mode).arg(&eps).arg(&acc);
+        // Groups of `rows_per_warp` rows, 8 warps per block, at most `blocks_per_sm` blocks per SM
+        // (the prologue, which every block repeats, stays small next to the weights).
+        let groups = w.rows.div_ceil(GEMV_ROWS_PER_WARP[ri] * 8);
+        let blocks = groups.clamp(1, shape.blocks_per_sm * self.device.sm_count().max(1));
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: (n * w.cols * 2) as u32,
+        };
+        // SAFETY: argument list matches pk_gemv_bf16_nN; sizes checked above; the caller keeps
+        // out and x apart and gathered row ids in range.
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_gemv_bf16)"))
+    }
+
+    /// `ids [rows]` ← argmax of each row of `logits [rows, vocab]` (first maximum, NaN skipped).
+    pub fn argmax(
+        &self,
+        ids: &mut CudaSlice<u32>,
+        logits: &CudaSlice<f32>,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<(), CudaError> {
+        if ids.len() < rows || logits.len() < rows * vocab || vocab == 0 {
+            return Err(CudaError::Invalid(format!("argmax of {rows} rows of {vocab}")));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let (i, l, v) = (self.p(ids), self.p(logits), vocab as u32);
+        let mut b = self.device.stream().launch_builder(&self.argmax);
+        b.arg(&i).arg(&l).arg(&v);
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: pk_argmax(u32*, const float*, u32); sizes checked above.
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_argmax)"))
+    }
+
+    /// Fills `m` with uniform values in `[-scale, scale)` from `seed` (synthetic weights).
+    pub fn fill_uniform(&self, m: &mut DeviceMatrix, scale: f32, seed: u32) -> Result<(), CudaError> {
+        let n = m.rows * m.cols;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = &self.typed(m.dtype).fill;
+        let (p, n64) = (m.ptr(&self.device), n as u64);
+        let mut b = self.device.stream().launch_builder(f);
+        b.arg(&p).arg(&n64).arg(&scale).arg(&seed);
+        // SAFETY: pk_fill_uniform_T(T*, u64, float, u32) over the matrix's elements.
+        unsafe { b.launch(self.stride_cfg(n)) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_fill_uniform)"))
+    }
+
+    /// Reads every byte of `mats` once (16-byte loads, one launch per matrix): the weight
+    /// traffic of one decode step with nothing computed. Queued on the stream; time it around
+    /// a synchronize.
+    pub fn read_all(&self, mats: &[&DeviceMatrix]) -> Result<(), CudaError> {
+        let sink = self.p(&self.sink);
+        for m in mats {
+            let words = (m.bytes() / 16) as u64;
+            if words == 0 {
+                continue;
+            }
+            let p = m.ptr(&self.device);
+            let mut b = self.device.stream().launch_builder(&self.read_sum);
+            b.arg(&p).arg(&words).arg(&sink);
+            let blocks = 4 * self.device.sm_count().max(1);
+            let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: pk_read_sum(const uint4*, u64, u32*) over the matrix's whole 16-byte words
+            // (allocations are 256-byte aligned).
+            unsafe { b.launch(cfg) }.map_err(launch_err("cuLaunchKernel(pk_read_sum)"))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,553 @@
+//! [`CudaModel`]: the llama-family forward pass on one GPU (feature `cuda`), over device pages
+//! (`KvPool<DevicePages>`: the bookkeeping stays in kvcache, the pages live on the device).
+//!
+//! One path, as on the CPU: embed → per layer (RMSNorm, fused QKV product, bias + q/k norms +
+//! RoPE in one kernel, cache write, paged attention, output product accumulated into the
+//! residual, RMSNorm, fused gate|up product, SiLU·mul, down product accumulated into the
+//! residual) → final RMSNorm of the rows whose logits are wanted → output product. Products go
+//! through cuBLAS with f32 accumulation; weights are bf16 (default) or f32 ([`DType`]). Steps of
+//! at most [`pagekv_cuda::GEMV_MAX_N`] tokens with bf16 weights (decode) multiply matrices up to
+//! 64 MiB with the fused matrix-vector kernel instead, which streams each weight matrix once
+//! with the op before the product (RMSNorm, SiLU·mul, the conversion of the attention output) in
+//! its prologue.
+//!
+//! Attention serves prefill and decode alike: every token of the batch is one query row of the
+//! paged decode kernel with its own context length (`position + 1`) and its sequence's block
+//! table — causal by construction, every KV format, GQA and sliding windows as the decode
+//! kernel has them. A prefill chunk of `n` tokens so reads its prefix once per token (`O(n²)`
+//! reads, from L2 for short chunks); a tiled causal prefill kernel is the next step.
+//!
+//! Buffers are allocated up front ([`DeviceScratch`]) and grow only when a larger batch arrives.
+
+mod weights;
+
+use std::sync::Arc;
+
+use kvcache::{AttentionRoute, CacheConfig, KvFormat, KvPool, PageStore};
+use pagekv_cuda::{
+    CudaDevice, CudaError, DType, DecodeAttention, DecodeBatch, DecodeRoute, DeviceMatrix, DevicePages, DeviceVec,
+    ModelOps, Prologue, QkvRope, RopeParams,
+};
+
+use crate::backend::Forward;
+use crate::batch::{Batch, Logits};
+use crate::error::ModelError;
+use crate::llama::{Model, ModelConfig, RopeStyle};
+use weights::DeviceWeights;
+
+pub(crate) fn dev(e: CudaError) -> ModelError {
+    ModelError::Device(e.to_string())
+}
+
+fn drv<E: std::fmt::Debug>(op: &'static str) -> impl Fn(E) -> ModelError {
+    move |e| ModelError::Device(format!("CUDA driver error in {op}: {e:?}"))
+}
+
+/// `values` copied into a new device buffer.
+pub(crate) fn upload_f32(device: &CudaDevice, values: &[f32]) -> Result<DeviceVec<f32>, ModelError> {
+    device.stream().clone_htod(values).map_err(drv("cuMemcpyHtoD"))
+}
+
+fn zeros<T: pagekv_cuda::DeviceRepr + pagekv_cuda::ValidAsZeroBits>(
+    device: &CudaDevice,
+    n: usize,
+) -> Result<DeviceVec<T>, ModelError> {
+    device.stream().alloc_zeros::<T>(n.max(1)).map_err(drv("cuMemAlloc"))
+}
+
+/// Shapes of the synthetic models (`synthetic:NAME`): random weights of a real model's shape,
+/// for throughput measurements only.
+pub fn synthetic_config(name: &str) -> Option<ModelConfig> {
+    let base = |name: &str, layers, hidden, ffn, heads, kv_heads, head_dim, vocab, rope_base| ModelConfig {
+        architecture: crate::llama::Architecture::Llama,
+        arch_name: "llama".into(),
+        name: format!("synthetic:{name} (random weights, not a real model)"),
+        num_layers: layers,
+        hidden,
+        ffn,
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim,
+        vocab_size: vocab,
+        context_length: 8192,
+        rms_eps: 1e-5,
+        rope_base,
+        rope_dims: head_dim,
+        rope_style: RopeStyle::Norm,
+        rope_linear_scale: 1.0,
+        sliding_window: None,
+    };
+    match name {
+        // Meta-Llama-3-8B: 32 layers, 4096 wide, 14336 ffn, 32 q / 8 kv heads of 128, 128256 tokens.
+        "llama3-8b" => Some(base(name, 32, 4096, 14336, 32, 8, 128, 128256, 500000.0)),
+        // SmolLM2-135M: 30 layers, 576 wide, 1536 ffn, 9 q / 3 kv heads of 64, 49152 tokens.
+        "smollm2" => Some(base(name, 30, 576, 1536, 9, 3, 64, 49152, 100000.0)),
+        _ => None,
+    }
+}
+
+/// The synthetic model names [`synthetic_config`] knows.
+pub const SYNTHETIC_MODELS: [&str; 2] = ["llama3-8b", "smollm2"];
+
+/// Working buffers on the device, sized for `cap` tokens, `cap_logits` logit rows and
+/// `cap_blocks` block-table entries per token.
+#[derive(Default)]
+struct DeviceScratch {
+    cap: usize,
+    cap_logits: usize,
+    cap_blocks: usize,
+    bufs: Option<Bufs>,
+}
+
+struct Bufs {
+    tokens: DeviceVec<u32>,    // [cap]
+    positions: DeviceVec<u32>, // [cap]
+    slots: DeviceVec<u32>,     // [cap]
+    ctx: DeviceVec<u32>,       // [cap] context length seen by each token's query (position + 1)
+    tables: DeviceVec<u32>,    // [cap, cap_blocks] each token's sequence's block table
+    x: DeviceVec<f32>,         // [cap, hidden] residual stream
+    xn: DeviceMatrix,          // [cap, hidden] normed input of a block (product type)
+    qkv: DeviceVec<f32>,       // [cap, q_dim + 2·kv_dim]
+    q: DeviceVec<f32>,         // [cap, q_dim]
+    k: DeviceVec<f32>,         // [cap, kv_dim]
+    v: DeviceVec<f32>,         // [cap, kv_dim]
+    attn: DeviceVec<f32>,      // [cap, q_dim]
+    attn_t: DeviceMatrix,      // [cap, q_dim] attention output (product type)
+    gate_up: DeviceVec<f32>,   // [cap, 2·ffn]
+    act: DeviceMatrix,         // [cap, ffn] silu(gate)·up (product type)
+    rows: DeviceVec<u32>,      // [cap_logits] token index of each logit row
+    normed_rows: DeviceMatrix, // [cap_logits, hidden]
+    logits: DeviceVec<f32>,    // [cap_logits, vocab]
+    ids: DeviceVec<u32>,       // [cap_logits] argmax of each logit row
+}
+
+impl DeviceScratch {
+    fn ensure(
+        &mut self,
+        device: &CudaDevice,
+        c: &ModelConfig,
+        dtype: DType,
+        tokens: usize,
+        logit_rows: usize,
+        blocks: usize,
+    ) -> Result<(&mut Bufs, usize), ModelError> {
+        if self.bufs.is_none() || tokens > self.cap || logit_rows > self.cap_logits || blocks > self.cap_blocks {
+            // Free the old buffers first: a large model leaves little room for two sets.
+            self.bufs = None;
+            let cap = tokens.max(self.cap).next_power_of_two();
+            let cap_logits = logit_rows.max(self.cap_logits).max(1).next_power_of_two();
+            let cap_blocks = blocks.max(self.cap_blocks).max(1).next_power_of_two();
+            let (h, qd, kvd, f) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn);
+            let m = |rows, cols| DeviceMatrix::zeros(device, rows, cols, dtype).map_err(dev);
+            self.bufs = Some(Bufs {
+                tokens: zeros(device, cap)?,
+                positions: zeros(device, cap)?,
+                slots: zeros(device, cap)?,
+                ctx: zeros(device, cap)?,
+                tables: zeros(device, cap * cap_blocks)?,
+                x: zeros(device, cap * h)?,
+                xn: m(cap, h)?,
+                qkv: zeros(device, cap * (qd + 2 * kvd))?,
+                q: zeros(device, cap * qd)?,
+                k: zeros(device, cap * kvd)?,
+                v: zeros(device, cap * kvd)?,
+                attn: zeros(device, cap * qd)?,
+                attn_t: m(cap, qd)?,
+                gate_up: zeros(device, cap * 2 * f)?,
+                act: m(cap, f)?,
+                rows: zeros(device, cap_logits)?,
+                normed_rows: m(cap_logits, h)?,
+                logits: zeros(device, cap_logits * c.vocab_size)?,
+                ids: zeros(device, cap_logits)?,
+            });
+            (self.cap, self.cap_logits, self.cap_blocks) = (cap, cap_logits, cap_blocks);
+        }
+        Ok((self.bufs.as_mut().expect("allocated above"), self.cap_blocks))
+    }
+}
+
+/// Host-side staging of one step's small arrays.
+#[derive(Default)]
+struct HostScratch {
+    ctx: Vec<u32>,    // [n]
+    tables: Vec<u32>, // [n, blocks]
+    rows: Vec<u32>,   // [logit rows]
+    logits: Vec<f32>, // [logit rows, vocab]
+}
+
+/// A llama-family model on one GPU.
+pub struct CudaModel {
+    pub config: ModelConfig,
+    device: Arc<CudaDevice>,
+    ops: ModelOps,
+    attention: DecodeAttention,
+    weights: DeviceWeights,
+    rope: RopeParams,
+    scratch: DeviceScratch,
+    host: HostScratch,
+    /// `Some(name)` for random weights (`synthetic:NAME`).
+    synthetic: Option<String>,
+    /// Decode steps multiply matrices of at most this many bytes with the fused matrix-vector
+    /// kernel, larger ones through cuBLAS (whose kernels stream large matrices faster: RESULTS.md).
+    /// `PAGEKV_CUDA_GEMV_MAX_BYTES` sets it; `PAGEKV_CUDA_GEMV=0` means 0 (cuBLAS only).
+    gemv_max_bytes: usize,
+}
+
+impl CudaModel {
+    /// The weights of a loaded (CPU) model, dequantized to `dtype` and uploaded to `device`.
+    pub fn from_model(model: &Model, device: Arc<CudaDevice>, dtype: DType) -> Result<CudaModel, ModelError> {
+        let ops = ModelOps::new(device.clone()).map_err(dev)?;
+        let weights = DeviceWeights::upload(&device, &model.weights, &model.config, dtype)?;
+        CudaModel::assemble(model.config.clone(), device, ops, weights, None)
+    }
+
+    /// Random weights of the synthetic model `name` (see [`synthetic_config`]), generated on
+    /// the device. For throughput measurements only: not a model.
+    pub fn synthetic(name: &str, device: Arc<CudaDevice>, dtype: DType, seed: u32) -> Result<CudaModel, ModelError> {
+        let config = synthetic_config(name).ok_or_else(|| {
+            ModelError::Invalid(format!(
+                "unknown synthetic model {name:?}: accepted values are {}",
+                SYNTHETIC_MODELS.map(|m| format!("synthetic:{m}")).join(", ")
+            ))
+        })?;
+        let ops = ModelOps::new(device.clone()).map_err(dev)?;
+        // SmolLM2 ties its output to the embedding; Llama 3 8B does not.
+        let tied = name == "smollm2";
+        let weights = DeviceWeights::synthetic(&device, &ops, &config, dtype, tied, seed)?;
+        CudaModel::assemble(config, device, ops, weights, Some(name.to_string()))
+    }
+
+    fn assemble(
+        config: ModelConfig,
+        device: Arc<CudaDevice>,
+        ops: ModelOps,
+        weights: DeviceWeights,
+        synthetic: Option<String>,
+    ) -> Result<CudaModel, ModelError> {
+        let c = &config;
+        if c.num_heads / c.num_kv_heads > pagekv_cuda::MAX_GROUP {
+            return Err(ModelError::Device(format!(
+                "{} query heads per kv head: the CUDA attention kernels serve at most {}",
+                c.num_heads / c.num_kv_heads,
+                pagekv_cuda::MAX_GROUP
+            )));
+        }
+        let rope = RopeParams {
+            num_heads: c.num_heads,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            rope_dims: c.rope_dims,
+            neox: c.rope_style == RopeStyle::Neox,
+            theta_scale: c.rope_base.powf(-2.0 / c.rope_dims as f32),
+            freq_scale: 1.0 / c.rope_linear_scale,
+            eps: c.rms_eps,
+            q_round: 0,
+        };
+        device.synchronize().map_err(dev)?;
+        Ok(CudaModel {
+            attention: DecodeAttention::new(device.clone()),
+            rope,
+            scratch: DeviceScratch::default(),
+            host: HostScratch::default(),
+            config,
+            device,
+            ops,
+            weights,
+            synthetic,
+            gemv_max_bytes: gemv_max_bytes(),
+        })
+    }
+
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.weights.dtype
+    }
+
+    /// `Some(name)` when the weights are random (`synthetic:NAME`), not a model.
+    pub fn synthetic_name(&self) -> Option<&str> {
+        self.synthetic.as_deref()
+    }
+
+    /// Device pages for `cache` (geometry from the model).
+    pub fn new_device_pool(&self, cache: CacheConfig) -> Result<KvPool<DevicePages>, ModelError> {
+        let pages = DevicePages::new(self.device.clone(), kvcache::geometry_of(&cache)).map_err(dev)?;
+        Ok(KvPool::with_store(cache, pages)?)
+    }
+
+    /// Seconds to read every weight matrix once (the weight traffic of one decode step, nothing
+    /// computed): the median of `runs`. Its inverse is the decode roofline in tokens/s.
+    pub fn weight_read_seconds(&self, runs: usize) -> Result<f64, ModelError> {
+        let mats = self.weights.streamed();
+        let mut times = Vec::with_capacity(runs.max(1));
+        for i in 0..runs.max(1) + 1 {
+            self.device.synchronize().map_err(dev)?;
+            let t = std::time::Instant::now();
+            self.ops.read_all(&mats).map_err(dev)?;
+            self.device.synchronize().map_err(dev)?;
+            if i > 0 {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    }
+
+    /// Runs one step on the device; the logits of the rows asked for stay on the device.
+    /// Returns the number of logit rows.
+    pub fn forward_device(&mut self, batch: &Batch, pool: &mut KvPool<DevicePages>) -> Result<usize, ModelError> {
+        validate(&self.config, batch, pool)?;
+        let c = &self.config;
+        let n = batch.num_tokens();
+        let n_logits = batch.num_logit_rows();
+        let blocks = batch.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1).max(1);
+        let dtype = self.weights.dtype;
+        let (s, mb) = self.scratch.ensure(&self.device, c, dtype, n, n_logits, blocks)?;
+
+        // The step's small arrays: per token its context (position + 1) and its sequence's
+        // block table; the token index of each logit row.
+        let host = &mut self.host;
+        host.ctx.clear();
+        host.ctx.extend(batch.positions.iter().map(|&p| p + 1));
+        host.tables.clear();
+        host.rows.clear();
+        for seq in &batch.seqs {
+            for _ in 0..seq.num_tokens {
+                host.tables.extend_from_slice(&seq.block_table);
+                host.tables.extend(std::iter::repeat_n(0, mb - seq.block_table.len()));
+            }
+            let last = seq.token_start + seq.num_tokens;
+            match seq.logits {
+                Logits::None => {}
+                Logits::Last => host.rows.push((last - 1) as u32),
+                Logits::All => host.rows.extend((seq.token_start..last).map(|i| i as u32)),
+            }
+        }
+        let max_ctx = host.ctx.iter().copied().max().unwrap_or(1) as usize;
+        let stream = self.device.stream().clone();
+        let up = drv("cuMemcpyHtoD");
+        stream.memcpy_htod(&batch.tokens, &mut s.tokens.slice_mut(..n)).map_err(&up)?;
+        stream.memcpy_htod(&batch.positions, &mut s.positions.slice_mut(..n)).map_err(&up)?;
+        stream.memcpy_htod(&batch.slots, &mut s.slots.slice_mut(..n)).map_err(&up)?;
+        stream.memcpy_htod(&host.ctx, &mut s.ctx.slice_mut(..n)).map_err(&up)?;
+        stream.memcpy_htod(&host.tables, &mut s.tables.slice_mut(..n * mb)).map_err(&up)?;
+        if n_logits > 0 {
+            stream.memcpy_htod(&host.rows, &mut s.rows.slice_mut(..n_logits)).map_err(&up)?;
+        }
+
+        let w = &self.weights;
+        let ops = &self.ops;
+        let (h, qd) = (c.hidden, c.q_dim());
+        let mut rope = self.rope;
+        rope.q_round = match pool.config().format {
+            KvFormat::F16 => 1,
+            KvFormat::Bf16 => 2,
+            _ => 0,
+        };
+        let route = self.attention.auto_route(pool.pages(), c.num_heads, n, max_ctx);
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+
+        ops.embed(&mut s.x, &w.token_embd, &s.tokens, n).map_err(dev)?;
+        // Decode-sized steps multiply bf16 weights with the fused matrix-vector kernel (norm,
+        // SiLU·mul or conversion in its prologue); other steps go through cuBLAS.
+        let gemv = |m: &DeviceMatrix, rows: usize| m.bytes() <= self.gemv_max_bytes && ops.gemv_serves(m, rows);
+        let eps = c.rms_eps;
+        for (li, lw) in w.layers.iter().enumerate() {
+            // Attention block.
+            if gemv(&lw.wqkv, n) {
+                let norm = Prologue::RmsNorm { w: &lw.attn_norm, eps };
+                ops.gemv(&mut s.qkv, &s.x, &lw.wqkv, norm, None, n, false).map_err(dev)?;
+            } else {
+                ops.rms_norm(&mut s.xn, &s.x, &lw.attn_norm, None, n, eps).map_err(dev)?;
+                ops.matmul(&mut s.qkv, &s.xn, &lw.wqkv, n, false).map_err(dev)?;
+            }
+            let a = QkvRope {
+                qkv: &s.qkv,
+                bias: lw.bqkv.as_ref(),
+                q_norm: lw.q_norm.as_ref(),
+                k_norm: lw.k_norm.as_ref(),
+                factors: w.rope_factors.as_ref(),
+                positions: &s.positions,
+            };
+            ops.qkv_rope(&mut s.q, &mut s.k, &mut s.v, &a, &rope, n).map_err(dev)?;
+            pool.pages_mut().write_device(li, &s.slots, &s.k, &s.v, n).map_err(dev)?;
+            let b = DecodeBatch {
+                queries: &s.q,
+                num_seqs: n,
+                num_heads: c.num_heads,
+                block_tables: &s.tables,
+                max_blocks_per_seq: mb,
+                context_lens: &s.ctx,
+                max_context_len: max_ctx,
+                scale,
+                sliding_window: batch.sliding_window,
+            };
+            self.attention.forward(pool.pages(), li, &b, route, &mut s.attn).map_err(dev)?;
+            pool.counters().count_route(match route {
+                DecodeRoute::Primitive => AttentionRoute::Primitive,
+                DecodeRoute::Partitioned { .. } => AttentionRoute::Partitioned,
+            });
+            if gemv(&lw.wo, n) {
+                ops.gemv(&mut s.x, &s.attn, &lw.wo, Prologue::Convert, None, n, true).map_err(dev)?;
+            } else {
+                ops.convert(&mut s.attn_t, &s.attn, n * qd).map_err(dev)?;
+                ops.matmul(&mut s.x, &s.attn_t, &lw.wo, n, true).map_err(dev)?;
+            }
+
+            // MLP block.
+            if gemv(&lw.w_gate_up, n) {
+                let norm = Prologue::RmsNorm { w: &lw.ffn_norm, eps };
+                ops.gemv(&mut s.gate_up, &s.x, &lw.w_gate_up, norm, None, n, false).map_err(dev)?;
+            } else {
+                ops.rms_norm(&mut s.xn, &s.x, &lw.ffn_norm, None, n, eps).map_err(dev)?;
+                ops.matmul(&mut s.gate_up, &s.xn, &lw.w_gate_up, n, false).map_err(dev)?;
+            }
+            if gemv(&lw.w_down, n) {
+                ops.gemv(&mut s.x, &s.gate_up, &lw.w_down, Prologue::SiluMul, None, n, true).map_err(dev)?;
+            } else {
+                ops.silu_mul(&mut s.act, &s.gate_up, n).map_err(dev)?;
+                ops.matmul(&mut s.x, &s.act, &lw.w_down, n, true).map_err(dev)?;
+            }
+        }
+        if n_logits > 0 {
+            if gemv(w.output(), n_logits) {
+                let norm = Prologue::RmsNorm { w: &w.output_norm, eps };
+                ops.gemv(&mut s.logits, &s.x, w.output(), norm, Some(&s.rows), n_logits, false).map_err(dev)?;
+            } else {
+                ops.rms_norm(&mut s.normed_rows, &s.x, &w.output_norm, Some(&s.rows), n_logits, eps).map_err(dev)?;
+                ops.matmul(&mut s.logits, &s.normed_rows, w.output(), n_logits, false).map_err(dev)?;
+            }
+        }
+        debug_assert_eq!(h, w.token_embd.cols());
+        Ok(n_logits)
+    }
+}
+
+impl Forward for CudaModel {
+    type Pages = DevicePages;
+
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn new_pool(&self, cache: CacheConfig) -> Result<KvPool<DevicePages>, ModelError> {
+        self.new_device_pool(cache)
+    }
+
+    fn forward(&mut self, batch: &Batch, pool: &mut KvPool<DevicePages>) -> Result<&[f32], ModelError> {
+        let rows = self.forward_device(batch, pool)?;
+        let len = rows * self.config.vocab_size;
+        self.host.logits.resize(len, 0.0);
+        if len > 0 {
+            let s = self.scratch.bufs.as_ref().expect("allocated by forward_device");
+            self.device
+                .stream()
+                .memcpy_dtoh(&s.logits.slice(..len), &mut self.host.logits[..len])
+                .map_err(drv("cuMemcpyDtoH"))?;
+        }
+        Ok(&self.host.logits[..len])
+    }
+
+    fn last_logits(&self) -> &[f32] {
+        &self.host.logits
+    }
+
+    fn forward_greedy(
+        &mut self,
+        batch: &Batch,
+        pool: &mut KvPool<DevicePages>,
+        ids: &mut Vec<u32>,
+    ) -> Result<(), ModelError> {
+        let rows = self.forward_device(batch, pool)?;
+        ids.clear();
+        ids.resize(rows, 0);
+        if rows > 0 {
+            let s = self.scratch.bufs.as_mut().expect("allocated by forward_device");
+            self.ops.argmax(&mut s.ids, &s.logits, rows, self.config.vocab_size).map_err(dev)?;
+            self.device.stream().memcpy_dtoh(&s.ids.slice(..rows), &mut ids[..]).map_err(drv("cuMemcpyDtoH"))?;
+        }
+        // The logits of this step stay on the device.
+        self.host.logits.clear();
+        Ok(())
+    }
+
+    fn weight_bytes_per_token(&self) -> usize {
+        self.weights.decode_bytes()
+    }
+
+    fn device_label(&self) -> String {
+        let d = &self.device;
+        let mut s = format!("cuda:{} {}, {} weights", d.ordinal(), d.name(), self.weights.dtype.name());
+        if let Some(name) = &self.synthetic {
+            s.push_str(&format!(", synthetic:{name} (random weights, not a real model)"));
+        }
+        s
+    }
+}
+
+/// Largest matrix (bytes) the fused matrix-vector kernel multiplies: 64 MiB by default (measured
+/// on the H200, RESULTS.md: cuBLAS streams Llama 3 8B's 117–235 MB MLP matrices and 1 GB output
+/// faster; the fused kernel wins on the small ones, whose separate norm/SiLU/conversion launches
+/// and cuBLAS calls cost more than their bytes).
+fn gemv_max_bytes() -> usize {
+    if std::env::var("PAGEKV_CUDA_GEMV").is_ok_and(|v| v.trim() == "0") {
+        return 0;
+    }
+    std::env::var("PAGEKV_CUDA_GEMV_MAX_BYTES").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(64 << 20)
+}
+
+/// Checks a batch against the model and the pool before anything is written (the CPU
+/// forward's checks; kernels index with these values unchecked).
+fn validate<S: PageStore>(c: &ModelConfig, batch: &Batch, pool: &KvPool<S>) -> Result<(), ModelError> {
+    let g = pool.geometry();
+    if (g.num_layers, g.num_kv_heads, g.head_dim) != (c.num_layers, c.num_kv_heads, c.head_dim) {
+        return Err(ModelError::Batch(format!(
+            "cache geometry (layers {}, kv heads {}, head dim {}) does not match the model ({}, {}, {})",
+            g.num_layers, g.num_kv_heads, g.head_dim, c.num_layers, c.num_kv_heads, c.head_dim
+        )));
+    }
+    let n = batch.num_tokens();
+    if n == 0 {
+        return Err(ModelError::Batch("empty batch".into()));
+    }
+    if batch.positions.len() != n || batch.slots.len() != n {
+        return Err(ModelError::Batch("tokens, positions and slots differ in length".into()));
+    }
+    if let Some(&id) = batch.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+        return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
+    }
+    if let Some(&slot) = batch.slots.iter().find(|&&s| s as usize >= g.slots()) {
+        return Err(ModelError::Batch(format!("slot {slot} outside the pool of {} slots", g.slots())));
+    }
+    let mut next = 0;
+    for (i, s) in batch.seqs.iter().enumerate() {
+        if s.token_start != next || s.num_tokens == 0 || s.context_len < s.num_tokens {
+            return Err(ModelError::Batch(format!("sequence {i}: bad token range or context length")));
+        }
+        // Reclaimed blocks (before a sliding window) are NULL_BLOCK; the kernels never read them.
+        if let Some(&b) = s.block_table.iter().find(|&&b| b != kvcache::NULL_BLOCK && b as usize >= g.num_blocks) {
+            return Err(ModelError::Batch(format!("sequence {i}: block {b} outside the pool of {}", g.num_blocks)));
+        }
+        next += s.num_tokens;
+        let first = s.context_len - s.num_tokens;
+        for t in 0..s.num_tokens {
+            let tok = s.token_start + t;
+            if batch.positions[tok] as usize != first + t {
+                return Err(ModelError::Batch(format!("sequence {i}: position of token {t} is not {}", first + t)));
+            }
+            let b = s.block_table.get((first + t) / g.block_size).copied();
+            let want = b.map(|b| b * g.block_size as u32 + ((first + t) % g.block_size) as u32);
+            if want != Some(batch.slots[tok]) {
+                return Err(ModelError::Batch(format!(
+                    "sequence {i}: slot of token {t} disagrees with its block table"
+                )));
+            }
+        }
+    }
+    if next != n {
+        return Err(ModelError::Batch("sequences do not cover the batch's tokens".into()));
+    }
+    Ok(())
+}

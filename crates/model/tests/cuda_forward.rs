@@ -1,0 +1,385 @@
+//! The CUDA forward pass (`pagekv_model::cuda::CudaModel`, feature `cuda`) against the CPU
+//! [`Model`] on the same weights and the same batches:
+//! - the QKV + RoPE kernel against the CPU `Rope` itself (both pair styles, SmolLM2's and
+//!   Llama 3's frequencies, positions up to 8191);
+//! - tiny random models written as GGUF files by the test (llama, qwen2 with biases and neox
+//!   RoPE, qwen3 with q/k norms; F32 weights, so the CPU products are plain f32 dot products):
+//!   logits of a chunked prefill (`Logits::All`), decode steps and a two-sequence batch agree
+//!   with the CPU's within float rounding, for f16 and q8 caches, with f32 and bf16 weights on
+//!   the GPU; greedy continuations agree;
+//! - SmolLM2 (the real default model, when present): for the prompts of llama.cpp's golden
+//!   `greedy` cases, the GPU's greedy continuation against the CPU's (16 tokens), and
+//!   teacher-forced top-1 agreement along the CPU's continuation, every disagreement a near
+//!   tie of the CPU's logits (the CPU quantizes activations to 8 bits for its Q4_1 products as
+//!   ggml does; the GPU multiplies dequantized weights by unquantized activations, so logits
+//!   differ by tenths and near-ties may flip).
+//!
+//! Without a CUDA device (or without the `cuda` feature) every test prints
+//! `SKIPPED <test>: <reason>` on stderr (uncaptured) and passes.
+
+use std::io::Write;
+
+fn skip(test: &str, reason: &str) {
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_forward_needs_the_cuda_feature() {
+    skip("cuda_forward", "pagekv-model was built without the `cuda` feature");
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use std::io::Write;
+    use std::sync::{Arc, OnceLock};
+
+    use kvcache::{CacheConfig, KvFormat, KvPool, SequenceCache, SequencePolicy};
+    use pagekv_cpu::attention::AttentionConfig;
+    use pagekv_cuda::{CudaDevice, CudaError, DType, ModelOps, QkvRope, RopeParams};
+    use pagekv_model::backend::argmax;
+    use pagekv_model::cuda::CudaModel;
+    use pagekv_model::gguf::{GgufFile, GgufWriter};
+    use pagekv_model::llama::ops::Rope;
+    use pagekv_model::llama::RopeStyle;
+    use pagekv_model::{Batch, Forward, Logits, Model};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use rand_distr::StandardNormal;
+
+    use super::skip;
+
+    fn device(test: &str) -> Option<Arc<CudaDevice>> {
+        static DEVICE: OnceLock<Result<Arc<CudaDevice>, CudaError>> = OnceLock::new();
+        match DEVICE.get_or_init(|| CudaDevice::new(0)) {
+            Ok(d) => Some(d.clone()),
+            Err(e) => {
+                skip(test, &format!("no usable CUDA device ({e})"));
+                None
+            }
+        }
+    }
+
+    fn out(msg: &str) {
+        let _ = writeln!(std::io::stderr(), "{msg}");
+    }
+
+    #[test]
+    fn qkv_rope_kernel_matches_the_cpu_rope() {
+        let Some(dev) = device("qkv_rope_kernel_matches_the_cpu_rope") else { return };
+        let ops = ModelOps::new(dev.clone()).unwrap();
+        let mut rng = StdRng::seed_from_u64(11);
+        // (style, heads, kv heads, head_dim, base): SmolLM2, Llama 3, a neox model.
+        for (style, nh, nkv, d, base) in [
+            (RopeStyle::Norm, 9, 3, 64, 100000.0f32),
+            (RopeStyle::Norm, 32, 8, 128, 500000.0),
+            (RopeStyle::Neox, 4, 2, 128, 1e6),
+        ] {
+            let n = 6;
+            let width = (nh + 2 * nkv) * d;
+            let qkv: Vec<f32> = (0..n * width).map(|_| rng.sample(StandardNormal)).collect();
+            let positions: Vec<u32> = [0, 1, 17, 1000, 4095, 8191].to_vec();
+            let p = RopeParams {
+                num_heads: nh,
+                num_kv_heads: nkv,
+                head_dim: d,
+                rope_dims: d,
+                neox: style == RopeStyle::Neox,
+                theta_scale: base.powf(-2.0 / d as f32),
+                freq_scale: 1.0,
+                eps: 1e-5,
+                q_round: 0,
+            };
+            let s = dev.stream();
+            let (x_d, pos_d) = (s.clone_htod(&qkv).unwrap(), s.clone_htod(&positions).unwrap());
+            let a = QkvRope { qkv: &x_d, bias: None, q_norm: None, k_norm: None, factors: None, positions: &pos_d };
+            let mut q = s.clone_htod(&vec![f32::NAN; n * nh * d]).unwrap();
+            let mut k = s.clone_htod(&vec![f32::NAN; n * nkv * d]).unwrap();
+            let mut v = s.clone_htod(&vec![f32::NAN; n * nkv * d]).unwrap();
+            ops.qkv_rope(&mut q, &mut k, &mut v, &a, &p, n).unwrap();
+            let (q, k) = (s.clone_dtoh(&q).unwrap(), s.clone_dtoh(&k).unwrap());
+            let mut rope = Rope::new(style, d, d, base, 1.0, None);
+            let mut max_err = 0f32;
+            for i in 0..n {
+                let row = &qkv[i * width..(i + 1) * width];
+                let mut wq = row[..nh * d].to_vec();
+                let mut wk = row[nh * d..(nh + nkv) * d].to_vec();
+                rope.apply(&mut wq, positions[i] as usize);
+                rope.apply_cached(&mut wk);
+                for (g, w) in q[i * nh * d..(i + 1) * nh * d]
+                    .iter()
+                    .zip(&wq)
+                    .chain(k[i * nkv * d..(i + 1) * nkv * d].iter().zip(&wk))
+                {
+                    max_err = max_err.max((g - w).abs());
+                }
+            }
+            // Same angles bit for bit; cos/sin of libdevice vs Rust's libm differ by an ulp.
+            assert!(max_err < 2e-5, "{style:?} d {d}: max error {max_err}");
+        }
+    }
+
+    /// A tiny model of `arch` with random F32 weights, as a GGUF file in memory.
+    fn tiny_model(arch: &str, seed: u64) -> Arc<GgufFile> {
+        let (layers, h, nh, nkv, d, f, vocab) = (3u32, 128u64, 4u32, 2u32, 32u64, 256u64, 512u64);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut w = GgufWriter::new();
+        w.set("general.architecture", arch);
+        w.set("general.name", "tiny");
+        let k = |s: &str| format!("{arch}.{s}");
+        w.set(&k("block_count"), layers);
+        w.set(&k("embedding_length"), h as u32);
+        w.set(&k("feed_forward_length"), f as u32);
+        w.set(&k("attention.head_count"), nh);
+        w.set(&k("attention.head_count_kv"), nkv);
+        w.set(&k("context_length"), 2048u32);
+        w.set(&k("vocab_size"), vocab as u32);
+        w.set(&k("attention.layer_norm_rms_epsilon"), 1e-5f32);
+        w.set(&k("rope.freq_base"), 10000.0f32);
+        let (qd, kvd) = (nh as u64 * d, nkv as u64 * d);
+        let mut t = |name: &str, dims: &[u64], scale: f32, offset: f32| {
+            let n: u64 = dims.iter().product();
+            let v: Vec<f32> = (0..n).map(|_| offset + scale * rng.sample::<f32, _>(StandardNormal)).collect();
+            w.add_f32_tensor(name, dims, &v).unwrap();
+        };
+        t("token_embd.weight", &[h, vocab], 1.0, 0.0);
+        for i in 0..layers {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            t(&n("attn_norm.weight"), &[h], 0.2, 1.0);
+            t(&n("attn_q.weight"), &[h, qd], 1.0 / (h as f32).sqrt(), 0.0);
+            t(&n("attn_k.weight"), &[h, kvd], 1.0 / (h as f32).sqrt(), 0.0);
+            t(&n("attn_v.weight"), &[h, kvd], 1.0 / (h as f32).sqrt(), 0.0);
+            if arch == "qwen2" {
+                t(&n("attn_q.bias"), &[qd], 0.1, 0.0);
+                t(&n("attn_k.bias"), &[kvd], 0.1, 0.0);
+                t(&n("attn_v.bias"), &[kvd], 0.1, 0.0);
+            }
+            if arch == "qwen3" {
+                t(&n("attn_q_norm.weight"), &[d], 0.2, 1.0);
+                t(&n("attn_k_norm.weight"), &[d], 0.2, 1.0);
+            }
+            t(&n("attn_output.weight"), &[qd, h], 1.0 / (qd as f32).sqrt(), 0.0);
+            t(&n("ffn_norm.weight"), &[h], 0.2, 1.0);
+            t(&n("ffn_gate.weight"), &[h, f], 1.0 / (h as f32).sqrt(), 0.0);
+            t(&n("ffn_up.weight"), &[h, f], 1.0 / (h as f32).sqrt(), 0.0);
+            t(&n("ffn_down.weight"), &[f, h], 1.0 / (f as f32).sqrt(), 0.0);
+        }
+        t("output_norm.weight", &[h], 0.2, 1.0);
+        if arch != "llama" {
+            t("output.weight", &[h, vocab], 1.0 / (h as f32).sqrt() * 4.0, 0.0);
+        }
+        Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap())
+    }
+
+    fn cache_config(m: &Model, format: KvFormat) -> CacheConfig {
+        let c = &m.config;
+        let mut cc = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
+        cc.format = format;
+        cc.num_blocks = 64;
+        cc.block_size = 16;
+        cc.dynamic_growth = true;
+        cc
+    }
+
+    /// Runs the same steps on a backend: sequence A prefilled in chunks (every row's logits),
+    /// then A and a fresh sequence B in one batch (B a 3-token prompt, A one decode token),
+    /// then `steps` greedy decode steps of A alone. Returns every logit row in order and A's
+    /// greedy tokens.
+    fn script<M: Forward>(m: &mut M, cache: CacheConfig, prompt: &[u32], steps: usize) -> (Vec<f32>, Vec<u32>) {
+        let mut pool: KvPool<M::Pages> = m.new_pool(cache.clone()).unwrap();
+        let policy = SequencePolicy::from_config(&cache);
+        let mut a = SequenceCache::new(&mut pool, policy, 0).unwrap();
+        let mut bseq = SequenceCache::new(&mut pool, policy, 0).unwrap();
+        let mut logits = Vec::new();
+        let mut batch = Batch::default();
+        for chunk in prompt.chunks(7) {
+            a.begin_append(&mut pool, chunk.len()).unwrap();
+            batch.clear();
+            batch.push(chunk, a.offset() + chunk.len(), a.pending_slots(), a.block_table(), Logits::All);
+            logits.extend_from_slice(m.forward(&batch, &mut pool).unwrap());
+            a.commit_append(&mut pool);
+        }
+        let v = m.config().vocab_size;
+        let mut tok = argmax(&logits[logits.len() - v..]);
+        let mut tokens = vec![tok];
+        // Two sequences in one step: A decodes, B prefills.
+        a.begin_append(&mut pool, 1).unwrap();
+        bseq.begin_append(&mut pool, 3).unwrap();
+        batch.clear();
+        batch.push(&[tok], a.offset() + 1, a.pending_slots(), a.block_table(), Logits::Last);
+        batch.push(&[5, 6, 7], bseq.offset() + 3, bseq.pending_slots(), bseq.block_table(), Logits::All);
+        let step = m.forward(&batch, &mut pool).unwrap().to_vec();
+        a.commit_append(&mut pool);
+        bseq.commit_append(&mut pool);
+        tok = argmax(&step[..v]);
+        tokens.push(tok);
+        logits.extend_from_slice(&step);
+        let mut ids = Vec::new();
+        for _ in 0..steps {
+            a.begin_append(&mut pool, 1).unwrap();
+            batch.clear();
+            batch.push(&[tok], a.offset() + 1, a.pending_slots(), a.block_table(), Logits::Last);
+            m.forward_greedy(&batch, &mut pool, &mut ids).unwrap();
+            a.commit_append(&mut pool);
+            tok = ids[0];
+            tokens.push(tok);
+        }
+        (logits, tokens)
+    }
+
+    #[test]
+    fn tiny_models_match_the_cpu_forward() {
+        let Some(dev) = device("tiny_models_match_the_cpu_forward") else { return };
+        let mut rng = StdRng::seed_from_u64(12);
+        for (i, arch) in ["llama", "qwen2", "qwen3"].into_iter().enumerate() {
+            let file = tiny_model(arch, 100 + i as u64);
+            let mut cpu = Model::from_file(file, AttentionConfig::default()).unwrap();
+            let prompt: Vec<u32> = (0..23).map(|_| rng.gen_range(0..512)).collect();
+            for format in [KvFormat::F16, KvFormat::Q8] {
+                let cache = cache_config(&cpu, format);
+                let (want, want_tokens) = script(&mut cpu, cache.clone(), &prompt, 12);
+                for dtype in [DType::F32, DType::Bf16] {
+                    let mut gpu = CudaModel::from_model(&cpu, dev.clone(), dtype).unwrap();
+                    let (got, got_tokens) = script(&mut gpu, cache.clone(), &prompt, 12);
+                    assert_eq!(got.len(), want.len());
+                    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    let err = got.iter().zip(&want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+                    out(&format!("{arch} {format} {dtype:?}: max |logit diff| {err:.2e} (max |logit| {scale:.2})"));
+                    // f32 weights: the same math up to summation order (and the K/V codes,
+                    // bit-identical); bf16 weights round every weight and product input.
+                    let tol = if dtype == DType::F32 { 2e-3 } else { 0.15 } * scale.max(1.0);
+                    assert!(err <= tol, "{arch} {format} {dtype:?}: logits differ by {err} (bound {tol})");
+                    if dtype == DType::F32 {
+                        assert_eq!(got_tokens, want_tokens, "{arch} {format}: greedy tokens");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn batches_that_do_not_fit_the_model_are_errors() {
+        let Some(dev) = device("batches_that_do_not_fit_the_model_are_errors") else { return };
+        let cpu = Model::from_file(tiny_model("llama", 5), AttentionConfig::default()).unwrap();
+        let mut gpu = CudaModel::from_model(&cpu, dev, DType::F32).unwrap();
+        let cache = cache_config(&cpu, KvFormat::F16);
+        let mut pool = gpu.new_pool(cache.clone()).unwrap();
+        let mut seq = SequenceCache::new(&mut pool, SequencePolicy::from_config(&cache), 0).unwrap();
+        seq.begin_append(&mut pool, 1).unwrap();
+        let mut b = Batch::default();
+        b.push(&[512], seq.offset() + 1, seq.pending_slots(), seq.block_table(), Logits::Last);
+        assert!(matches!(gpu.forward(&b, &mut pool), Err(pagekv_model::ModelError::TokenOutOfRange { .. })));
+        b.clear();
+        b.push(&[3], seq.offset() + 1, &[9999], seq.block_table(), Logits::Last);
+        assert!(matches!(gpu.forward(&b, &mut pool), Err(pagekv_model::ModelError::Batch(_))));
+        assert!(pool.pages_mut().take_error().is_none());
+        // A synthetic name that does not exist lists the ones that do.
+        let e = CudaModel::synthetic("nope", gpu.device().clone(), DType::Bf16, 1).err().unwrap().to_string();
+        assert!(e.contains("synthetic:llama3-8b"), "{e}");
+    }
+
+    #[test]
+    fn synthetic_smollm2_decodes_finite_logits() {
+        let Some(dev) = device("synthetic_smollm2_decodes_finite_logits") else { return };
+        let mut m = CudaModel::synthetic("smollm2", dev, DType::Bf16, 3).unwrap();
+        assert!(m.device_label().contains("not a real model"));
+        let c = m.config.clone();
+        let mut cache = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
+        cache.format = KvFormat::Bf16;
+        cache.num_blocks = 16;
+        cache.dynamic_growth = true;
+        let prompt: Vec<u32> = (0..40).map(|i| (i * 997 % c.vocab_size) as u32).collect();
+        let (logits, tokens) = script(&mut m, cache, &prompt, 4);
+        assert!(logits.iter().all(|x| x.is_finite()));
+        assert!(tokens.iter().all(|&t| (t as usize) < c.vocab_size));
+        assert!(m.weight_read_seconds(3).unwrap() > 0.0);
+    }
+
+    /// Greedy continuation of `prompt` (16 tokens) and the logits of every step.
+    fn greedy<M: Forward>(
+        m: &mut M,
+        cache: &CacheConfig,
+        prompt: &[u32],
+        forced: Option<&[u32]>,
+    ) -> (Vec<u32>, Vec<Vec<f32>>) {
+        let mut pool: KvPool<M::Pages> = m.new_pool(cache.clone()).unwrap();
+        let mut seq = SequenceCache::new(&mut pool, SequencePolicy::from_config(cache), 0).unwrap();
+        let mut batch = Batch::default();
+        let (mut tokens, mut all) = (Vec::new(), Vec::new());
+        let mut input = prompt.to_vec();
+        for step in 0..16 {
+            seq.begin_append(&mut pool, input.len()).unwrap();
+            batch.clear();
+            batch.push(&input, seq.offset() + input.len(), seq.pending_slots(), seq.block_table(), Logits::Last);
+            let logits = m.forward(&batch, &mut pool).unwrap().to_vec();
+            seq.commit_append(&mut pool);
+            let t = argmax(&logits);
+            tokens.push(t);
+            all.push(logits);
+            input = vec![forced.map_or(t, |f| f[step])];
+        }
+        (tokens, all)
+    }
+
+    /// `logits[b] - logits[a]`'s gap below the row's maximum: how far `b` is from being chosen.
+    fn gap(logits: &[f32], chosen: u32, other: u32) -> f32 {
+        logits[chosen as usize] - logits[other as usize]
+    }
+
+    #[test]
+    fn smollm2_greedy_on_the_gpu_follows_the_cpu() {
+        let test = "smollm2_greedy_on_the_gpu_follows_the_cpu";
+        let Some(dev) = device(test) else { return };
+        let Some(path) = pagekv_model::testing::default_model(test) else { return };
+        // The build's source tree, else the repository root as the current directory (a test
+        // binary carried to the GPU machine runs from a copy of the repository).
+        let rel = "tests/data/smollm2/llamacpp.json";
+        let built = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel);
+        let golden_path = if built.is_file() { built } else { std::path::PathBuf::from("crates/model").join(rel) };
+        let golden: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(golden_path).unwrap()).unwrap();
+        let mut cpu = Model::load(&path, AttentionConfig::default()).unwrap();
+        let c = cpu.config.clone();
+        let mut cache = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
+        cache.format = KvFormat::F16;
+        cache.num_blocks = 64;
+        cache.dynamic_growth = true;
+        // A near tie: the CPU's own logits put the GPU's choice within this of its own.
+        const TIE: f32 = 0.5;
+        for dtype in [DType::F32, DType::Bf16] {
+            let mut gpu = CudaModel::from_model(&cpu, dev.clone(), dtype).unwrap();
+            let (mut same, mut agree, mut total) = (0, 0, 0);
+            for case in golden["greedy"].as_array().unwrap() {
+                let prompt: Vec<u32> =
+                    case["prompt_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+                let (want, cpu_logits) = greedy(&mut cpu, &cache, &prompt, None);
+                let (got, _) = greedy(&mut gpu, &cache, &prompt, None);
+                // Teacher-forced along the CPU's continuation: every step compared.
+                let (forced, _) = greedy(&mut gpu, &cache, &prompt, Some(&want));
+                let name = case["prompt"].as_str().unwrap();
+                same += (got == want) as usize;
+                for (step, (&g, &w)) in forced.iter().zip(&want).enumerate() {
+                    total += 1;
+                    if g == w {
+                        agree += 1;
+                        continue;
+                    }
+                    let d = gap(&cpu_logits[step], w, g);
+                    out(&format!("{dtype:?} {name:?} step {step}: GPU {g}, CPU {w}, CPU logit gap {d:.3}"));
+                    assert!(d <= TIE, "{dtype:?} {name:?} step {step}: GPU chose {g} where the CPU's {w} leads by {d}");
+                }
+                let verdict = if got == want {
+                    "same 16 tokens".to_string()
+                } else {
+                    let first = got.iter().zip(&want).position(|(a, b)| a != b).unwrap();
+                    let d = gap(&cpu_logits[first], want[first], got[first]);
+                    format!("first difference at token {first} (CPU logit gap there {d:.3})")
+                };
+                out(&format!("{dtype:?} {name:?}: {verdict}"));
+            }
+            out(&format!(
+                "SmolLM2 GPU ({dtype:?} weights) vs CPU: {same} of 6 greedy continuations identical, teacher-forced top-1 {agree}/{total}"
+            ));
+            assert!(agree * 10 >= total * 9, "{dtype:?}: top-1 agreement {agree}/{total}");
+        }
+    }
+}
