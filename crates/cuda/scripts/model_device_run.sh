@@ -26,18 +26,20 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --fo
 case "$MODE" in
 tests)
     run ops_tests $D/gpu_model_ops --test-threads 1
-    run forward_tests $D/cuda_forward --test-threads 1 --nocapture
+    run forward_tests $D/cuda_forward --nocapture
     run lib_tests $D/lib_tests
     [ "${KERNEL_TESTS:-1}" = 1 ] && run kernel_tests $D/gpu_kernels --test-threads 8
     run bench_llama3_b1 $D/pagekv bench decode --device cuda --model synthetic:llama3-8b --contexts 128,1024 --decode-tokens 64 --runs 3 --text README.md
     run bench_smollm2_b1 $D/pagekv bench decode --device cuda --model synthetic:smollm2 --contexts 128,1024 --decode-tokens 128 --runs 3 --text README.md
+    run bench_llama3_b1_nograph env PAGEKV_CUDA_GRAPH=0 $D/pagekv bench decode --device cuda --model synthetic:llama3-8b --contexts 128 --decode-tokens 64 --runs 3 --text README.md
+    run bench_smollm2_b1_nograph env PAGEKV_CUDA_GRAPH=0 $D/pagekv bench decode --device cuda --model synthetic:smollm2 --contexts 128 --decode-tokens 128 --runs 3 --text README.md
     run bench_llama3_b1_cublas env PAGEKV_CUDA_GEMV=0 $D/pagekv bench decode --device cuda --model synthetic:llama3-8b --contexts 128 --decode-tokens 64 --runs 3 --text README.md
     run bench_llama3_b64 $D/pagekv bench decode --device cuda --model synthetic:llama3-8b --batch 64 --contexts 1024 --decode-tokens 32 --runs 2 --text README.md
     ;;
 sweep)
     # The decode product's launch shape (rows per warp × blocks per SM), Llama-3-8B shape, batch 1.
     run ops_tests $D/gpu_model_ops --test-threads 1
-    run forward_tests $D/cuda_forward --test-threads 1 --nocapture
+    run forward_tests $D/cuda_forward --nocapture
     for r in 1 2 4; do for bps in 2 4 8 16; do
         run bench_r${r}_bps$bps env PAGEKV_CUDA_GEMV_R=$r PAGEKV_CUDA_GEMV_BPS=$bps $D/pagekv bench decode --device cuda \
             --model synthetic:llama3-8b --contexts 128 --decode-tokens 32 --runs 3 --text README.md
@@ -55,7 +57,7 @@ threshold)
     done
     run bench_llama3_default_1024 $D/pagekv bench decode --device cuda --model synthetic:llama3-8b --contexts 128,1024 \
         --decode-tokens 64 --runs 3 --text README.md
-    run forward_tests $D/cuda_forward --test-threads 1 --nocapture
+    run forward_tests $D/cuda_forward --nocapture
     ;;
 smollm2)
     M=/tmp/smollm2.gguf

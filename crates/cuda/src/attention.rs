@@ -42,7 +42,7 @@ pub const MAX_GROUP: usize = 16;
 const TILE: usize = 32;
 
 /// Which implementation serves a call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DecodeRoute {
     Primitive,
     Partitioned { partition_size: usize },
@@ -146,11 +146,20 @@ pub struct DecodeAttention {
     /// `[num_seqs, num_kv_heads]` arrival counters of the tensor-core kernel's fused merge; zero
     /// between launches (the last CTA of each group resets its counter).
     counters: Option<CudaSlice<u32>>,
+    /// Counts reallocations of the buffers above (a captured CUDA graph holds their addresses).
+    generation: u64,
 }
 
 impl DecodeAttention {
     pub fn new(device: Arc<CudaDevice>) -> DecodeAttention {
-        DecodeAttention { device, kernel: DecodeKernel::Auto, part_acc: None, part_ml: None, counters: None }
+        DecodeAttention {
+            device,
+            kernel: DecodeKernel::Auto,
+            part_acc: None,
+            part_ml: None,
+            counters: None,
+            generation: 0,
+        }
     }
 
     /// Chooses the kernel (default [`DecodeKernel::Auto`]).
@@ -160,6 +169,12 @@ impl DecodeAttention {
 
     pub fn kernel(&self) -> DecodeKernel {
         self.kernel
+    }
+
+    /// Changes whenever the launcher's scratch buffers are reallocated: a CUDA graph that
+    /// captured a call is valid only while this stays the same.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The route `auto` takes for a batch over `pages`: the partitioned route with the
@@ -263,10 +278,12 @@ impl DecodeAttention {
             let need_acc = b.num_seqs * b.num_heads * parts * d;
             let need_ml = b.num_seqs * b.num_heads * parts * 2;
             if self.part_acc.as_ref().is_none_or(|s| s.len() < need_acc) {
+                self.generation += 1;
                 self.part_acc =
                     Some(stream.alloc_zeros::<f32>(need_acc).map_err(|e| CudaError::driver("cuMemAlloc", e))?);
             }
             if self.part_ml.as_ref().is_none_or(|s| s.len() < need_ml) {
+                self.generation += 1;
                 self.part_ml =
                     Some(stream.alloc_zeros::<f32>(need_ml).map_err(|e| CudaError::driver("cuMemAlloc", e))?);
             }
@@ -275,6 +292,7 @@ impl DecodeAttention {
         if tc && parts > 1 {
             let need = b.num_seqs * g.num_kv_heads;
             if self.counters.as_ref().is_none_or(|s| s.len() < need) {
+                self.generation += 1;
                 self.counters = Some(stream.alloc_zeros::<u32>(need).map_err(|e| CudaError::driver("cuMemAlloc", e))?);
             }
         }

@@ -35,6 +35,18 @@ impl KernelModule {
     }
 }
 
+/// Work recorded by [`CudaDevice::capture_graph`], replayed on the device's stream by
+/// [`DeviceGraph::launch`] with the same kernel arguments (device addresses included).
+pub struct DeviceGraph {
+    graph: cudarc::driver::CudaGraph,
+}
+
+impl DeviceGraph {
+    pub fn launch(&self) -> Result<(), CudaError> {
+        self.graph.launch().map_err(|e| CudaError::driver("cuGraphLaunch", e))
+    }
+}
+
 /// A context and stream on one GPU.
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
@@ -141,6 +153,25 @@ impl CudaDevice {
     /// Waits for all work queued on the stream; surfaces asynchronous kernel errors.
     pub fn synchronize(&self) -> Result<(), CudaError> {
         self.stream.synchronize().map_err(|e| CudaError::driver("cuStreamSynchronize", e))
+    }
+
+    /// Records the work `f` queues on this device's stream as a CUDA graph instead of running
+    /// it (relaxed capture mode). The outer error is the capture's; the inner one `f`'s (the
+    /// capture is ended either way, and nothing was run).
+    pub fn capture_graph<E>(&self, f: impl FnOnce() -> Result<(), E>) -> Result<Result<DeviceGraph, E>, CudaError> {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        self.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(|e| CudaError::driver("cuStreamBeginCapture", e))?;
+        let r = f();
+        let graph = self.stream.end_capture(CUgraphInstantiate_flags(0));
+        if let Err(e) = r {
+            return Ok(Err(e));
+        }
+        match graph.map_err(|e| CudaError::driver("cuStreamEndCapture", e))? {
+            Some(g) => Ok(Ok(DeviceGraph { graph: g })),
+            None => Err(CudaError::Invalid("the capture recorded no work".into())),
+        }
     }
 
     /// The module of `spec`, compiled or loaded from the disk cache on first use.

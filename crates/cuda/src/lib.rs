@@ -52,7 +52,7 @@ pub use cudarc::driver::CudaSlice as DeviceVec;
 #[cfg(feature = "cuda")]
 pub use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 #[cfg(feature = "cuda")]
-pub use device::CudaDevice;
+pub use device::{CudaDevice, DeviceGraph};
 #[cfg(feature = "cuda")]
 pub use model_ops::{
     DType, DeviceMatrix, GemvShape, ModelOps, Prologue, QkvRope, RopeParams, GEMV_MAX_N, GEMV_ROWS_PER_WARP,

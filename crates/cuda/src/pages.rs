@@ -129,6 +129,12 @@ impl DevicePages {
         self.rotation.as_ref()
     }
 
+    /// Device address of the first layer's K codes: identifies these pages (a CUDA graph that
+    /// captured writes into them is valid for these pages only).
+    pub fn base_address(&self) -> u64 {
+        self.layers.first().map_or(0, |(k, _)| dptr(&k.codes, &self.device))
+    }
+
     /// Total bytes of all planes.
     pub fn total_bytes(&self) -> usize {
         self.layers.iter().map(|(k, v)| k.codes.len() + k.scales.len() + v.codes.len() + v.scales.len()).sum()

@@ -32,11 +32,11 @@ fn cuda_forward_needs_the_cuda_feature() {
 #[cfg(feature = "cuda")]
 mod gpu {
     use std::io::Write;
-    use std::sync::{Arc, OnceLock};
+    use std::sync::Arc;
 
     use kvcache::{CacheConfig, KvFormat, KvPool, SequenceCache, SequencePolicy};
     use pagekv_cpu::attention::AttentionConfig;
-    use pagekv_cuda::{CudaDevice, CudaError, DType, ModelOps, QkvRope, RopeParams};
+    use pagekv_cuda::{CudaDevice, DType, ModelOps, QkvRope, RopeParams};
     use pagekv_model::backend::argmax;
     use pagekv_model::cuda::CudaModel;
     use pagekv_model::gguf::{GgufFile, GgufWriter};
@@ -49,10 +49,12 @@ mod gpu {
 
     use super::skip;
 
+    /// Device 0 with a stream of this test's own (tests run in parallel threads, and a model
+    /// captures its steps as CUDA graphs: its stream must be its thread's alone), or `None`
+    /// (after printing why) when there is no device.
     fn device(test: &str) -> Option<Arc<CudaDevice>> {
-        static DEVICE: OnceLock<Result<Arc<CudaDevice>, CudaError>> = OnceLock::new();
-        match DEVICE.get_or_init(|| CudaDevice::new(0)) {
-            Ok(d) => Some(d.clone()),
+        match CudaDevice::new(0) {
+            Ok(d) => Some(d),
             Err(e) => {
                 skip(test, &format!("no usable CUDA device ({e})"));
                 None

@@ -18,6 +18,13 @@
 //! reads, from L2 for short chunks); a tiled causal prefill kernel is the next step.
 //!
 //! Buffers are allocated up front ([`DeviceScratch`]) and grow only when a larger batch arrives.
+//!
+//! A step's launches are captured as a CUDA graph the second time its shape (tokens, logit
+//! rows, table width, context rounded up to 256, attention route, pages) is seen, and replayed
+//! from then on (`PAGEKV_CUDA_GRAPH=0` turns this off). While a step runs, the device's stream
+//! must be this model's thread's alone: work another thread queued on it during a capture
+//! would be recorded into the graph. Give each concurrently used model its own
+//! [`CudaDevice`] (each has its own stream).
 
 mod weights;
 
@@ -97,6 +104,8 @@ struct DeviceScratch {
     cap_logits: usize,
     cap_blocks: usize,
     bufs: Option<Bufs>,
+    /// Counts reallocations (captured graphs hold the buffers' addresses).
+    generation: u64,
 }
 
 struct Bufs {
@@ -130,7 +139,7 @@ impl DeviceScratch {
         tokens: usize,
         logit_rows: usize,
         blocks: usize,
-    ) -> Result<(&mut Bufs, usize), ModelError> {
+    ) -> Result<(&mut Bufs, usize, u64), ModelError> {
         if self.bufs.is_none() || tokens > self.cap || logit_rows > self.cap_logits || blocks > self.cap_blocks {
             // Free the old buffers first: a large model leaves little room for two sets.
             self.bufs = None;
@@ -161,8 +170,55 @@ impl DeviceScratch {
                 ids: zeros(device, cap_logits)?,
             });
             (self.cap, self.cap_logits, self.cap_blocks) = (cap, cap_logits, cap_blocks);
+            self.generation += 1;
         }
-        Ok((self.bufs.as_mut().expect("allocated above"), self.cap_blocks))
+        Ok((self.bufs.as_mut().expect("allocated above"), self.cap_blocks, self.generation))
+    }
+}
+
+/// Most captured step graphs kept (a decode run needs one per 256 tokens of context).
+const MAX_GRAPHS: usize = 64;
+
+/// What a captured step depends on besides the contents of the device buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct GraphKey {
+    n: usize,
+    n_logits: usize,
+    mb: usize,
+    max_ctx: usize,
+    route: DecodeRoute,
+    window: Option<usize>,
+    q_round: u32,
+    /// The pool's pages (their address).
+    pages: u64,
+}
+
+/// Captured forward steps (CUDA graphs): the step's ~8 launches per layer replayed with one
+/// launch. `PAGEKV_CUDA_GRAPH=0` turns them off.
+struct Graphs {
+    enabled: bool,
+    /// (scratch, attention) buffer generations the graphs were captured with.
+    generation: (u64, u64),
+    /// Shapes run once (captured the second time).
+    seen: std::collections::HashSet<GraphKey>,
+    captured: std::collections::HashMap<GraphKey, pagekv_cuda::DeviceGraph>,
+}
+
+impl Graphs {
+    fn new() -> Graphs {
+        Graphs {
+            enabled: std::env::var("PAGEKV_CUDA_GRAPH").map_or(true, |v| v.trim() != "0"),
+            generation: (0, 0),
+            seen: Default::default(),
+            captured: Default::default(),
+        }
+    }
+
+    /// Drops every graph (the buffers they captured were reallocated).
+    fn clear(&mut self, generation: (u64, u64)) {
+        self.seen.clear();
+        self.captured.clear();
+        self.generation = generation;
     }
 }
 
@@ -191,6 +247,7 @@ pub struct CudaModel {
     /// kernel, larger ones through cuBLAS (whose kernels stream large matrices faster: RESULTS.md).
     /// `PAGEKV_CUDA_GEMV_MAX_BYTES` sets it; `PAGEKV_CUDA_GEMV=0` means 0 (cuBLAS only).
     gemv_max_bytes: usize,
+    graphs: Graphs,
 }
 
 impl CudaModel {
@@ -255,6 +312,7 @@ impl CudaModel {
             weights,
             synthetic,
             gemv_max_bytes: gemv_max_bytes(),
+            graphs: Graphs::new(),
         })
     }
 
@@ -304,7 +362,7 @@ impl CudaModel {
         let n_logits = batch.num_logit_rows();
         let blocks = batch.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1).max(1);
         let dtype = self.weights.dtype;
-        let (s, mb) = self.scratch.ensure(&self.device, c, dtype, n, n_logits, blocks)?;
+        let (s, mb, scratch_generation) = self.scratch.ensure(&self.device, c, dtype, n, n_logits, blocks)?;
 
         // The step's small arrays: per token its context (position + 1) and its sequence's
         // block table; the token index of each logit row.
@@ -337,92 +395,176 @@ impl CudaModel {
             stream.memcpy_htod(&host.rows, &mut s.rows.slice_mut(..n_logits)).map_err(&up)?;
         }
 
-        let w = &self.weights;
         let ops = &self.ops;
-        let (h, qd) = (c.hidden, c.q_dim());
         let mut rope = self.rope;
         rope.q_round = match pool.config().format {
             KvFormat::F16 => 1,
             KvFormat::Bf16 => 2,
             _ => 0,
         };
+        // The partition grid is sized for the longest context rounded up to 256 tokens (rows
+        // shorter than it skip the partitions past their end), so consecutive decode steps
+        // share one launch shape — and one captured graph.
+        let max_ctx = max_ctx.next_multiple_of(256).min(mb * pool.geometry().block_size).max(max_ctx);
         let route = self.attention.auto_route(pool.pages(), c.num_heads, n, max_ctx);
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
-
-        ops.embed(&mut s.x, &w.token_embd, &s.tokens, n).map_err(dev)?;
-        // Decode-sized steps multiply bf16 weights with the fused matrix-vector kernel (norm,
-        // SiLU·mul or conversion in its prologue); other steps go through cuBLAS.
-        let gemv = |m: &DeviceMatrix, rows: usize| m.bytes() <= self.gemv_max_bytes && ops.gemv_serves(m, rows);
-        let eps = c.rms_eps;
-        for (li, lw) in w.layers.iter().enumerate() {
-            // Attention block.
-            if gemv(&lw.wqkv, n) {
-                let norm = Prologue::RmsNorm { w: &lw.attn_norm, eps };
-                ops.gemv(&mut s.qkv, &s.x, &lw.wqkv, norm, None, n, false).map_err(dev)?;
-            } else {
-                ops.rms_norm(&mut s.xn, &s.x, &lw.attn_norm, None, n, eps).map_err(dev)?;
-                ops.matmul(&mut s.qkv, &s.xn, &lw.wqkv, n, false).map_err(dev)?;
-            }
-            let a = QkvRope {
-                qkv: &s.qkv,
-                bias: lw.bqkv.as_ref(),
-                q_norm: lw.q_norm.as_ref(),
-                k_norm: lw.k_norm.as_ref(),
-                factors: w.rope_factors.as_ref(),
-                positions: &s.positions,
-            };
-            ops.qkv_rope(&mut s.q, &mut s.k, &mut s.v, &a, &rope, n).map_err(dev)?;
-            pool.pages_mut().write_device(li, &s.slots, &s.k, &s.v, n).map_err(dev)?;
-            let b = DecodeBatch {
-                queries: &s.q,
-                num_seqs: n,
-                num_heads: c.num_heads,
-                block_tables: &s.tables,
-                max_blocks_per_seq: mb,
-                context_lens: &s.ctx,
-                max_context_len: max_ctx,
-                scale,
-                sliding_window: batch.sliding_window,
-            };
-            self.attention.forward(pool.pages(), li, &b, route, &mut s.attn).map_err(dev)?;
+        for _ in 0..c.num_layers {
             pool.counters().count_route(match route {
                 DecodeRoute::Primitive => AttentionRoute::Primitive,
                 DecodeRoute::Partitioned { .. } => AttentionRoute::Partitioned,
             });
-            if gemv(&lw.wo, n) {
-                ops.gemv(&mut s.x, &s.attn, &lw.wo, Prologue::Convert, None, n, true).map_err(dev)?;
-            } else {
-                ops.convert(&mut s.attn_t, &s.attn, n * qd).map_err(dev)?;
-                ops.matmul(&mut s.x, &s.attn_t, &lw.wo, n, true).map_err(dev)?;
-            }
-
-            // MLP block.
-            if gemv(&lw.w_gate_up, n) {
-                let norm = Prologue::RmsNorm { w: &lw.ffn_norm, eps };
-                ops.gemv(&mut s.gate_up, &s.x, &lw.w_gate_up, norm, None, n, false).map_err(dev)?;
-            } else {
-                ops.rms_norm(&mut s.xn, &s.x, &lw.ffn_norm, None, n, eps).map_err(dev)?;
-                ops.matmul(&mut s.gate_up, &s.xn, &lw.w_gate_up, n, false).map_err(dev)?;
-            }
-            if gemv(&lw.w_down, n) {
-                ops.gemv(&mut s.x, &s.gate_up, &lw.w_down, Prologue::SiluMul, None, n, true).map_err(dev)?;
-            } else {
-                ops.silu_mul(&mut s.act, &s.gate_up, n).map_err(dev)?;
-                ops.matmul(&mut s.x, &s.act, &lw.w_down, n, true).map_err(dev)?;
+        }
+        let st = Step {
+            n,
+            n_logits,
+            mb,
+            max_ctx,
+            route,
+            window: batch.sliding_window,
+            rope,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            gemv_max_bytes: self.gemv_max_bytes,
+        };
+        if !self.graphs.enabled {
+            enqueue(ops, &self.weights, &mut self.attention, s, pool, c, &st)?;
+            return Ok(n_logits);
+        }
+        // Replay a captured step of the same shape, or capture one the second time a shape is
+        // seen (the first run sizes every buffer, so nothing is allocated while capturing).
+        let key = GraphKey {
+            n,
+            n_logits,
+            mb,
+            max_ctx,
+            route,
+            window: batch.sliding_window,
+            q_round: st.rope.q_round,
+            pages: pool.pages().base_address(),
+        };
+        let generation = (scratch_generation, self.attention.generation());
+        if self.graphs.generation != generation {
+            self.graphs.clear(generation);
+        }
+        if let Some(g) = self.graphs.captured.get(&key) {
+            g.launch().map_err(dev)?;
+            return Ok(n_logits);
+        }
+        if !self.graphs.seen.insert(key) && self.graphs.captured.len() < MAX_GRAPHS {
+            let (w, attention) = (&self.weights, &mut self.attention);
+            let captured = self.device.capture_graph(|| enqueue(ops, w, attention, s, pool, c, &st));
+            match captured {
+                Ok(Ok(g)) => {
+                    g.launch().map_err(dev)?;
+                    self.graphs.captured.insert(key, g);
+                    return Ok(n_logits);
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(e) => {
+                    static WARNED: std::sync::Once = std::sync::Once::new();
+                    WARNED.call_once(|| eprintln!("pagekv: CUDA graph capture failed, running without graphs: {e}"));
+                    self.graphs.enabled = false;
+                }
             }
         }
-        if n_logits > 0 {
-            if gemv(w.output(), n_logits) {
-                let norm = Prologue::RmsNorm { w: &w.output_norm, eps };
-                ops.gemv(&mut s.logits, &s.x, w.output(), norm, Some(&s.rows), n_logits, false).map_err(dev)?;
-            } else {
-                ops.rms_norm(&mut s.normed_rows, &s.x, &w.output_norm, Some(&s.rows), n_logits, eps).map_err(dev)?;
-                ops.matmul(&mut s.logits, &s.normed_rows, w.output(), n_logits, false).map_err(dev)?;
-            }
-        }
-        debug_assert_eq!(h, w.token_embd.cols());
+        enqueue(ops, &self.weights, &mut self.attention, s, pool, c, &st)?;
         Ok(n_logits)
     }
+}
+
+/// One step's launch shape and settings (everything the queued work depends on beyond the
+/// device buffers' contents).
+struct Step {
+    n: usize,
+    n_logits: usize,
+    mb: usize,
+    max_ctx: usize,
+    route: DecodeRoute,
+    window: Option<usize>,
+    rope: RopeParams,
+    scale: f32,
+    gemv_max_bytes: usize,
+}
+
+/// Queues a whole forward step on the device's stream: embed, every layer, the logits of the
+/// rows asked for. The step's small arrays are already on the device (`s`).
+#[allow(clippy::too_many_arguments)]
+fn enqueue(
+    ops: &ModelOps,
+    w: &DeviceWeights,
+    attention: &mut DecodeAttention,
+    s: &mut Bufs,
+    pool: &mut KvPool<DevicePages>,
+    c: &ModelConfig,
+    st: &Step,
+) -> Result<(), ModelError> {
+    let (n, n_logits, qd, scale) = (st.n, st.n_logits, c.q_dim(), st.scale);
+    ops.embed(&mut s.x, &w.token_embd, &s.tokens, n).map_err(dev)?;
+    // Decode-sized steps multiply bf16 weights with the fused matrix-vector kernel (norm,
+    // SiLU·mul or conversion in its prologue); other steps go through cuBLAS.
+    let gemv = |m: &DeviceMatrix, rows: usize| m.bytes() <= st.gemv_max_bytes && ops.gemv_serves(m, rows);
+    let eps = c.rms_eps;
+    for (li, lw) in w.layers.iter().enumerate() {
+        // Attention block.
+        if gemv(&lw.wqkv, n) {
+            let norm = Prologue::RmsNorm { w: &lw.attn_norm, eps };
+            ops.gemv(&mut s.qkv, &s.x, &lw.wqkv, norm, None, n, false).map_err(dev)?;
+        } else {
+            ops.rms_norm(&mut s.xn, &s.x, &lw.attn_norm, None, n, eps).map_err(dev)?;
+            ops.matmul(&mut s.qkv, &s.xn, &lw.wqkv, n, false).map_err(dev)?;
+        }
+        let a = QkvRope {
+            qkv: &s.qkv,
+            bias: lw.bqkv.as_ref(),
+            q_norm: lw.q_norm.as_ref(),
+            k_norm: lw.k_norm.as_ref(),
+            factors: w.rope_factors.as_ref(),
+            positions: &s.positions,
+        };
+        ops.qkv_rope(&mut s.q, &mut s.k, &mut s.v, &a, &st.rope, n).map_err(dev)?;
+        pool.pages_mut().write_device(li, &s.slots, &s.k, &s.v, n).map_err(dev)?;
+        let b = DecodeBatch {
+            queries: &s.q,
+            num_seqs: n,
+            num_heads: c.num_heads,
+            block_tables: &s.tables,
+            max_blocks_per_seq: st.mb,
+            context_lens: &s.ctx,
+            max_context_len: st.max_ctx,
+            scale,
+            sliding_window: st.window,
+        };
+        attention.forward(pool.pages(), li, &b, st.route, &mut s.attn).map_err(dev)?;
+        if gemv(&lw.wo, n) {
+            ops.gemv(&mut s.x, &s.attn, &lw.wo, Prologue::Convert, None, n, true).map_err(dev)?;
+        } else {
+            ops.convert(&mut s.attn_t, &s.attn, n * qd).map_err(dev)?;
+            ops.matmul(&mut s.x, &s.attn_t, &lw.wo, n, true).map_err(dev)?;
+        }
+
+        // MLP block.
+        if gemv(&lw.w_gate_up, n) {
+            let norm = Prologue::RmsNorm { w: &lw.ffn_norm, eps };
+            ops.gemv(&mut s.gate_up, &s.x, &lw.w_gate_up, norm, None, n, false).map_err(dev)?;
+        } else {
+            ops.rms_norm(&mut s.xn, &s.x, &lw.ffn_norm, None, n, eps).map_err(dev)?;
+            ops.matmul(&mut s.gate_up, &s.xn, &lw.w_gate_up, n, false).map_err(dev)?;
+        }
+        if gemv(&lw.w_down, n) {
+            ops.gemv(&mut s.x, &s.gate_up, &lw.w_down, Prologue::SiluMul, None, n, true).map_err(dev)?;
+        } else {
+            ops.silu_mul(&mut s.act, &s.gate_up, n).map_err(dev)?;
+            ops.matmul(&mut s.x, &s.act, &lw.w_down, n, true).map_err(dev)?;
+        }
+    }
+    if n_logits > 0 {
+        if gemv(w.output(), n_logits) {
+            let norm = Prologue::RmsNorm { w: &w.output_norm, eps };
+            ops.gemv(&mut s.logits, &s.x, w.output(), norm, Some(&s.rows), n_logits, false).map_err(dev)?;
+        } else {
+            ops.rms_norm(&mut s.normed_rows, &s.x, &w.output_norm, Some(&s.rows), n_logits, eps).map_err(dev)?;
+            ops.matmul(&mut s.logits, &s.normed_rows, w.output(), n_logits, false).map_err(dev)?;
+        }
+    }
+    Ok(())
 }
 
 impl Forward for CudaModel {
