@@ -100,7 +100,7 @@ impl DeviceMatrix {
     /// Overwrites rows `first..first + values.len() / cols` with `values` (f32, rounded to the
     /// matrix's type).
     pub fn write_rows(&mut self, device: &CudaDevice, first: usize, values: &[f32]) -> Result<(), CudaError> {
-        if self.cols == 0 || values.len() % self.cols != 0 || first + values.len() / self.cols > self.rows {
+        if self.cols == 0 || !values.len().is_multiple_of(self.cols) || first + values.len() / self.cols > self.rows {
             return Err(CudaError::Invalid(format!(
                 "{} values at row {first} of a [{}, {}] matrix",
                 values.len(),
@@ -417,7 +417,7 @@ impl ModelOps {
             || a.k_norm.is_some_and(|b| b.len() < d)
             || a.factors.is_some_and(|f| f.len() < p.rope_dims / 2)
             || p.rope_dims > d
-            || p.rope_dims % 2 != 0;
+            || !p.rope_dims.is_multiple_of(2);
         if bad {
             return Err(CudaError::Invalid(format!("qkv_rope of {n} tokens: buffer sizes or {p:?}")));
         }
@@ -545,7 +545,7 @@ impl ModelOps {
     /// of 8, `n ≤ GEMV_MAX_N`, and the bf16 input fits in shared memory.
     pub fn gemv_serves(&self, w: &DeviceMatrix, n: usize) -> bool {
         w.dtype == DType::Bf16
-            && w.cols % 8 == 0
+            && w.cols.is_multiple_of(8)
             && (1..=GEMV_MAX_N).contains(&n)
             && n * w.cols * 2 <= gemv_smem_limit(&self.device)
     }
