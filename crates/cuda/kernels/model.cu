@@ -40,6 +40,7 @@ template <typename T>
 __device__ void embed(float* __restrict__ out, const T* __restrict__ table, const u32* __restrict__ tokens, u32 h) {
     const u32 i = blockIdx.x;
     const T* row = table + (u64)tokens[i] * h;
+#pragma unroll 8
     for (u32 j = threadIdx.x; j < h; j += blockDim.x) out[(u64)i * h + j] = to_f32<T>(row[j]);
 }
 
@@ -55,6 +56,8 @@ __device__ void rms_norm(T* __restrict__ out, const float* __restrict__ x, const
     const u32 src = rows ? rows[i] : i;
     const float* xr = x + (u64)src * h;
     double s = 0.0;
+    // Unrolled so a thread's loads are in flight together (one row per block: latency-bound).
+#pragma unroll 8
     for (u32 j = threadIdx.x; j < h; j += blockDim.x) {
         const float v = xr[j];
         s += (double)__fmul_rn(v, v);
@@ -70,6 +73,7 @@ __device__ void rms_norm(T* __restrict__ out, const float* __restrict__ x, const
     }
     __syncthreads();
     const float inv = inv_s;
+#pragma unroll 8
     for (u32 j = threadIdx.x; j < h; j += blockDim.x) {
         out[(u64)i * h + j] = from_f32<T>(__fmul_rn(__fmul_rn(xr[j], inv), w[j]));
     }
@@ -192,6 +196,7 @@ extern "C" __global__ void pk_argmax(u32* __restrict__ ids, const float* __restr
     const float* row = logits + (u64)blockIdx.x * vocab;
     float bv = PK_NEG_INF;
     u32 bi = 0xffffffffu;
+#pragma unroll 8
     for (u32 j = threadIdx.x; j < vocab; j += blockDim.x) {
         const float x = row[j];
         if (!isnan(x) && (bi == 0xffffffffu || x > bv)) {
@@ -273,10 +278,12 @@ __device__ void gemv_bf16(float* __restrict__ y, const u16* __restrict__ W, cons
         const u32 src = xrows ? xrows[i] : (u32)i;
         if (mode == 0) {
             const float* xr = x + (u64)src * cols;
+#pragma unroll 8
             for (u32 j = tid; j < cols; j += blockDim.x) xs[i * cols + j] = f32_to_bf16(xr[j]);
         } else if (mode == 1) {
             const float* xr = x + (u64)src * cols;
             double s = 0.0;
+#pragma unroll 8
             for (u32 j = tid; j < cols; j += blockDim.x) s += (double)__fmul_rn(xr[j], xr[j]);
             for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
             if (lane == 0) partial[warp] = s;
@@ -288,10 +295,12 @@ __device__ void gemv_bf16(float* __restrict__ y, const u16* __restrict__ W, cons
             }
             __syncthreads();
             const float inv = inv_s;
+#pragma unroll 8
             for (u32 j = tid; j < cols; j += blockDim.x) xs[i * cols + j] = f32_to_bf16(__fmul_rn(__fmul_rn(xr[j], inv), nw[j]));
             __syncthreads();
         } else {
             const float* xr = x + (u64)src * 2 * cols;
+#pragma unroll 8
             for (u32 j = tid; j < cols; j += blockDim.x) {
                 const float g = xr[j], u = xr[cols + j];
                 xs[i * cols + j] = f32_to_bf16(__fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(0.0f - g))), u));

@@ -388,7 +388,8 @@ impl ModelOps {
             (out.ptr(&self.device), self.p(x), self.p(w), rows.map_or(0, |r| self.p(r)), h as u32);
         let mut b = self.device.stream().launch_builder(f);
         b.arg(&o).arg(&xp).arg(&wp).arg(&rp).arg(&h32).arg(&eps);
-        let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // One block per row: 1024 threads keep more of the row's loads in flight.
+        let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: pk_rms_norm_T(T*, const float*, const float*, const u32*, u32, float); gathered row
         // ids are < x's rows (the caller's contract).
         unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_rms_norm)"))
