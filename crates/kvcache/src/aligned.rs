@@ -73,7 +73,8 @@ impl AlignedBuf {
     }
 
     /// Whether the buffer is a huge-page-advised mapping (large buffers).
-    pub fn is_mapped(&self) -> bool {
+    #[cfg(test)]
+    fn is_mapped(&self) -> bool {
         matches!(self.storage, Storage::Mapped { .. })
     }
 
