@@ -36,23 +36,9 @@ fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
 }
 
 /// Index of the largest logit, the lowest index among equals; NaN is skipped, and a row with
-/// no comparable value gives 0.
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_l = f32::NEG_INFINITY;
-    let mut found = false;
-    for (i, &l) in logits.iter().enumerate() {
-        if l.is_nan() {
-            continue;
-        }
-        if !found || l > best_l {
-            best = i;
-            best_l = l;
-            found = true;
-        }
-    }
-    best as u32
-}
+/// no comparable value gives 0. The model crate's rule, which every backend's on-device greedy
+/// choice follows too.
+pub use pagekv_model::backend::argmax;
 
 impl Sampler {
     /// A sampler for `params` (validated here) seeded with `params.seed`.
