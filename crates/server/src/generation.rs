@@ -3,8 +3,9 @@
 //! [`start`] prepares the prompt on a blocking thread, checks it against the context window,
 //! submits it and returns a [`Job`]. [`Job::next`] yields [`Step`]s while measuring time to
 //! first token and inter-token latency; it ends early with 503 when the server's grace period
-//! is over, and with 504 when the request runs past the server's request timeout. Dropping a `Job` drops the backend's [`EventStream`], which cancels the request —
-//! this is how a client disconnect reaches the engine (the response body owns the job).
+//! is over, and with 504 when the request runs past the server's request timeout. Dropping a
+//! `Job` drops the backend's [`EventStream`], which cancels the request — this is how a client
+//! disconnect reaches the engine (the response body owns the job).
 //!
 //! [`sse_response`] turns a stream of encoded chunks into a `text/event-stream` response.
 
