@@ -1,13 +1,6 @@
 //! SwiGLU's `silu(gate) · up` as llama.cpp's ggml-cpu computes it (`ggml_vec_swiglu_f32`):
-//! `x / (1 + e^-x)` with ggml's vector `expf` (`ggml_v_expf`, adapted from Arm's
-//! optimized-routines: range reduction by `ln 2`, a degree-5 polynomial, within 2.2 ulp)
-//! instead of libm's correctly rounded `expf`.
-//!
-//! ggml has one `ggml_v_expf` per instruction set, and they round differently: the AVX2 one
-//! returns `k + k·p` (`k = 2^n`), the AVX-512 one `scalef(1 + p, n)`. We follow the AVX-512
-//! form, which is what the golden data in ../shared/reference was produced with (llama.cpp
-//! built with `-march=native` on an AVX-512 host); a llama.cpp built for AVX2 only differs from
-//! it by one ulp in about one value in eight.
+//! `x / (1 + e^-x)` with ggml's vector `expf` ([`pagekv_cpu::expf`], the AVX-512 form of
+//! `ggml_v_expf`) instead of libm's correctly rounded `expf`.
 //!
 //! Why not libm: the product is quantized to 8 bits for the next matrix product, so a 1-ulp
 //! difference in a tenth of the values flips a few codes per layer, and 30 layers
@@ -15,6 +8,7 @@
 //! near-ties. [`silu_mul_scalar`] is the reference (FMAs as `mul_add`, so it is bit-exact
 //! with the vector code); [`silu_mul`] picks the AVX2 kernel where the CPU has it.
 
+use pagekv_cpu::expf::expf;
 use pagekv_cpu::quant::Isa;
 
 /// `gate[i] ← silu(gate[i]) · up[i]` with the fastest kernel of this CPU (all bit-exact with
@@ -37,50 +31,10 @@ pub fn silu_mul_scalar(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-// Constants of ggml_v_expf, as f32 bit patterns (the C source writes them as hex floats).
-/// `0x1.8p23`: adding it rounds to an integer in the low mantissa bits.
-const SHIFT: f32 = f32::from_bits(0x4b40_0000);
-/// `0x1.715476p+0` ≈ 1 / ln 2.
-const INV_LN2: f32 = f32::from_bits(0x3fb8_aa3b);
-/// `0x1.62e4p-1` and `0x1.7f7d1cp-20`: ln 2 split in a high and a low part.
-const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
-const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
-/// Polynomial coefficients `0x1.0e4020p-7`, `0x1.573e2ep-5`, `0x1.555e66p-3`, `0x1.fffdb6p-2`,
-/// `0x1.ffffecp-1`.
-const C5: f32 = f32::from_bits(0x3c07_2010);
-const C4: f32 = f32::from_bits(0x3d2b_9f17);
-const C3: f32 = f32::from_bits(0x3e2a_af33);
-const C2: f32 = f32::from_bits(0x3eff_fedb);
-const C1: f32 = f32::from_bits(0x3f7f_fff6);
-
-/// ggml's AVX-512 `ggml_v_expf` for one lane: `e^x = 2^n · (1 + p(b))`, `n = round(x / ln 2)`,
-/// `b = x - n ln 2`, the scaling by `2^n` rounded once (`vscalefps`); 0 or ∞ past `|n| > 192`.
-pub fn expf(x: f32) -> f32 {
-    let z = x.mul_add(INV_LN2, SHIFT);
-    let n = z - SHIFT;
-    let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
-    let u = b * b;
-    let j = C5.mul_add(b, C4).mul_add(u, C3.mul_add(b, C2)).mul_add(u, C1.mul_add(b, 1.0));
-    if n.abs() > 192.0 {
-        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
-    }
-    scale_by_pow2(j, n as i32)
-}
-
-/// `round(j · 2^n)` for `|n| <= 192`, `j` in [0.5, 2): in one or two exact steps by normal
-/// powers of two, the last one rounding (as `vscalefps` rounds once).
-fn scale_by_pow2(j: f32, n: i32) -> f32 {
-    let pow2 = |e: i32| f32::from_bits(((e + 127) as u32) << 23); // 2^e, -126 <= e <= 127
-    match n {
-        -126..=127 => j * pow2(n),
-        ..-126 => j * pow2(n + 100) * pow2(-100),
-        _ => j * pow2(n - 100) * pow2(100),
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::*;
+    use pagekv_cpu::expf::{C1, C2, C3, C4, C5, INV_LN2, LN2_HI, LN2_LO, SHIFT};
     use std::arch::x86_64::*;
 
     /// Eight lanes of [`expf`] for lanes with `|n| <= 126` (where `2^n` is a normal f32 and
@@ -146,30 +100,6 @@ mod tests {
     fn fresh_seed() -> u64 {
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
         t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
-    }
-
-    #[test]
-    fn expf_is_within_three_ulps_of_exp() {
-        // Arm's routine is within 1.95 ulp; ggml's AVX-512 form adds the rounding of `1 + p`
-        // (2.2 ulp at worst over a sweep of every 97th f32 in the range).
-        let seed = fresh_seed();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        for _ in 0..100_000 {
-            let x: f32 = rng.gen_range(-87.0..88.0);
-            let (got, want) = (expf(x), (x as f64).exp());
-            let ulp = f32::from_bits((want as f32).to_bits() + 1) as f64 - want as f32 as f64;
-            assert!(((got as f64 - want) / ulp).abs() <= 3.0, "seed {seed}: expf({x}) = {got}, exp = {want}");
-        }
-        assert_eq!(expf(0.0), 1.0);
-        // Past the normal range: subnormal results, then overflow and saturation.
-        for x in [-90.0f32, -95.5, -100.0, -103.0] {
-            let want = (x as f64).exp();
-            assert!(expf(x) > 0.0 && expf(x) < f32::MIN_POSITIVE);
-            assert!((expf(x) as f64 - want).abs() <= 2.0 * 1.4e-45, "expf({x}) = {}, exp = {want}", expf(x));
-        }
-        assert_eq!(expf(89.0), f32::INFINITY);
-        assert_eq!(expf(-200.0), 0.0);
-        assert_eq!(expf(200.0), f32::INFINITY);
     }
 
     #[test]
