@@ -32,8 +32,9 @@
 //! any other format is a configuration error. The kernel is scalar (it is a reference of
 //! llama.cpp's numerics, not a fast path), parallel over (sequence, kv head) on the thread pool.
 
+use crate::expf::expf;
 use half::f16;
-use kvcache::{AttentionRoute, CacheCounters, KvFormat, LayerView, NULL_BLOCK};
+use kvcache::{AttentionRoute, CacheCounters, KvFormat, LayerView};
 
 use super::group::QueryBounds;
 use super::{AttentionError, AttentionParams, PoolHandle};
@@ -199,7 +200,8 @@ struct SharedOut(*mut f32);
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 
-/// Checks shapes, the format and every block the call reads.
+/// Checks the format (f16, unrotated), then shapes and every block the call reads as the
+/// fast paths do.
 fn check(layer: &LayerView, p: &AttentionParams, out: &[f32]) -> Result<(), AttentionError> {
     if layer.format != KvFormat::F16 || layer.rotation.is_some() {
         return Err(AttentionError::Config {
@@ -208,58 +210,7 @@ fn check(layer: &LayerView, p: &AttentionParams, out: &[f32]) -> Result<(), Atte
             accepted: format!("fast (ggml numerics need an f16 KV cache; this one is {})", layer.format.name()),
         });
     }
-    let (hkv, d, bs) = (layer.num_kv_heads, layer.head_dim, layer.block_size);
-    if hkv == 0 || p.num_heads == 0 || !p.num_heads.is_multiple_of(hkv) {
-        return Err(AttentionError::HeadGroup { num_heads: p.num_heads, num_kv_heads: hkv });
-    }
-    if d == 0 || bs == 0 {
-        return Err(AttentionError::Layer(format!("head_dim {d}, block_size {bs}")));
-    }
-    if p.q_len == 0 {
-        return Err(AttentionError::Shape { what: "q_len", expected: 1, got: 0 });
-    }
-    let n = p.num_seqs * p.q_len * p.num_heads * d;
-    for (what, got) in [("queries", p.queries.len()), ("out", out.len())] {
-        if got != n {
-            return Err(AttentionError::Shape { what, expected: n, got });
-        }
-    }
-    for (what, got) in [("block_tables", p.block_tables.len()), ("context_lens", p.context_lens.len())] {
-        if got != p.num_seqs {
-            return Err(AttentionError::Shape { what, expected: p.num_seqs, got });
-        }
-    }
-    if p.sliding_window == Some(0) {
-        return Err(AttentionError::ZeroWindow);
-    }
-    let row_bytes = hkv * 2 * d; // one slot of one plane: [num_kv_heads, head_dim] f16
-    for (side, plane) in [("K", &layer.keys), ("V", &layer.values)] {
-        if plane.code_bytes != 2 * d || plane.num_kv_heads != hkv || plane.codes.len() % (bs * row_bytes) != 0 {
-            return Err(AttentionError::Layer(format!("{side} plane is not an f16 plane of whole blocks")));
-        }
-    }
-    let num_blocks = layer.keys.codes.len() / (bs * row_bytes);
-    if layer.values.codes.len() / (bs * row_bytes) != num_blocks {
-        return Err(AttentionError::Layer("K and V planes hold different slot counts".into()));
-    }
-    for seq in 0..p.num_seqs {
-        let ctx = p.context_lens[seq];
-        if ctx < p.q_len {
-            return Err(AttentionError::ContextTooShort { seq, context_len: ctx, q_len: p.q_len });
-        }
-        let table = p.block_tables[seq];
-        let needed = ctx.div_ceil(bs);
-        if table.len() < needed {
-            return Err(AttentionError::BlockTableShort { seq, needed, len: table.len() });
-        }
-        let range = QueryBounds::of(p, seq).read_range();
-        for (logical, &block) in table.iter().enumerate().take(needed).skip(range.start / bs) {
-            if block == NULL_BLOCK || block as usize >= num_blocks {
-                return Err(AttentionError::BadBlock { seq, logical, block, num_blocks });
-            }
-        }
-    }
-    Ok(())
+    super::validate(layer, p, out)
 }
 
 /// Attention of every query row of (`seq`, `kv_head`), written to its rows of `out`.
@@ -491,39 +442,6 @@ fn pv_lanes<const L: usize>(probs: &[f32], vals: &[f32], first: usize, d: usize,
     }
 }
 
-// Constants of ggml_v_expf (the C source writes them as hex floats).
-/// `0x1.8p23`: adding it rounds to an integer in the low mantissa bits.
-const SHIFT: f32 = f32::from_bits(0x4b40_0000);
-/// `0x1.715476p+0` ≈ 1 / ln 2.
-const INV_LN2: f32 = f32::from_bits(0x3fb8_aa3b);
-/// `0x1.62e4p-1` and `0x1.7f7d1cp-20`: ln 2 split in a high and a low part.
-const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
-const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
-/// Polynomial coefficients `0x1.0e4020p-7`, `0x1.573e2ep-5`, `0x1.555e66p-3`, `0x1.fffdb6p-2`,
-/// `0x1.ffffecp-1`.
-const C5: f32 = f32::from_bits(0x3c07_2010);
-const C4: f32 = f32::from_bits(0x3d2b_9f17);
-const C3: f32 = f32::from_bits(0x3e2a_af33);
-const C2: f32 = f32::from_bits(0x3eff_fedb);
-const C1: f32 = f32::from_bits(0x3f7f_fff6);
-
-/// ggml's AVX-512 `ggml_v_expf` for one lane: `e^x = 2^n · (1 + p(b))`, `n = round(x / ln 2)`,
-/// `b = x − n ln 2`, the scaling by `2^n` rounded once (`vscalefps`); 0 or ∞ past `|n| > 192`.
-/// Within about 2 ulp of `e^x`.
-#[inline(always)]
-pub fn expf(x: f32) -> f32 {
-    let z = x.mul_add(INV_LN2, SHIFT);
-    let n = z - SHIFT;
-    let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
-    let u = b * b;
-    let j = C5.mul_add(b, C4).mul_add(u, C3.mul_add(b, C2)).mul_add(u, C1.mul_add(b, 1.0));
-    if n.abs() > 192.0 {
-        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
-    }
-    // j · 2^n rounded once: exact in f64, then one rounding to f32 (subnormals included).
-    (j as f64 * 2f64.powi(n as i32)) as f32
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -731,61 +649,6 @@ mod tests {
         }
     }
 
-    /// ggml's AVX-512 `ggml_v_expf`, transcribed from vec.h with the same intrinsics.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    fn ggml_v_expf_avx512(x: &[f32; 16]) -> [f32; 16] {
-        use std::arch::x86_64::*;
-        let x = unsafe { _mm512_loadu_ps(x.as_ptr()) };
-        let r = _mm512_set1_ps(SHIFT);
-        let z = _mm512_fmadd_ps(x, _mm512_set1_ps(INV_LN2), r);
-        let n = _mm512_sub_ps(z, r);
-        let b = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x));
-        let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
-        let u = _mm512_mul_ps(b, b);
-        let j = _mm512_fmadd_ps(
-            _mm512_fmadd_ps(
-                _mm512_fmadd_ps(_mm512_set1_ps(C5), b, _mm512_set1_ps(C4)),
-                u,
-                _mm512_fmadd_ps(_mm512_set1_ps(C3), b, _mm512_set1_ps(C2)),
-            ),
-            u,
-            _mm512_fmadd_ps(_mm512_set1_ps(C1), b, _mm512_set1_ps(1.0)),
-        );
-        let res = _mm512_scalef_ps(j, n);
-        let alt = _mm512_mask_blend_ps(
-            _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps()),
-            _mm512_set1_ps(f32::INFINITY),
-            _mm512_setzero_ps(),
-        );
-        let out = _mm512_mask_blend_ps(d, res, alt);
-        let mut o = [0f32; 16];
-        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), out) };
-        o
-    }
-
-    #[test]
-    #[cfg(target_arch = "x86_64")]
-    fn expf_is_bit_identical_to_the_avx512_kernel() {
-        if !std::is_x86_feature_detected!("avx512f") {
-            eprintln!("skipped: no AVX-512 on this CPU");
-            return;
-        }
-        let mut rng = StdRng::seed_from_u64(11);
-        for round in 0..20_000 {
-            let mut x = [0f32; 16];
-            for v in x.iter_mut() {
-                // Softmax inputs (≤ 0) down into the subnormal and flushed range, a few above.
-                *v = if round % 8 == 0 { rng.gen_range(-140.0..100.0) } else { rng.gen_range(-30.0..0.0) };
-            }
-            // SAFETY: AVX-512F was detected.
-            let want = unsafe { ggml_v_expf_avx512(&x) };
-            for (xi, w) in x.iter().zip(want) {
-                assert_eq!(expf(*xi).to_bits(), w.to_bits(), "x {xi}");
-            }
-        }
-    }
-
     #[test]
     fn numerics_parse_and_bad_values_list_the_accepted_ones() {
         assert_eq!(AttnNumerics::parse("fast").unwrap(), AttnNumerics::Fast);
@@ -877,23 +740,5 @@ mod tests {
         assert_eq!(softmax_sum(&e, 15), 16_777_218.0);
         // Positions 0, 1, 2, one group: z = [2^24, 1, 1, 0], (2^24 + 1) + (1 + 0) loses both.
         assert_eq!(softmax_sum(&e, 0), 16_777_216.0);
-    }
-
-    #[test]
-    fn expf_is_within_two_ulp_and_flushes_like_ggml() {
-        let mut rng = StdRng::seed_from_u64(9);
-        for _ in 0..200_000 {
-            let x: f32 = rng.gen_range(-103.0..88.0);
-            let want = (x as f64).exp() as f32;
-            let got = expf(x);
-            let ulp = want.to_bits().abs_diff(got.to_bits());
-            assert!(ulp <= 2, "x {x}: {got} vs {want}");
-        }
-        assert_eq!(expf(0.0), 1.0);
-        // |n| > 192: flushed to 0 below (masked positions, -inf, give exact zeros), ∞ above.
-        assert_eq!(expf(-140.0), 0.0);
-        assert_eq!(expf(f32::NEG_INFINITY), 0.0);
-        assert_eq!(expf(140.0), f32::INFINITY);
-        assert!(expf(-95.0) > 0.0, "subnormal results are kept, not flushed");
     }
 }
