@@ -1,6 +1,11 @@
 //! `Batch`: the plain arrays one forward step consumes (DESIGN.md, "Data flow"). The engine
 //! fills it from its sequences' block tables; the model never sees a `SequenceCache`.
 
+use kvcache::{PageGeometry, NULL_BLOCK};
+
+use crate::error::ModelError;
+use crate::llama::ModelConfig;
+
 /// What a sequence wants back from the step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
@@ -42,6 +47,59 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// Checks the batch against the model and the pool's geometry before anything is written
+    /// (every backend's kernels index with these values unchecked): lengths agree, token ids
+    /// are in the vocabulary, slots and block ids in the pool, sequences cover the tokens in
+    /// order, positions run up to each context length, and each slot is the one its block
+    /// table names.
+    pub fn validate(&self, c: &ModelConfig, g: &PageGeometry) -> Result<(), ModelError> {
+        if (g.num_layers, g.num_kv_heads, g.head_dim) != (c.num_layers, c.num_kv_heads, c.head_dim) {
+            return Err(ModelError::Batch(format!(
+                "cache geometry (layers {}, kv heads {}, head dim {}) does not match the model ({}, {}, {})",
+                g.num_layers, g.num_kv_heads, g.head_dim, c.num_layers, c.num_kv_heads, c.head_dim
+            )));
+        }
+        let n = self.num_tokens();
+        if self.positions.len() != n || self.slots.len() != n {
+            return Err(ModelError::Batch("tokens, positions and slots differ in length".into()));
+        }
+        if let Some(&id) = self.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
+        }
+        if let Some(&slot) = self.slots.iter().find(|&&s| s as usize >= g.slots()) {
+            return Err(ModelError::Batch(format!("slot {slot} outside the pool of {} slots", g.slots())));
+        }
+        let mut next = 0;
+        for (i, s) in self.seqs.iter().enumerate() {
+            if s.token_start != next || s.num_tokens == 0 || s.context_len < s.num_tokens {
+                return Err(ModelError::Batch(format!("sequence {i}: bad token range or context length")));
+            }
+            // Reclaimed blocks (before a sliding window) are NULL_BLOCK; kernels never read them.
+            if let Some(&b) = s.block_table.iter().find(|&&b| b != NULL_BLOCK && b as usize >= g.num_blocks) {
+                return Err(ModelError::Batch(format!("sequence {i}: block {b} outside the pool of {}", g.num_blocks)));
+            }
+            next += s.num_tokens;
+            let first = s.context_len - s.num_tokens;
+            for t in 0..s.num_tokens {
+                let tok = s.token_start + t;
+                if self.positions[tok] as usize != first + t {
+                    return Err(ModelError::Batch(format!("sequence {i}: position of token {t} is not {}", first + t)));
+                }
+                let b = s.block_table.get((first + t) / g.block_size).copied();
+                let want = b.map(|b| b * g.block_size as u32 + ((first + t) % g.block_size) as u32);
+                if want != Some(self.slots[tok]) {
+                    return Err(ModelError::Batch(format!(
+                        "sequence {i}: slot of token {t} disagrees with its block table"
+                    )));
+                }
+            }
+        }
+        if next != n {
+            return Err(ModelError::Batch("sequences do not cover the batch's tokens".into()));
+        }
+        Ok(())
+    }
+
     pub fn clear(&mut self) {
         self.tokens.clear();
         self.positions.clear();
@@ -80,5 +138,82 @@ impl Batch {
                 Logits::All => s.num_tokens,
             })
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llama::{Architecture, RopeStyle};
+    use kvcache::KvFormat;
+
+    fn config() -> ModelConfig {
+        ModelConfig {
+            architecture: Architecture::Llama,
+            arch_name: "llama".into(),
+            name: "test".into(),
+            num_layers: 2,
+            hidden: 64,
+            ffn: 128,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 16,
+            vocab_size: 100,
+            context_length: 256,
+            rms_eps: 1e-5,
+            rope_base: 10000.0,
+            rope_dims: 16,
+            rope_style: RopeStyle::Norm,
+            rope_linear_scale: 1.0,
+            sliding_window: None,
+        }
+    }
+
+    fn geometry() -> PageGeometry {
+        PageGeometry {
+            num_layers: 2,
+            num_blocks: 8,
+            block_size: 4,
+            num_kv_heads: 2,
+            head_dim: 16,
+            format: KvFormat::F16,
+            rotation_seed: 0,
+        }
+    }
+
+    /// Two sequences: a 3-token prefill into block 5 and a decode at position 5 (blocks 2, 7).
+    fn good() -> Batch {
+        let mut b = Batch::default();
+        b.push(&[1, 2, 3], 3, &[20, 21, 22], &[5], Logits::All);
+        b.push(&[4], 6, &[29], &[2, 7], Logits::Last);
+        b
+    }
+
+    #[test]
+    fn validate_accepts_a_consistent_batch_and_names_each_inconsistency() {
+        let (c, g) = (config(), geometry());
+        good().validate(&c, &g).unwrap();
+        let bad = |f: &dyn Fn(&mut Batch)| {
+            let mut b = good();
+            f(&mut b);
+            b.validate(&c, &g).unwrap_err().to_string()
+        };
+        assert!(bad(&|b| b.tokens[1] = 100).contains("100"));
+        assert!(bad(&|b| b.slots[0] = 32).contains("slot 32"));
+        assert!(bad(&|b| b.slots[1] = 23).contains("disagrees with its block table"));
+        assert!(bad(&|b| b.positions[3] = 4).contains("position of token 0"));
+        assert!(bad(&|b| b.seqs[1].block_table[0] = 8).contains("block 8 outside the pool"));
+        assert!(bad(&|b| b.seqs[1].token_start = 2).contains("bad token range"));
+        assert!(bad(&|b| {
+            b.slots.pop();
+        })
+        .contains("differ in length"));
+        // A reclaimed (windowed-out) block is not a bad block.
+        let mut b = good();
+        b.seqs[1].block_table[0] = NULL_BLOCK;
+        b.validate(&c, &g).unwrap();
+        let mut other = geometry();
+        other.head_dim = 32;
+        assert!(good().validate(&c, &other).unwrap_err().to_string().contains("does not match the model"));
     }
 }

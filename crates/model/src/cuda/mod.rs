@@ -30,7 +30,7 @@ mod weights;
 
 use std::sync::Arc;
 
-use kvcache::{AttentionRoute, CacheConfig, KvFormat, KvPool, PageStore};
+use kvcache::{AttentionRoute, CacheConfig, KvFormat, KvPool};
 use pagekv_cuda::{
     CudaDevice, CudaError, DType, DecodeAttention, DecodeBatch, DecodeRoute, DeviceMatrix, DevicePages, DeviceVec,
     ModelOps, Prologue, QkvRope, RopeParams,
@@ -356,7 +356,10 @@ impl CudaModel {
     /// Runs one step on the device; the logits of the rows asked for stay on the device.
     /// Returns the number of logit rows.
     pub fn forward_device(&mut self, batch: &Batch, pool: &mut KvPool<DevicePages>) -> Result<usize, ModelError> {
-        validate(&self.config, batch, pool)?;
+        if batch.num_tokens() == 0 {
+            return Err(ModelError::Batch("empty batch".into()));
+        }
+        batch.validate(&self.config, pool.geometry())?;
         let c = &self.config;
         let n = batch.num_tokens();
         let n_logits = batch.num_logit_rows();
@@ -638,58 +641,4 @@ fn gemv_max_bytes() -> usize {
         return 0;
     }
     std::env::var("PAGEKV_CUDA_GEMV_MAX_BYTES").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(64 << 20)
-}
-
-/// Checks a batch against the model and the pool before anything is written (the CPU
-/// forward's checks; kernels index with these values unchecked).
-fn validate<S: PageStore>(c: &ModelConfig, batch: &Batch, pool: &KvPool<S>) -> Result<(), ModelError> {
-    let g = pool.geometry();
-    if (g.num_layers, g.num_kv_heads, g.head_dim) != (c.num_layers, c.num_kv_heads, c.head_dim) {
-        return Err(ModelError::Batch(format!(
-            "cache geometry (layers {}, kv heads {}, head dim {}) does not match the model ({}, {}, {})",
-            g.num_layers, g.num_kv_heads, g.head_dim, c.num_layers, c.num_kv_heads, c.head_dim
-        )));
-    }
-    let n = batch.num_tokens();
-    if n == 0 {
-        return Err(ModelError::Batch("empty batch".into()));
-    }
-    if batch.positions.len() != n || batch.slots.len() != n {
-        return Err(ModelError::Batch("tokens, positions and slots differ in length".into()));
-    }
-    if let Some(&id) = batch.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-        return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
-    }
-    if let Some(&slot) = batch.slots.iter().find(|&&s| s as usize >= g.slots()) {
-        return Err(ModelError::Batch(format!("slot {slot} outside the pool of {} slots", g.slots())));
-    }
-    let mut next = 0;
-    for (i, s) in batch.seqs.iter().enumerate() {
-        if s.token_start != next || s.num_tokens == 0 || s.context_len < s.num_tokens {
-            return Err(ModelError::Batch(format!("sequence {i}: bad token range or context length")));
-        }
-        // Reclaimed blocks (before a sliding window) are NULL_BLOCK; the kernels never read them.
-        if let Some(&b) = s.block_table.iter().find(|&&b| b != kvcache::NULL_BLOCK && b as usize >= g.num_blocks) {
-            return Err(ModelError::Batch(format!("sequence {i}: block {b} outside the pool of {}", g.num_blocks)));
-        }
-        next += s.num_tokens;
-        let first = s.context_len - s.num_tokens;
-        for t in 0..s.num_tokens {
-            let tok = s.token_start + t;
-            if batch.positions[tok] as usize != first + t {
-                return Err(ModelError::Batch(format!("sequence {i}: position of token {t} is not {}", first + t)));
-            }
-            let b = s.block_table.get((first + t) / g.block_size).copied();
-            let want = b.map(|b| b * g.block_size as u32 + ((first + t) % g.block_size) as u32);
-            if want != Some(batch.slots[tok]) {
-                return Err(ModelError::Batch(format!(
-                    "sequence {i}: slot of token {t} disagrees with its block table"
-                )));
-            }
-        }
-    }
-    if next != n {
-        return Err(ModelError::Batch("sequences do not cover the batch's tokens".into()));
-    }
-    Ok(())
 }

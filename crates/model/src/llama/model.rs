@@ -132,7 +132,7 @@ impl Model {
     /// Runs one step: writes the batch's K/V into `pool` (every layer) and returns the logits
     /// asked for, `[batch.num_logit_rows(), vocab]`, in sequence order.
     pub fn forward(&mut self, batch: &Batch, pool: &mut KvPool) -> Result<&[f32], ModelError> {
-        self.validate(batch, pool)?;
+        batch.validate(&self.config, pool.geometry())?;
         let c = &self.config;
         let n = batch.num_tokens();
         let n_logits = batch.num_logit_rows();
@@ -250,53 +250,6 @@ impl Model {
             )?;
         }
         Ok(&self.scratch.logits[..n_logits * v])
-    }
-
-    /// Checks a batch against the model and the pool before anything is written.
-    fn validate(&self, batch: &Batch, pool: &KvPool) -> Result<(), ModelError> {
-        let c = &self.config;
-        let g = pool.geometry();
-        if (g.num_layers, g.num_kv_heads, g.head_dim) != (c.num_layers, c.num_kv_heads, c.head_dim) {
-            return Err(ModelError::Batch(format!(
-                "cache geometry (layers {}, kv heads {}, head dim {}) does not match the model ({}, {}, {})",
-                g.num_layers, g.num_kv_heads, g.head_dim, c.num_layers, c.num_kv_heads, c.head_dim
-            )));
-        }
-        let n = batch.num_tokens();
-        if batch.positions.len() != n || batch.slots.len() != n {
-            return Err(ModelError::Batch("tokens, positions and slots differ in length".into()));
-        }
-        if let Some(&id) = batch.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab_size });
-        }
-        if let Some(&slot) = batch.slots.iter().find(|&&s| s as usize >= g.slots()) {
-            return Err(ModelError::Batch(format!("slot {slot} outside the pool of {} slots", g.slots())));
-        }
-        let mut next = 0;
-        for (i, s) in batch.seqs.iter().enumerate() {
-            if s.token_start != next || s.num_tokens == 0 || s.context_len < s.num_tokens {
-                return Err(ModelError::Batch(format!("sequence {i}: bad token range or context length")));
-            }
-            next += s.num_tokens;
-            let first = s.context_len - s.num_tokens;
-            for t in 0..s.num_tokens {
-                let tok = s.token_start + t;
-                if batch.positions[tok] as usize != first + t {
-                    return Err(ModelError::Batch(format!("sequence {i}: position of token {t} is not {}", first + t)));
-                }
-                let b = s.block_table.get((first + t) / g.block_size).copied();
-                let want = b.map(|b| b * g.block_size as u32 + ((first + t) % g.block_size) as u32);
-                if want != Some(batch.slots[tok]) {
-                    return Err(ModelError::Batch(format!(
-                        "sequence {i}: slot of token {t} disagrees with its block table"
-                    )));
-                }
-            }
-        }
-        if next != n {
-            return Err(ModelError::Batch("sequences do not cover the batch's tokens".into()));
-        }
-        Ok(())
     }
 
     /// The logits of the last [`Self::forward`] (`[rows, vocab]`, valid up to that call's rows).
