@@ -17,13 +17,16 @@
 //! and TTLs evict the same way. Blocks a running sequence also holds are never counted as
 //! cached nor evicted for room (that would free nothing).
 //!
+//! The bank touches only block bookkeeping (tables, reference counts, forks, trims), never
+//! the pages, so it serves any [`PageStore`] (host or device pages) alike.
+//!
 //! Invariant: every index key points to a holder that holds that block (`(id, i)` with
 //! `i < full blocks held`); keys are removed when their holder drops the block.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use kvcache::{BlockHash, KvPool, SequenceCache};
+use kvcache::{BlockHash, KvPool, PageStore, SequenceCache};
 
 use crate::config::BankConfig;
 
@@ -132,7 +135,14 @@ impl SessionBank {
 
     /// Banks a sequence's cache. `tokens` are the tokens whose K/V it holds
     /// (`cache.offset()` of them) and `hashes` its full blocks' hashes (at least that many).
-    pub fn insert(&mut self, pool: &mut KvPool, id: u64, cache: SequenceCache, tokens: &[u32], hashes: &[BlockHash]) {
+    pub fn insert<S: PageStore>(
+        &mut self,
+        pool: &mut KvPool<S>,
+        id: u64,
+        cache: SequenceCache,
+        tokens: &[u32],
+        hashes: &[BlockHash],
+    ) {
         debug_assert_eq!(tokens.len(), cache.offset());
         let full = tokens.len() / self.block_size;
         debug_assert!(hashes.len() >= full);
@@ -160,7 +170,7 @@ impl SessionBank {
 
     /// Drops entry `origin` if its tokens are a prefix of `tokens` (a later turn of the same
     /// conversation now holds all it held).
-    pub fn drop_if_prefix_of(&mut self, pool: &mut KvPool, origin: u64, tokens: &[u32]) {
+    pub fn drop_if_prefix_of<S: PageStore>(&mut self, pool: &mut KvPool<S>, origin: u64, tokens: &[u32]) {
         if self.entries.get(&origin).is_some_and(|e| tokens.starts_with(&e.tokens)) {
             self.remove(pool, origin);
         }
@@ -175,7 +185,7 @@ impl SessionBank {
     }
 
     /// A new cache sharing entry `id`'s first `blocks` blocks; the entry becomes most recent.
-    pub fn fork_prefix(&mut self, pool: &mut KvPool, id: u64, blocks: usize) -> Option<SequenceCache> {
+    pub fn fork_prefix<S: PageStore>(&mut self, pool: &mut KvPool<S>, id: u64, blocks: usize) -> Option<SequenceCache> {
         let e = self.entries.get_mut(&id)?;
         self.tick += 1;
         e.tick = self.tick;
@@ -184,7 +194,7 @@ impl SessionBank {
     }
 
     /// Releases entry `id` whole.
-    pub fn remove(&mut self, pool: &mut KvPool, id: u64) {
+    pub fn remove<S: PageStore>(&mut self, pool: &mut KvPool<S>, id: u64) {
         if let Some(e) = self.entries.remove(&id) {
             for h in &e.hashes {
                 if self.index.get(h).is_some_and(|x| x.id == id) {
@@ -199,7 +209,7 @@ impl SessionBank {
     /// Frees one cached block: trims the tail block of the least recently used entry whose
     /// tail is cached, again until a block actually returns to the pool (a block two entries
     /// share is freed when the second lets go). Returns false when no block can be freed.
-    pub fn evict_block(&mut self, pool: &mut KvPool) -> bool {
+    pub fn evict_block<S: PageStore>(&mut self, pool: &mut KvPool<S>) -> bool {
         loop {
             let victim = self
                 .entries
@@ -219,7 +229,7 @@ impl SessionBank {
 
     /// Drops entries unused for longer than the TTL, and evicts cached blocks while the bank's
     /// cached bytes exceed the budget.
-    pub fn enforce_limits(&mut self, pool: &mut KvPool, now: Instant) {
+    pub fn enforce_limits<S: PageStore>(&mut self, pool: &mut KvPool<S>, now: Instant) {
         if let Some(ttl) = self.config.ttl {
             let expired: Vec<u64> =
                 self.entries.iter().filter(|(_, e)| now.duration_since(e.last_used) > ttl).map(|(&id, _)| id).collect();
@@ -239,12 +249,12 @@ impl SessionBank {
     }
 
     /// Blocks held by the bank alone (reclaimable).
-    pub fn cached_blocks(&self, pool: &KvPool) -> usize {
+    pub fn cached_blocks<S: PageStore>(&self, pool: &KvPool<S>) -> usize {
         (0..self.bank_refs.len() as u32).filter(|&b| self.is_cached(b, pool)).count()
     }
 
     /// Whether every reference on block `b` is a bank entry's.
-    fn is_cached(&self, b: u32, pool: &KvPool) -> bool {
+    fn is_cached<S: PageStore>(&self, b: u32, pool: &KvPool<S>) -> bool {
         b != kvcache::NULL_BLOCK && {
             let n = self.bank_refs[b as usize];
             n > 0 && n == pool.blocks().ref_count(b)
@@ -270,14 +280,14 @@ impl SessionBank {
     }
 
     /// Releases every entry (shutdown).
-    pub fn clear(&mut self, pool: &mut KvPool) {
+    pub fn clear<S: PageStore>(&mut self, pool: &mut KvPool<S>) {
         let ids: Vec<u64> = self.entries.keys().copied().collect();
         for id in ids {
             self.remove(pool, id);
         }
     }
 
-    fn trim_tail_block(&mut self, pool: &mut KvPool, id: u64) {
+    fn trim_tail_block<S: PageStore>(&mut self, pool: &mut KvPool<S>, id: u64) {
         let bs = self.block_size;
         let Some(e) = self.entries.get_mut(&id) else { return };
         let offset = e.cache.offset();
@@ -326,7 +336,11 @@ impl SessionBank {
 
 /// A fork of `cache` trimmed to its first `tokens` tokens (a block boundary): the new cache
 /// shares those blocks by reference and holds nothing else.
-pub(crate) fn fork_prefix(cache: &SequenceCache, pool: &mut KvPool, tokens: usize) -> Option<SequenceCache> {
+pub(crate) fn fork_prefix<S: PageStore>(
+    cache: &SequenceCache,
+    pool: &mut KvPool<S>,
+    tokens: usize,
+) -> Option<SequenceCache> {
     debug_assert!(tokens <= cache.offset());
     let mut fork = cache.fork(pool).ok()?;
     if fork.trim(pool, fork.offset() - tokens).is_err() {

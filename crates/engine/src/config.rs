@@ -79,6 +79,8 @@ pub struct EngineInfo {
     pub max_seqs: usize,
     /// Tokens that end generation unless a request sets `ignore_eos`.
     pub eos_tokens: Vec<u32>,
+    /// Where the model runs (`Forward::device_label`: `cpu`, `cuda:0 NVIDIA H200, bf16 weights`).
+    pub device: String,
 }
 
 #[cfg(test)]

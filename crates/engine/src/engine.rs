@@ -1,21 +1,23 @@
 //! `Engine` and `EngineHandle`: the public face of the scheduler thread.
 //!
-//! `Engine::start` builds the pool from the configuration and the model, then moves the
-//! model, the pool and the tokenizer into one scheduler thread (`scheduler.rs`), the only
-//! owner of every sequence. Clients talk to it through cloneable [`EngineHandle`]s:
+//! `Engine::start` runs one scheduler thread (`scheduler.rs`), the only owner of the model, the
+//! pool and every sequence; the model is any [`Forward`] backend (the CPU `Model` with host
+//! pages, a GPU model with device pages). [`Engine::start_with`] builds the model on that
+//! thread (a GPU model stays on the thread that made it); the pool is built there too, with
+//! `Forward::new_pool`, so it lives in the model's memory. Clients talk to it through cloneable [`EngineHandle`]s:
 //! [`EngineHandle::submit`] validates a request on the caller's thread (bad input is refused
 //! there, with a typed error) and returns its [`RequestStream`]; [`EngineHandle::metrics`]
 //! reads the snapshot the scheduler publishes after every step.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kvcache::{KvPool, SequenceCache, SequencePolicy};
+use kvcache::{SequenceCache, SequencePolicy};
 use pagekv_model::tokenizer::{StreamDecoder, Tokenizer};
-use pagekv_model::Model;
+use pagekv_model::{Forward, ModelError};
 
 use crate::bank::SessionBank;
 use crate::config::{EngineConfig, EngineInfo};
@@ -46,70 +48,62 @@ pub struct EngineHandle {
 
 impl Engine {
     /// Starts the scheduler thread over `model` with a pool built from `config`.
-    pub fn start(model: Model, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine, EngineError> {
+    pub fn start<M>(model: M, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine, EngineError>
+    where
+        M: Forward + Send + 'static,
+    {
+        Engine::start_with(move || Ok(model), tokenizer, config)
+    }
+
+    /// Starts the scheduler thread and builds the model on it with `build`, then the pool
+    /// (`Forward::new_pool`: host or device pages) from `config`. For backends whose model and
+    /// pages must stay on the thread that made them (a CUDA model: its context, stream and
+    /// captured graphs), or are not `Send`. Returns once the model and pool exist; an error of
+    /// `build` is [`EngineError::Model`], one of the pool [`EngineError::Config`].
+    pub fn start_with<M, F>(build: F, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine, EngineError>
+    where
+        M: Forward + 'static,
+        F: FnOnce() -> Result<M, ModelError> + Send + 'static,
+    {
         if config.max_batch_tokens == 0 || config.max_seqs == 0 {
             return Err(EngineError::Config("max_batch_tokens and max_seqs must be at least 1".into()));
         }
-        let mc = &model.config;
-        let mut cache = config.cache.clone();
-        cache.num_layers = mc.num_layers;
-        cache.num_kv_heads = mc.num_kv_heads;
-        cache.head_dim = mc.head_dim;
-        let context_window = *cache.context_window.get_or_insert(mc.context_length);
-        if cache.sliding_window.is_none() {
-            cache.sliding_window = mc.sliding_window;
-        }
-        let policy = SequencePolicy {
-            dynamic_growth: false,
-            context_window: Some(context_window),
-            sliding_window: cache.sliding_window,
-            debug_blocks: cache.debug_blocks,
-        };
-        let mut pool = KvPool::new(cache.clone()).map_err(|e| EngineError::Config(e.to_string()))?;
-        let bs = cache.block_size;
-        // The template reserves the whole window (or pool) and then lets every block go.
-        let reserve = context_window.min(cache.num_blocks * bs);
-        let mut template =
-            SequenceCache::new(&mut pool, policy, reserve).map_err(|e| EngineError::Config(e.to_string()))?;
-        template.trim(&mut pool, 0).map_err(|e| EngineError::Config(e.to_string()))?;
-        debug_assert_eq!(template.allocated_blocks(), 0);
-        let (codes, scales) = pool.geometry().block_bytes_by_category();
-        let block_bytes = codes + scales;
-        let mut bank_config = config.bank.clone();
-        if cache.sliding_window.is_some() {
-            // Blocks before the window are reclaimed: prefixes cannot be shared.
-            bank_config.enabled = false;
-        }
-        let identity = identity(&model, &cache.format.name(), bs, cache.rotation_seed);
-        let info = EngineInfo {
-            model_name: mc.name.clone(),
-            context_window,
-            vocab_size: mc.vocab_size,
-            block_size: bs,
-            num_blocks: cache.num_blocks,
-            block_bytes,
-            kv_format: cache.format.name(),
-            max_batch_tokens: config.max_batch_tokens,
-            max_seqs: config.max_seqs,
-            eos_tokens: tokenizer.eot_ids().to_vec(),
-        };
-        let limits = Limits {
-            max_batch_tokens: config.max_batch_tokens,
-            max_seqs: config.max_seqs,
-            context_window,
-            block_size: bs,
-            vocab_size: mc.vocab_size,
-            identity,
-            watermark: (cache.num_blocks / 100).max(1),
-        };
         let metrics = Arc::new(Mutex::new(EngineMetrics::default()));
         let (tx, rx) = mpsc::channel();
-        let bank = SessionBank::new(bank_config, cache.num_blocks, bs, block_bytes);
-        let scheduler = Scheduler::new(model, tokenizer, pool, template, bank, limits, metrics.clone(), rx);
+        let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<EngineInfo, EngineError>>(1);
+        let scheduler_metrics = metrics.clone();
         let thread = std::thread::Builder::new()
             .name("pagekv-scheduler".into())
-            .spawn(move || scheduler.run())
+            .spawn(move || {
+                let model = match build() {
+                    Ok(m) => m,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(EngineError::Model(e.to_string())));
+                        return;
+                    }
+                };
+                match assemble(model, tokenizer, &config, scheduler_metrics, rx) {
+                    Ok((scheduler, info)) => {
+                        let _ = ready_tx.send(Ok(info));
+                        scheduler.run();
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            })
             .map_err(|e| EngineError::Config(format!("cannot start the scheduler thread: {e}")))?;
+        let info = match ready_rx.recv() {
+            Ok(Ok(info)) => info,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(EngineError::Model("the scheduler thread panicked while starting".into()));
+            }
+        };
         let handle = EngineHandle {
             tx,
             info: Arc::new(info),
@@ -139,6 +133,73 @@ impl Engine {
             }
         }
     }
+}
+
+/// The scheduler over `model`: the pool (in the model's memory), the template sequence, the
+/// bank and the limits, and the facts a handle reports. Runs on the scheduler thread.
+fn assemble<M: Forward>(
+    model: M,
+    tokenizer: Arc<Tokenizer>,
+    config: &EngineConfig,
+    metrics: Arc<Mutex<EngineMetrics>>,
+    rx: Receiver<Command>,
+) -> Result<(Scheduler<M>, EngineInfo), EngineError> {
+    let mc = model.config();
+    let mut cache = config.cache.clone();
+    cache.num_layers = mc.num_layers;
+    cache.num_kv_heads = mc.num_kv_heads;
+    cache.head_dim = mc.head_dim;
+    let context_window = *cache.context_window.get_or_insert(mc.context_length);
+    if cache.sliding_window.is_none() {
+        cache.sliding_window = mc.sliding_window;
+    }
+    let policy = SequencePolicy {
+        dynamic_growth: false,
+        context_window: Some(context_window),
+        sliding_window: cache.sliding_window,
+        debug_blocks: cache.debug_blocks,
+    };
+    let mut pool = model.new_pool(cache.clone()).map_err(|e| EngineError::Config(e.to_string()))?;
+    let bs = cache.block_size;
+    // The template reserves the whole window (or pool) and then lets every block go.
+    let reserve = context_window.min(cache.num_blocks * bs);
+    let mut template =
+        SequenceCache::new(&mut pool, policy, reserve).map_err(|e| EngineError::Config(e.to_string()))?;
+    template.trim(&mut pool, 0).map_err(|e| EngineError::Config(e.to_string()))?;
+    debug_assert_eq!(template.allocated_blocks(), 0);
+    let (codes, scales) = pool.geometry().block_bytes_by_category();
+    let block_bytes = codes + scales;
+    let mut bank_config = config.bank.clone();
+    if cache.sliding_window.is_some() {
+        // Blocks before the window are reclaimed: prefixes cannot be shared.
+        bank_config.enabled = false;
+    }
+    let identity = identity(&model, &cache.format.name(), bs, cache.rotation_seed);
+    let info = EngineInfo {
+        model_name: mc.name.clone(),
+        context_window,
+        vocab_size: mc.vocab_size,
+        block_size: bs,
+        num_blocks: cache.num_blocks,
+        block_bytes,
+        kv_format: cache.format.name(),
+        max_batch_tokens: config.max_batch_tokens,
+        max_seqs: config.max_seqs,
+        eos_tokens: tokenizer.eot_ids().to_vec(),
+        device: model.device_label(),
+    };
+    let limits = Limits {
+        max_batch_tokens: config.max_batch_tokens,
+        max_seqs: config.max_seqs,
+        context_window,
+        block_size: bs,
+        vocab_size: mc.vocab_size,
+        identity,
+        watermark: (cache.num_blocks / 100).max(1),
+    };
+    let bank = SessionBank::new(bank_config, cache.num_blocks, bs, block_bytes);
+    let scheduler = Scheduler::new(model, tokenizer, pool, template, bank, limits, metrics, rx);
+    Ok((scheduler, info))
 }
 
 impl Drop for Engine {
@@ -225,11 +286,12 @@ impl EngineHandle {
 }
 
 /// 64-bit identity of what a block's K/V depend on besides its tokens: the model (name,
-/// shape, weight bytes), the KV format and the block size. FNV-1a: stable across runs.
-fn identity(model: &Model, format: &str, block_size: usize, rotation_seed: u64) -> u64 {
-    let c = &model.config;
+/// shape, weight bytes, the device and weight type it runs on), the KV format and the block
+/// size. FNV-1a: stable across runs.
+fn identity<M: Forward>(model: &M, format: &str, block_size: usize, rotation_seed: u64) -> u64 {
+    let c = model.config();
     let key = format!(
-        "{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}",
+        "{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}",
         c.name,
         c.arch_name,
         c.num_layers,
@@ -238,6 +300,7 @@ fn identity(model: &Model, format: &str, block_size: usize, rotation_seed: u64) 
         c.head_dim,
         c.vocab_size,
         model.weight_bytes_per_token(),
+        model.device_label(),
         format,
         block_size,
         rotation_seed

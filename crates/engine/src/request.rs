@@ -91,4 +91,7 @@ pub enum EngineError {
     Forward(String),
     #[error("invalid engine configuration: {0}")]
     Config(String),
+    /// The model could not be built on the scheduler thread ([`crate::Engine::start_with`]).
+    #[error("cannot start the model: {0}")]
+    Model(String),
 }

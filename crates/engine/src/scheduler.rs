@@ -1,5 +1,7 @@
 //! The scheduler: the one thread that owns the model, the pool, every sequence and the
-//! session bank. Each step:
+//! session bank. It uses the model only through [`Forward`] (one `forward` per step, then the
+//! host logits of the rows it asked for), and the pool only through block bookkeeping
+//! (`SequenceCache`, `BlockPool`): it never reads pages, so they may live on a device. Each step:
 //!
 //! 1. `reap_cancelled`: streams dropped by their clients give up their sequences (blocks go
 //!    to the bank, where they are reclaimable at once).
@@ -25,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use kvcache::{KvPool, SequenceCache};
 use pagekv_model::tokenizer::Tokenizer;
-use pagekv_model::{Batch, Logits, Model};
+use pagekv_model::{Batch, Forward, Logits};
 
 use crate::bank::{fork_prefix, SessionBank};
 use crate::metrics::EngineMetrics;
@@ -76,10 +78,11 @@ struct Budget {
     promised_blocks: usize,
 }
 
-pub(crate) struct Scheduler {
-    model: Model,
+pub(crate) struct Scheduler<M: Forward> {
+    model: M,
     tokenizer: Arc<Tokenizer>,
-    pool: KvPool,
+    /// The blocks and their pages, in the model's memory (host or device).
+    pool: KvPool<M::Pages>,
     /// An empty sequence whose reservation covers the context window: every new sequence is a
     /// fork of it, so appends take exactly the blocks their tokens need (no growth spurts).
     template: SequenceCache,
@@ -100,18 +103,18 @@ pub(crate) struct Scheduler {
     shutdown: Option<Instant>,
 }
 
-impl Scheduler {
+impl<M: Forward> Scheduler<M> {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        model: Model,
+        model: M,
         tokenizer: Arc<Tokenizer>,
-        pool: KvPool,
+        pool: KvPool<M::Pages>,
         template: SequenceCache,
         bank: SessionBank,
         limits: Limits,
         metrics: Arc<Mutex<EngineMetrics>>,
         rx: Receiver<Command>,
-    ) -> Scheduler {
+    ) -> Scheduler<M> {
         Scheduler {
             model,
             tokenizer,

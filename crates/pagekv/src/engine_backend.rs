@@ -207,7 +207,7 @@ fn token_logprob(l: &engine::TokenLogprobs, tokenizer: &Tokenizer) -> TokenLogpr
 fn backend_error(e: EngineError) -> BackendError {
     let kind = match &e {
         EngineError::ShutDown => BackendErrorKind::ShuttingDown,
-        EngineError::Forward(_) | EngineError::Config(_) => BackendErrorKind::Internal,
+        EngineError::Forward(_) | EngineError::Config(_) | EngineError::Model(_) => BackendErrorKind::Internal,
         _ => BackendErrorKind::InvalidRequest,
     };
     let code = match &e {

@@ -359,6 +359,11 @@ impl CudaModel {
         if batch.num_tokens() == 0 {
             return Err(ModelError::Batch("empty batch".into()));
         }
+        // A page write or copy-on-write queued through `PageStore` (which cannot return errors)
+        // failed since the last step: the pages are not what the block tables say.
+        if let Some(e) = pool.pages_mut().take_error() {
+            return Err(dev(e));
+        }
         batch.validate(&self.config, pool.geometry())?;
         let c = &self.config;
         let n = batch.num_tokens();

@@ -20,7 +20,7 @@ use super::decode::DecodeArgs;
 /// `pagekv bench decode --device cuda` in a build without CUDA.
 #[cfg(not(feature = "cuda"))]
 pub fn run(_device: usize, _a: DecodeArgs) -> anyhow::Result<()> {
-    anyhow::bail!("this pagekv was built without CUDA; rebuild with `cargo build --release -p pagekv --features cuda`")
+    anyhow::bail!(super::cuda::NO_CUDA)
 }
 
 #[cfg(feature = "cuda")]

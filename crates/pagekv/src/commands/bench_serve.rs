@@ -16,7 +16,8 @@
 //!   of the second (a hit: takes the prefix from the bank), median over `--prefix-runs` fresh
 //!   prefixes, and their ratio.
 //!
-//! Prompts are token ids (the completions API takes them), so lengths are exact; each starts
+//! `--device cuda[:N]` (feature `cuda`) runs the engine over the GPU model, as `pagekv serve`
+//! does. Prompts are token ids (the completions API takes them), so lengths are exact; each starts
 //! with a tag of its own, so no two rows share a block and the bank serves only the prefix row.
 
 use std::net::SocketAddr;
@@ -38,7 +39,7 @@ use tokio::net::TcpStream;
 use super::bench::round;
 use crate::engine_backend::EngineBackend;
 use crate::load::{cache_config, load};
-use crate::settings::ModelArgs;
+use crate::settings::{Device, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct BenchServeArgs {
@@ -105,7 +106,7 @@ struct Row {
 }
 
 pub fn run(a: BenchServeArgs) -> Result<()> {
-    super::run::require_cpu()?;
+    let device = super::run::device()?;
     let clients: Vec<usize> =
         a.clients
             .split(',')
@@ -116,7 +117,10 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
             })
             .collect::<Result<_>>()?;
     let loaded = load(a.model.model.as_deref(), a.model.chat_template.as_deref())?;
-    let cache = cache_config(&loaded.model)?;
+    let mut cache = cache_config(&loaded.model)?;
+    if let Device::Cuda(_) = device {
+        cache = super::cuda::gpu_cache(cache);
+    }
     let window = cache.context_window.unwrap_or(loaded.model.config.context_length);
     let (prompt_tokens, max_tokens, prefix) =
         (a.prompt_tokens as usize, a.max_tokens as usize, a.prefix_tokens as usize);
@@ -134,7 +138,12 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
     let model_id = model_id(&loaded.path);
     let tokenizer = Arc::new(loaded.tokenizer);
     let prompts = Prompts::new(tokenizer.clone())?;
-    let engine = Engine::start(loaded.model, tokenizer.clone(), config)?;
+    let engine = match device {
+        Device::Cpu => Engine::start(loaded.model, tokenizer.clone(), config)?,
+        Device::Cuda(n) => {
+            Engine::start_with(super::cuda::gpu_model_builder(n, loaded.model, false)?, tokenizer.clone(), config)?
+        }
+    };
     let handle = engine.handle();
     let info = handle.info().clone();
     let backend = Arc::new(EngineBackend::new(engine.handle(), tokenizer, loaded.template, model_id.clone()));
@@ -169,6 +178,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
     let common = json!({
         "bench": "serve",
         "model": model_id,
+        "device": info.device,
         "kv_format": info.kv_format,
         "block_size": info.block_size,
         "num_blocks": info.num_blocks,
@@ -229,8 +239,8 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "pagekv serve in-process, {model_id}, KV {} ({} blocks of {}), {threads} threads; {prompt_tokens}-token prompts, up to {max_tokens} tokens each",
-        info.kv_format, info.num_blocks, info.block_size
+        "pagekv serve in-process, {model_id} on {}, KV {} ({} blocks of {}), {threads} threads; {prompt_tokens}-token prompts, up to {max_tokens} tokens each",
+        info.device, info.kv_format, info.num_blocks, info.block_size
     );
     println!(
         "{:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8}",

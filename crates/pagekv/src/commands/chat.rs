@@ -1,18 +1,21 @@
 //! `pagekv chat`: an interactive conversation in the terminal. The whole conversation is
 //! re-rendered with the chat template each turn, and the generator keeps the cache of the
 //! tokens it has seen, so a turn computes only what is new (the common prefix is reused).
-//! Commands: `/reset`, `/stats`, `/quit`.
+//! Commands: `/reset`, `/stats`, `/quit`. `--device cuda[:N]` runs the same loop over the GPU
+//! model (feature `cuda`; the KV cache is bf16 there unless `--kv-quant` says otherwise).
 
 use std::io::{BufRead, Write};
 
 use anyhow::Result;
 use clap::Args;
 use pagekv_engine::Generator;
-use pagekv_model::template::ChatMessage;
+use pagekv_model::template::{ChatMessage, ChatTemplate};
+use pagekv_model::tokenizer::Tokenizer;
+use pagekv_model::Forward;
 
 use super::generation::{generate, SamplingArgs};
 use crate::load::{cache_config, load};
-use crate::settings::ModelArgs;
+use crate::settings::{Device, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
@@ -26,11 +29,26 @@ pub struct ChatArgs {
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
-    super::run::require_cpu()?;
+    let device = super::run::device()?;
     let loaded = load(a.model.model.as_deref(), a.model.chat_template.as_deref())?;
     let (tok, template) = (loaded.tokenizer, loaded.template);
     let cache = cache_config(&loaded.model)?;
-    let mut generator = Generator::new(loaded.model, cache)?;
+    match device {
+        Device::Cpu => converse(Generator::new(loaded.model, cache)?, &tok, &template, &a),
+        Device::Cuda(n) => {
+            let gpu = super::cuda::gpu_model(n, loaded.model, false)?;
+            converse(Generator::new(gpu, super::cuda::gpu_cache(cache))?, &tok, &template, &a)
+        }
+    }
+}
+
+/// The conversation loop over one generator (CPU or GPU model).
+fn converse<M: Forward>(
+    mut generator: Generator<M>,
+    tok: &Tokenizer,
+    template: &ChatTemplate,
+    a: &ChatArgs,
+) -> Result<()> {
     let opening: Vec<ChatMessage> = a.system.iter().map(|s| ChatMessage::new("system", s.as_str())).collect();
     let mut messages = opening.clone();
     let mut last = None;
@@ -65,7 +83,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         let ids = tok.encode(&template.render(&messages, true)?, true)?;
         let mut reply = String::new();
         let mut out = std::io::stdout().lock();
-        let stats = generate(&mut generator, &tok, &ids, &a.sampling, |s| {
+        let stats = generate(&mut generator, tok, &ids, &a.sampling, |s| {
             reply.push_str(s);
             out.write_all(s.as_bytes())?;
             out.flush()?;

@@ -1,9 +1,122 @@
-//! Subcommands on the CUDA device (feature `cuda`): the attention benchmark of
-//! `pagekv-cuda` (decode over scattered pages, every format, with read/copy roofline rows) and
-//! `pagekv run` on the GPU model (`pagekv_model::cuda::CudaModel`). Without the feature each is
-//! one clear error. `bench decode --device cuda` is in `bench_decode_cuda.rs`.
+//! The CUDA device for the subcommands (feature `cuda`): the attention benchmark of
+//! `pagekv-cuda` (decode over scattered pages, every format, with read/copy roofline rows),
+//! `pagekv run` on the GPU model (`pagekv_model::cuda::CudaModel`), and [`GpuModel`] with the
+//! functions that open the device and build it, which `chat`, `serve` and `eval` use to run the
+//! same code over the GPU. Without the feature each is one clear error ([`NO_CUDA`]) and
+//! [`GpuModel`] is an uninhabited stand-in, so the commands carry no `cfg` of their own.
+//! `bench decode --device cuda` is in `bench_decode_cuda.rs`.
 
 use anyhow::Result;
+use pagekv_model::{Model, ModelError};
+
+/// What every CUDA subcommand says in a build without the `cuda` feature.
+pub const NO_CUDA: &str =
+    "this pagekv was built without CUDA; rebuild with `cargo build --release -p pagekv --features cuda`";
+
+/// Fails with [`NO_CUDA`] in a build without the feature (before any model is loaded).
+pub fn require_build() -> Result<()> {
+    if cfg!(feature = "cuda") {
+        Ok(())
+    } else {
+        anyhow::bail!(NO_CUDA)
+    }
+}
+
+/// Checks that GPU `device` can be used — a build with CUDA, a driver, such a device — before
+/// any model is loaded: each failure is one clear error.
+pub fn check_device(device: usize) -> Result<()> {
+    require_build()?;
+    let count = pagekv_cuda::probe()?;
+    if device >= count {
+        return Err(pagekv_cuda::CudaError::NoDevice { ordinal: device, count }.into());
+    }
+    Ok(())
+}
+
+/// The GPU model of this build: [`pagekv_model::cuda::CudaModel`].
+#[cfg(feature = "cuda")]
+pub type GpuModel = pagekv_model::cuda::CudaModel;
+
+/// The GPU model of a build without CUDA: no value exists ([`gpu_model_builder`] fails first).
+#[cfg(not(feature = "cuda"))]
+pub enum GpuModel {}
+
+#[cfg(not(feature = "cuda"))]
+impl pagekv_model::Forward for GpuModel {
+    type Pages = kvcache::HostPages;
+
+    fn config(&self) -> &pagekv_model::ModelConfig {
+        match *self {}
+    }
+
+    fn new_pool(&self, _: kvcache::CacheConfig) -> Result<kvcache::KvPool, ModelError> {
+        match *self {}
+    }
+
+    fn forward(&mut self, _: &pagekv_model::Batch, _: &mut kvcache::KvPool) -> Result<&[f32], ModelError> {
+        match *self {}
+    }
+
+    fn last_logits(&self) -> &[f32] {
+        match *self {}
+    }
+
+    fn weight_bytes_per_token(&self) -> usize {
+        match *self {}
+    }
+
+    fn device_label(&self) -> String {
+        match *self {}
+    }
+}
+
+/// Opens GPU `device` now (no driver, no such device: one clear error before anything else
+/// happens) and returns what builds the GPU model from `model`'s weights — to be called on the
+/// thread that will run it (the engine's scheduler thread: `Engine::start_with`). The weights
+/// are bf16 (`PAGEKV_CUDA_WEIGHTS`), f32 with `exact_weights`.
+#[cfg(feature = "cuda")]
+pub fn gpu_model_builder(
+    device: usize,
+    model: Model,
+    exact_weights: bool,
+) -> Result<impl FnOnce() -> Result<GpuModel, ModelError> + Send + 'static> {
+    let dev = pagekv_cuda::CudaDevice::new(device)?;
+    let dtype = if exact_weights { pagekv_cuda::DType::F32 } else { weight_dtype()? };
+    Ok(move || {
+        let gpu = GpuModel::from_model(&model, dev, dtype);
+        drop(model);
+        gpu
+    })
+}
+
+/// [`NO_CUDA`] in a build without the feature.
+#[cfg(not(feature = "cuda"))]
+pub fn gpu_model_builder(
+    _device: usize,
+    _model: Model,
+    _exact_weights: bool,
+) -> Result<impl FnOnce() -> Result<GpuModel, ModelError> + Send + 'static> {
+    require_build()?;
+    Ok(|| unreachable!("no GPU model without CUDA"))
+}
+
+/// The GPU model built on this thread (`chat`, `eval`: one sequence, no engine thread).
+pub fn gpu_model(device: usize, model: Model, exact_weights: bool) -> Result<GpuModel> {
+    Ok(gpu_model_builder(device, model, exact_weights)?()?)
+}
+
+/// Total memory of GPU `device` in bytes (`--kv-memory` fractions on the GPU).
+#[cfg(feature = "cuda")]
+pub fn device_memory(device: usize) -> Result<usize> {
+    Ok(pagekv_cuda::CudaDevice::new(device)?.memory()?.1)
+}
+
+/// [`NO_CUDA`] in a build without the feature.
+#[cfg(not(feature = "cuda"))]
+pub fn device_memory(_device: usize) -> Result<usize> {
+    require_build()?;
+    unreachable!("require_build fails without CUDA")
+}
 
 /// `pagekv bench attention --device cuda:N`.
 #[cfg(feature = "cuda")]
@@ -64,7 +177,7 @@ pub fn bench_attention(
     _shapes: Option<&str>,
     _runs: usize,
 ) -> Result<()> {
-    anyhow::bail!("this pagekv was built without CUDA; rebuild with `cargo build --release -p pagekv --features cuda`")
+    anyhow::bail!(NO_CUDA)
 }
 
 /// The weight type of the GPU model: `PAGEKV_CUDA_WEIGHTS` (`bf16`, the default, or `f32`).
@@ -79,61 +192,9 @@ pub(crate) fn weight_dtype() -> Result<pagekv_cuda::DType> {
 }
 
 /// The KV format on the GPU: bf16 unless `--kv-quant` / `PAGEKV_KV_QUANT` says otherwise.
-#[cfg(feature = "cuda")]
-fn gpu_cache(mut cfg: kvcache::CacheConfig) -> kvcache::CacheConfig {
+pub fn gpu_cache(mut cfg: kvcache::CacheConfig) -> kvcache::CacheConfig {
     if std::env::var("PAGEKV_KV_QUANT").map_or(true, |v| v.trim().is_empty()) {
         cfg.format = kvcache::KvFormat::Bf16;
     }
     cfg
-}
-
-/// `pagekv run --device cuda:N`: the loaded model's weights moved to the GPU, then the same
-/// generation loop as on the CPU.
-#[cfg(feature = "cuda")]
-pub fn run_model(
-    device: usize,
-    model: pagekv_model::Model,
-    tok: &pagekv_model::tokenizer::Tokenizer,
-    ids: &[u32],
-    sampling: &super::generation::SamplingArgs,
-    verbose: bool,
-) -> Result<()> {
-    use std::io::Write;
-
-    use pagekv_cuda::CudaDevice;
-    use pagekv_engine::Generator;
-    use pagekv_model::cuda::CudaModel;
-    use pagekv_model::Forward;
-
-    let cache = gpu_cache(crate::load::cache_config(&model)?);
-    let dev = CudaDevice::new(device)?;
-    let gpu_model = CudaModel::from_model(&model, dev, weight_dtype()?)?;
-    drop(model);
-    let mut generator = Generator::new(gpu_model, cache)?;
-    let mut out = std::io::stdout().lock();
-    let stats = super::generation::generate(&mut generator, tok, ids, sampling, |s| {
-        out.write_all(s.as_bytes())?;
-        out.flush()?;
-        Ok(())
-    })?;
-    writeln!(out)?;
-    if verbose {
-        eprintln!("pagekv: {}", generator.model().device_label());
-        eprintln!("pagekv: {}", stats.summary());
-        eprintln!("pagekv: {}", super::cache_summary(generator.pool()));
-    }
-    Ok(())
-}
-
-/// `pagekv run --device cuda` in a build without CUDA.
-#[cfg(not(feature = "cuda"))]
-pub fn run_model(
-    _device: usize,
-    _model: pagekv_model::Model,
-    _tok: &pagekv_model::tokenizer::Tokenizer,
-    _ids: &[u32],
-    _sampling: &super::generation::SamplingArgs,
-    _verbose: bool,
-) -> Result<()> {
-    anyhow::bail!("this pagekv was built without CUDA; rebuild with `cargo build --release -p pagekv --features cuda`")
 }

@@ -16,12 +16,12 @@ use clap::Args;
 use kvcache::KvFormat;
 use pagekv_engine::sampling::argmax;
 use pagekv_engine::Generator;
-use pagekv_model::Model;
+use pagekv_model::Forward;
 use serde_json::json;
 
 use super::bench::round;
 use crate::load::{cache_config, load};
-use crate::settings::ModelArgs;
+use crate::settings::{Device, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
@@ -51,7 +51,7 @@ pub struct EvalArgs {
 const STEP: usize = 256;
 
 pub fn run(a: EvalArgs) -> Result<()> {
-    super::run::require_cpu()?;
+    let device = super::run::device()?;
     let text = std::fs::read_to_string(&a.text).with_context(|| format!("cannot read {}", a.text.display()))?;
     let loaded = load(a.model.model.as_deref(), a.model.chat_template.as_deref())?;
     let mut ids = loaded.tokenizer.encode_with_bos(&text, false)?;
@@ -69,14 +69,33 @@ pub fn run(a: EvalArgs) -> Result<()> {
         (None, Some(_)) => vec![base_cfg.format],
         (None, None) => super::all_formats(),
     };
-    let vocab = loaded.model.config.vocab_size;
     let mut model = loaded.model;
-    if a.exact_weights {
-        model.weights.dequantize_to_f32().context("--exact-weights")?;
+    match device {
+        Device::Cpu => {
+            if a.exact_weights {
+                model.weights.dequantize_to_f32().context("--exact-weights")?;
+            }
+            evaluate(model, &a, &ids, &base_cfg, chunk, formats)
+        }
+        // On the GPU `--exact-weights` means f32 weights (products with f32 activations).
+        Device::Cuda(n) => {
+            evaluate(super::cuda::gpu_model(n, model, a.exact_weights)?, &a, &ids, &base_cfg, chunk, formats)
+        }
     }
+}
 
+/// Scores `ids` with every format in `formats` against the f16 reference, and prints the table.
+fn evaluate<M: Forward>(
+    mut model: M,
+    a: &EvalArgs,
+    ids: &[u32],
+    base_cfg: &kvcache::CacheConfig,
+    chunk: usize,
+    formats: Vec<KvFormat>,
+) -> Result<()> {
+    let vocab = model.config().vocab_size;
     // The f16 reference: log-softmax of every scored position, [positions, vocab].
-    let (m, base, base_ppl, _) = score(model, &base_cfg, KvFormat::F16, &ids, chunk, |_, _| {})?;
+    let (m, base, base_ppl, _) = score(model, base_cfg, KvFormat::F16, ids, chunk, |_, _| {})?;
     model = m;
     let positions = base.len() / vocab;
     if !a.json {
@@ -95,7 +114,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
         let mut kl = 0.0f64;
         let mut agree = 0usize;
         let mut row = 0usize;
-        let (m, _, ppl, tok_s) = score(model, &base_cfg, format, &ids, chunk, |logp: &[f32], _| {
+        let (m, _, ppl, tok_s) = score(model, base_cfg, format, ids, chunk, |logp: &[f32], _| {
             let b = &base[row * vocab..(row + 1) * vocab];
             kl += b.iter().zip(logp).map(|(&p, &q)| (p as f64).exp() * (p as f64 - q as f64)).sum::<f64>();
             agree += (argmax(b) == argmax(logp)) as usize;
@@ -131,19 +150,19 @@ pub fn run(a: EvalArgs) -> Result<()> {
 /// Scores `ids` with `format`: returns the model back, the log-softmax rows `[scored, vocab]`
 /// (kept for the f16 reference run only), the perplexity and tokens/s. `each(logp_row, position)` sees every scored
 /// row. A chunk's first token has no prediction; every other token is scored.
-fn score(
-    model: Model,
+fn score<M: Forward>(
+    model: M,
     base: &kvcache::CacheConfig,
     format: KvFormat,
     ids: &[u32],
     chunk: usize,
     mut each: impl FnMut(&[f32], usize),
-) -> Result<(Model, Vec<f32>, f64, f64)> {
+) -> Result<(M, Vec<f32>, f64, f64)> {
     let mut cfg = base.clone();
     cfg.format = format;
     cfg.num_blocks = cfg.num_blocks.max(chunk.div_ceil(cfg.block_size) + 1);
     cfg.dynamic_growth = true;
-    let vocab = model.config.vocab_size;
+    let vocab = model.config().vocab_size;
     let keep = format == KvFormat::F16;
     let mut g = Generator::new(model, cfg)?;
     let (mut kept, mut nll, mut n) = (Vec::new(), 0.0f64, 0usize);

@@ -1,6 +1,6 @@
 //! `pagekv run [PROMPT]`: one completion streamed to stdout (the prompt from the argument or
 //! stdin); `--chat` wraps it as a single user message in the chat template. `--device cuda[:N]`
-//! runs it on the GPU (feature `cuda`).
+//! runs it on the GPU (feature `cuda`): the same loop over the GPU model.
 
 use std::io::{Read, Write};
 
@@ -8,6 +8,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use pagekv_engine::Generator;
 use pagekv_model::template::ChatMessage;
+use pagekv_model::tokenizer::Tokenizer;
+use pagekv_model::Forward;
 
 use super::generation::{generate, SamplingArgs};
 use crate::load::{cache_config, load};
@@ -33,8 +35,8 @@ pub struct RunArgs {
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
-    let device = Device::from_env()?;
-    let prompt = match a.prompt {
+    let device = device()?;
+    let prompt = match a.prompt.clone() {
         Some(p) => p,
         None => {
             let mut s = String::new();
@@ -59,30 +61,43 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     // A chat render carries its own BOS text; a raw prompt gets BOS when the model asks for it.
     let ids = if a.chat { tok.encode(&text, true)? } else { tok.encode_with_bos(&text, true)? };
-    if let Device::Cuda(n) = device {
-        return super::cuda::run_model(n, loaded.model, &tok, &ids, &a.sampling, a.verbose);
-    }
     let cache = cache_config(&loaded.model)?;
-    let mut generator = Generator::new(loaded.model, cache)?;
+    match device {
+        Device::Cpu => complete(Generator::new(loaded.model, cache)?, &tok, &ids, &a),
+        Device::Cuda(n) => {
+            // The weights move to the GPU; the host copy is dropped once they are there.
+            let gpu = super::cuda::gpu_model(n, loaded.model, false)?;
+            complete(Generator::new(gpu, super::cuda::gpu_cache(cache))?, &tok, &ids, &a)
+        }
+    }
+}
+
+/// Streams the completion of `ids` to stdout; timing and cache figures with `--verbose`.
+fn complete<M: Forward>(mut generator: Generator<M>, tok: &Tokenizer, ids: &[u32], a: &RunArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    let stats = generate(&mut generator, &tok, &ids, &a.sampling, |s| {
+    let stats = generate(&mut generator, tok, ids, &a.sampling, |s| {
         out.write_all(s.as_bytes())?;
         out.flush()?;
         Ok(())
     })?;
     writeln!(out)?;
     if a.verbose {
+        let label = generator.model().device_label();
+        if label != "cpu" {
+            eprintln!("pagekv: {label}");
+        }
         eprintln!("pagekv: {}", stats.summary());
         eprintln!("pagekv: {}", super::cache_summary(generator.pool()));
     }
     Ok(())
 }
 
-/// Subcommands whose model runtime is the CPU's only (chat, eval, serve) refuse `--device cuda`
-/// with a clear line.
-pub fn require_cpu() -> Result<()> {
-    match Device::from_env()? {
-        Device::Cpu => Ok(()),
-        Device::Cuda(_) => bail!("this subcommand runs models on the CPU only: use --device cpu (on CUDA: `pagekv run`, `pagekv bench decode`, `pagekv bench attention`)"),
+/// Where a subcommand runs its model (`--device` / `PAGEKV_DEVICE`). A GPU is checked before
+/// any model loads: a build without CUDA, no driver or no such device is one clear error.
+pub fn device() -> Result<Device> {
+    let device = Device::from_env()?;
+    if let Device::Cuda(n) = device {
+        super::cuda::check_device(n)?;
     }
+    Ok(device)
 }

@@ -1,4 +1,7 @@
-//! `pagekv serve`: the OpenAI-compatible server (and Anthropic Messages) over the engine.
+//! `pagekv serve`: the OpenAI-compatible server (and Anthropic Messages) over the engine, on
+//! the CPU or (`--device cuda[:N]`, feature `cuda`) the GPU: the same engine over the GPU model,
+//! its KV pool in device memory (bf16 unless `--kv-quant` says otherwise; a `--kv-memory`
+//! fraction is of the GPU's memory there).
 //! SIGINT/SIGTERM stop accepting, let in-flight requests finish within `--grace-period`,
 //! cancel the rest, and exit 0.
 
@@ -12,7 +15,7 @@ use pagekv_server::ServerConfig;
 
 use crate::engine_backend::EngineBackend;
 use crate::load::{cache_config, load};
-use crate::settings::ModelArgs;
+use crate::settings::{Device, ModelArgs};
 
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
@@ -28,8 +31,8 @@ pub struct ServeArgs {
     /// Largest request body accepted (bytes).
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
-    /// KV pool size: bytes (`512MiB`, `2GB`, `1000000`) or a fraction of RAM (`0.25`)
-    /// [env: PAGEKV_KV_MEMORY]. Default: --num-blocks blocks.
+    /// KV pool size: bytes (`512MiB`, `2GB`, `1000000`) or a fraction of RAM (`0.25`; of the
+    /// GPU's memory with --device cuda) [env: PAGEKV_KV_MEMORY]. Default: --num-blocks blocks.
     #[arg(long, env = "PAGEKV_KV_MEMORY", hide_env = true)]
     pub kv_memory: Option<String>,
     /// Most tokens in one forward step (prefill chunks and decodes together).
@@ -59,11 +62,17 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
-    super::run::require_cpu()?;
+    let device = super::run::device()?;
     let loaded = load(a.model.model.as_deref(), a.model.chat_template.as_deref())?;
     let mut cache = cache_config(&loaded.model)?;
+    if let Device::Cuda(_) = device {
+        cache = super::cuda::gpu_cache(cache);
+    }
     if let Some(m) = &a.kv_memory {
-        let bytes = parse_memory(m, "--kv-memory")?;
+        let bytes = match device {
+            Device::Cpu => parse_memory(m, "--kv-memory")?,
+            Device::Cuda(n) => parse_memory_of(m, "--kv-memory", "the GPU's memory", || super::cuda::device_memory(n))?,
+        };
         cache.num_blocks = pagekv_engine::num_blocks_for_bytes(&cache, bytes);
     }
     let bank = BankConfig {
@@ -77,8 +86,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let request_timeout = Some(seconds(a.request_timeout, "--request-timeout")?).filter(|t| !t.is_zero());
     let model_id = model_id(&loaded.path);
     let tokenizer = Arc::new(loaded.tokenizer);
-    let engine = Engine::start(loaded.model, tokenizer.clone(), config)?;
+    let engine = match device {
+        Device::Cpu => Engine::start(loaded.model, tokenizer.clone(), config)?,
+        Device::Cuda(n) => {
+            // The GPU model is built on the engine's thread, which alone runs it.
+            let build = super::cuda::gpu_model_builder(n, loaded.model, false)?;
+            Engine::start_with(build, tokenizer.clone(), config)?
+        }
+    };
     let info = engine.handle().info().clone();
+    if let Device::Cuda(_) = device {
+        eprintln!("pagekv: model on {}", info.device);
+    }
     eprintln!(
         "pagekv: model {model_id}: KV {} in {} blocks of {} tokens ({:.1} MiB), context {}, up to {} sequences",
         info.kv_format,
@@ -147,9 +166,14 @@ fn seconds(s: f64, what: &str) -> Result<Duration> {
 
 /// `1000`, `512KiB`, `512MiB`, `2GiB`, `2GB`, `1.5G`, or a fraction of RAM in (0, 1].
 pub fn parse_memory(v: &str, what: &str) -> Result<usize> {
+    parse_memory_of(v, what, "RAM", ram_bytes)
+}
+
+/// [`parse_memory`] with a fraction taken of `total()` bytes (`whole` names it in errors).
+pub fn parse_memory_of(v: &str, what: &str, whole: &str, total: impl FnOnce() -> Result<usize>) -> Result<usize> {
     let bad = || {
         anyhow::anyhow!(
-            "invalid {what} {v:?}: expected bytes (e.g. 512MiB, 2GB, 1000000) or a fraction of RAM in (0, 1]"
+            "invalid {what} {v:?}: expected bytes (e.g. 512MiB, 2GB, 1000000) or a fraction of {whole} in (0, 1]"
         )
     };
     let s = v.trim();
@@ -160,7 +184,7 @@ pub fn parse_memory(v: &str, what: &str) -> Result<usize> {
         return Err(bad());
     }
     let mult: f64 = match unit.as_str() {
-        "" if n <= 1.0 && num.contains('.') || n < 1.0 => return Ok((ram_bytes()? as f64 * n) as usize),
+        "" if n <= 1.0 && num.contains('.') || n < 1.0 => return Ok((total()? as f64 * n) as usize),
         "" | "b" => 1.0,
         "k" | "kb" => 1e3,
         "kib" => 1024.0,
