@@ -188,6 +188,22 @@ __device__ void rotate_smem(float* x, int nvec, const float* __restrict__ signs,
     __syncthreads();
 }
 
+// Programmatic dependent launch (sm_90+; no-ops below, and for kernels launched without the
+// attribute): the host launches pk_merge with programmatic stream serialization, so it may start
+// while the decode kernel before it still runs. pdl_trigger (in the decode kernels) lets that
+// launch proceed once every decode CTA has started; pdl_wait (first thing in pk_merge) blocks
+// until the decode grid has completed and its writes are visible.
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -100,6 +100,7 @@ pk_decode(float* __restrict__ out,          // [num_seqs, num_heads, D]         
     const u32 lo = (window != 0 && ctx > window) ? ctx - window : 0;
     const u32 start = direct ? lo : lo + (u32)part * part_size;
     const u32 end = direct ? ctx : min(ctx, start + part_size);
+    pdl_trigger(); // pk_merge may launch now; it waits for this grid's results
     if (start >= end) return; // partition past this sequence's context: pk_merge skips it
 
     extern __shared__ __align__(16) u8 smem[];
@@ -298,30 +299,56 @@ pk_decode(float* __restrict__ out,          // [num_seqs, num_heads, D]         
     }
 }
 
-// grid (num_heads, num_seqs), block 128, dynamic smem 4·(D + max_parts) bytes.
+// grid (num_heads, num_seqs), block 128, dynamic smem 4·(D + max_parts + 8) bytes.
 // out [num_seqs, num_heads, D] ← Σ_p 2^(m_p − M) acc_p / Σ_p 2^(m_p − M) l_p, un-rotated.
+// Every partition's (m, l) is read once, by one thread, and reduced across the block; each
+// thread then sums its dims over the partitions with four loads in flight.
 extern "C" __global__ void __launch_bounds__(128)
 pk_merge(float* __restrict__ out, const float* __restrict__ part_acc, const float* __restrict__ part_ml,
          const u32* __restrict__ ctx_lens, u32 max_parts, u32 window, u32 part_size,
          const float* __restrict__ signs, float rot_norm) {
+    pdl_wait();
     extern __shared__ __align__(16) u8 smem[];
-    float* o = (float*)smem;  // [D]
-    float* w = o + PK_D;      // [max_parts]
+    float* o = (float*)smem;   // [D]
+    float* w = o + PK_D;       // [max_parts] 2^(m_p − M)
+    float* red = w + max_parts; // [8] per-warp maxima, then per-warp sums
     const int head = blockIdx.x, seq = blockIdx.y, num_heads = gridDim.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const u32 ctx = ctx_lens[seq];
     const u32 lo = (window != 0 && ctx > window) ? ctx - window : 0;
     const int nparts = (int)((ctx - lo + part_size - 1) / part_size);
     const u64 base = ((u64)seq * num_heads + head) * max_parts;
     float m = PK_NEG_INF;
-    for (int p = 0; p < nparts; p++) m = fmaxf(m, part_ml[(base + p) * 2]);
-    float denom = 0.0f;
-    for (int p = 0; p < nparts; p++) denom += exp2f(part_ml[(base + p) * 2] - m) * part_ml[(base + p) * 2 + 1];
-    for (int p = threadIdx.x; p < nparts; p += blockDim.x) w[p] = exp2f(part_ml[(base + p) * 2] - m) / denom;
+    for (int p = tid; p < nparts; p += blockDim.x) m = fmaxf(m, part_ml[(base + p) * 2]);
+    m = warp_max(m);
+    if (lane == 0) red[warp] = m;
     __syncthreads();
-    for (int d = threadIdx.x; d < PK_D; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int p = 0; p < nparts; p++) acc = fmaf(w[p], part_acc[(base + p) * PK_D + d], acc);
-        o[d] = acc;
+    m = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    float den = 0.0f;
+    for (int p = tid; p < nparts; p += blockDim.x) {
+        const float2 ml = *(const float2*)(part_ml + (base + p) * 2);
+        const float f = exp2f(ml.x - m);
+        w[p] = f;
+        den = fmaf(f, ml.y, den);
+    }
+    den = warp_sum(den);
+    if (lane == 0) red[4 + warp] = den;
+    __syncthreads();
+    den = (red[4] + red[5]) + (red[6] + red[7]);
+    for (int d = tid; d < PK_D; d += blockDim.x) {
+        const float* src = part_acc + base * PK_D + d;
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+        int p = 0;
+        for (; p + 4 <= nparts; p += 4) {
+            const float x0 = src[(u64)p * PK_D], x1 = src[(u64)(p + 1) * PK_D];
+            const float x2 = src[(u64)(p + 2) * PK_D], x3 = src[(u64)(p + 3) * PK_D];
+            a0 = fmaf(w[p], x0, a0);
+            a1 = fmaf(w[p + 1], x1, a1);
+            a2 = fmaf(w[p + 2], x2, a2);
+            a3 = fmaf(w[p + 3], x3, a3);
+        }
+        for (; p < nparts; p++) a0 = fmaf(w[p], src[(u64)p * PK_D], a0);
+        o[d] = ((a0 + a1) + (a2 + a3)) / den;
     }
     __syncthreads();
     if (signs != nullptr) rotate_smem(o, 1, signs, rot_norm, true);

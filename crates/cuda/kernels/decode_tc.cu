@@ -20,12 +20,16 @@
 // The C fragment of S^T holds, per thread, the same two heads as the C fragments of O^T, so the
 // running max / sum rescaling needs no data exchange.
 //
-// Quantized pages: each warp first expands the tile's integer codes to f16 (exact: q8 codes and
-// q4 nibbles are small integers) in a per-warp tile, without the scales; the per-32-value scales
-// are applied in f32 — to each group's partial scores (QK) and to the probabilities that meet
-// each group of V dims (PV). Rotated q4: the query is rotated before, the output rotated back
-// after (the same randomized Hadamard transform as the host, rotate_smem).
-//
+// Quantized pages (q8, q4): the codes go from the stage straight into mma fragments, no f16
+// tile in between. K: ldmatrix of the raw code bytes (16 tokens × 32 bytes = one q8 group, or
+// two q4 groups), each register turned into f16 pairs by PRMT / LOP3 with the 0x6400
+// magic exponent (1024 + code, exact) and one HSUB2/HFMA2 — the dims inside a k-step come out
+// permuted, and the query's B fragments are built with the same permutation (qk_dim). V (the A
+// operand of PV is V^T: pairs of tokens per dim): 32-bit loads of 4 tokens' codes, PRMT to
+// interleave two tokens' bytes, the same magic conversion; each m-tile holds the dims of one
+// 32-value group, in a permuted order (pv_dim) that the output store undoes. The per-group
+// scales are applied in f32 — to each group's partial scores (QK) and to the probabilities
+// that meet each group of V dims (PV) — so integer codes stay exact in f16.
 // Precision: the mma operands that come from f32 are split into parts that are each exact in the
 // mma type (q = q0 + q1 + q2 for bf16, q0 + q1 for f16; p likewise), and every k-step (QK) or
 // tile (PV) accumulates in a fresh fragment that is added to the running sums with f32
@@ -44,6 +48,14 @@
 #ifndef PK_TC_STAGES
 #define PK_TC_STAGES 3
 #endif
+#ifndef PK_TC_MINB
+#define PK_TC_MINB 0 // __launch_bounds__ minimum blocks per SM (caps registers); 0: none given
+#endif
+#if PK_TC_MINB > 0
+#define PK_TC_BOUNDS __launch_bounds__(32 * PK_TC_WARPS, PK_TC_MINB)
+#else
+#define PK_TC_BOUNDS __launch_bounds__(32 * PK_TC_WARPS)
+#endif
 
 namespace tc {
 constexpr int NW = PK_TC_WARPS;          // warps per CTA
@@ -61,13 +73,13 @@ constexpr int FROW = 2 * D + 16;         // f16/bf16 row stride in smem: ldmatri
 // Code bytes and scale bytes of one head vector in the pages.
 constexpr int CB = QUANT ? (Q4 ? D / 2 : D) : 2 * D;
 constexpr int SB = QUANT ? 2 * (D / 32) : 0;
-// Stage of one warp: float formats: 16 K rows then 16 V rows of FROW bytes (ldmatrix reads them
-// directly); quantized: K codes [16][CB], V codes [16][CB], K scales [16][SB], V scales [16][SB],
-// expanded by the warp into its f16 tile FTILE (16 K rows then 16 V rows of FROW bytes).
-constexpr int STAGE = QUANT ? 32 * (CB + SB) : 32 * FROW;
-constexpr int FTILE = QUANT ? 32 * FROW : 0;
-constexpr int WARP_BYTES = ST * STAGE + FTILE;
-constexpr int TC_SMEM_BYTES = NW * WARP_BYTES;
+// Stage row stride of the codes: rows 16 bytes longer than the codes, so that 8 rows read by
+// ldmatrix (or the 32 lanes' 32-bit V loads) hit distinct banks.
+constexpr int CROW = QUANT ? CB + 16 : FROW;
+// Stage of one warp: 16 K rows then 16 V rows of CROW bytes; quantized: then K scales [16][SB],
+// V scales [16][SB].
+constexpr int STAGE = 32 * CROW + 32 * SB;
+constexpr int WARP_BYTES = ST * STAGE;
 // Copy: CPR 16-byte chunks per code row; CPR consecutive lanes copy one row, RPI rows per
 // instruction (whole 128-byte lines per request).
 constexpr int CPR = CB / 16;
@@ -76,7 +88,9 @@ static_assert(CPR >= 1 && CPR <= 32 && (CPR & (CPR - 1)) == 0, "code rows of 16�
 static_assert(STAGE % 16 == 0 && WARP_BYTES % 16 == 0, "16-byte aligned stages");
 constexpr int HP = NT * 8;               // heads of the mma columns (padded)
 constexpr int MERGE_FLOATS = NW * HP * (D + 2) + NW * PK_G * D;
-static_assert(4 * MERGE_FLOATS <= TC_SMEM_BYTES, "merge scratch must fit in the stage memory");
+// Dynamic shared memory: the warps' stages, or the merge scratch where that is larger (the host
+// mirror is compile::decode_tc_smem_bytes).
+constexpr int TC_SMEM_BYTES = NW * WARP_BYTES > 4 * MERGE_FLOATS ? NW * WARP_BYTES : 4 * MERGE_FLOATS;
 
 // Rounds x to the mma type; returns the bits, and the rounded value in *r.
 __device__ __forceinline__ u32 round_t(float x, float* r) {
@@ -144,58 +158,132 @@ __device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
     asm("sub.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
     return d;
 }
-// Bytes b0..b3 of w (each 0..255) as f16 pairs (b0, b1), (b2, b3) minus `bias` (f16x2):
-// 0x64XX is the f16 1024 + XX, exactly.
-__device__ __forceinline__ void bytes_to_f16(u32 w, u32 bias2, u32& lo, u32& hi) {
-    lo = hsub2(__byte_perm(w, 0x64646464u, 0x5140), bias2);
-    hi = hsub2(__byte_perm(w, 0x64646464u, 0x5342), bias2);
+// (a & b) | c in one LOP3.
+__device__ __forceinline__ u32 and_or(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+// q8: bytes b0..b3 of w (int8 codes) as the f16 pairs (b0, b1) and (b2, b3), exactly: the sign
+// flip biases them to 0..255, PRMT puts them under the f16 exponent of 1024 (0x64XX = 1024 +
+// XX), HSUB2 removes 1024 + 128.
+__device__ __forceinline__ void q8_pairs(u32 w, u32& lo, u32& hi) {
+    w ^= 0x80808080u;
+    lo = hsub2(__byte_perm(w, 0x64646464u, 0x5140), 0x64806480u);
+    hi = hsub2(__byte_perm(w, 0x64646464u, 0x5342), 0x64806480u);
+}
+// q4: the nibbles of bytes 0 and 2 of w as f16 pairs minus 8, exactly: low nibbles (LOP3 under
+// the 1024 exponent, HSUB2 of 1032) and high nibbles (1024 + 16·n, HFMA2 by 1/16 minus 72).
+__device__ __forceinline__ u32 q4_lo_pair(u32 w) {
+    return hsub2(and_or(w, 0x000f000fu, 0x64006400u), 0x64086408u);
+}
+__device__ __forceinline__ u32 q4_hi_pair(u32 w) {
+    return hfma2(and_or(w, 0x00f000f0u, 0x64006400u), 0x2c002c00u, 0xd480d480u);
 }
 
-// Expands one warp's quantized tile (codes only) into f16 rows: lane pairs take a row, each half
-// of its code bytes, for K and for V. q8: value = code (int8); q4: byte j of a 32-value group
-// holds values j (low nibble) and j + 16 (high nibble), minus 8.
-__device__ __forceinline__ void expand_tile(const u8* st, u8* ft, int lane) {
-    const int r = lane >> 1, half = lane & 1;
+// Dim of the query that meets element e (0, 1) of B-fragment register `half` (0: mma k 2c + e,
+// 1: mma k 8 + 2c + e; c = lane % 4) in k-step kk — the order in which the A fragments of K hold
+// the dims (see qk_fragments).
+__device__ __forceinline__ int qk_dim(int kk, int half, int e, int c) {
+    if constexpr (!QUANT) {
+        return kk * 16 + 2 * c + 8 * half + e;
+    } else if constexpr (Q4) {
+        return kk * 16 + 4 * c + half + 2 * e; // kk = 2·group + (0: low nibbles, 1: high)
+    } else {
+        return kk * 16 + 4 * c + 2 * half + e;
+    }
+}
+
+// A fragments of K, 32 code bytes at a time: ldmatrix.x4 of rows 0–15 × bytes [off, off + 32) of
+// the stage's K rows (lane addresses: row (lane & 7) + 8·((lane >> 3) & 1), 16-byte column
+// lane >> 4); registers: rows g / g + 8 × bytes 0–15, then rows g / g + 8 × bytes 16–31.
+// q8: those 32 bytes are one group, its two k-steps: k-step s holds dims 16s + 4c + {0, 1}
+// (a0 / a1) and 16s + 4c + {2, 3} (a2 / a3).
+// q4: they are two groups (16 bytes each); k-step 0 of a group holds the low nibbles (dims
+// 4c, 4c + 2 | 4c + 1, 4c + 3), k-step 1 the high ones (+ 16).
+__device__ __forceinline__ void k_raw(const u8* krows, int off, int lane, u32 r[4]) {
+    const int row = (lane & 7) + ((lane >> 3) & 1) * 8, col = (lane >> 4) * 16;
+    ldsm_x4(r, krows + row * CROW + off + col);
+}
+__device__ __forceinline__ void q8_k_fragments(const u32 r[4], u32 a[2][4]) {
 #pragma unroll
-    for (int side = 0; side < 2; side++) {
-        const u8* src = st + side * 16 * CB + r * CB + half * (CB / 2);
-        u8* dst = ft + (side * 16 + r) * FROW;
-#pragma unroll
-        for (int c = 0; c < CB / 32; c++) {
-            const uint4 w = *(const uint4*)(src + c * 16);
-            const u32 ws[4] = {w.x, w.y, w.z, w.w};
-            if constexpr (Q4) {
-                // 16 bytes = one whole group g: dims 32g + 0..15 (low nibbles), 32g + 16..31 (high).
-                const int g = (half * (CB / 2) + c * 16) / 16;
-                u32 lo[8], hi[8];
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    bytes_to_f16(ws[k] & 0x0f0f0f0fu, 0x64086408u, lo[2 * k], lo[2 * k + 1]);
-                    bytes_to_f16((ws[k] >> 4) & 0x0f0f0f0fu, 0x64086408u, hi[2 * k], hi[2 * k + 1]);
-                }
-                uint4* dl = (uint4*)(dst + g * 64);
-                dl[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-                dl[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
-                dl[2] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-                dl[3] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
-            } else {
-                // 16 int8 codes = dims d0 .. d0 + 15; biased to 0..255 by the sign flip.
-                const int d0 = half * (CB / 2) + c * 16;
-                u32 h[8];
-#pragma unroll
-                for (int k = 0; k < 4; k++) bytes_to_f16(ws[k] ^ 0x80808080u, 0x64806480u, h[2 * k], h[2 * k + 1]);
-                uint4* dl = (uint4*)(dst + d0 * 2);
-                dl[0] = make_uint4(h[0], h[1], h[2], h[3]);
-                dl[1] = make_uint4(h[4], h[5], h[6], h[7]);
-            }
-        }
+    for (int s = 0; s < 2; s++) {
+        q8_pairs(r[2 * s], a[s][0], a[s][2]);
+        q8_pairs(r[2 * s + 1], a[s][1], a[s][3]);
+    }
+}
+__device__ __forceinline__ void q4_k_fragments(u32 rg, u32 rg8, u32 a[2][4]) {
+    const u32 sg = rg >> 8, sg8 = rg8 >> 8;
+    a[0][0] = q4_lo_pair(rg);
+    a[0][1] = q4_lo_pair(rg8);
+    a[0][2] = q4_lo_pair(sg);
+    a[0][3] = q4_lo_pair(sg8);
+    a[1][0] = q4_hi_pair(rg);
+    a[1][1] = q4_hi_pair(rg8);
+    a[1][2] = q4_hi_pair(sg);
+    a[1][3] = q4_hi_pair(sg8);
+}
+
+// A fragments of V^T for the two m-tiles of group grp (dims 32·grp …): tokens 2c, 2c + 1 (a0,
+// a1) and 2c + 8, 2c + 9 (a2, a3) of the stage's V rows; rows g / g + 8 of the m-tiles are the
+// dims pv_dim gives.
+__device__ __forceinline__ void pv_fragments(const u8* vrows, int grp, int lane, u32 a[2][4]) {
+    const int g = lane >> 2, c = lane & 3;
+    const u8* base = vrows + 2 * c * CROW;
+    if constexpr (Q4) {
+        // One word per token holds bytes 2g, 2g + 1 of the group (dims 2g, 2g + 1 low nibbles,
+        // + 16 high); PRMT picks that half of two tokens' words: [A_j, A_j+1, B_j, B_j+1].
+        const int off = grp * 16 + 4 * (g >> 1);
+        const u32 sel = (g & 1) ? 0x7632u : 0x5410u;
+        const u32 wa = *(const u32*)(base + off), wb = *(const u32*)(base + CROW + off);
+        const u32 wc = *(const u32*)(base + 8 * CROW + off), wd = *(const u32*)(base + 9 * CROW + off);
+        const u32 ab = __byte_perm(wa, wb, sel), cd = __byte_perm(wc, wd, sel);
+        const u32 ab8 = ab >> 8, cd8 = cd >> 8;
+        // m-tile 0: rows g, g + 8 = dims 2g, 2g + 1; m-tile 1: dims 16 + 2g, 17 + 2g.
+        a[0][0] = q4_lo_pair(ab);
+        a[0][1] = q4_lo_pair(ab8);
+        a[0][2] = q4_lo_pair(cd);
+        a[0][3] = q4_lo_pair(cd8);
+        a[1][0] = q4_hi_pair(ab);
+        a[1][1] = q4_hi_pair(ab8);
+        a[1][2] = q4_hi_pair(cd);
+        a[1][3] = q4_hi_pair(cd8);
+    } else {
+        // One word per token: dims 4g .. 4g + 3 of the group; PRMT interleaves two tokens.
+        const int off = grp * 32 + 4 * g;
+        const u32 wa = *(const u32*)(base + off), wb = *(const u32*)(base + CROW + off);
+        const u32 wc = *(const u32*)(base + 8 * CROW + off), wd = *(const u32*)(base + 9 * CROW + off);
+        u32 ab0, ab1, ab2, ab3, cd0, cd1, cd2, cd3;
+        q8_pairs(__byte_perm(wa, wb, 0x5140), ab0, ab1); // dims 4g, 4g + 1 of tokens (A, B)
+        q8_pairs(__byte_perm(wa, wb, 0x7362), ab2, ab3); // dims 4g + 2, 4g + 3
+        q8_pairs(__byte_perm(wc, wd, 0x5140), cd0, cd1);
+        q8_pairs(__byte_perm(wc, wd, 0x7362), cd2, cd3);
+        // m-tile 0: rows g, g + 8 = dims 4g, 4g + 1; m-tile 1: dims 4g + 2, 4g + 3.
+        a[0][0] = ab0; a[0][1] = ab1; a[0][2] = cd0; a[0][3] = cd1;
+        a[1][0] = ab2; a[1][1] = ab3; a[1][2] = cd2; a[1][3] = cd3;
+    }
+}
+
+// Dim of output row `half` (0: row g, 1: row g + 8; g = lane / 4) of PV m-tile mt.
+__device__ __forceinline__ int pv_dim(int mt, int half, int g) {
+    if constexpr (!QUANT) {
+        return mt * 16 + g + 8 * half;
+    } else if constexpr (Q4) {
+        return (mt >> 1) * 32 + (mt & 1) * 16 + 2 * g + half;
+    } else {
+        return (mt >> 1) * 32 + 4 * g + 2 * (mt & 1) + half;
     }
 }
 } // namespace tc
 
 // grid (num_kv_heads / HPC, num_seqs, num_partitions), block 32·NW, dynamic smem
 // tc::TC_SMEM_BYTES; HPC divides both num_kv_heads and NW.
-extern "C" __global__ void __launch_bounds__(32 * PK_TC_WARPS)
+extern "C" __global__ void PK_TC_BOUNDS
 pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]            (1 partition)
              float* __restrict__ part_acc,     // [num_seqs, num_heads, max_parts, D] (partitions)
              float* __restrict__ part_ml,      // [num_seqs, num_heads, max_parts, 2] (m, l)
@@ -222,6 +310,7 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
     const u32 lo = (window != 0 && ctx > window) ? ctx - window : 0;
     const u32 start = direct ? lo : lo + (u32)part * part_size;
     const u32 end = direct ? ctx : min(ctx, start + part_size);
+    pdl_trigger(); // pk_merge may launch now; it waits for this grid's results
     if (start >= end) return; // partition past this sequence's context: pk_merge skips it
 
     extern __shared__ __align__(16) u8 smem[];
@@ -247,9 +336,16 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
         for (int kk = 0; kk < KSTEPS; kk++) {
 #pragma unroll
             for (int half = 0; half < 2; half++) {
-                const int dim = kk * 16 + (lane & 3) * 2 + half * 8;
                 float2 v = make_float2(0.0f, 0.0f);
-                if (g < PK_G) v = *(const float2*)(qs + (head_local * PK_G + g) * D + dim);
+                if (g < PK_G) {
+                    const float* qh = qs + (head_local * PK_G + g) * D;
+                    if constexpr (QUANT) {
+                        v.x = qh[qk_dim(kk, half, 0, lane & 3)];
+                        v.y = qh[qk_dim(kk, half, 1, lane & 3)];
+                    } else {
+                        v = *(const float2*)(qh + qk_dim(kk, half, 0, lane & 3));
+                    }
+                }
                 u32 parts[SQ];
                 split2<SQ>(v.x * qk_scale_log2, v.y * qk_scale_log2, parts);
 #pragma unroll
@@ -264,7 +360,6 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
     const u32 ntiles = (end - start + 15) / 16;
     const int my_n = ntiles > (u32)sub ? (int)((ntiles - sub + wph - 1) / wph) : 0;
     u8* wst = smem + warp * WARP_BYTES;
-    u8* ft = wst + ST * STAGE; // quantized: this warp's f16 tile
     const u32 bs_mask = (1u << log2_bs) - 1;
     const u32* table = tables + (u64)seq * max_blocks;
     auto tile_start = [&](int i) -> u32 { return start + (u32)(sub + i * wph) * 16; };
@@ -281,7 +376,6 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
         const u64 my_sh = ok ? slot * num_kv_heads + h : 0;
         const u32 my_n = ok ? 16u : 0u;
         const int r = lane / CPR, c = lane % CPR;
-        constexpr int CROW = QUANT ? CB : FROW; // stage row stride of the codes
 #pragma unroll
         for (int j = 0; j < 16 / RPI; j++) {
             const int t = j * RPI + r;
@@ -293,7 +387,7 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
         if constexpr (QUANT) {
             // Scales: lanes 0–15 the K scales of token lane, lanes 16–31 the V scales.
             const u8* src = (lane < 16 ? ks : vs) + my_sh * SB;
-            cp_async_zfill<SB>(st + 32 * CB + lane * SB, src, my_n == 0 ? 0u : (u32)SB);
+            cp_async_zfill<SB>(st + 32 * CROW + lane * SB, src, my_n == 0 ? 0u : (u32)SB);
         }
     };
     u32 next_blk = block_of(0);
@@ -333,16 +427,10 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
         cp_async_commit();
         const u8* st = wst + (i % ST) * STAGE;
         const u32 t0 = tile_start(i);
-        const u8* krows = st;            // K rows (FROW stride) for ldmatrix
-        const u8* vrows = st + 16 * FROW;
-        const u16* ksc = (const u16*)(st + 32 * CB); // quantized: [16][D/32] K scales
-        const u16* vsc = ksc + 16 * (SB / 2);        // quantized: [16][D/32] V scales
-        if constexpr (QUANT) {
-            expand_tile(st, ft, lane);
-            __syncwarp();
-            krows = ft;
-            vrows = ft + 16 * FROW;
-        }
+        const u8* krows = st;              // K rows (CROW stride)
+        const u8* vrows = st + 16 * CROW;  // V rows
+        const u16* ksc = (const u16*)(st + 32 * CROW); // quantized: [16][D/32] K scales
+        const u16* vsc = ksc + 16 * (SB / 2);          // quantized: [16][D/32] V scales
 
         // QK: every group of KG k-steps accumulates its parts (smallest first) in a fresh
         // fragment, added to s (quantized: times the group's K scale of the row's token).
@@ -351,6 +439,7 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+        u32 kraw[4]; // q4: the raw registers of two groups
 #pragma unroll
         for (int g0 = 0; g0 < KSTEPS; g0 += KG) {
             float t[NT][4];
@@ -358,15 +447,25 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) t[nt][e] = 0.0f;
+            u32 a[KG][4];
+            if constexpr (QUANT) {
+                const int grp = g0 / 2;
+                if constexpr (Q4) {
+                    if ((grp & 1) == 0) k_raw(krows, grp * 16, lane, kraw);
+                    q4_k_fragments(kraw[2 * (grp & 1)], kraw[2 * (grp & 1) + 1], a);
+                } else {
+                    k_raw(krows, grp * 32, lane, kraw);
+                    q8_k_fragments(kraw, a);
+                }
+            } else {
+                ldsm_x4(a[0], krows + k_row * FROW + (g0 * 16 + k_col) * 2);
+            }
 #pragma unroll
-            for (int kk = g0; kk < g0 + KG; kk++) {
-                u32 a[4];
-                ldsm_x4(a, krows + k_row * FROW + (kk * 16 + k_col) * 2);
+            for (int k = 0; k < KG; k++)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int j = SQ - 1; j >= 0; j--) mma(t[nt], a, bq[nt][kk][j][0], bq[nt][kk][j][1]);
-            }
+                    for (int j = SQ - 1; j >= 0; j--) mma(t[nt], a[k], bq[nt][g0 + k][j][0], bq[nt][g0 + k][j][1]);
             float sc0 = 1.0f, sc1 = 1.0f;
             if constexpr (QUANT) {
                 sc0 = f16_to_f32(ksc[r0 * (SB / 2) + g0 / 2]);
@@ -429,15 +528,20 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
                     }
                 }
             }
+            u32 a[KG][4];
+            if constexpr (QUANT) {
+                pv_fragments(vrows, g0 / 2, lane, a);
+            } else {
+                ldsm_x4_trans(a[0], vrows + v_row * FROW + (g0 * 16 + v_col) * 2);
+            }
 #pragma unroll
-            for (int mt = g0; mt < g0 + KG; mt++) {
-                u32 a[4];
-                ldsm_x4_trans(a, vrows + v_row * FROW + (mt * 16 + v_col) * 2);
+            for (int k = 0; k < KG; k++) {
+                const int mt = g0 + k;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                    for (int j = SP - 1; j >= 0; j--) mma(t, a, bp[nt][j][0], bp[nt][j][1]);
+                    for (int j = SP - 1; j >= 0; j--) mma(t, a[k], bp[nt][j][0], bp[nt][j][1]);
 #pragma unroll
                     for (int e = 0; e < 4; e++) o[nt][mt][e] += t[e];
                 }
@@ -477,8 +581,7 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int g = nt * 8 + (lane & 3) * 2 + (e & 1);
-                const int dim = mt * 16 + (lane >> 2) + (e >> 1) * 8;
-                ow[(warp * HP + g) * D + dim] = o[nt][mt][e];
+                ow[(warp * HP + g) * D + pv_dim(mt, e >> 1, lane >> 2)] = o[nt][mt][e];
             }
     __syncthreads();
     for (int idx = threadIdx.x; idx < heads * D; idx += blockDim.x) {

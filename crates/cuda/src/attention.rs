@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use crate::compile::{decode_smem_bytes, decode_tc_smem_bytes, tc_heads_per_cta, tc_shape, ModuleSpec};
+use crate::compile::{decode_smem_bytes, decode_tc_smem_bytes_for, tc_heads_per_cta, tc_shape, ModuleSpec};
 use crate::pages::dptr;
 use crate::{CudaDevice, CudaError, DevicePages};
 
@@ -315,7 +315,12 @@ impl DecodeAttention {
 
         let (f, threads, smem, heads_per_cta) = if tc {
             let hpc = tc_heads_per_cta(g.format, d, g.num_kv_heads);
-            (module.function("pk_decode_tc")?, 32 * tc_shape(g.format, d).0, decode_tc_smem_bytes(g.format, d), hpc)
+            (
+                module.function("pk_decode_tc")?,
+                32 * tc_shape(g.format, d).0,
+                decode_tc_smem_bytes_for(g.format, d, group),
+                hpc,
+            )
         } else {
             (module.function("pk_decode")?, 128, decode_smem_bytes(g.format, d, group), 1)
         };
@@ -346,16 +351,68 @@ impl DecodeAttention {
             let cfg = LaunchConfig {
                 grid_dim: (b.num_heads as u32, b.num_seqs as u32, 1),
                 block_dim: (128, 1, 1),
-                shared_mem_bytes: (4 * (d + parts)) as u32,
+                shared_mem_bytes: (4 * (d + parts + 8)) as u32,
             };
-            let mut l = stream.launch_builder(&f);
-            l.arg(&out_p).arg(&acc_p).arg(&ml_p).arg(&ctx).arg(&parts_u).arg(&window).arg(&part_size_u);
-            l.arg(&signs).arg(&norm);
-            // SAFETY: as above; partial buffers hold num_seqs × num_heads × parts entries.
-            unsafe { l.launch(cfg) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_merge)", e))?;
+            if crate::compile::tc_tuning().pdl {
+                let mut args: [*mut std::ffi::c_void; 9] = [
+                    &out_p as *const u64 as *mut _,
+                    &acc_p as *const u64 as *mut _,
+                    &ml_p as *const u64 as *mut _,
+                    &ctx as *const u64 as *mut _,
+                    &parts_u as *const u32 as *mut _,
+                    &window as *const u32 as *mut _,
+                    &part_size_u as *const u32 as *mut _,
+                    &signs as *const u64 as *mut _,
+                    &norm as *const f32 as *mut _,
+                ];
+                // SAFETY: `args` points at values of pk_merge's parameter types, in order, alive
+                // for the call; buffers as below.
+                unsafe { launch_programmatic(&dev, &f, cfg, &mut args) }
+                    .map_err(|e| CudaError::driver("cuLaunchKernelEx(pk_merge)", e))?;
+            } else {
+                let mut l = stream.launch_builder(&f);
+                l.arg(&out_p).arg(&acc_p).arg(&ml_p).arg(&ctx).arg(&parts_u).arg(&window).arg(&part_size_u);
+                l.arg(&signs).arg(&norm);
+                // SAFETY: as above; partial buffers hold num_seqs × num_heads × parts entries.
+                unsafe { l.launch(cfg) }.map_err(|e| CudaError::driver("cuLaunchKernelEx(pk_merge)", e))?;
+            }
         }
         Ok(())
     }
+}
+
+/// Launches `f` on the device's stream with programmatic stream serialization (programmatic
+/// dependent launch, sm_90+): the kernel may be scheduled while the previous kernel of the
+/// stream still runs, and must call `pdl_wait()` (kernels/common.cuh) before it reads that
+/// kernel's results. Saves the launch gap between the decode kernel and `pk_merge`.
+///
+/// # Safety
+/// `args` must point at one value per kernel parameter, of the parameter's type, in order.
+unsafe fn launch_programmatic(
+    dev: &CudaDevice,
+    f: &cudarc::driver::CudaFunction,
+    cfg: LaunchConfig,
+    args: &mut [*mut std::ffi::c_void],
+) -> Result<(), cudarc::driver::DriverError> {
+    use cudarc::driver::sys;
+    // SAFETY: a zeroed attribute is a valid value of the C union; id and value are set below.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: dev.stream().cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: the caller's contract on `args`; config and attr outlive the call.
+    unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()
 }
 
 #[cfg(test)]

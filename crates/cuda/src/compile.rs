@@ -87,6 +87,7 @@ impl ModuleSpec {
             format!("-DPK_ROT_BLOCK={rot_block}"),
             format!("-DPK_TC_WARPS={}", tc_shape(format, d).0),
             format!("-DPK_TC_STAGES={}", tc_shape(format, d).1),
+            format!("-DPK_TC_MINB={}", tc_min_blocks(format)),
         ]
     }
 
@@ -223,19 +224,26 @@ pub fn prebuild(spec: &ModuleSpec, arch: (u32, u32)) -> Result<usize, CudaError>
 /// Tuning of the tensor-core decode kernel (`kernels/decode_tc.cu`): warps per CTA, pipeline
 /// stages per warp, and the most kv heads one CTA serves. Defaults measured on the H200 (see
 /// RESULTS.md); `PAGEKV_CUDA_TC_WARPS`, `PAGEKV_CUDA_TC_STAGES`, `PAGEKV_CUDA_TC_QSTAGES`,
-/// `PAGEKV_CUDA_TC_HPC` and `PAGEKV_CUDA_FUSED_MERGE` override them (read once per process) for
+/// `PAGEKV_CUDA_TC_HPC`, `PAGEKV_CUDA_TC_MINB`, `PAGEKV_CUDA_FUSED_MERGE` and `PAGEKV_CUDA_PDL` override them (read once per process) for
 /// tuning runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TcTuning {
     pub warps: usize,
     pub stages: usize,
     pub max_heads_per_cta: usize,
-    /// Stages for quantized pages; 0: the measured default (q4 2, q8 4).
+    /// Stages for quantized pages; 0: the measured default (see [`tc_shape`]).
     pub quant_stages: usize,
+    /// Minimum CTAs per SM promised to the compiler (`__launch_bounds__`, which caps the
+    /// registers) for quantized pages; 0: the measured default (see [`tc_min_blocks`]).
+    pub quant_min_blocks: usize,
     /// The partitioned route merges inside the decode launch (the last CTA of each head group)
     /// instead of in `pk_merge` (`PAGEKV_CUDA_FUSED_MERGE=1`). Off by default: measured slower
     /// on the H200 (RESULTS.md, run 8: 1×4096 bf16 881 vs 957 GB/s).
     pub fused_merge: bool,
+    /// `pk_merge` is launched as a programmatic dependent launch (it may start while the
+    /// decode kernel still runs, and waits for its results in-kernel); `PAGEKV_CUDA_PDL=0`
+    /// launches it plainly.
+    pub pdl: bool,
 }
 
 /// The tensor-core kernel's tuning for this process.
@@ -250,7 +258,9 @@ pub fn tc_tuning() -> TcTuning {
             stages: get("PAGEKV_CUDA_TC_STAGES", 3, |v| (2..=8).contains(&v)),
             max_heads_per_cta: get("PAGEKV_CUDA_TC_HPC", 1, |v| v.is_power_of_two() && v <= 16),
             quant_stages: get("PAGEKV_CUDA_TC_QSTAGES", 0, |v| (2..=8).contains(&v)),
+            quant_min_blocks: get("PAGEKV_CUDA_TC_MINB", 0, |v| v <= 8),
             fused_merge: std::env::var("PAGEKV_CUDA_FUSED_MERGE").is_ok_and(|v| v.trim() == "1"),
+            pdl: !std::env::var("PAGEKV_CUDA_PDL").is_ok_and(|v| v.trim() == "0"),
         }
     })
 }
@@ -268,18 +278,21 @@ pub fn tc_supported(format: KvFormat, head_dim: usize, group: usize) -> bool {
     (float || quant) && (1..=16).contains(&group)
 }
 
-/// (stage bytes, expansion tile bytes) of one warp of the tensor-core kernel (`tc::STAGE`,
-/// `tc::FTILE`): float pages stage 16 K + 16 V rows of `2·head_dim + 16` bytes; quantized pages
-/// stage their codes and scales and expand them into one such f16 tile.
-fn tc_warp_bytes(format: KvFormat, head_dim: usize) -> (usize, usize) {
-    let frow = 2 * head_dim + 16;
+/// Stage bytes of one warp of the tensor-core kernel (`tc::STAGE`): 16 K + 16 V rows of
+/// `2·head_dim + 16` bytes for float pages; quantized pages: code rows 16 bytes longer than the
+/// codes, then the K and V scales.
+fn tc_stage_bytes(format: KvFormat, head_dim: usize) -> usize {
     match format {
         KvFormat::Q8 | KvFormat::Q4 { .. } => {
             let c = format.key_codec();
-            (32 * (c.code_bytes(head_dim) + 2 * c.scales(head_dim)), 32 * frow)
+            32 * (c.code_bytes(head_dim) + 16 + 2 * c.scales(head_dim))
         }
-        _ => (32 * frow, 0),
+        _ => 32 * (2 * head_dim + 16),
     }
+}
+
+fn tc_quantized(format: KvFormat) -> bool {
+    matches!(format, KvFormat::Q8 | KvFormat::Q4 { .. })
 }
 
 /// (warps, stages) of the tensor-core kernel for `format` at `head_dim`: the tuning (quantized
@@ -287,17 +300,17 @@ fn tc_warp_bytes(format: KvFormat, head_dim: usize) -> (usize, usize) {
 /// that would not fit in shared memory.
 pub fn tc_shape(format: KvFormat, head_dim: usize) -> (usize, usize) {
     let t = tc_tuning();
-    let (stage, ftile) = tc_warp_bytes(format, head_dim);
+    let stage = tc_stage_bytes(format, head_dim);
     let mut warps = t.warps;
-    // Quantized pages: stages measured on the H200 (RESULTS.md, run 8): q4 fastest with 2
-    // (more CTAs per SM), q8 with 4.
-    let mut stages = match (ftile > 0, t.quant_stages) {
-        (true, 0) if matches!(format, KvFormat::Q4 { .. }) => 2,
-        (true, 0) => 4,
+    // Quantized pages: stages measured on the H200 (RESULTS.md, issue-6 run 1: at 64 × 16384
+    // q8 3258 GB/s with 2 stages, 3024 with 3; q4 2404 with 3, 2338 with 4, 2359 with 2).
+    let mut stages = match (tc_quantized(format), t.quant_stages) {
+        (true, 0) if matches!(format, KvFormat::Q4 { .. }) => 3,
+        (true, 0) => 2,
         (true, q) => q,
         (false, _) => t.stages,
     };
-    let bytes = |w: usize, s: usize| w * (s * stage + ftile);
+    let bytes = |w: usize, s: usize| w * s * stage;
     while bytes(warps, stages) > TC_SMEM_LIMIT && stages > 2 {
         stages -= 1;
     }
@@ -305,6 +318,18 @@ pub fn tc_shape(format: KvFormat, head_dim: usize) -> (usize, usize) {
         warps /= 2;
     }
     (warps, stages)
+}
+
+/// `__launch_bounds__` minimum CTAs per SM of the tensor-core kernel for quantized pages (0:
+/// none given — ptxas then keeps the issue's shape, q8/q4 at head_dim 128 with 4 query heads
+/// per kv head, at 128 registers without spills, and larger shapes spill-free at up to 255);
+/// a tuning knob only (`PAGEKV_CUDA_TC_MINB`).
+pub fn tc_min_blocks(format: KvFormat) -> usize {
+    if tc_quantized(format) {
+        tc_tuning().quant_min_blocks
+    } else {
+        0
+    }
 }
 
 /// kv heads per CTA for a layer of `num_kv_heads`: the largest power of two that divides both
@@ -318,11 +343,20 @@ pub fn tc_heads_per_cta(format: KvFormat, head_dim: usize, num_kv_heads: usize) 
     hpc
 }
 
-/// Bytes of dynamic shared memory `pk_decode_tc` needs (`tc::TC_SMEM_BYTES`).
-pub(crate) fn decode_tc_smem_bytes(format: KvFormat, head_dim: usize) -> usize {
+/// Bytes of dynamic shared memory `pk_decode_tc` needs with `group` query heads per kv head
+/// (`tc::TC_SMEM_BYTES`): the warps' stages, or the scratch of the warps' final merge
+/// (`tc::MERGE_FLOATS`) where that is larger.
+pub(crate) fn decode_tc_smem_bytes_for(format: KvFormat, head_dim: usize, group: usize) -> usize {
     let (warps, stages) = tc_shape(format, head_dim);
-    let (stage, ftile) = tc_warp_bytes(format, head_dim);
-    warps * (stages * stage + ftile)
+    let hp = group.div_ceil(8) * 8;
+    let merge = 4 * (warps * hp * (head_dim + 2) + warps * group * head_dim);
+    (warps * stages * tc_stage_bytes(format, head_dim)).max(merge)
+}
+
+/// The most `pk_decode_tc` needs for any group it serves (≤ 16): the bound the module's
+/// maximum dynamic shared memory is set to.
+pub(crate) fn decode_tc_smem_bytes(format: KvFormat, head_dim: usize) -> usize {
+    decode_tc_smem_bytes_for(format, head_dim, 16)
 }
 
 /// Bytes of dynamic shared memory `pk_decode` needs — the host mirror of `SMEM_BYTES` in

@@ -598,6 +598,73 @@ mod gpu {
         check_all("decode_auto_partitioning", &dev, &cases, &[DecodeRoute::Primitive, PART(ps)]);
     }
 
+    /// The partitioned route captured in a CUDA graph (as the model runtime does) and replayed:
+    /// `pk_merge` is a programmatic dependent launch, which the capture must keep as an edge
+    /// that still waits for the decode kernel. Its own device: a capture on the shared stream
+    /// would swallow other tests' work.
+    #[test]
+    fn decode_partitioned_replays_from_a_cuda_graph() {
+        let Some(shared) = device("decode_partitioned_replays_from_a_cuda_graph") else { return };
+        let dev = CudaDevice::new(shared.ordinal()).expect("own device");
+        for format in [KvFormat::Bf16, KvFormat::Q4 { rotate: true }] {
+            let case = Case {
+                format,
+                head_dim: 128,
+                num_kv_heads: 2,
+                group: 4,
+                contexts: vec![1500, 77, 640],
+                window: None,
+                block_size: 16,
+                seed: 31337,
+            };
+            let built = build(&dev, &case);
+            let d = case.head_dim;
+            let scale = 1.0 / (d as f32).sqrt();
+            let host = built.pages.download_layer(0).expect("download");
+            let mut want = vec![f32::NAN; built.queries.len()];
+            let view = host.view();
+            reference(&view, &built.queries, built.num_heads, &built.tables, &case.contexts, scale, None, &mut want);
+            let max_blocks = built.tables.iter().map(Vec::len).max().expect("tables");
+            let mut flat = vec![NULL_BLOCK; case.contexts.len() * max_blocks];
+            for (s, t) in built.tables.iter().enumerate() {
+                flat[s * max_blocks..s * max_blocks + t.len()].copy_from_slice(t);
+            }
+            let tables = up(&dev, &flat);
+            let lens: Vec<u32> = case.contexts.iter().map(|&c| c as u32).collect();
+            let lens_d = up(&dev, &lens);
+            let queries = up(&dev, &built.queries);
+            let poison = vec![f32::NAN; built.queries.len()];
+            let mut out = up(&dev, &poison);
+            let b = DecodeBatch {
+                queries: &queries,
+                num_seqs: case.contexts.len(),
+                num_heads: built.num_heads,
+                block_tables: &tables,
+                max_blocks_per_seq: max_blocks,
+                context_lens: &lens_d,
+                max_context_len: 1500,
+                scale,
+                sliding_window: None,
+            };
+            let mut attn = DecodeAttention::new(dev.clone());
+            let route = PART(128);
+            // Once outside the capture: allocates the partial buffers.
+            attn.forward(&built.pages, 0, &b, route, &mut out).expect("forward");
+            dev.synchronize().expect("sync");
+            let graph = dev
+                .capture_graph(|| attn.forward(&built.pages, 0, &b, route, &mut out))
+                .expect("capture")
+                .expect("forward in capture");
+            for round in 0..3 {
+                dev.stream().memcpy_htod(&poison, &mut out).expect("poison");
+                graph.launch().expect("graph launch");
+                dev.synchronize().expect("sync");
+                let err = rel_error(&down(&dev, &out), &want, d);
+                assert!(err <= bound(format), "{format} replay {round}: relative error {err:e}");
+            }
+        }
+    }
+
     #[test]
     fn decode_rejects_bad_batches() {
         let Some(dev) = device("decode_rejects_bad_batches") else { return };
