@@ -1,0 +1,297 @@
+//! The engine over a [`Forward`] backend that is not the CPU `Model` and whose pages are not
+//! host pages: [`OffHost`] keeps the K/V in a memory of its own (a host pool the engine never
+//! sees, standing in for a device), and the pool the engine owns stores nothing — it only
+//! forwards block copies to the backend and counts any other use. So these tests prove that the
+//! scheduler, the session bank and preemption use the model only through `Forward` and the pages
+//! only through `PageStore::copy_block` (never `write` or `read` on the host), and that they
+//! behave exactly as over the CPU model: same tokens, same prefix reuse, same preemptions.
+//!
+//! The model is a tiny synthetic llama (random f32 weights, 2 layers) written with
+//! `GgufWriter`, with a small SentencePiece-style vocabulary: no file is needed.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kvcache::{CacheConfig, HostPages, KvPool, PageGeometry, PageStore};
+use pagekv_cpu::attention::AttentionConfig;
+use pagekv_engine::{
+    BankConfig, Engine, EngineConfig, EngineError, Event, FinishReason, GenerationRequest, RequestStream, Usage,
+};
+use pagekv_model::gguf::{GgufFile, GgufWriter};
+use pagekv_model::tokenizer::{Tokenizer, TokenizerModel, VocabSpec};
+use pagekv_model::{Batch, Forward, Model, ModelConfig, ModelError};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const VOCAB: usize = 96;
+const CONTEXT: usize = 512;
+
+/// A tiny llama with random f32 weights: 2 layers, 64 wide, 2 query heads and 1 kv head of 32.
+fn tiny_model() -> Model {
+    let (layers, h, nh, nkv, d, f) = (2u32, 64u64, 2u32, 1u32, 32u64, 128u64);
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", "llama");
+    w.set("general.name", "tiny-offhost");
+    w.set("llama.block_count", layers);
+    w.set("llama.embedding_length", h as u32);
+    w.set("llama.feed_forward_length", f as u32);
+    w.set("llama.attention.head_count", nh);
+    w.set("llama.attention.head_count_kv", nkv);
+    w.set("llama.context_length", CONTEXT as u32);
+    w.set("llama.vocab_size", VOCAB as u32);
+    w.set("llama.attention.layer_norm_rms_epsilon", 1e-5f32);
+    w.set("llama.rope.freq_base", 10000.0f32);
+    let (qd, kvd) = (nh as u64 * d, nkv as u64 * d);
+    let mut t = |name: &str, dims: &[u64], scale: f32, offset: f32| {
+        let n: u64 = dims.iter().product();
+        // Uniform in ±scale·√3: unit variance times `scale`.
+        let v: Vec<f32> = (0..n).map(|_| offset + scale * 1.732 * rng.gen_range(-1.0f32..1.0)).collect();
+        w.add_f32_tensor(name, dims, &v).unwrap();
+    };
+    t("token_embd.weight", &[h, VOCAB as u64], 1.0, 0.0);
+    for i in 0..layers {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        t(&n("attn_norm.weight"), &[h], 0.2, 1.0);
+        t(&n("attn_q.weight"), &[h, qd], 1.0 / (h as f32).sqrt(), 0.0);
+        t(&n("attn_k.weight"), &[h, kvd], 1.0 / (h as f32).sqrt(), 0.0);
+        t(&n("attn_v.weight"), &[h, kvd], 1.0 / (h as f32).sqrt(), 0.0);
+        t(&n("attn_output.weight"), &[qd, h], 1.0 / (qd as f32).sqrt(), 0.0);
+        t(&n("ffn_norm.weight"), &[h], 0.2, 1.0);
+        t(&n("ffn_gate.weight"), &[h, f], 1.0 / (h as f32).sqrt(), 0.0);
+        t(&n("ffn_up.weight"), &[h, f], 1.0 / (h as f32).sqrt(), 0.0);
+        t(&n("ffn_down.weight"), &[f, h], 1.0 / (f as f32).sqrt(), 0.0);
+    }
+    t("output_norm.weight", &[h], 0.2, 1.0);
+    // Sharp logits, so greedy choices are far from ties.
+    t("output.weight", &[h, VOCAB as u64], 4.0 / (h as f32).sqrt(), 0.0);
+    let file = Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap());
+    Model::from_file(file, AttentionConfig::default()).unwrap()
+}
+
+/// `<unk>`, `<s>`, `</s>`, then `▁w3` … : every id decodes to text.
+fn tokenizer() -> Arc<Tokenizer> {
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    tokens.extend((3..VOCAB).map(|i| format!("\u{2581}w{i}")));
+    Arc::new(Tokenizer::from_spec(VocabSpec::new(TokenizerModel::Llama, tokens)).unwrap())
+}
+
+/// What the engine did to the pages of [`OffHostPages`].
+#[derive(Default)]
+struct PageLog {
+    /// Block copies not yet applied to the backend's own pages.
+    copies: Vec<(u32, u32)>,
+    copies_total: usize,
+    /// Host writes and reads through `PageStore` (the engine must make none).
+    writes: usize,
+    reads: AtomicUsize,
+}
+
+/// The engine's pool's pages: nothing is stored here; the K/V live in [`OffHost`].
+struct OffHostPages {
+    geometry: PageGeometry,
+    log: Arc<Mutex<PageLog>>,
+}
+
+impl PageStore for OffHostPages {
+    fn geometry(&self) -> &PageGeometry {
+        &self.geometry
+    }
+
+    fn write(&mut self, _layer: usize, _slots: &[u32], _keys: &[f32], _values: &[f32]) {
+        self.log.lock().unwrap().writes += 1;
+    }
+
+    fn copy_block(&mut self, src: u32, dst: u32) {
+        let mut log = self.log.lock().unwrap();
+        log.copies.push((src, dst));
+        log.copies_total += 1;
+    }
+
+    fn read(&self, _layer: usize, _slot: u32, keys: &mut [f32], values: &mut [f32]) {
+        self.log.lock().unwrap().reads.fetch_add(1, Ordering::Relaxed);
+        keys.fill(f32::NAN);
+        values.fill(f32::NAN);
+    }
+}
+
+/// A backend with memory of its own: the CPU model over a private host pool, which the
+/// engine's block tables index. `fail_at`: the forward with that index (from 0) fails.
+struct OffHost {
+    model: Model,
+    /// The K/V, `None` until the first forward (its geometry is the engine's pool's).
+    own: Option<KvPool<HostPages>>,
+    log: Arc<Mutex<PageLog>>,
+    forwards: Arc<AtomicUsize>,
+    fail_at: Option<usize>,
+}
+
+impl Forward for OffHost {
+    type Pages = OffHostPages;
+
+    fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    fn new_pool(&self, cache: CacheConfig) -> Result<KvPool<OffHostPages>, ModelError> {
+        let pages = OffHostPages { geometry: kvcache::geometry_of(&cache), log: self.log.clone() };
+        Ok(KvPool::with_store(cache, pages)?)
+    }
+
+    fn forward(&mut self, batch: &Batch, pool: &mut KvPool<OffHostPages>) -> Result<&[f32], ModelError> {
+        let n = self.forwards.fetch_add(1, Ordering::Relaxed);
+        if self.fail_at == Some(n) {
+            return Err(ModelError::Device("injected failure".into()));
+        }
+        if self.own.is_none() {
+            self.own = Some(KvPool::new(pool.config().clone())?);
+        }
+        let own = self.own.as_mut().expect("made above");
+        for (src, dst) in std::mem::take(&mut self.log.lock().unwrap().copies) {
+            own.pages_mut().copy_block(src, dst);
+        }
+        self.model.forward(batch, own)
+    }
+
+    fn last_logits(&self) -> &[f32] {
+        self.model.last_logits()
+    }
+
+    fn weight_bytes_per_token(&self) -> usize {
+        self.model.weight_bytes_per_token()
+    }
+
+    fn device_label(&self) -> String {
+        "off-host test backend".into()
+    }
+}
+
+struct Handles {
+    log: Arc<Mutex<PageLog>>,
+    forwards: Arc<AtomicUsize>,
+}
+
+fn config(num_blocks: usize, bank: bool) -> EngineConfig {
+    let mut cache = CacheConfig::new(1, 1, 32);
+    cache.block_size = 8;
+    cache.num_blocks = num_blocks;
+    cache.context_window = Some(CONTEXT);
+    let mut c = EngineConfig::new(cache);
+    c.max_batch_tokens = 64;
+    c.max_seqs = 16;
+    c.bank = BankConfig { enabled: bank, ..BankConfig::default() };
+    c
+}
+
+/// The engine over [`OffHost`], the model built on the scheduler thread.
+fn off_host_engine(config: EngineConfig, fail_at: Option<usize>) -> (Engine, Handles) {
+    let log = Arc::new(Mutex::new(PageLog::default()));
+    let forwards = Arc::new(AtomicUsize::new(0));
+    let (l, f) = (log.clone(), forwards.clone());
+    let build = move || Ok(OffHost { model: tiny_model(), own: None, log: l, forwards: f, fail_at });
+    (Engine::start_with(build, tokenizer(), config).unwrap(), Handles { log, forwards })
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Outcome {
+    tokens: Vec<u32>,
+    finish: FinishReason,
+    usage: Usage,
+}
+
+fn collect(mut s: RequestStream) -> Result<Outcome, EngineError> {
+    let mut tokens = Vec::new();
+    loop {
+        match s.recv_timeout(Duration::from_secs(120)).expect("an event within 2 minutes") {
+            Event::Token { id, .. } => tokens.push(id),
+            Event::Done { finish_reason, usage, .. } => return Ok(Outcome { tokens, finish: finish_reason, usage }),
+            Event::Error(e) => return Err(e),
+        }
+    }
+}
+
+/// Greedy requests, `ignore_eos` so every one runs to its length: prompts that share a
+/// 24-token prefix (3 blocks of 8), and distinct ones.
+fn requests() -> Vec<GenerationRequest> {
+    let mut rng = StdRng::seed_from_u64(3);
+    let mut id = || rng.gen_range(3..VOCAB as u32);
+    let prefix: Vec<u32> = (0..24).map(|_| id()).collect();
+    let mut out = Vec::new();
+    for i in 0..10 {
+        let mut prompt = if i % 2 == 0 { prefix.clone() } else { Vec::new() };
+        prompt.extend((0..5 + 3 * i).map(|_| id()));
+        let mut r = GenerationRequest::new(prompt, 12 + i);
+        r.ignore_eos = true;
+        out.push(r);
+    }
+    out
+}
+
+/// Runs `reqs` one after another on `engine` (the bank then serves the shared prefix), then
+/// all of them at once (the pool may have to preempt).
+fn drive(engine: &Engine, reqs: &[GenerationRequest]) -> (Vec<Outcome>, Vec<Outcome>) {
+    let h = engine.handle();
+    let serial = reqs.iter().map(|r| collect(h.submit(r.clone()).unwrap()).unwrap()).collect();
+    let streams: Vec<RequestStream> = reqs.iter().map(|r| h.submit(r.clone()).unwrap()).collect();
+    let together = streams.into_iter().map(|s| collect(s).unwrap()).collect();
+    (serial, together)
+}
+
+#[test]
+fn the_engine_over_an_off_host_backend_matches_the_cpu_model() {
+    let reqs = requests();
+    // A pool so small that ten sequences at once do not fit: preemption and bank eviction.
+    let blocks = 24;
+    let cpu = Engine::start(tiny_model(), tokenizer(), config(blocks, true)).unwrap();
+    let (want_serial, want_together) = drive(&cpu, &reqs);
+    let cpu_metrics = cpu.handle().metrics();
+    cpu.shutdown(Duration::from_secs(5));
+
+    let (engine, handles) = off_host_engine(config(blocks, true), None);
+    assert_eq!(engine.handle().info().device, "off-host test backend");
+    let (serial, together) = drive(&engine, &reqs);
+    let m = engine.handle().metrics();
+    engine.shutdown(Duration::from_secs(5));
+
+    assert_eq!(serial, want_serial, "one at a time");
+    // All at once, prefix hits depend on arrival order; the tokens do not.
+    let tokens = |o: &[Outcome]| o.iter().map(|x| x.tokens.clone()).collect::<Vec<_>>();
+    assert_eq!(tokens(&together), tokens(&want_together), "all at once");
+    for (o, r) in together.iter().zip(&reqs) {
+        assert_eq!((o.finish, o.tokens.len()), (FinishReason::Length, r.stop.max_tokens));
+    }
+    // The bank served the shared prefix (3 blocks) to the later prompts that carry it.
+    assert!(serial[2..].iter().step_by(2).all(|o| o.usage.cached_tokens == 24), "{serial:?}");
+    // (How many preemptions depends on when the scheduler sees each submission.)
+    for x in [&m, &cpu_metrics] {
+        assert!(x.bank_hits > 0 && x.preemptions > 0, "the run exercised the bank and preemption: {x:?}");
+    }
+    assert!(handles.forwards.load(Ordering::Relaxed) as u64 >= m.steps);
+    let log = handles.log.lock().unwrap();
+    assert_eq!((log.writes, log.reads.load(Ordering::Relaxed)), (0, 0), "the engine touched pages on the host");
+    assert_eq!(m.blocks_used, 0, "every block went back to the pool or the bank");
+}
+
+#[test]
+fn a_failing_forward_ends_its_requests_with_an_error_and_frees_their_blocks() {
+    let (engine, _handles) = off_host_engine(config(64, false), Some(2));
+    let h = engine.handle();
+    let mut r = GenerationRequest::new(vec![5, 6, 7, 8], 20);
+    r.ignore_eos = true;
+    let e = collect(h.submit(r.clone()).unwrap()).unwrap_err();
+    assert!(matches!(&e, EngineError::Forward(m) if m.contains("injected failure")), "{e}");
+    // The engine goes on: the next request runs to its end.
+    let ok = collect(h.submit(r).unwrap()).unwrap();
+    assert_eq!(ok.tokens.len(), 20);
+    let m = h.metrics();
+    assert_eq!((m.requests_failed, m.requests_finished, m.blocks_used), (1, 1, 0), "{m:?}");
+    engine.shutdown(Duration::from_secs(5));
+}
+
+#[test]
+fn a_model_that_cannot_be_built_is_an_error_of_start() {
+    let build = || -> Result<OffHost, ModelError> { Err(ModelError::Device("no such device".into())) };
+    let e = Engine::start_with(build, tokenizer(), config(16, true)).err().expect("start fails");
+    assert_eq!(e.to_string(), "cannot start the model: device: no such device");
+}
