@@ -57,6 +57,40 @@ fn bad_environment_values_are_one_line_errors_naming_the_variable() {
     }
 }
 
+/// Every model command takes `--device cuda`. Without the `cuda` feature each refuses with the
+/// one line every CUDA command gives, before it reads the model (here: a file that does not
+/// exist); with the feature on a machine without a usable GPU, each is one clear line too
+/// (no driver, no device) — never a panic.
+#[test]
+fn device_cuda_is_one_clear_line_without_a_usable_gpu() {
+    let missing = "/nonexistent/pagekv-test-model.gguf";
+    for args in [
+        vec!["run", "--max-tokens", "1", "hi"],
+        vec!["chat"],
+        vec!["serve", "--port", "0"],
+        vec!["eval", "--max-tokens", "8"],
+        vec!["bench", "serve", "--clients", "1"],
+        vec!["bench", "decode"],
+    ] {
+        for device in ["cuda", "cuda:1"] {
+            let mut full = args.clone();
+            full.extend(["--device", device, "--model", missing]);
+            let o = pagekv(&full, &[]);
+            let err = stderr(&o);
+            assert_eq!(o.status.code(), Some(1), "{full:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{full:?}: {err}");
+            assert!(err.starts_with("pagekv: error:") && !err.contains("panicked"), "{full:?}: {err}");
+            if cfg!(feature = "cuda") {
+                // A GPU machine runs these for real; the file is missing there.
+                let gpu_less = ["CUDA driver", "CUDA device", "cuda", "CUDA"].iter().any(|w| err.contains(w));
+                assert!(gpu_less || err.contains(missing), "{full:?}: {err}");
+            } else {
+                assert!(err.contains("built without CUDA") && err.contains("--features cuda"), "{full:?}: {err}");
+            }
+        }
+    }
+}
+
 #[test]
 fn missing_model_file_is_a_clear_error() {
     let o = pagekv(&["run", "--model", "/nonexistent/model.gguf", "hi"], &[]);

@@ -52,7 +52,7 @@ pub struct DecodeArgs {
 }
 
 pub fn run(a: DecodeArgs) -> Result<()> {
-    if let crate::settings::Device::Cuda(n) = crate::settings::Device::from_env()? {
+    if let crate::settings::Device::Cuda(n) = super::run::device()? {
         return super::bench_decode_cuda::run(n, a);
     }
     if a.model.model.as_ref().is_some_and(|m| m.to_string_lossy().starts_with("synthetic:")) {

@@ -7,6 +7,10 @@
 //! activations: the quantized kernels' 8-bit activation rounding makes any two KV formats
 //! differ by about KL 5e-3 on SmolLM2 (f32 vs f16 KV included), which hides the format's own
 //! error; without it the figures are those of the engine as it runs.
+//!
+//! `--device cuda[:N]` (feature `cuda`) scores on the GPU model: the same chunks and formats,
+//! the f16 reference run on the GPU too; `--exact-weights` there means f32 weights (and f32
+//! activations) instead of bf16.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -40,7 +44,8 @@ pub struct EvalArgs {
     #[arg(long)]
     pub json: bool,
     /// Dequantize the weights to f32 and multiply with f32 activations (slower; isolates the KV
-    /// format's error from the 8-bit activation rounding of the quantized kernels).
+    /// format's error from the 8-bit activation rounding of the quantized kernels). On the GPU:
+    /// f32 weights instead of bf16.
     #[arg(long)]
     pub exact_weights: bool,
     #[command(flatten)]
