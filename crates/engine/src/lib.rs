@@ -1,7 +1,8 @@
 //! `pagekv-engine` — generation on top of the model runtime.
 //!
 //! - [`Engine`] / [`EngineHandle`] (`engine.rs`): one scheduler thread (`scheduler.rs`) owns the
-//!   model, one block pool and every sequence; requests come in through
+//!   model (any [`pagekv_model::Forward`] backend: the CPU model, or a GPU model built on that
+//!   thread by [`Engine::start_with`]), one block pool in the model's memory and every sequence; requests come in through
 //!   [`EngineHandle::submit`] and their [`Event`]s go out through a [`RequestStream`]
 //!   (`stream.rs`; dropping it cancels). Continuous batching: each step mixes prefill chunks and
 //!   decodes in one forward; when blocks run out the newest sequence is preempted and recomputed.
@@ -15,7 +16,8 @@
 //!   first call), [`logprobs`](sampling::logprobs) for OpenAI `logprobs`.
 //! - [`stop`]: [`StopConditions`], the streaming [`StopMatcher`], [`FinishReason`].
 //!
-//! The engine knows the model and the cache; it knows nothing of HTTP or of kernels.
+//! The engine knows the model and the cache; it knows nothing of HTTP or of kernels, and it
+//! never reads the pages: they may live on a device.
 
 mod bank;
 pub mod config;

@@ -83,6 +83,9 @@ pub fn gpu_model_builder(
     let dev = pagekv_cuda::CudaDevice::new(device)?;
     let dtype = if exact_weights { pagekv_cuda::DType::F32 } else { weight_dtype()? };
     Ok(move || {
+        // The device's context becomes this thread's for its lifetime (every later call, the
+        // cuBLAS handle and graph captures included, runs here).
+        dev.bind().map_err(|e| ModelError::Device(e.to_string()))?;
         let gpu = GpuModel::from_model(&model, dev, dtype);
         drop(model);
         gpu
