@@ -41,6 +41,9 @@ part1)
     ;;
 real)
     M=/tmp/smollm2.gguf
+    if [ -z "${MODEL:-}" ] && [ ! -f $D/m1/part.a ]; then
+        echo "part a of the model is gone (a fresh machine): run part1 again first"; exit 3
+    fi
     if [ -n "${MODEL:-}" ]; then  # MODEL=FILE: a model already there (trying the script here)
         cp "$MODEL" $M
     else
