@@ -92,30 +92,60 @@ constexpr int MERGE_FLOATS = NW * HP * (D + 2) + NW * PK_G * D;
 // mirror is compile::decode_tc_smem_bytes).
 constexpr int TC_SMEM_BYTES = NW * WARP_BYTES > 4 * MERGE_FLOATS ? NW * WARP_BYTES : 4 * MERGE_FLOATS;
 
-// Rounds x to the mma type; returns the bits, and the rounded value in *r.
-__device__ __forceinline__ u32 round_t(float x, float* r) {
+// (x0, x1) rounded to the mma type and packed, x0 in the low half: one CVT for the pair.
+__device__ __forceinline__ u32 pack_t(float x0, float x1) {
+    u32 r;
     if constexpr (BF) {
-        const u16 b = f32_to_bf16(x);
-        *r = __uint_as_float((u32)b << 16);
-        return b;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(x1), "f"(x0));
     } else {
-        const u16 h = f32_to_f16(x);
-        *r = f16_to_f32(h);
-        return h;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(x1), "f"(x0));
+    }
+    return r;
+}
+// The two values of a packed pair of the mma type, exactly.
+__device__ __forceinline__ void unpack_t(u32 v, float& x0, float& x1) {
+    if constexpr (BF) {
+        x0 = __uint_as_float(v << 16);
+        x1 = __uint_as_float(v & 0xffff0000u);
+    } else {
+        asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}\n"
+            : "=f"(x0), "=f"(x1) : "r"(v));
     }
 }
 
-// Splits (x0, x1) into N packed pairs whose sum is (x0, x1) to ~f32 precision.
+// Splits (x0, x1) into N packed pairs whose sum is (x0, x1) to ~f32 precision (each part the
+// round-to-nearest of what the previous parts left).
 template <int N>
 __device__ __forceinline__ void split2(float x0, float x1, u32 out[N]) {
 #pragma unroll
     for (int j = 0; j < N; j++) {
-        float r0, r1;
-        const u32 lo = round_t(x0, &r0), hi = round_t(x1, &r1);
-        out[j] = lo | (hi << 16);
-        x0 -= r0;
-        x1 -= r1;
+        out[j] = pack_t(x0, x1);
+        if (j + 1 < N) {
+            float r0, r1;
+            unpack_t(out[j], r0, r1);
+            x0 -= r0;
+            x1 -= r1;
+        }
     }
+}
+
+// The NSC = D / 32 f16 scales of one head vector in the stage (SB bytes, SB-aligned), packed
+// in pairs: one shared-memory load; scale_at converts one where it is used.
+template <int NSC>
+__device__ __forceinline__ void load_scales(const u16* p, u32 w[NSC / 2]) {
+    if constexpr (NSC == 2) {
+        w[0] = *(const u32*)p;
+    } else if constexpr (NSC == 4) {
+        const uint2 v = *(const uint2*)p;
+        w[0] = v.x; w[1] = v.y;
+    } else {
+        static_assert(NSC == 8, "head_dim 64, 128 or 256");
+        const uint4 v = *(const uint4*)p;
+        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+    }
+}
+__device__ __forceinline__ float scale_at(const u32* w, int g) {
+    return f16_to_f32((u16)(g & 1 ? w[g >> 1] >> 16 : w[g >> 1] & 0xffffu));
 }
 
 __device__ __forceinline__ void ldsm_x4(u32 r[4], const u8* p) {
@@ -320,40 +350,47 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
         if (dyn < (u32)TC_SMEM_BYTES) __trap(); // host/kernel layout mismatch
     }
 
-    // The CTA's queries [heads][D] (contiguous in q) through shared memory, rotated like the
-    // keys for rotated formats, then as B fragments: head nt·8 + lane/4 of this warp's kv
-    // head, dims kk·16 + (lane%4)·2 + {0, 1} and + 8, scaled by scale·log2 e and split.
+    // The queries as B fragments: head nt·8 + lane/4 of this warp's kv head, the dims qk_dim
+    // gives, scaled by scale·log2 e and split. Rotated formats take the CTA's queries [heads][D]
+    // (contiguous in q) through shared memory, rotated like the keys, before the stages are
+    // used; others read theirs from global memory after the first copies are in flight.
     const u64 qcta = ((u64)seq * num_heads + (u64)blockIdx.x * heads) * D;
-    float* qs = (float*)smem;
-    for (int i = threadIdx.x; i < heads * D; i += blockDim.x) qs[i] = q[qcta + i];
-    __syncthreads();
-    if (signs != nullptr) rotate_smem(qs, heads, signs, rot_norm, false);
+    const bool rotated = signs != nullptr;
     u32 bq[NT][KSTEPS][SQ][2];
+    auto build_bq = [&](const float* qw) { // qw: [PK_G][D], this warp's kv head
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const int g = nt * 8 + (lane >> 2);
+        for (int nt = 0; nt < NT; nt++) {
+            const int g = nt * 8 + (lane >> 2);
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; kk++) {
+            for (int kk = 0; kk < KSTEPS; kk++) {
 #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                float2 v = make_float2(0.0f, 0.0f);
-                if (g < PK_G) {
-                    const float* qh = qs + (head_local * PK_G + g) * D;
-                    if constexpr (QUANT) {
-                        v.x = qh[qk_dim(kk, half, 0, lane & 3)];
-                        v.y = qh[qk_dim(kk, half, 1, lane & 3)];
-                    } else {
-                        v = *(const float2*)(qh + qk_dim(kk, half, 0, lane & 3));
+                for (int half = 0; half < 2; half++) {
+                    float2 v = make_float2(0.0f, 0.0f);
+                    if (g < PK_G) {
+                        const float* qh = qw + g * D;
+                        if constexpr (QUANT) {
+                            v.x = qh[qk_dim(kk, half, 0, lane & 3)];
+                            v.y = qh[qk_dim(kk, half, 1, lane & 3)];
+                        } else {
+                            v = *(const float2*)(qh + qk_dim(kk, half, 0, lane & 3));
+                        }
                     }
-                }
-                u32 parts[SQ];
-                split2<SQ>(v.x * qk_scale_log2, v.y * qk_scale_log2, parts);
+                    u32 parts[SQ];
+                    split2<SQ>(v.x * qk_scale_log2, v.y * qk_scale_log2, parts);
 #pragma unroll
-                for (int j = 0; j < SQ; j++) bq[nt][kk][j][half] = parts[j];
+                    for (int j = 0; j < SQ; j++) bq[nt][kk][j][half] = parts[j];
+                }
             }
         }
+    };
+    if (rotated) {
+        float* qs = (float*)smem;
+        for (int i = threadIdx.x; i < heads * D; i += blockDim.x) qs[i] = q[qcta + i];
+        __syncthreads();
+        rotate_smem(qs, heads, signs, rot_norm, false);
+        build_bq(qs + head_local * PK_G * D);
+        __syncthreads(); // the stages below reuse qs
     }
-    __syncthreads(); // the stages below reuse qs
 
     // Tiles of this head's warp: sub, sub + wph, …; lane & 15 looks up the block of token
     // lane & 15 of a tile (lanes 16–31 repeat it).
@@ -390,13 +427,18 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
             cp_async_zfill<SB>(st + 32 * CROW + lane * SB, src, my_n == 0 ? 0u : (u32)SB);
         }
     };
-    u32 next_blk = block_of(0);
+    // Prologue: the block ids of the first ST tiles looked up together, then ST − 1 tiles'
+    // copies issued; the queries' loads (unrotated formats) overlap them.
+    u32 first_blk[ST];
+#pragma unroll
+    for (int s = 0; s < ST; s++) first_blk[s] = block_of(s);
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
-        if (s < my_n) issue(s, next_blk);
-        next_blk = block_of(s + 1);
+        if (s < my_n) issue(s, first_blk[s]);
         cp_async_commit();
     }
+    u32 next_blk = first_blk[ST - 1];
+    if (!rotated) build_bq(q + qcta + head_local * PK_G * D);
 
     float o[NT][KSTEPS][4];
     float m[NT][2], l[NT][2];
@@ -431,6 +473,16 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
         const u8* vrows = st + 16 * CROW;  // V rows
         const u16* ksc = (const u16*)(st + 32 * CROW); // quantized: [16][D/32] K scales
         const u16* vsc = ksc + 16 * (SB / 2);          // quantized: [16][D/32] V scales
+
+        // Quantized: the K and V scales of this thread's two tokens (rows r0, r0 + 8).
+        constexpr int NSC = QUANT ? D / 32 : 2;
+        u32 ks0[NSC / 2], ks1[NSC / 2], vs0[NSC / 2], vs1[NSC / 2];
+        if constexpr (QUANT) {
+            load_scales<NSC>(ksc + r0 * (SB / 2), ks0);
+            load_scales<NSC>(ksc + (r0 + 8) * (SB / 2), ks1);
+            load_scales<NSC>(vsc + r0 * (SB / 2), vs0);
+            load_scales<NSC>(vsc + (r0 + 8) * (SB / 2), vs1);
+        }
 
         // QK: every group of KG k-steps accumulates its parts (smallest first) in a fresh
         // fragment, added to s (quantized: times the group's K scale of the row's token).
@@ -468,8 +520,8 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
                     for (int j = SQ - 1; j >= 0; j--) mma(t[nt], a[k], bq[nt][g0 + k][j][0], bq[nt][g0 + k][j][1]);
             float sc0 = 1.0f, sc1 = 1.0f;
             if constexpr (QUANT) {
-                sc0 = f16_to_f32(ksc[r0 * (SB / 2) + g0 / 2]);
-                sc1 = f16_to_f32(ksc[(r0 + 8) * (SB / 2) + g0 / 2]);
+                sc0 = scale_at(ks0, g0 / 2);
+                sc1 = scale_at(ks1, g0 / 2);
             }
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -481,6 +533,8 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
         }
         // Rows of S^T: tokens t0 + r0 (e = 0, 1) and t0 + r0 + 8 (e = 2, 3).
         const bool ok0 = t0 + r0 < end, ok1 = t0 + r0 + 8 < end;
+        float corr[NT][2];
+        bool rescale = false;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             if (!ok0) s[nt][0] = s[nt][1] = PK_NEG_INF;
@@ -492,18 +546,24 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
                 const float mn = fmaxf(m[nt][j], mx); // finite: every tile has a visible token
-                const float corr = exp2f(m[nt][j] - mn);
+                corr[nt][j] = exp2f(m[nt][j] - mn);
+                rescale |= mn != m[nt][j];
                 m[nt][j] = mn;
                 const float p0 = exp2f(s[nt][j] - mn), p1 = exp2f(s[nt][2 + j] - mn);
-                l[nt][j] = l[nt][j] * corr + (p0 + p1);
+                l[nt][j] = l[nt][j] * corr[nt][j] + (p0 + p1);
                 s[nt][j] = p0;
                 s[nt][2 + j] = p1;
-#pragma unroll
-                for (int mt = 0; mt < KSTEPS; mt++) {
-                    o[nt][mt][j] *= corr;
-                    o[nt][mt][2 + j] *= corr;
-                }
             }
+        }
+        // The accumulators change only where a running max moved (corr = 1 elsewhere): once
+        // the maxima settle, whole tiles skip the rescale.
+        if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int mt = 0; mt < KSTEPS; mt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) o[nt][mt][e] *= corr[nt][e & 1];
         }
         // PV, per group of KG m-tiles: P^T (quantized: times the group's V scale of each token)
         // as B fragments, split into exact parts and transposed by movmatrix.
@@ -512,8 +572,8 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
         for (int g0 = 0; g0 < KSTEPS; g0 += KG) {
             float sc0 = 1.0f, sc1 = 1.0f;
             if constexpr (QUANT) {
-                sc0 = f16_to_f32(vsc[r0 * (SB / 2) + g0 / 2]);
-                sc1 = f16_to_f32(vsc[(r0 + 8) * (SB / 2) + g0 / 2]);
+                sc0 = scale_at(vs0, g0 / 2);
+                sc1 = scale_at(vs1, g0 / 2);
             }
             if (QUANT || g0 == 0) { // float pages: one set of B fragments serves every m-tile
 #pragma unroll

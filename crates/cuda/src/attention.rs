@@ -99,17 +99,18 @@ impl DecodeKernel {
     }
 }
 
-/// Partition size for the tensor-core kernel: about one CTA per SM in all
-/// (`num_seqs × num_kv_heads × partitions ≈ sm_count`), in whole rounds of 64 tokens (4 warps ×
-/// 16); the whole context (one partition) once the batch alone fills the machine.
-/// Measured on the H200 (RESULTS.md, run 5): 1×4096 best at 256, 1×32768 at 2048, 16×4096 and
-/// larger with one partition.
+/// Partition size for the tensor-core kernel: at most one CTA per SM in all
+/// (`num_seqs × num_kv_heads × partitions ≤ sm_count`: a few CTAs more would start a second,
+/// nearly empty round on some SMs), in whole rounds of 64 tokens (4 warps × 16); the whole
+/// context (one partition) once the batch alone fills the machine.
+/// Measured on the H200 (RESULTS.md, issue-6 run 1): 1×4096 best at 256, 1×32768 at 2048
+/// (1984, 17 partitions of 8 CTAs, was 4 % slower), 16×4096 and larger with one partition.
 pub fn tc_partition_size(num_seqs: usize, num_kv_heads: usize, max_context: usize, sm_count: usize) -> usize {
     let units = (num_seqs * num_kv_heads).max(1);
     if 2 * units >= sm_count {
         return max_context.max(1).div_ceil(64) * 64;
     }
-    let parts = sm_count.div_ceil(units);
+    let parts = (sm_count / units).max(1);
     max_context.div_ceil(parts).div_ceil(64).max(1) * 64
 }
 
@@ -433,7 +434,9 @@ mod tests {
     #[test]
     fn tc_partition_size_matches_the_h200_measurements() {
         assert_eq!(tc_partition_size(1, 8, 4096, 132), 256);
-        assert_eq!(tc_partition_size(1, 8, 32768, 132), 1984);
+        assert_eq!(tc_partition_size(1, 8, 32768, 132), 2048);
+        // Never more CTAs than SMs: 4 × 8 units → 4 partitions, not 5.
+        assert_eq!(tc_partition_size(4, 8, 8192, 132), 2048);
         // 16 × 8 CTAs nearly fill 132 SMs: one partition.
         assert_eq!(tc_partition_size(16, 8, 4096, 132), 4096);
         assert_eq!(tc_partition_size(64, 8, 16384, 132), 16384);
