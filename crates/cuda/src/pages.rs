@@ -68,7 +68,12 @@ pub struct DevicePages {
     module: Arc<KernelModule>,
     staging: Option<Staging>,
     error: Option<CudaError>,
+    /// Unique among the `DevicePages` of this process ([`DevicePages::id`]).
+    id: u64,
 }
+
+/// The next [`DevicePages::id`].
+static NEXT_PAGES_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl DevicePages {
     /// Allocates zeroed pages of `geometry` on `device` and loads the cache-write kernel.
@@ -116,6 +121,7 @@ impl DevicePages {
             module,
             staging: None,
             error: None,
+            id: NEXT_PAGES_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             geometry,
         })
     }
@@ -129,8 +135,15 @@ impl DevicePages {
         self.rotation.as_ref()
     }
 
-    /// Device address of the first layer's K codes: identifies these pages (a CUDA graph that
-    /// captured writes into them is valid for these pages only).
+    /// Identifies these pages for as long as the process runs: a CUDA graph that captured
+    /// writes into them and reads of them is valid for these pages only. (Addresses do not
+    /// identify them: a pool made after another was dropped may get the same allocations, and
+    /// then the other format's captured kernels would run on it.)
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Device address of the first layer's K codes.
     pub fn base_address(&self) -> u64 {
         self.layers.first().map_or(0, |(k, _)| dptr(&k.codes, &self.device))
     }

@@ -189,7 +189,7 @@ struct GraphKey {
     route: DecodeRoute,
     window: Option<usize>,
     q_round: u32,
-    /// The pool's pages (their address).
+    /// The pool's pages ([`DevicePages::id`]: a later pool may reuse a dropped one's addresses).
     pages: u64,
 }
 
@@ -446,7 +446,7 @@ impl CudaModel {
             route,
             window: batch.sliding_window,
             q_round: st.rope.q_round,
-            pages: pool.pages().base_address(),
+            pages: pool.pages().id(),
         };
         let generation = (scratch_generation, self.attention.generation());
         if self.graphs.generation != generation {
