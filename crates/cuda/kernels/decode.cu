@@ -301,23 +301,33 @@ pk_decode(float* __restrict__ out,          // [num_seqs, num_heads, D]         
 
 // grid (num_heads, num_seqs), block 128, dynamic smem 4·(D + max_parts + 8) bytes.
 // out [num_seqs, num_heads, D] ← Σ_p 2^(m_p − M) acc_p / Σ_p 2^(m_p − M) l_p, un-rotated.
-// Every partition's (m, l) is read once, by one thread, and reduced across the block; each
-// thread then sums its dims over the partitions with four loads in flight.
+// A programmatic dependent launch (see pdl_wait). Every partition's (m, l) is read once, by one
+// thread, and reduced across the block; each thread sums its dims over the partitions with its
+// loads in flight together (issued with the (m, l) loads when there are at most 16 partitions).
 extern "C" __global__ void __launch_bounds__(128)
 pk_merge(float* __restrict__ out, const float* __restrict__ part_acc, const float* __restrict__ part_ml,
          const u32* __restrict__ ctx_lens, u32 max_parts, u32 window, u32 part_size,
          const float* __restrict__ signs, float rot_norm) {
-    pdl_wait();
     extern __shared__ __align__(16) u8 smem[];
-    float* o = (float*)smem;   // [D]
-    float* w = o + PK_D;       // [max_parts] 2^(m_p − M)
+    float* o = (float*)smem;    // [D]
+    float* w = o + PK_D;        // [max_parts] 2^(m_p − M)
     float* red = w + max_parts; // [8] per-warp maxima, then per-warp sums
     const int head = blockIdx.x, seq = blockIdx.y, num_heads = gridDim.x;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const u32 ctx = ctx_lens[seq];
+    const u32 ctx = ctx_lens[seq]; // not written by the decode kernel: read before waiting for it
     const u32 lo = (window != 0 && ctx > window) ? ctx - window : 0;
     const int nparts = (int)((ctx - lo + part_size - 1) / part_size);
     const u64 base = ((u64)seq * num_heads + head) * max_parts;
+    pdl_wait();
+    // Few partitions and head_dim ≤ 128 (the small batches this route serves): each thread's
+    // accumulators are loaded together with the (m, l) pairs, one round trip for both.
+    constexpr int PRE = 16;
+    const bool pre = PK_D <= 128 && nparts <= PRE && tid < PK_D;
+    float x[PRE];
+    if (pre) {
+#pragma unroll
+        for (int p = 0; p < PRE; p++) x[p] = p < nparts ? part_acc[(base + p) * PK_D + tid] : 0.0f;
+    }
     float m = PK_NEG_INF;
     for (int p = tid; p < nparts; p += blockDim.x) m = fmaxf(m, part_ml[(base + p) * 2]);
     m = warp_max(m);
@@ -335,20 +345,30 @@ pk_merge(float* __restrict__ out, const float* __restrict__ part_acc, const floa
     if (lane == 0) red[4 + warp] = den;
     __syncthreads();
     den = (red[4] + red[5]) + (red[6] + red[7]);
-    for (int d = tid; d < PK_D; d += blockDim.x) {
-        const float* src = part_acc + base * PK_D + d;
-        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-        int p = 0;
-        for (; p + 4 <= nparts; p += 4) {
-            const float x0 = src[(u64)p * PK_D], x1 = src[(u64)(p + 1) * PK_D];
-            const float x2 = src[(u64)(p + 2) * PK_D], x3 = src[(u64)(p + 3) * PK_D];
-            a0 = fmaf(w[p], x0, a0);
-            a1 = fmaf(w[p + 1], x1, a1);
-            a2 = fmaf(w[p + 2], x2, a2);
-            a3 = fmaf(w[p + 3], x3, a3);
+    if (pre) {
+        float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+        for (int p = 0; p < PRE; p += 2) {
+            if (p < nparts) a0 = fmaf(w[p], x[p], a0);
+            if (p + 1 < nparts) a1 = fmaf(w[p + 1], x[p + 1], a1);
         }
-        for (; p < nparts; p++) a0 = fmaf(w[p], src[(u64)p * PK_D], a0);
-        o[d] = ((a0 + a1) + (a2 + a3)) / den;
+        o[tid] = (a0 + a1) / den;
+    } else {
+        for (int d = tid; d < PK_D; d += blockDim.x) {
+            const float* src = part_acc + base * PK_D + d;
+            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+            int p = 0;
+            for (; p + 4 <= nparts; p += 4) {
+                const float x0 = src[(u64)p * PK_D], x1 = src[(u64)(p + 1) * PK_D];
+                const float x2 = src[(u64)(p + 2) * PK_D], x3 = src[(u64)(p + 3) * PK_D];
+                a0 = fmaf(w[p], x0, a0);
+                a1 = fmaf(w[p + 1], x1, a1);
+                a2 = fmaf(w[p + 2], x2, a2);
+                a3 = fmaf(w[p + 3], x3, a3);
+            }
+            for (; p < nparts; p++) a0 = fmaf(w[p], src[(u64)p * PK_D], a0);
+            o[d] = ((a0 + a1) + (a2 + a3)) / den;
+        }
     }
     __syncthreads();
     if (signs != nullptr) rotate_smem(o, 1, signs, rot_norm, true);

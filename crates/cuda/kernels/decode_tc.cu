@@ -336,7 +336,20 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
     const int num_heads = (int)num_kv_heads * PK_G;
     const int heads = hpc * PK_G; // query heads of this CTA
     const bool direct = gridDim.z == 1;
+    const u32* table = tables + (u64)seq * max_blocks;
     const u32 ctx = ctx_lens[seq];
+    // Without a window the partition's first token does not depend on the context length: look
+    // up the block ids of this warp's first ST tiles now, while ctx is still in flight (entries
+    // past the context are read but not used; reads stay inside the table row).
+    u32 first_blk[ST];
+    if (window == 0) {
+        const u32 s0 = direct ? 0u : (u32)part * part_size;
+#pragma unroll
+        for (int s = 0; s < ST; s++) {
+            const u32 pos = s0 + (u32)(sub + s * wph) * 16 + (lane & 15);
+            first_blk[s] = (pos >> log2_bs) < max_blocks ? table[pos >> log2_bs] : 0u;
+        }
+    }
     const u32 lo = (window != 0 && ctx > window) ? ctx - window : 0;
     const u32 start = direct ? lo : lo + (u32)part * part_size;
     const u32 end = direct ? ctx : min(ctx, start + part_size);
@@ -398,7 +411,6 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
     const int my_n = ntiles > (u32)sub ? (int)((ntiles - sub + wph - 1) / wph) : 0;
     u8* wst = smem + warp * WARP_BYTES;
     const u32 bs_mask = (1u << log2_bs) - 1;
-    const u32* table = tables + (u64)seq * max_blocks;
     auto tile_start = [&](int i) -> u32 { return start + (u32)(sub + i * wph) * 16; };
     auto block_of = [&](int i) -> u32 {
         const u32 pos = tile_start(i) + (lane & 15);
@@ -427,11 +439,12 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
             cp_async_zfill<SB>(st + 32 * CROW + lane * SB, src, my_n == 0 ? 0u : (u32)SB);
         }
     };
-    // Prologue: the block ids of the first ST tiles looked up together, then ST − 1 tiles'
-    // copies issued; the queries' loads (unrotated formats) overlap them.
-    u32 first_blk[ST];
+    // Prologue: the block ids of the first ST tiles (looked up above, or now, together, with a
+    // window), then ST − 1 tiles' copies issued; the queries' loads (unrotated formats) overlap.
+    if (window != 0) {
 #pragma unroll
-    for (int s = 0; s < ST; s++) first_blk[s] = block_of(s);
+        for (int s = 0; s < ST; s++) first_blk[s] = block_of(s);
+    }
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
         if (s < my_n) issue(s, first_blk[s]);

@@ -223,14 +223,17 @@ pub fn prebuild(spec: &ModuleSpec, arch: (u32, u32)) -> Result<usize, CudaError>
 
 /// Tuning of the tensor-core decode kernel (`kernels/decode_tc.cu`): warps per CTA, pipeline
 /// stages per warp, and the most kv heads one CTA serves. Defaults measured on the H200 (see
-/// RESULTS.md); `PAGEKV_CUDA_TC_WARPS`, `PAGEKV_CUDA_TC_STAGES`, `PAGEKV_CUDA_TC_QSTAGES`,
-/// `PAGEKV_CUDA_TC_HPC`, `PAGEKV_CUDA_TC_MINB`, `PAGEKV_CUDA_FUSED_MERGE` and `PAGEKV_CUDA_PDL` override them (read once per process) for
-/// tuning runs.
+/// RESULTS.md); `PAGEKV_CUDA_TC_WARPS`, `PAGEKV_CUDA_TC_STAGES` (float pages),
+/// `PAGEKV_CUDA_TC_QWARPS`, `PAGEKV_CUDA_TC_QSTAGES`, `PAGEKV_CUDA_TC_MINB` (quantized pages),
+/// `PAGEKV_CUDA_TC_HPC`, `PAGEKV_CUDA_FUSED_MERGE` and `PAGEKV_CUDA_PDL` override them (read
+/// once per process) for tuning runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TcTuning {
     pub warps: usize,
     pub stages: usize,
     pub max_heads_per_cta: usize,
+    /// Warps per CTA for quantized pages (`warps` is for float pages).
+    pub quant_warps: usize,
     /// Stages for quantized pages; 0: the measured default (see [`tc_shape`]).
     pub quant_stages: usize,
     /// Minimum CTAs per SM promised to the compiler (`__launch_bounds__`, which caps the
@@ -254,8 +257,9 @@ pub fn tc_tuning() -> TcTuning {
             std::env::var(name).ok().and_then(|v| v.trim().parse::<usize>().ok()).filter(|&v| ok(v)).unwrap_or(default)
         };
         TcTuning {
-            warps: get("PAGEKV_CUDA_TC_WARPS", 4, |v| v.is_power_of_two() && v <= 16),
-            stages: get("PAGEKV_CUDA_TC_STAGES", 3, |v| (2..=8).contains(&v)),
+            warps: get("PAGEKV_CUDA_TC_WARPS", 8, |v| v.is_power_of_two() && v <= 16),
+            stages: get("PAGEKV_CUDA_TC_STAGES", 2, |v| (2..=8).contains(&v)),
+            quant_warps: get("PAGEKV_CUDA_TC_QWARPS", 4, |v| v.is_power_of_two() && v <= 16),
             max_heads_per_cta: get("PAGEKV_CUDA_TC_HPC", 1, |v| v.is_power_of_two() && v <= 16),
             quant_stages: get("PAGEKV_CUDA_TC_QSTAGES", 0, |v| (2..=8).contains(&v)),
             quant_min_blocks: get("PAGEKV_CUDA_TC_MINB", 0, |v| v <= 8),
@@ -301,7 +305,7 @@ fn tc_quantized(format: KvFormat) -> bool {
 pub fn tc_shape(format: KvFormat, head_dim: usize) -> (usize, usize) {
     let t = tc_tuning();
     let stage = tc_stage_bytes(format, head_dim);
-    let mut warps = t.warps;
+    let mut warps = if tc_quantized(format) { t.quant_warps } else { t.warps };
     // Quantized pages: stages measured on the H200 (RESULTS.md, issue-6 run 1: at 64 × 16384
     // q8 3258 GB/s with 2 stages, 3024 with 3; q4 2404 with 3, 2338 with 4, 2359 with 2).
     let mut stages = match (tc_quantized(format), t.quant_stages) {
