@@ -48,22 +48,6 @@ pub fn parse_shapes(list: &str) -> Result<Vec<(usize, usize)>> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shape_and_format_lists_parse_or_say_why() {
-        assert_eq!(parse_shapes("1x4096, 16x512").unwrap(), vec![(1, 4096), (16, 512)]);
-        for bad in ["", "4096", "1x", "x2", "0x5", "2x0", "1x4096,banana"] {
-            assert!(parse_shapes(bad).is_err(), "{bad}");
-        }
-        assert_eq!(parse_formats("f16,q4r").unwrap(), vec![KvFormat::F16, KvFormat::Q4 { rotate: true }]);
-        let e = parse_formats("f16,q5").unwrap_err().to_string();
-        assert!(e.contains("q5") && e.contains("q8"), "{e}");
-    }
-}
-
 /// One line about a pool: format, blocks, bytes, appends, growth, attention routes.
 pub fn cache_summary<S: kvcache::PageStore>(pool: &kvcache::KvPool<S>) -> String {
     let s = pool.stats();
@@ -82,4 +66,20 @@ pub fn cache_summary<S: kvcache::PageStore>(pool: &kvcache::KvPool<S>) -> String
         s.grow_events,
         s.trims
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shape_and_format_lists_parse_or_say_why() {
+        assert_eq!(parse_shapes("1x4096, 16x512").unwrap(), vec![(1, 4096), (16, 512)]);
+        for bad in ["", "4096", "1x", "x2", "0x5", "2x0", "1x4096,banana"] {
+            assert!(parse_shapes(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_formats("f16,q4r").unwrap(), vec![KvFormat::F16, KvFormat::Q4 { rotate: true }]);
+        let e = parse_formats("f16,q5").unwrap_err().to_string();
+        assert!(e.contains("q5") && e.contains("q8"), "{e}");
+    }
 }

@@ -158,7 +158,7 @@ fn model_id(path: &std::path::Path) -> String {
 }
 
 fn seconds(s: f64, what: &str) -> Result<Duration> {
-    if !s.is_finite() || s < 0.0 || s > 1e9 {
+    if !(0.0..=1e9).contains(&s) {
         bail!("invalid {what} {s}: expected a non-negative number of seconds");
     }
     Ok(Duration::from_secs_f64(s))
