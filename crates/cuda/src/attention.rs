@@ -19,7 +19,9 @@
 //! - [`DecodeRoute::Partitioned`]: split-K — the visible context is cut into partitions of
 //!   `partition_size` tokens, one CTA each, and `pk_merge` combines the partial softmaxes
 //!   exactly (or, with `PAGEKV_CUDA_FUSED_MERGE=1`, the last CTA of each head group does, in the
-//!   same launch). [`DecodeAttention::auto_route`] picks the route and partition size from the
+//!   same launch). `pk_merge` is a programmatic dependent launch (`PAGEKV_CUDA_PDL=0`: a plain
+//!   one): it is scheduled while the decode kernel runs and waits for its results in-kernel,
+//!   which hides the launch gap (about 1 µs of the ~15 µs of a 1 × 4096 bf16 call on the H200). [`DecodeAttention::auto_route`] picks the route and partition size from the
 //!   H200 measurements ([`tc_partition_size`] for the tensor-core kernel,
 //!   [`auto_partition_size`] for the SIMT kernel).
 //!
@@ -101,8 +103,8 @@ impl DecodeKernel {
 
 /// Partition size for the tensor-core kernel: at most one CTA per SM in all
 /// (`num_seqs × num_kv_heads × partitions ≤ sm_count`: a few CTAs more would start a second,
-/// nearly empty round on some SMs), in whole rounds of 64 tokens (4 warps × 16); the whole
-/// context (one partition) once the batch alone fills the machine.
+/// nearly empty round on some SMs), in multiples of 64 tokens; the whole context (one
+/// partition) once the batch alone fills the machine.
 /// Measured on the H200 (RESULTS.md, issue-6 run 1): 1×4096 best at 256, 1×32768 at 2048
 /// (1984, 17 partitions of 8 CTAs, was 4 % slower), 16×4096 and larger with one partition.
 pub fn tc_partition_size(num_seqs: usize, num_kv_heads: usize, max_context: usize, sm_count: usize) -> usize {
