@@ -297,6 +297,44 @@ mod gpu {
         assert!(m.weight_read_seconds(3).unwrap() > 0.0);
     }
 
+    /// Pools made one after another on one model (`pagekv eval`: one per KV format) never share
+    /// captured step graphs, even when a new pool gets a dropped one's device addresses: each
+    /// format's logits equal those of a fresh model (nothing captured) with that format. (Graphs
+    /// keyed by the pages' address replayed q4's kernels on the q4r and turbo pools.)
+    #[test]
+    fn each_new_pool_runs_its_own_format() {
+        let Some(dev) = device("each_new_pool_runs_its_own_format") else { return };
+        let cpu = Model::from_file(tiny_model("llama", 21), AttentionConfig::default()).unwrap();
+        let prompt: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 512).collect();
+        let formats = [KvFormat::Q4 { rotate: false }, KvFormat::Q4 { rotate: true }, KvFormat::TURBO_DEFAULT];
+        // One model; each format twice (the second run replays what the first captured).
+        let mut shared = CudaModel::from_model(&cpu, dev.clone(), DType::F32).unwrap();
+        let mut runs = Vec::new();
+        for format in formats {
+            for _ in 0..2 {
+                runs.push(script(&mut shared, cache_config(&cpu, format), &prompt, 4).0);
+            }
+        }
+        let mut wants: Vec<Vec<f32>> = Vec::new();
+        for (i, format) in formats.into_iter().enumerate() {
+            let mut fresh = CudaModel::from_model(&cpu, dev.clone(), DType::F32).unwrap();
+            let (want, _) = script(&mut fresh, cache_config(&cpu, format), &prompt, 4);
+            let scale = want.iter().fold(0f32, |m, x| m.max(x.abs())).max(1.0);
+            for got in &runs[2 * i..2 * i + 2] {
+                assert_eq!(got.len(), want.len());
+                let err = got.iter().zip(&want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+                out(&format!("{format} after other pools: max |logit diff| {err:.2e} (max |logit| {scale:.2})"));
+                assert!(err <= 1e-4 * scale, "{format}: logits differ from a fresh model's by {err}");
+            }
+            wants.push(want);
+        }
+        // The formats' logits differ, so the comparison above tells them apart.
+        for i in 1..wants.len() {
+            let d = wants[i].iter().zip(&wants[0]).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(d > 1e-2, "{} and {} give the same logits", formats[i], formats[0]);
+        }
+    }
+
     /// Greedy continuation of `prompt` (16 tokens) and the logits of every step.
     fn greedy<M: Forward>(
         m: &mut M,
