@@ -3,11 +3,49 @@
 // crates/kvcache/src/format/{q8,q4,turbo,codec}.rs operation for operation (same rounding,
 // same tie-breaks, sums in the same order), so the stored codes equal the host's.
 
+// Index of the Lloyd–Max level nearest to y: the number of bounds below y.
+template <int BITS>
+__device__ __forceinline__ int lm_code(float y, const float* bounds) {
+    int lo = 0, hi = (1 << BITS) - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (bounds[mid] < y) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+// For the f16 scale sh of a group (one lane per value, v = 0 and live = false past its end):
+// returns Σ (v − s·ℓ)² and sets *refit = Σ v·ℓ / Σ ℓ², sums in butterfly order — as
+// turbo::search_scale's eval on the host (kvcache::format::turbo::lane_sum).
+__device__ float turbo_eval(float v, bool live, u16 sh, const float* bounds, const float* levels, int bits,
+                            float* refit) {
+    const float s = f16_to_f32(sh);
+    const float inv = s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
+    float e2 = 0.0f, yl = 0.0f, ll = 0.0f;
+    if (live) {
+        const float y = __fmul_rn(v, inv);
+        int code;
+        if (bits == 2) code = lm_code<2>(y, bounds);
+        else if (bits == 3) code = lm_code<3>(y, bounds);
+        else code = lm_code<4>(y, bounds);
+        const float l = levels[code];
+        const float e = __fsub_rn(v, __fmul_rn(s, l));
+        e2 = __fmul_rn(e, e);
+        yl = __fmul_rn(v, l);
+        ll = __fmul_rn(l, l);
+    }
+    e2 = warp_sum(e2);
+    yl = warp_sum(yl);
+    ll = warp_sum(ll);
+    *refit = ll > 0.0f ? __fdiv_rn(yl, ll) : s;
+    return e2;
+}
+
 // Encodes x (PK_D values in shared memory, already rotated for rotated formats) into one head
 // vector's codes and scales. Block: one thread per value (blockDim.x = round_up(PK_D, 32)).
 template <int C, int BITS>
 __device__ void encode_head(const float* x, u8* packed /* smem [PK_D] */, u8* __restrict__ codes,
-                            u16* __restrict__ scales, const float* bounds) {
+                            u16* __restrict__ scales, const float* bounds, const float* levels) {
     const int d = threadIdx.x;
     const int lane = d & 31, g = d >> 5;
     const bool live = d < PK_D;
@@ -49,27 +87,48 @@ __device__ void encode_head(const float* x, u8* packed /* smem [PK_D] */, u8* __
         const int hi = __shfl_down_sync(0xffffffffu, q, 16);
         if (lane < 16) codes[g * 16 + lane] = (u8)(q | (hi << 4));
         if (lane == 0) scales[g] = sh;
-    } else { // Lloyd–Max: s = sqrt(mean(x²)) of the group (summed in index order), code = #bounds < x/s
+    } else { // Lloyd–Max: s₀ = sqrt(mean(x²)) of the group (summed in index order); at ≤ 4 bits
+             // the scale search of kvcache::format::turbo; code = #bounds < x/s
         __shared__ float group_scale[PK_D / 32];
+        __shared__ float group_rms[PK_D / 32];
         if (lane == 0 && live) {
             float ms = 0.0f;
             for (int i = 0; i < 32; i++) ms = __fadd_rn(ms, __fmul_rn(x[g * 32 + i], x[g * 32 + i]));
             ms = __fdiv_rn(ms, 32.0f);
-            const u16 sh = f32_to_f16(__fsqrt_rn(ms));
-            scales[g] = sh;
-            group_scale[g] = f16_to_f32(sh);
+            const float rms = __fsqrt_rn(ms);
+            group_rms[g] = rms;
+            group_scale[g] = f16_to_f32(f32_to_f16(rms));
+        }
+        __syncthreads();
+        if constexpr (BITS <= 4) {
+            // Every lane of the group's warp takes part (sums are warp-wide, so the branch
+            // below is uniform per warp); lanes past PK_D add zeros.
+            if (g < PK_D / 32) {
+                const float rms = group_rms[g];
+                const float mult[5] = {1.0f, 0.8f, 0.9f, 1.1f, 1.2f};
+                float best_err = __int_as_float(0x7f800000); // +inf
+                u16 best = f32_to_f16(rms);
+                for (int c = 0; c < 5; c++) {
+                    float refit;
+                    u16 sh = f32_to_f16(__fmul_rn(rms, mult[c]));
+                    float err = turbo_eval(v, live, sh, bounds, levels, BITS, &refit);
+                    if (err < best_err) { best_err = err; best = sh; }
+                    sh = f32_to_f16(refit);
+                    err = turbo_eval(v, live, sh, bounds, levels, BITS, &refit);
+                    if (err < best_err) { best_err = err; best = sh; }
+                }
+                if (lane == 0) group_scale[g] = f16_to_f32(best);
+                if (lane == 0) scales[g] = best;
+            }
+        } else {
+            if (lane == 0 && live) scales[g] = f32_to_f16(group_rms[g]);
         }
         __syncthreads();
         if (live) {
             const float s = group_scale[g];
             const float inv = s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
             const float y = __fmul_rn(v, inv);
-            int lo = 0, hi = (1 << BITS) - 1;
-            while (lo < hi) {
-                const int mid = (lo + hi) >> 1;
-                if (bounds[mid] < y) lo = mid + 1; else hi = mid;
-            }
-            packed[d] = (u8)lo;
+            packed[d] = (u8)lm_code<BITS>(y, bounds);
         }
         __syncthreads();
         // One thread per output byte gathers the codes whose bits fall in it.
@@ -109,10 +168,10 @@ extern "C" __global__ void pk_cache_write(u8* __restrict__ k_codes, u8* __restri
         if (signs != nullptr) rotate_smem(x, 1, signs, rot_norm, false);
         if (side == 0) {
             encode_head<PK_KC, PK_KBITS>(x, packed, k_codes + sh * KC::CODE_BYTES,
-                                         (u16*)k_scales + sh * KC::NS, pk_k_bounds);
+                                         (u16*)k_scales + sh * KC::NS, pk_k_bounds, pk_k_levels);
         } else {
             encode_head<PK_VC, PK_VBITS>(x, packed, v_codes + sh * VC::CODE_BYTES,
-                                         (u16*)v_scales + sh * VC::NS, pk_v_bounds);
+                                         (u16*)v_scales + sh * VC::NS, pk_v_bounds, pk_v_levels);
         }
         __syncthreads();
     }

@@ -93,9 +93,10 @@ fn q8_is_rotated_and_the_rotation_cuts_its_error_on_outlier_channels() {
 
 #[test]
 fn turbo_error_per_bit_width_is_within_the_documented_bounds() {
-    // Measured (docs/kv-formats.md): 8-bit 0.88%, 4-bit 9.4%, 3-bit 18.0%, 2-bit 33.5%
-    // relative RMS on Gaussian vectors; bounds below add a margin.
-    let bounds = [(8u8, 0.012), (4, 0.11), (3, 0.20), (2, 0.36)];
+    // Measured (docs/kv-formats.md): 8-bit 0.88%, 4-bit 7.9%, 3-bit 16.1%, 2-bit 32.4%
+    // relative RMS on Gaussian vectors, with the encoder's scale search (the plain RMS scale
+    // gave 9.4%, 18.0%, 33.5%); bounds below add a margin.
+    let bounds = [(8u8, 0.012), (4, 0.085), (3, 0.17), (2, 0.34)];
     for (i, scale) in [1e-2f32, 1.0, 50.0].into_iter().enumerate() {
         for x in [gaussian(200 + i as u64, scale), with_outliers(300 + i as u64, scale)] {
             for (bits, bound) in bounds {
@@ -109,7 +110,7 @@ fn turbo_error_per_bit_width_is_within_the_documented_bounds() {
     // The default splits K and V widths.
     let x = gaussian(9, 1.0);
     assert!(err(KvFormat::TURBO_DEFAULT, &x, true) <= 0.012);
-    assert!(err(KvFormat::TURBO_DEFAULT, &x, false) <= 0.20);
+    assert!(err(KvFormat::TURBO_DEFAULT, &x, false) <= 0.17);
 }
 
 #[test]
