@@ -21,8 +21,9 @@
 //!   exactly (or, with `PAGEKV_CUDA_FUSED_MERGE=1`, the last CTA of each head group does, in the
 //!   same launch). `pk_merge` is a programmatic dependent launch (`PAGEKV_CUDA_PDL=0`: a plain
 //!   one): it is scheduled while the decode kernel runs and waits for its results in-kernel,
-//!   which hides the launch gap (about 1 µs of the ~15 µs of a 1 × 4096 bf16 call on the H200). [`DecodeAttention::auto_route`] picks the route and partition size from the
-//!   H200 measurements ([`tc_partition_size`] for the tensor-core kernel,
+//!   which hides the launch gap (about 1 µs of the ~15 µs of a 1 × 4096 bf16 call on the H200).
+//!   [`DecodeAttention::auto_route`] picks the route and partition size from the H200
+//!   measurements ([`tc_partition_size`] for the tensor-core kernel,
 //!   [`auto_partition_size`] for the SIMT kernel).
 //!
 //! Visibility matches the CPU: the query of a sequence with context `C` sees keys `[lo, C)`,
@@ -377,7 +378,7 @@ impl DecodeAttention {
                 l.arg(&out_p).arg(&acc_p).arg(&ml_p).arg(&ctx).arg(&parts_u).arg(&window).arg(&part_size_u);
                 l.arg(&signs).arg(&norm);
                 // SAFETY: as above; partial buffers hold num_seqs × num_heads × parts entries.
-                unsafe { l.launch(cfg) }.map_err(|e| CudaError::driver("cuLaunchKernelEx(pk_merge)", e))?;
+                unsafe { l.launch(cfg) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_merge)", e))?;
             }
         }
         Ok(())
