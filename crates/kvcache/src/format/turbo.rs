@@ -41,12 +41,25 @@ pub(crate) fn encode_group(y: &[f32], bits: u8, first: usize, stream: &mut [u8])
 /// The f16 scale of least reconstruction error among the candidates of the module doc.
 fn search_scale(y: &[f32], book: &Codebook, rms: f32) -> f16 {
     // Σ (y − s·ℓ)² over the group, and the refit Σ y·ℓ / Σ ℓ², for the f16 scale `sh`.
+    let n = y.len();
     let eval = |sh: f16| -> (f32, f32) {
         let s = sh.to_f32();
         let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+        // Codes as the number of bounds below y/s (= Codebook::encode), counted bound by bound
+        // over the whole group so the compares vectorize; lanes past `n` stay zero.
+        let mut x = [0.0f32; 32];
+        for (xi, &v) in x.iter_mut().zip(y) {
+            *xi = v * inv;
+        }
+        let mut code = [0u32; 32];
+        for &b in &book.bounds {
+            for (c, &xi) in code.iter_mut().zip(&x) {
+                *c += (b < xi) as u32;
+            }
+        }
         let (mut err, mut yl, mut ll) = ([0.0f32; 32], [0.0f32; 32], [0.0f32; 32]);
-        for (i, &v) in y.iter().enumerate() {
-            let l = book.levels[book.encode(v * inv) as usize];
+        for i in 0..n {
+            let (v, l) = (y[i], book.levels[code[i] as usize]);
             let e = v - s * l;
             err[i] = e * e;
             yl[i] = v * l;
