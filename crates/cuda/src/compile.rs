@@ -19,6 +19,7 @@ const COMMON: &str = include_str!("../kernels/common.cuh");
 const CACHE_WRITE: &str = include_str!("../kernels/cache_write.cu");
 const DECODE: &str = include_str!("../kernels/decode.cu");
 const DECODE_TC: &str = include_str!("../kernels/decode_tc.cu");
+const PREFILL_TC: &str = include_str!("../kernels/prefill_tc.cu");
 const BENCH: &str = include_str!("../kernels/bench.cu");
 const MODEL: &str = include_str!("../kernels/model.cu");
 
@@ -63,7 +64,7 @@ pub fn check_supported(format: KvFormat, head_dim: usize) -> Result<(), CudaErro
 impl ModuleSpec {
     fn source(&self) -> String {
         match self {
-            ModuleSpec::Kv { .. } => [COMMON, CACHE_WRITE, DECODE, DECODE_TC].join("\n"),
+            ModuleSpec::Kv { .. } => [COMMON, CACHE_WRITE, DECODE, DECODE_TC, PREFILL_TC].join("\n"),
             ModuleSpec::Bench => [COMMON, BENCH].join("\n"),
             ModuleSpec::Model => [COMMON, MODEL].join("\n"),
         }
@@ -280,6 +281,29 @@ pub fn tc_supported(format: KvFormat, head_dim: usize, group: usize) -> bool {
     let float = matches!(format, KvFormat::F16 | KvFormat::Bf16) && [32, 64, 128, 256].contains(&head_dim);
     let quant = matches!(format, KvFormat::Q8 | KvFormat::Q4 { .. }) && [64, 128, 256].contains(&head_dim);
     (float || quant) && (1..=16).contains(&group)
+}
+
+/// Whether the tensor-core prefill kernel (`kernels/prefill_tc.cu`, `pk_prefill_tc`) serves this
+/// format, head_dim and group — the host mirror of its condition: f16/bf16 pages, head_dim 32,
+/// 64, 128 or 256, at most 16 query heads per kv head.
+pub fn prefill_supported(format: KvFormat, head_dim: usize, group: usize) -> bool {
+    matches!(format, KvFormat::F16 | KvFormat::Bf16)
+        && [32, 64, 128, 256].contains(&head_dim)
+        && (1..=16).contains(&group)
+}
+
+/// Query tokens one CTA of `pk_prefill_tc` takes (`pf::TQ`): 64 query rows ÷ the group.
+pub fn prefill_tokens_per_cta(group: usize) -> usize {
+    (64 / group.max(1)).max(1)
+}
+
+/// Bytes of dynamic shared memory `pk_prefill_tc` needs — the host mirror of `pf::SMEM_BYTES`
+/// (2 stages × (32 K + 32 V rows), then the query parts: 3 for bf16, 2 for f16, × 64 rows; rows
+/// of `2·head_dim + 16` bytes). The kernel traps if it gets less.
+pub fn prefill_smem_bytes(format: KvFormat, head_dim: usize) -> usize {
+    let row = 2 * head_dim + 16;
+    let parts = if format == KvFormat::Bf16 { 3 } else { 2 };
+    2 * 2 * 32 * row + parts * 64 * row
 }
 
 /// Stage bytes of one warp of the tensor-core kernel (`tc::STAGE`): 16 K + 16 V rows of

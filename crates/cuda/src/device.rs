@@ -205,6 +205,11 @@ impl CudaDevice {
                 {
                     kernels.push(("pk_decode_tc", compile::decode_tc_smem_bytes(*format, *head_dim)));
                 }
+                if compile::prefill_supported(*format, *head_dim, *group)
+                    && compile::prefill_smem_bytes(*format, *head_dim) <= self.smem_optin
+                {
+                    kernels.push(("pk_prefill_tc", compile::prefill_smem_bytes(*format, *head_dim)));
+                }
                 self.bind()?;
                 for (name, bytes) in kernels {
                     let f = km.function(name)?;

@@ -40,6 +40,8 @@ mod device;
 mod model_ops;
 #[cfg(feature = "cuda")]
 mod pages;
+#[cfg(feature = "cuda")]
+mod prefill;
 
 #[cfg(feature = "cuda")]
 pub use attention::{
@@ -59,6 +61,8 @@ pub use model_ops::{
 };
 #[cfg(feature = "cuda")]
 pub use pages::{DevicePages, HostLayerCopy};
+#[cfg(feature = "cuda")]
+pub use prefill::{prefill_min_tokens, prefill_supported, prefill_tiles, PrefillAttention, PrefillBatch};
 
 /// Number of CUDA devices, or why there is no usable CUDA (no feature, no driver, init failed).
 pub fn probe() -> Result<usize, CudaError> {
