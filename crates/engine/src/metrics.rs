@@ -44,6 +44,11 @@ pub struct EngineMetrics {
     pub generated_tokens: u64,
     /// Forward steps run.
     pub steps: u64,
+    /// Tokens sampled from a full logit row on the host (`Forward::forward`), and tokens taken
+    /// from the backend's greedy choice (`Forward::forward_greedy`: steps where every sampling
+    /// sequence is plain greedy without logprobs; no `[rows, vocab]` copy).
+    pub sampled_full_rows: u64,
+    pub sampled_greedy_rows: u64,
     /// The pool's own counters (attention calls by route, fallbacks, bytes, formats).
     pub cache: CacheStats,
 }

@@ -14,7 +14,13 @@
 //!    budget, a sequence slot and blocks for their first chunk (plus a small watermark). A
 //!    prompt prefix found in the bank is shared by reference and not computed.
 //! 4. `execute`: one `Batch` for every planned sequence, one forward, then for every sequence
-//!    whose feed reached its end: sample, stream the token, check the stop conditions.
+//!    whose feed reached its end: sample, stream the token, check the stop conditions. When
+//!    every sequence that samples in the step needs only the argmax of its row (plain greedy,
+//!    no penalty, no logprobs), the forward is `Forward::forward_greedy`: the backend returns
+//!    one id per row and the `[rows, vocab]` logits never reach the host (on a GPU, no
+//!    device-to-host copy of the vocabulary per token). The ids go through the same acceptance
+//!    path as sampled tokens, and are the same tokens (`argmax` is the greedy sampler's rule).
+//!    `PAGEKV_REDUCED_SAMPLING=0` turns this off (every step reads the full rows).
 //!
 //! Planning takes no block; it counts the blocks it promises (`Budget::promised`), so the
 //! appends it then opens cannot fail for lack of blocks. Every request ends exactly once, with
@@ -32,7 +38,7 @@ use pagekv_model::{Batch, Forward, Logits};
 use crate::bank::{fork_prefix, SessionBank};
 use crate::metrics::EngineMetrics;
 use crate::request::{EngineError, Event, Usage};
-use crate::sampling::logprobs;
+use crate::sampling::{logprobs, TokenLogprobs};
 use crate::sequence::Sequence;
 use crate::stop::FinishReason;
 use crate::stream::EventSender;
@@ -57,6 +63,9 @@ pub(crate) struct Limits {
     pub identity: u64,
     /// Free blocks kept back when admitting next to running sequences (their next decodes).
     pub watermark: usize,
+    /// Steps whose samplers need only the argmax take the backend's greedy ids
+    /// (`PAGEKV_REDUCED_SAMPLING`, on by default).
+    pub reduced_sampling: bool,
 }
 
 #[derive(Default)]
@@ -70,6 +79,17 @@ struct Counters {
     computed_tokens: u64,
     generated_tokens: u64,
     steps: u64,
+    sampled_full_rows: u64,
+    sampled_greedy_rows: u64,
+}
+
+/// How the tokens of a step are chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sampling {
+    /// `Forward::forward`: every sampling sequence's sampler reads its full host row.
+    FullRows,
+    /// `Forward::forward_greedy`: every sampling sequence takes the backend's argmax.
+    Greedy,
 }
 
 /// Tokens and blocks handed out in the step being planned.
@@ -93,6 +113,10 @@ pub(crate) struct Scheduler<M: Forward> {
     /// `(index into running, tokens)` of the step being planned.
     plan: Vec<(usize, usize)>,
     batch: Batch,
+    /// How the planned step's tokens are chosen (set by `execute`).
+    sampling: Sampling,
+    /// `[logit rows]` the backend's greedy ids of the step, when `sampling` is `Greedy`.
+    greedy_ids: Vec<u32>,
     /// Final events of the step, sent after the metrics are published, so a client that sees
     /// its request end also sees the metrics of that end.
     finals: Vec<(EventSender, Event)>,
@@ -125,6 +149,8 @@ impl<M: Forward> Scheduler<M> {
             waiting: VecDeque::new(),
             plan: Vec::new(),
             batch: Batch::default(),
+            sampling: Sampling::FullRows,
+            greedy_ids: Vec::new(),
             finals: Vec::new(),
             limits,
             counters: Counters::default(),
@@ -388,15 +414,19 @@ impl<M: Forward> Scheduler<M> {
         self.batch.clear();
         self.batch.sliding_window = self.template.attention_window(None);
         let mut result = Ok(());
+        let mut all_argmax = true;
         for &(i, t) in &self.plan {
             let seq = &mut self.running[i];
+            let only_argmax = seq.needs_only_argmax();
             let cache = seq.cache.as_mut().expect("running sequences hold a cache");
             let start = cache.offset();
             if let Err(e) = cache.begin_append(&mut self.pool, t) {
                 result = Err(e.to_string());
                 break;
             }
-            let logits = if start + t == seq.tokens.len() { Logits::Last } else { Logits::None };
+            let samples = start + t == seq.tokens.len();
+            all_argmax &= !samples || only_argmax;
+            let logits = if samples { Logits::Last } else { Logits::None };
             self.batch.push(
                 &seq.tokens[start..start + t],
                 start + t,
@@ -405,8 +435,18 @@ impl<M: Forward> Scheduler<M> {
                 logits,
             );
         }
+        // A step with no logit row (prefill chunks only) copies nothing either way.
+        self.sampling = if self.limits.reduced_sampling && all_argmax && self.batch.num_logit_rows() > 0 {
+            Sampling::Greedy
+        } else {
+            Sampling::FullRows
+        };
         if result.is_ok() {
-            result = self.model.forward(&self.batch, &mut self.pool).map(|_| ()).map_err(|e| e.to_string());
+            result = match self.sampling {
+                Sampling::FullRows => self.model.forward(&self.batch, &mut self.pool).map(|_| ()),
+                Sampling::Greedy => self.model.forward_greedy(&self.batch, &mut self.pool, &mut self.greedy_ids),
+            }
+            .map_err(|e| e.to_string());
         }
         self.counters.steps += 1;
         match result {
@@ -426,7 +466,14 @@ impl<M: Forward> Scheduler<M> {
     fn after_forward(&mut self) {
         let bs = self.limits.block_size;
         let v = self.limits.vocab_size;
-        let logits = self.model.last_logits();
+        let logits = match self.sampling {
+            Sampling::FullRows => self.model.last_logits(),
+            Sampling::Greedy => &[],
+        };
+        debug_assert!(
+            self.sampling == Sampling::FullRows || self.greedy_ids.len() == self.batch.num_logit_rows(),
+            "one greedy id per logit row"
+        );
         let mut row = 0;
         let mut done: Vec<(usize, FinishReason)> = Vec::new();
         for &(i, t) in &self.plan {
@@ -442,10 +489,22 @@ impl<M: Forward> Scheduler<M> {
                 seq.registered = full;
             }
             if offset == seq.tokens.len() {
-                let row_logits = &logits[row * v..(row + 1) * v];
+                let (token, lp) = match self.sampling {
+                    Sampling::FullRows => {
+                        let row_logits = &logits[row * v..(row + 1) * v];
+                        let token = seq.sampler.sample(row_logits, &seq.tokens);
+                        self.counters.sampled_full_rows += 1;
+                        (token, seq.logprobs.map(|n| logprobs(row_logits, token, n)))
+                    }
+                    Sampling::Greedy => {
+                        debug_assert!(seq.needs_only_argmax());
+                        self.counters.sampled_greedy_rows += 1;
+                        (self.greedy_ids[row], None)
+                    }
+                };
                 row += 1;
                 self.counters.generated_tokens += 1;
-                if let Some(reason) = accept_token(seq, row_logits, &self.tokenizer, self.limits.context_window) {
+                if let Some(reason) = accept_token(seq, token, lp, &self.tokenizer, self.limits.context_window) {
                     done.push((i, reason));
                 }
             }
@@ -566,6 +625,8 @@ impl<M: Forward> Scheduler<M> {
             computed_tokens: self.counters.computed_tokens,
             generated_tokens: self.counters.generated_tokens,
             steps: self.counters.steps,
+            sampled_full_rows: self.counters.sampled_full_rows,
+            sampled_greedy_rows: self.counters.sampled_greedy_rows,
             cache: self.pool.stats(),
         };
         *self.metrics.lock().unwrap_or_else(|e| e.into_inner()) = m;
@@ -598,16 +659,16 @@ fn fit_tokens(seq: &Sequence, spare: usize, block_size: usize) -> usize {
     (slack + spare * block_size).min(seq.pending())
 }
 
-/// Samples the next token from `logits` (`[vocab]`), streams it, and says whether the
-/// sequence is done.
+/// Appends the chosen `token` (with its logprobs, when asked for), streams it, and says whether
+/// the sequence is done. The same path whether the token was sampled from a full row or is the
+/// backend's greedy choice.
 fn accept_token(
     seq: &mut Sequence,
-    logits: &[f32],
+    token: u32,
+    lp: Option<TokenLogprobs>,
     tokenizer: &Tokenizer,
     context_window: usize,
 ) -> Option<FinishReason> {
-    let token = seq.sampler.sample(logits, &seq.tokens);
-    let lp = seq.logprobs.map(|n| logprobs(logits, token, n));
     seq.tokens.push(token);
     seq.generated += 1;
     if seq.stop.stop_tokens.contains(&token) {

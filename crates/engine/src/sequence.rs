@@ -47,6 +47,12 @@ impl Sequence {
         self.cache.as_ref().map_or(0, |c| c.offset())
     }
 
+    /// True when this sequence's next token needs nothing but the argmax of its raw logit row:
+    /// a plain greedy sampler and no logprobs (stop strings and tokens act on the chosen id).
+    pub fn needs_only_argmax(&self) -> bool {
+        self.sampler.is_raw_argmax() && self.logprobs.is_none()
+    }
+
     /// Tokens still to feed.
     pub fn pending(&self) -> usize {
         self.tokens.len() - self.computed()

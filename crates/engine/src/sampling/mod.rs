@@ -57,6 +57,13 @@ impl Sampler {
         &self.params
     }
 
+    /// True when [`Sampler::sample`] is the [`argmax`] of the raw row whatever the history:
+    /// greedy with no penalty (the RNG is never drawn from). The scheduler then takes the
+    /// backend's greedy choice instead of the full row (`Forward::forward_greedy`).
+    pub fn is_raw_argmax(&self) -> bool {
+        self.params.is_greedy() && !self.params.has_penalties()
+    }
+
     /// Chooses the next token from `logits` (`[vocab]`, raw model output), `history` being the
     /// tokens so far (prompt and generated) for the penalties.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {

@@ -1,0 +1,356 @@
+//! The scheduler's reduced sampling (`Forward::forward_greedy` for steps whose samplers need only
+//! the argmax), over [`Counting`]: a backend that wraps the CPU model, counts the logit rows it
+//! hands out as full host rows and as greedy ids, and poisons its host logits after a greedy
+//! step (so a scheduler that read them would sample garbage). Its logits are made coarse (many
+//! exact ties) with NaN at fixed ids, so the greedy sampler's tie and NaN rule is exercised on
+//! both paths.
+//!
+//! The tests prove that the greedy path is taken exactly when every sampling sequence of a step
+//! is plain greedy (no penalty, no logprobs; stop strings and tokens allowed), and that the
+//! events (ids, text, logprobs, finish reason, stop string, usage) are the same with it as with
+//! `PAGEKV_REDUCED_SAMPLING=0`, which reads every full row.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use kvcache::{CacheConfig, HostPages, KvPool};
+use pagekv_cpu::attention::AttentionConfig;
+use pagekv_engine::{
+    BankConfig, Engine, EngineConfig, EngineError, EngineMetrics, Event, GenerationRequest, RequestStream,
+    SamplingParams,
+};
+use pagekv_model::backend::argmax;
+use pagekv_model::gguf::{GgufFile, GgufWriter};
+use pagekv_model::tokenizer::{Tokenizer, TokenizerModel, VocabSpec};
+use pagekv_model::{Batch, Forward, Model, ModelConfig, ModelError};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const VOCAB: usize = 96;
+const CONTEXT: usize = 512;
+
+/// Engines of this file start one at a time: `PAGEKV_REDUCED_SAMPLING` is read at start.
+static ENV: Mutex<()> = Mutex::new(());
+
+fn env_lock() -> MutexGuard<'static, ()> {
+    ENV.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A tiny llama with random f32 weights: 2 layers, 64 wide, 2 query heads and 1 kv head of 32.
+fn tiny_model() -> Model {
+    let (layers, h, nh, nkv, d, f) = (2u32, 64u64, 2u32, 1u32, 32u64, 128u64);
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", "llama");
+    w.set("general.name", "tiny-reduced");
+    w.set("llama.block_count", layers);
+    w.set("llama.embedding_length", h as u32);
+    w.set("llama.feed_forward_length", f as u32);
+    w.set("llama.attention.head_count", nh);
+    w.set("llama.attention.head_count_kv", nkv);
+    w.set("llama.context_length", CONTEXT as u32);
+    w.set("llama.vocab_size", VOCAB as u32);
+    w.set("llama.attention.layer_norm_rms_epsilon", 1e-5f32);
+    w.set("llama.rope.freq_base", 10000.0f32);
+    let (qd, kvd) = (nh as u64 * d, nkv as u64 * d);
+    let mut t = |name: &str, dims: &[u64], scale: f32, offset: f32| {
+        let n: u64 = dims.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| offset + scale * 1.732 * rng.gen_range(-1.0f32..1.0)).collect();
+        w.add_f32_tensor(name, dims, &v).unwrap();
+    };
+    t("token_embd.weight", &[h, VOCAB as u64], 1.0, 0.0);
+    for i in 0..layers {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        t(&n("attn_norm.weight"), &[h], 0.2, 1.0);
+        t(&n("attn_q.weight"), &[h, qd], 1.0 / (h as f32).sqrt(), 0.0);
+        t(&n("attn_k.weight"), &[h, kvd], 1.0 / (h as f32).sqrt(), 0.0);
+        t(&n("attn_v.weight"), &[h, kvd], 1.0 / (h as f32).sqrt(), 0.0);
+        t(&n("attn_output.weight"), &[qd, h], 1.0 / (qd as f32).sqrt(), 0.0);
+        t(&n("ffn_norm.weight"), &[h], 0.2, 1.0);
+        t(&n("ffn_gate.weight"), &[h, f], 1.0 / (h as f32).sqrt(), 0.0);
+        t(&n("ffn_up.weight"), &[h, f], 1.0 / (h as f32).sqrt(), 0.0);
+        t(&n("ffn_down.weight"), &[f, h], 1.0 / (f as f32).sqrt(), 0.0);
+    }
+    t("output_norm.weight", &[h], 0.2, 1.0);
+    t("output.weight", &[h, VOCAB as u64], 4.0 / (h as f32).sqrt(), 0.0);
+    let file = Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap());
+    Model::from_file(file, AttentionConfig::default()).unwrap()
+}
+
+/// `<unk>`, `<s>`, `</s>`, then `▁w3` … : every id decodes to text.
+fn tokenizer() -> Arc<Tokenizer> {
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    tokens.extend((3..VOCAB).map(|i| format!("\u{2581}w{i}")));
+    Arc::new(Tokenizer::from_spec(VocabSpec::new(TokenizerModel::Llama, tokens)).unwrap())
+}
+
+/// Logit rows handed out by [`Counting`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Rows {
+    /// Rows returned on the host by `forward`.
+    full: usize,
+    /// Rows returned as ids by `forward_greedy`.
+    greedy: usize,
+}
+
+/// The CPU model, with coarse logits (rounded to 1/2: exact ties everywhere) and NaN at every
+/// 13th id; counts rows; after `forward_greedy` its host logits are NaN.
+struct Counting {
+    model: Model,
+    /// `[rows, vocab]` the transformed logits of the last step.
+    logits: Vec<f32>,
+    rows: Arc<Mutex<Rows>>,
+}
+
+impl Counting {
+    fn step(&mut self, batch: &Batch, pool: &mut KvPool<HostPages>) -> Result<usize, ModelError> {
+        let raw = self.model.forward(batch, pool)?;
+        self.logits.clear();
+        self.logits.extend(raw.iter().enumerate().map(|(i, &l)| {
+            if (i % VOCAB) % 13 == 5 {
+                f32::NAN
+            } else {
+                (l * 2.0).round() / 2.0
+            }
+        }));
+        Ok(batch.num_logit_rows())
+    }
+}
+
+impl Forward for Counting {
+    type Pages = HostPages;
+
+    fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    fn new_pool(&self, cache: CacheConfig) -> Result<KvPool<HostPages>, ModelError> {
+        Ok(KvPool::new(cache)?)
+    }
+
+    fn forward(&mut self, batch: &Batch, pool: &mut KvPool<HostPages>) -> Result<&[f32], ModelError> {
+        let rows = self.step(batch, pool)?;
+        self.rows.lock().unwrap().full += rows;
+        Ok(&self.logits)
+    }
+
+    fn last_logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    fn forward_greedy(
+        &mut self,
+        batch: &Batch,
+        pool: &mut KvPool<HostPages>,
+        ids: &mut Vec<u32>,
+    ) -> Result<(), ModelError> {
+        let rows = self.step(batch, pool)?;
+        self.rows.lock().unwrap().greedy += rows;
+        ids.clear();
+        ids.extend(self.logits.chunks_exact(VOCAB).map(argmax));
+        // Like a GPU backend, the logits do not reach the host: whoever reads them gets NaN.
+        self.logits.fill(f32::NAN);
+        Ok(())
+    }
+
+    fn weight_bytes_per_token(&self) -> usize {
+        self.model.weight_bytes_per_token()
+    }
+
+    fn device_label(&self) -> String {
+        "counting test backend".into()
+    }
+}
+
+fn config() -> EngineConfig {
+    let mut cache = CacheConfig::new(1, 1, 32);
+    cache.block_size = 8;
+    cache.num_blocks = 64;
+    cache.context_window = Some(CONTEXT);
+    let mut c = EngineConfig::new(cache);
+    c.max_batch_tokens = 64;
+    c.max_seqs = 16;
+    c.bank = BankConfig { enabled: true, ..BankConfig::default() };
+    c
+}
+
+/// An engine over [`Counting`] with `PAGEKV_REDUCED_SAMPLING` set to `reduced` at its start.
+fn start(reduced: &str) -> Result<(Engine, Arc<Mutex<Rows>>), EngineError> {
+    let _env = env_lock();
+    let rows = Arc::new(Mutex::new(Rows::default()));
+    let r = rows.clone();
+    std::env::set_var("PAGEKV_REDUCED_SAMPLING", reduced);
+    let engine = Engine::start(Counting { model: tiny_model(), logits: Vec::new(), rows: r }, tokenizer(), config());
+    std::env::remove_var("PAGEKV_REDUCED_SAMPLING");
+    Ok((engine?, rows))
+}
+
+fn events(mut s: RequestStream) -> Vec<Event> {
+    let mut out = Vec::new();
+    loop {
+        let e = s.recv_timeout(Duration::from_secs(120)).expect("an event within 2 minutes");
+        let last = !matches!(e, Event::Token { .. });
+        out.push(e);
+        if last {
+            return out;
+        }
+    }
+}
+
+fn prompt(seed: u64, len: usize) -> Vec<u32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..len).map(|_| rng.gen_range(3..VOCAB as u32)).collect()
+}
+
+/// One request of each kind, and whether its sampler needs only the argmax.
+fn kinds() -> Vec<(&'static str, GenerationRequest, bool)> {
+    let base = |seed: u64| {
+        let mut r = GenerationRequest::new(prompt(seed, 6 + seed as usize * 3), 14);
+        r.ignore_eos = true;
+        r
+    };
+    let greedy = SamplingParams::greedy();
+    let with = |seed: u64, f: &dyn Fn(&mut GenerationRequest)| {
+        let mut r = base(seed);
+        f(&mut r);
+        r
+    };
+    vec![
+        ("greedy", base(1), true),
+        // The stop string is the text of the greedy run's 5th token (found below), so it fires.
+        ("greedy, stop string", base(2), true),
+        ("greedy, stop token and eos", with(3, &|r| r.ignore_eos = false), true),
+        (
+            "greedy, penalty window 0",
+            with(4, &|r| r.sampling = SamplingParams { repetition_penalty: 1.3, penalty_last_n: 0, ..greedy }),
+            true,
+        ),
+        ("greedy, logprobs", with(5, &|r| r.logprobs = Some(3)), false),
+        ("greedy, logprob of the token only", with(6, &|r| r.logprobs = Some(0)), false),
+        (
+            "greedy, repetition penalty",
+            with(7, &|r| r.sampling = SamplingParams { repetition_penalty: 1.3, ..greedy }),
+            false,
+        ),
+        (
+            "greedy, presence penalty",
+            with(8, &|r| r.sampling = SamplingParams { presence_penalty: 0.5, ..greedy }),
+            false,
+        ),
+        (
+            "greedy, frequency penalty",
+            with(9, &|r| r.sampling = SamplingParams { frequency_penalty: -0.5, ..greedy }),
+            false,
+        ),
+        ("sampled", with(10, &|r| r.sampling = SamplingParams { temperature: 0.8, seed: 3, ..greedy }), false),
+        (
+            "sampled, top-k",
+            with(11, &|r| r.sampling = SamplingParams { temperature: 1.2, top_k: 5, top_p: 0.9, seed: 4, ..greedy }),
+            false,
+        ),
+    ]
+}
+
+/// `kinds()` with the stop string and stop token filled in from a first greedy run, so that
+/// they fire mid-generation.
+fn requests(engine: &Engine) -> Vec<(&'static str, GenerationRequest, bool)> {
+    let mut ks = kinds();
+    let h = engine.handle();
+    for (name, r, _) in ks.iter_mut() {
+        if name.contains("stop string") || name.contains("stop token") {
+            let first = events(h.submit(r.clone()).unwrap());
+            let ids: Vec<u32> =
+                first.iter().filter_map(|e| if let Event::Token { id, .. } = e { Some(*id) } else { None }).collect();
+            if name.contains("stop string") {
+                r.stop.stop_strings = vec![format!("w{}", ids[4])];
+            } else {
+                r.stop.stop_tokens = vec![ids[6]];
+            }
+        }
+    }
+    ks
+}
+
+fn rows_and_metrics(engine: &Engine, rows: &Arc<Mutex<Rows>>) -> (Rows, EngineMetrics) {
+    (*rows.lock().unwrap(), engine.handle().metrics())
+}
+
+#[test]
+fn the_greedy_path_is_taken_exactly_when_every_sampler_needs_only_the_argmax() {
+    let (engine, rows) = start("1").unwrap();
+    let reqs = requests(&engine);
+    let h = engine.handle();
+    for (name, r, argmax_only) in &reqs {
+        let (before, m0) = rows_and_metrics(&engine, &rows);
+        let ev = events(h.submit(r.clone()).unwrap());
+        let (after, m1) = rows_and_metrics(&engine, &rows);
+        let generated = ev.iter().filter(|e| matches!(e, Event::Token { .. })).count() as u64;
+        let stopped_on_token =
+            matches!(ev.last(), Some(Event::Done { usage, .. }) if usage.completion_tokens as u64 > generated);
+        let sampled = generated + stopped_on_token as u64;
+        assert!(sampled > 0, "{name}");
+        let (full, greedy) = ((after.full - before.full) as u64, (after.greedy - before.greedy) as u64);
+        let (mf, mg) = (m1.sampled_full_rows - m0.sampled_full_rows, m1.sampled_greedy_rows - m0.sampled_greedy_rows);
+        if *argmax_only {
+            assert_eq!((full, greedy, mf, mg), (0, sampled, 0, sampled), "{name}: every row greedy");
+        } else {
+            assert_eq!((full, greedy, mf, mg), (sampled, 0, sampled, 0), "{name}: every row full");
+        }
+    }
+    // All at once: a step with any full-row sampler reads full rows; the others take ids.
+    let streams: Vec<RequestStream> = reqs.iter().map(|(_, r, _)| h.submit(r.clone()).unwrap()).collect();
+    streams.into_iter().for_each(|s| drop(events(s)));
+    let m = h.metrics();
+    assert_eq!(m.sampled_full_rows + m.sampled_greedy_rows, m.generated_tokens);
+    engine.shutdown(Duration::from_secs(5));
+
+    // Off: no greedy id is ever asked for.
+    let (engine, rows) = start("off").unwrap();
+    for (_, r, _) in kinds().into_iter().take(4) {
+        drop(events(engine.handle().submit(r).unwrap()));
+    }
+    let (r, m) = rows_and_metrics(&engine, &rows);
+    assert_eq!((r.greedy, m.sampled_greedy_rows), (0, 0));
+    assert_eq!(r.full as u64, m.generated_tokens);
+    engine.shutdown(Duration::from_secs(5));
+}
+
+/// Every request's events, one at a time and then all at once.
+fn run_all(reduced: &str) -> (Vec<Vec<Event>>, Vec<Vec<Event>>, Rows) {
+    let (engine, rows) = start(reduced).unwrap();
+    let reqs = requests(&engine);
+    let h = engine.handle();
+    let serial = reqs.iter().map(|(_, r, _)| events(h.submit(r.clone()).unwrap())).collect();
+    // Only the plain-greedy ones together: every step of this run may take the greedy path.
+    let together_reqs: Vec<&GenerationRequest> = reqs.iter().filter(|k| k.2).map(|k| &k.1).collect();
+    let streams: Vec<RequestStream> = together_reqs.iter().map(|r| h.submit((*r).clone()).unwrap()).collect();
+    let before = *rows.lock().unwrap();
+    let together = streams.into_iter().map(events).collect();
+    let after = *rows.lock().unwrap();
+    engine.shutdown(Duration::from_secs(5));
+    (serial, together, Rows { full: after.full - before.full, greedy: after.greedy - before.greedy })
+}
+
+#[test]
+fn events_are_identical_with_and_without_the_greedy_path() {
+    let (want_serial, want_together, off) = run_all("0");
+    let (serial, together, on) = run_all("1");
+    assert_eq!(serial, want_serial, "one at a time");
+    // (Steps that began before `before` was read may have read either way; the rest are greedy.)
+    assert_eq!(together, want_together, "all at once");
+    assert_eq!(off.greedy, 0);
+    assert!(on.greedy > 0, "{on:?}");
+    // The stop string and the stop token fired, so their acceptance was exercised on both paths.
+    let done = |e: &[Event]| e.last().cloned();
+    assert!(matches!(done(&serial[1]), Some(Event::Done { stop_sequence: Some(_), .. })), "{:?}", done(&serial[1]));
+    assert!(serial[2].len() < 15, "the stop token ended the request early");
+}
+
+#[test]
+fn an_unknown_reduced_sampling_value_is_refused() {
+    let e = start("maybe").err().expect("refused");
+    assert_eq!(
+        e.to_string(),
+        "invalid engine configuration: PAGEKV_REDUCED_SAMPLING must be one of 1, on, 0, off; got \"maybe\""
+    );
+}
