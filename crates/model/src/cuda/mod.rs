@@ -11,11 +11,14 @@
 //! with the op before the product (RMSNorm, SiLU·mul, the conversion of the attention output) in
 //! its prologue.
 //!
-//! Attention serves prefill and decode alike: every token of the batch is one query row of the
-//! paged decode kernel with its own context length (`position + 1`) and its sequence's block
-//! table — causal by construction, every KV format, GQA and sliding windows as the decode
-//! kernel has them. A prefill chunk of `n` tokens so reads its prefix once per token (`O(n²)`
-//! reads, from L2 for short chunks); a tiled causal prefill kernel is the next step.
+//! Attention: a sequence that brings at least [`pagekv_cuda::prefill_min_tokens`] new tokens
+//! (16 by default, `PAGEKV_CUDA_PREFILL_MIN`; `PAGEKV_CUDA_PREFILL=0` turns it off) goes through
+//! the tiled causal prefill kernel ([`PrefillAttention`]: one CTA per tile of query tokens and
+//! kv head reads the prefix once per tile, tensor cores) where the pages' format allows it (f16,
+//! bf16); every other token (decode, short chunks, other formats — counted as a fallback) is one
+//! query row of the paged decode kernel with its own context length (`position + 1`) and its
+//! sequence's block table. In a step with both, the decode kernel runs first with the prefill
+//! rows' context lengths set to 0 (those rows are skipped), then the prefill kernel writes its rows.
 //!
 //! Buffers are allocated up front ([`DeviceScratch`]) and grow only when a larger batch arrives.
 //!
@@ -33,7 +36,7 @@ use std::sync::Arc;
 use kvcache::{AttentionRoute, CacheConfig, KvFormat, KvPool};
 use pagekv_cuda::{
     CudaDevice, CudaError, DType, DecodeAttention, DecodeBatch, DecodeRoute, DeviceMatrix, DevicePages, DeviceVec,
-    ModelOps, Prologue, QkvRope, RopeParams,
+    ModelOps, PrefillAttention, PrefillBatch, Prologue, QkvRope, RopeParams,
 };
 
 use crate::backend::Forward;
@@ -113,6 +116,8 @@ struct Bufs {
     positions: DeviceVec<u32>, // [cap]
     slots: DeviceVec<u32>,     // [cap]
     ctx: DeviceVec<u32>,       // [cap] context length seen by each token's query (position + 1)
+    ctx_dec: DeviceVec<u32>,   // [cap] as ctx, 0 for tokens the prefill kernel serves (mixed steps)
+    tiles: DeviceVec<u32>,     // [cap, 2] prefill tiles: (first token, tokens)
     tables: DeviceVec<u32>,    // [cap, cap_blocks] each token's sequence's block table
     x: DeviceVec<f32>,         // [cap, hidden] residual stream
     xn: DeviceMatrix,          // [cap, hidden] normed input of a block (product type)
@@ -153,6 +158,8 @@ impl DeviceScratch {
                 positions: zeros(device, cap)?,
                 slots: zeros(device, cap)?,
                 ctx: zeros(device, cap)?,
+                ctx_dec: zeros(device, cap)?,
+                tiles: zeros(device, 2 * cap)?,
                 tables: zeros(device, cap * cap_blocks)?,
                 x: zeros(device, cap * h)?,
                 xn: m(cap, h)?,
@@ -189,6 +196,9 @@ struct GraphKey {
     route: DecodeRoute,
     window: Option<usize>,
     q_round: u32,
+    /// Prefill tiles (grid size of the prefill kernel) and which rows the decode kernel serves.
+    prefill_tiles: usize,
+    decode_rows: DecodeRows,
     /// The pool's pages ([`DevicePages::id`]: a later pool may reuse a dropped one's addresses).
     pages: u64,
 }
@@ -222,13 +232,26 @@ impl Graphs {
     }
 }
 
+/// Which rows of a step the decode kernel serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum DecodeRows {
+    /// Every row (no prefill tiles).
+    All,
+    /// The rows the prefill kernel does not serve (`ctx_dec`: 0 for the others).
+    Rest,
+    /// None: the prefill kernel serves every row.
+    None,
+}
+
 /// Host-side staging of one step's small arrays.
 #[derive(Default)]
 struct HostScratch {
-    ctx: Vec<u32>,    // [n]
-    tables: Vec<u32>, // [n, blocks]
-    rows: Vec<u32>,   // [logit rows]
-    logits: Vec<f32>, // [logit rows, vocab]
+    ctx: Vec<u32>,     // [n]
+    ctx_dec: Vec<u32>, // [n] ctx, 0 for prefill-kernel rows
+    tiles: Vec<u32>,   // [tiles, 2]
+    tables: Vec<u32>,  // [n, blocks]
+    rows: Vec<u32>,    // [logit rows]
+    logits: Vec<f32>,  // [logit rows, vocab]
 }
 
 /// A llama-family model on one GPU.
@@ -237,6 +260,7 @@ pub struct CudaModel {
     device: Arc<CudaDevice>,
     ops: ModelOps,
     attention: DecodeAttention,
+    prefill: PrefillAttention,
     weights: DeviceWeights,
     rope: RopeParams,
     scratch: DeviceScratch,
@@ -303,6 +327,7 @@ impl CudaModel {
         device.synchronize().map_err(dev)?;
         Ok(CudaModel {
             attention: DecodeAttention::new(device.clone()),
+            prefill: PrefillAttention::new(device.clone()),
             rope,
             scratch: DeviceScratch::default(),
             host: HostScratch::default(),
@@ -392,6 +417,42 @@ impl CudaModel {
             }
         }
         let max_ctx = host.ctx.iter().copied().max().unwrap_or(1) as usize;
+        // Prefill routing: sequences with at least `prefill_min_tokens` new tokens take the
+        // tiled prefill kernel where it serves the pages; the others stay on the decode kernel.
+        host.tiles.clear();
+        let min_tokens = pagekv_cuda::prefill_min_tokens();
+        let long = |sq: &crate::batch::BatchSeq| sq.num_tokens >= min_tokens.max(2);
+        if batch.seqs.iter().any(long) {
+            if self.prefill.serves(pool.pages(), c.num_heads) {
+                let per = PrefillAttention::tokens_per_tile(c.num_heads / c.num_kv_heads);
+                for sq in batch.seqs.iter().filter(|sq| long(sq)) {
+                    pagekv_cuda::prefill_tiles(sq.token_start, sq.num_tokens, per, &mut host.tiles);
+                }
+            } else {
+                for _ in 0..c.num_layers {
+                    pool.counters().count_fallback(kvcache::FallbackReason::UnsupportedFormat);
+                }
+            }
+        }
+        let prefill_tiles = host.tiles.len() / 2;
+        let decode_rows = if prefill_tiles == 0 {
+            DecodeRows::All
+        } else if batch.seqs.iter().all(long) {
+            DecodeRows::None
+        } else {
+            host.ctx_dec.clear();
+            for sq in &batch.seqs {
+                let served = long(sq);
+                host.ctx_dec.extend(host.ctx[sq.token_start..sq.token_start + sq.num_tokens].iter().map(|&c| {
+                    if served {
+                        0
+                    } else {
+                        c
+                    }
+                }));
+            }
+            DecodeRows::Rest
+        };
         let stream = self.device.stream().clone();
         let up = drv("cuMemcpyHtoD");
         stream.memcpy_htod(&batch.tokens, &mut s.tokens.slice_mut(..n)).map_err(&up)?;
@@ -401,6 +462,12 @@ impl CudaModel {
         stream.memcpy_htod(&host.tables, &mut s.tables.slice_mut(..n * mb)).map_err(&up)?;
         if n_logits > 0 {
             stream.memcpy_htod(&host.rows, &mut s.rows.slice_mut(..n_logits)).map_err(&up)?;
+        }
+        if prefill_tiles > 0 {
+            stream.memcpy_htod(&host.tiles, &mut s.tiles.slice_mut(..2 * prefill_tiles)).map_err(&up)?;
+        }
+        if decode_rows == DecodeRows::Rest {
+            stream.memcpy_htod(&host.ctx_dec, &mut s.ctx_dec.slice_mut(..n)).map_err(&up)?;
         }
 
         let ops = &self.ops;
@@ -416,6 +483,9 @@ impl CudaModel {
         let max_ctx = max_ctx.next_multiple_of(256).min(mb * pool.geometry().block_size).max(max_ctx);
         let route = self.attention.auto_route(pool.pages(), c.num_heads, n, max_ctx);
         for _ in 0..c.num_layers {
+            if decode_rows == DecodeRows::None {
+                break;
+            }
             pool.counters().count_route(match route {
                 DecodeRoute::Primitive => AttentionRoute::Primitive,
                 DecodeRoute::Partitioned { .. } => AttentionRoute::Partitioned,
@@ -431,9 +501,11 @@ impl CudaModel {
             rope,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             gemv_max_bytes: self.gemv_max_bytes,
+            prefill_tiles,
+            decode_rows,
         };
         if !self.graphs.enabled {
-            enqueue(ops, &self.weights, &mut self.attention, s, pool, c, &st)?;
+            enqueue(ops, &self.weights, &mut self.attention, &mut self.prefill, s, pool, c, &st)?;
             return Ok(n_logits);
         }
         // Replay a captured step of the same shape, or capture one the second time a shape is
@@ -446,6 +518,8 @@ impl CudaModel {
             route,
             window: batch.sliding_window,
             q_round: st.rope.q_round,
+            prefill_tiles,
+            decode_rows,
             pages: pool.pages().id(),
         };
         let generation = (scratch_generation, self.attention.generation());
@@ -457,8 +531,8 @@ impl CudaModel {
             return Ok(n_logits);
         }
         if !self.graphs.seen.insert(key) && self.graphs.captured.len() < MAX_GRAPHS {
-            let (w, attention) = (&self.weights, &mut self.attention);
-            let captured = self.device.capture_graph(|| enqueue(ops, w, attention, s, pool, c, &st));
+            let (w, attention, prefill) = (&self.weights, &mut self.attention, &mut self.prefill);
+            let captured = self.device.capture_graph(|| enqueue(ops, w, attention, prefill, s, pool, c, &st));
             match captured {
                 Ok(Ok(g)) => {
                     g.launch().map_err(dev)?;
@@ -473,7 +547,7 @@ impl CudaModel {
                 }
             }
         }
-        enqueue(ops, &self.weights, &mut self.attention, s, pool, c, &st)?;
+        enqueue(ops, &self.weights, &mut self.attention, &mut self.prefill, s, pool, c, &st)?;
         Ok(n_logits)
     }
 }
@@ -490,6 +564,8 @@ struct Step {
     rope: RopeParams,
     scale: f32,
     gemv_max_bytes: usize,
+    prefill_tiles: usize,
+    decode_rows: DecodeRows,
 }
 
 /// Queues a whole forward step on the device's stream: embed, every layer, the logits of the
@@ -499,6 +575,7 @@ fn enqueue(
     ops: &ModelOps,
     w: &DeviceWeights,
     attention: &mut DecodeAttention,
+    prefill: &mut PrefillAttention,
     s: &mut Bufs,
     pool: &mut KvPool<DevicePages>,
     c: &ModelConfig,
@@ -529,18 +606,36 @@ fn enqueue(
         };
         ops.qkv_rope(&mut s.q, &mut s.k, &mut s.v, &a, &st.rope, n).map_err(dev)?;
         pool.pages_mut().write_device(li, &s.slots, &s.k, &s.v, n).map_err(dev)?;
-        let b = DecodeBatch {
-            queries: &s.q,
-            num_seqs: n,
-            num_heads: c.num_heads,
-            block_tables: &s.tables,
-            max_blocks_per_seq: st.mb,
-            context_lens: &s.ctx,
-            max_context_len: st.max_ctx,
-            scale,
-            sliding_window: st.window,
-        };
-        attention.forward(pool.pages(), li, &b, st.route, &mut s.attn).map_err(dev)?;
+        if st.decode_rows != DecodeRows::None {
+            let b = DecodeBatch {
+                queries: &s.q,
+                num_seqs: n,
+                num_heads: c.num_heads,
+                block_tables: &s.tables,
+                max_blocks_per_seq: st.mb,
+                context_lens: if st.decode_rows == DecodeRows::Rest { &s.ctx_dec } else { &s.ctx },
+                max_context_len: st.max_ctx,
+                scale,
+                sliding_window: st.window,
+            };
+            attention.forward(pool.pages(), li, &b, st.route, &mut s.attn).map_err(dev)?;
+        }
+        if st.prefill_tiles > 0 {
+            // After the decode kernel: its (skipped) rows of these tokens are overwritten here.
+            let b = PrefillBatch {
+                queries: &s.q,
+                num_tokens: n,
+                num_heads: c.num_heads,
+                block_tables: &s.tables,
+                max_blocks_per_seq: st.mb,
+                context_lens: &s.ctx,
+                tiles: &s.tiles,
+                num_tiles: st.prefill_tiles,
+                scale,
+                sliding_window: st.window,
+            };
+            prefill.forward(pool.pages(), li, &b, &mut s.attn).map_err(dev)?;
+        }
         if gemv(&lw.wo, n) {
             ops.gemv(&mut s.x, &s.attn, &lw.wo, Prologue::Convert, None, n, true).map_err(dev)?;
         } else {
