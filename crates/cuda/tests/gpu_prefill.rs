@@ -34,6 +34,7 @@ mod gpu {
     use rand_distr::StandardNormal;
 
     use super::skip;
+    use std::io::Write;
 
     fn device(test: &str) -> Option<Arc<CudaDevice>> {
         static DEVICE: OnceLock<Result<Arc<CudaDevice>, CudaError>> = OnceLock::new();
@@ -271,6 +272,103 @@ mod gpu {
             }
         }
         check_all("prefill_matches_the_reference", &dev, &cases);
+    }
+
+    /// Kernel timing, not a check (run with `PAGEKV_PREFILL_BENCH=1`): one 512-token chunk of
+    /// Llama-3-8B's attention shape (32 q / 8 kv heads × 128, bf16, block 16) after a prefix of
+    /// `ctx − 512` tokens, the prefill kernel vs the decode kernel with one row per token (the
+    /// path before it); medians of 20 launches, one JSON line each.
+    #[test]
+    fn prefill_kernel_timing() {
+        if std::env::var("PAGEKV_PREFILL_BENCH").map_or(true, |v| v != "1") {
+            return;
+        }
+        let Some(dev) = device("prefill_kernel_timing") else { return };
+        use pagekv_cuda::{DecodeAttention, DecodeBatch};
+        let (d, hkv, group, bs, chunk) = (128usize, 8usize, 4usize, 16usize, 512usize);
+        let num_heads = hkv * group;
+        for ctx in [1024usize, 4096] {
+            let blocks = ctx / bs;
+            let g = PageGeometry {
+                num_layers: 1,
+                num_blocks: blocks,
+                block_size: bs,
+                num_kv_heads: hkv,
+                head_dim: d,
+                format: KvFormat::Bf16,
+                rotation_seed: 0,
+            };
+            let mut rng = StdRng::seed_from_u64(ctx as u64);
+            let mut pages = DevicePages::new(dev.clone(), g).expect("pages");
+            let mut table: Vec<u32> = (0..blocks as u32).collect();
+            table.shuffle(&mut rng);
+            let slots: Vec<u32> = (0..ctx).map(|p| table[p / bs] * bs as u32 + (p % bs) as u32).collect();
+            let kv: Vec<f32> = (0..ctx * hkv * d).map(|_| normal(&mut rng)).collect();
+            pages.try_write(0, &slots, &kv, &kv).expect("write");
+            let flat: Vec<u32> = (0..chunk).flat_map(|_| table.iter().copied()).collect();
+            let lens: Vec<u32> = (ctx - chunk..ctx).map(|p| p as u32 + 1).collect();
+            let mut tiles = Vec::new();
+            prefill_tiles(0, chunk, PrefillAttention::tokens_per_tile(group), &mut tiles);
+            let q: Vec<f32> = (0..chunk * num_heads * d).map(|_| normal(&mut rng)).collect();
+            let (tables_d, lens_d, tiles_d, q_d) = (up(&dev, &flat), up(&dev, &lens), up(&dev, &tiles), up(&dev, &q));
+            let mut out = up(&dev, &vec![0f32; q.len()]);
+            let mut pre = PrefillAttention::new(dev.clone());
+            let mut dec = DecodeAttention::new(dev.clone());
+            let scale = 1.0 / (d as f32).sqrt();
+            let route = dec.auto_route(&pages, num_heads, chunk, ctx);
+            let time = |f: &mut dyn FnMut()| {
+                let mut ts = Vec::new();
+                for i in 0..23 {
+                    dev.synchronize().expect("sync");
+                    let t = std::time::Instant::now();
+                    f();
+                    dev.synchronize().expect("sync");
+                    if i >= 3 {
+                        ts.push(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                }
+                ts.sort_by(f64::total_cmp);
+                ts[ts.len() / 2]
+            };
+            let t_pre = time(&mut || {
+                let b = PrefillBatch {
+                    queries: &q_d,
+                    num_tokens: chunk,
+                    num_heads,
+                    block_tables: &tables_d,
+                    max_blocks_per_seq: blocks,
+                    context_lens: &lens_d,
+                    tiles: &tiles_d,
+                    num_tiles: tiles.len() / 2,
+                    scale,
+                    sliding_window: None,
+                };
+                pre.forward(&pages, 0, &b, &mut out).expect("prefill");
+            });
+            let t_dec = time(&mut || {
+                let b = DecodeBatch {
+                    queries: &q_d,
+                    num_seqs: chunk,
+                    num_heads,
+                    block_tables: &tables_d,
+                    max_blocks_per_seq: blocks,
+                    context_lens: &lens_d,
+                    max_context_len: ctx,
+                    scale,
+                    sliding_window: None,
+                };
+                dec.forward(&pages, 0, &b, route, &mut out).expect("decode");
+            });
+            // Useful attention flops (QK and PV over the causal triangle of the chunk).
+            let pairs: f64 = lens.iter().map(|&c| c as f64).sum();
+            let flops = 4.0 * pairs * (num_heads * d) as f64;
+            let _ = writeln!(
+                std::io::stderr(),
+                "{{\"bench\": \"prefill_kernel\", \"context\": {ctx}, \"chunk\": {chunk}, \"prefill_us\": {t_pre:.1}, \"decode_rows_us\": {t_dec:.1}, \"prefill_tflops\": {:.1}, \"decode_rows_tflops\": {:.1}}}",
+                flops / t_pre / 1e6,
+                flops / t_dec / 1e6
+            );
+        }
     }
 
     #[test]
