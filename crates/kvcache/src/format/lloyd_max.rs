@@ -15,13 +15,51 @@ pub struct Codebook {
     pub levels: Vec<f32>,
     /// `[2^bits - 1]` decision boundaries (midpoints between consecutive levels).
     pub bounds: Vec<f32>,
+    /// `[GUESS_CELLS]` for wide codebooks: `guess[c]` = the number of bounds below the start of
+    /// cell `c − 1` of a uniform grid over `±GUESS_SPAN` (0 for the first two cells), a lower
+    /// bound on the code of any `x` that maps to cell `c` — see [`Codebook::encode`].
+    guess: Vec<u16>,
 }
 
+/// Cells of the encode guess grid, and the half-width it covers.
+const GUESS_CELLS: usize = 1024;
+const GUESS_SPAN: f32 = 5.0;
+
 impl Codebook {
-    /// Index of the nearest level to `x`.
+    fn new(levels: Vec<f32>, bounds: Vec<f32>) -> Codebook {
+        let guess = if bounds.len() > 15 {
+            let w = 2.0 * GUESS_SPAN / GUESS_CELLS as f32;
+            (0..GUESS_CELLS)
+                .map(|c| {
+                    if c < 2 {
+                        return 0;
+                    }
+                    let start = -GUESS_SPAN + (c - 1) as f32 * w;
+                    bounds.partition_point(|&b| b < start) as u16
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Codebook { levels, bounds, guess }
+    }
+
+    /// Index of the nearest level to `x`: the number of bounds below `x` (bounds ascending).
+    /// Narrow codebooks count them (branch-free); wide ones start from the guess of `x`'s grid
+    /// cell, which is at most that count (the cell before `x`'s starts below `x`, whatever the
+    /// rounding of the cell index), and step up — one or two steps for 8 bits. NaN gives 0.
     #[inline]
     pub fn encode(&self, x: f32) -> u8 {
-        self.bounds.partition_point(|&b| b < x) as u8
+        if self.guess.is_empty() {
+            return self.bounds.iter().filter(|&&b| b < x).count() as u8;
+        }
+        let cell = ((x + GUESS_SPAN) * (GUESS_CELLS as f32 / (2.0 * GUESS_SPAN))) as isize; // NaN → 0
+        let mut c = self.guess[cell.clamp(0, GUESS_CELLS as isize - 1) as usize] as usize;
+        while c < self.bounds.len() && self.bounds[c] < x {
+            c += 1;
+        }
+        debug_assert_eq!(c, self.bounds.partition_point(|&b| b < x));
+        c as u8
     }
 }
 
@@ -63,7 +101,7 @@ fn lloyd_max_normal(levels: usize) -> Codebook {
     for i in 0..levels - 1 {
         bounds[i] = 0.5 * (lv[i] + lv[i + 1]);
     }
-    Codebook { levels: lv.iter().map(|&v| v as f32).collect(), bounds: bounds.iter().map(|&v| v as f32).collect() }
+    Codebook::new(lv.iter().map(|&v| v as f32).collect(), bounds.iter().map(|&v| v as f32).collect())
 }
 
 fn normal_pdf(x: f64) -> f64 {
@@ -167,6 +205,26 @@ mod tests {
             }
         }
         assert_eq!(b3.encode(0.01), 4);
+        // encode is the count of bounds below x, for every width, at and around every bound,
+        // far outside the guess grid, and on fresh values.
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        for bits in [2u8, 3, 4, 8] {
+            let b = codebook(bits);
+            let count = |x: f32| b.bounds.iter().filter(|&&v| v < x).count() as u8;
+            let mut xs = vec![-1e30f32, -6.0, -5.0, -4.99, 0.0, -0.0, 4.99, 5.0, 6.0, 1e30, f32::NAN, f32::INFINITY];
+            for &v in &b.bounds {
+                xs.extend([v, f32::from_bits(v.to_bits() + 1), f32::from_bits(v.to_bits() - 1), -v]);
+            }
+            for _ in 0..20000 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                xs.push(((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 12.0);
+            }
+            for x in xs {
+                assert_eq!(b.encode(x), count(x), "bits {bits} x {x}");
+            }
+        }
         assert_eq!(b3.encode(-100.0), 0);
         assert_eq!(b3.encode(100.0), 7);
     }
