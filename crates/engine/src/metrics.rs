@@ -49,6 +49,11 @@ pub struct EngineMetrics {
     /// sequence is plain greedy without logprobs; no `[rows, vocab]` copy).
     pub sampled_full_rows: u64,
     pub sampled_greedy_rows: u64,
+    /// Tokens drawn from the backend's best `top_k + 1` entries of their row
+    /// (`Forward::forward_top_k`), and those of such steps that needed the full row after all
+    /// (tempered values tied across the top-k boundary; also counted in `sampled_full_rows`).
+    pub sampled_top_k_rows: u64,
+    pub top_k_fallbacks: u64,
     /// The pool's own counters (attention calls by route, fallbacks, bytes, formats).
     pub cache: CacheStats,
 }

@@ -20,7 +20,12 @@
 //!    one id per row and the `[rows, vocab]` logits never reach the host (on a GPU, no
 //!    device-to-host copy of the vocabulary per token). The ids go through the same acceptance
 //!    path as sampled tokens, and are the same tokens (`argmax` is the greedy sampler's rule).
-//!    `PAGEKV_REDUCED_SAMPLING=0` turns this off (every step reads the full rows).
+//!    Likewise, when every sampling sequence is plain greedy or draws with top-k (at most
+//!    `MAX_REDUCED_TOP_K`, no penalty, no logprobs), the forward is `Forward::forward_top_k`
+//!    with the largest `top_k + 1`: each sampler draws from its row's best entries with the
+//!    same result and RNG use as from the full row (`Sampler::sample_top_k`), and the rare row
+//!    those entries cannot decide is sampled from `Forward::fetch_logits`.
+//!    `PAGEKV_REDUCED_SAMPLING=0` turns both off (every step reads the full rows).
 //!
 //! Planning takes no block; it counts the blocks it promises (`Budget::promised`), so the
 //! appends it then opens cannot fail for lack of blocks. Every request ends exactly once, with
@@ -81,7 +86,13 @@ struct Counters {
     steps: u64,
     sampled_full_rows: u64,
     sampled_greedy_rows: u64,
+    sampled_top_k_rows: u64,
+    top_k_fallbacks: u64,
 }
+
+/// Largest `top_k` a step may ask the backend for (`Forward::forward_top_k`); larger ones read
+/// the full rows.
+pub(crate) const MAX_REDUCED_TOP_K: usize = 64;
 
 /// How the tokens of a step are chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,6 +101,9 @@ enum Sampling {
     FullRows,
     /// `Forward::forward_greedy`: every sampling sequence takes the backend's argmax.
     Greedy,
+    /// `Forward::forward_top_k` with `k` entries a row: every sampling sequence is plain
+    /// greedy (the first entry) or draws from its best `top_k + 1 <= k` entries.
+    TopK(usize),
 }
 
 /// Tokens and blocks handed out in the step being planned.
@@ -117,6 +131,8 @@ pub(crate) struct Scheduler<M: Forward> {
     sampling: Sampling,
     /// `[logit rows]` the backend's greedy ids of the step, when `sampling` is `Greedy`.
     greedy_ids: Vec<u32>,
+    /// `[logit rows, k]` the backend's best entries of each row, when `sampling` is `TopK(k)`.
+    top_values: Vec<f32>,
     /// Final events of the step, sent after the metrics are published, so a client that sees
     /// its request end also sees the metrics of that end.
     finals: Vec<(EventSender, Event)>,
@@ -151,6 +167,7 @@ impl<M: Forward> Scheduler<M> {
             batch: Batch::default(),
             sampling: Sampling::FullRows,
             greedy_ids: Vec::new(),
+            top_values: Vec::new(),
             finals: Vec::new(),
             limits,
             counters: Counters::default(),
@@ -415,9 +432,12 @@ impl<M: Forward> Scheduler<M> {
         self.batch.sliding_window = self.template.attention_window(None);
         let mut result = Ok(());
         let mut all_argmax = true;
+        // The largest top-k + 1 of the step's samplers, while all of them are reducible.
+        let mut top_k = Some(0usize);
         for &(i, t) in &self.plan {
             let seq = &mut self.running[i];
             let only_argmax = seq.needs_only_argmax();
+            let reduced_k = if only_argmax { Some(1) } else { seq.reduced_top_k(MAX_REDUCED_TOP_K).map(|k| k + 1) };
             let cache = seq.cache.as_mut().expect("running sequences hold a cache");
             let start = cache.offset();
             if let Err(e) = cache.begin_append(&mut self.pool, t) {
@@ -426,6 +446,9 @@ impl<M: Forward> Scheduler<M> {
             }
             let samples = start + t == seq.tokens.len();
             all_argmax &= !samples || only_argmax;
+            if samples {
+                top_k = top_k.zip(reduced_k).map(|(a, b)| a.max(b));
+            }
             let logits = if samples { Logits::Last } else { Logits::None };
             self.batch.push(
                 &seq.tokens[start..start + t],
@@ -436,15 +459,19 @@ impl<M: Forward> Scheduler<M> {
             );
         }
         // A step with no logit row (prefill chunks only) copies nothing either way.
-        self.sampling = if self.limits.reduced_sampling && all_argmax && self.batch.num_logit_rows() > 0 {
-            Sampling::Greedy
-        } else {
-            Sampling::FullRows
+        self.sampling = match top_k {
+            _ if !self.limits.reduced_sampling || self.batch.num_logit_rows() == 0 => Sampling::FullRows,
+            _ if all_argmax => Sampling::Greedy,
+            Some(k) => Sampling::TopK(k),
+            None => Sampling::FullRows,
         };
         if result.is_ok() {
             result = match self.sampling {
                 Sampling::FullRows => self.model.forward(&self.batch, &mut self.pool).map(|_| ()),
                 Sampling::Greedy => self.model.forward_greedy(&self.batch, &mut self.pool, &mut self.greedy_ids),
+                Sampling::TopK(k) => {
+                    self.model.forward_top_k(&self.batch, &mut self.pool, k, &mut self.greedy_ids, &mut self.top_values)
+                }
             }
             .map_err(|e| e.to_string());
         }
@@ -466,16 +493,21 @@ impl<M: Forward> Scheduler<M> {
     fn after_forward(&mut self) {
         let bs = self.limits.block_size;
         let v = self.limits.vocab_size;
-        let logits = match self.sampling {
-            Sampling::FullRows => self.model.last_logits(),
-            Sampling::Greedy => &[],
-        };
-        debug_assert!(
-            self.sampling == Sampling::FullRows || self.greedy_ids.len() == self.batch.num_logit_rows(),
-            "one greedy id per logit row"
-        );
+        // The host rows: there for full-row steps, fetched on first need in top-k steps.
+        let mut fetched = self.sampling == Sampling::FullRows;
+        let mut fetch_error = None;
+        debug_assert!(match self.sampling {
+            Sampling::FullRows => true,
+            Sampling::Greedy => self.greedy_ids.len() == self.batch.num_logit_rows(),
+            Sampling::TopK(k) => {
+                self.greedy_ids.len() == self.batch.num_logit_rows() * k
+                    && self.top_values.len() == self.greedy_ids.len()
+            }
+        });
         let mut row = 0;
         let mut done: Vec<(usize, FinishReason)> = Vec::new();
+        // Sequences whose full row could not be fetched (a device error).
+        let mut failed: Vec<usize> = Vec::new();
         for &(i, t) in &self.plan {
             let seq = &mut self.running[i];
             let cache = seq.cache.as_mut().expect("running sequences hold a cache");
@@ -491,7 +523,7 @@ impl<M: Forward> Scheduler<M> {
             if offset == seq.tokens.len() {
                 let (token, lp) = match self.sampling {
                     Sampling::FullRows => {
-                        let row_logits = &logits[row * v..(row + 1) * v];
+                        let row_logits = &self.model.last_logits()[row * v..(row + 1) * v];
                         let token = seq.sampler.sample(row_logits, &seq.tokens);
                         self.counters.sampled_full_rows += 1;
                         (token, seq.logprobs.map(|n| logprobs(row_logits, token, n)))
@@ -500,6 +532,44 @@ impl<M: Forward> Scheduler<M> {
                         debug_assert!(seq.needs_only_argmax());
                         self.counters.sampled_greedy_rows += 1;
                         (self.greedy_ids[row], None)
+                    }
+                    Sampling::TopK(k) => {
+                        let (ids, values) = (&self.greedy_ids[row * k..], &self.top_values[row * k..]);
+                        let reduced = match seq.reduced_top_k(MAX_REDUCED_TOP_K) {
+                            // The first entry is the argmax; a row of NaN has none, and argmax says 0.
+                            None => Some(if values[0].is_nan() { 0 } else { ids[0] }),
+                            Some(n) => seq.sampler.sample_top_k(&ids[..n + 1], &values[..n + 1]),
+                        };
+                        match reduced {
+                            Some(token) => {
+                                self.counters.sampled_top_k_rows += 1;
+                                (token, None)
+                            }
+                            None => {
+                                self.counters.top_k_fallbacks += 1;
+                                self.counters.sampled_full_rows += 1;
+                                if !fetched && fetch_error.is_none() {
+                                    match self.model.fetch_logits().map(|l| l.len()) {
+                                        Ok(n) if n >= self.batch.num_logit_rows() * v => fetched = true,
+                                        Ok(n) => fetch_error = Some(format!("fetch_logits returned {n} values")),
+                                        Err(e) => fetch_error = Some(e.to_string()),
+                                    }
+                                }
+                                match fetched {
+                                    true => {
+                                        let l = &self.model.last_logits()[row * v..(row + 1) * v];
+                                        (seq.sampler.sample(l, &seq.tokens), None)
+                                    }
+                                    // The step's other sequences go on; this one fails below.
+                                    false => {
+                                        row += 1;
+                                        done.push((i, FinishReason::Stop));
+                                        failed.push(i);
+                                        continue;
+                                    }
+                                }
+                            }
+                        }
                     }
                 };
                 row += 1;
@@ -512,7 +582,12 @@ impl<M: Forward> Scheduler<M> {
         done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
         for (i, reason) in done {
             let seq = self.running.remove(i);
-            self.finish(seq, reason);
+            if failed.contains(&i) {
+                let msg = fetch_error.clone().unwrap_or_default();
+                self.fail(seq, EngineError::Forward(format!("cannot fetch the logits: {msg}")));
+            } else {
+                self.finish(seq, reason);
+            }
         }
     }
 
@@ -627,6 +702,8 @@ impl<M: Forward> Scheduler<M> {
             steps: self.counters.steps,
             sampled_full_rows: self.counters.sampled_full_rows,
             sampled_greedy_rows: self.counters.sampled_greedy_rows,
+            sampled_top_k_rows: self.counters.sampled_top_k_rows,
+            top_k_fallbacks: self.counters.top_k_fallbacks,
             cache: self.pool.stats(),
         };
         *self.metrics.lock().unwrap_or_else(|e| e.into_inner()) = m;

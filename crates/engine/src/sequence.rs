@@ -53,6 +53,12 @@ impl Sequence {
         self.sampler.is_raw_argmax() && self.logprobs.is_none()
     }
 
+    /// `Some(top_k)` when this sequence's next token can be drawn from its row's best
+    /// `top_k + 1` entries (`Sampler::sample_top_k`; no logprobs, which need the whole row).
+    pub fn reduced_top_k(&self, max_k: usize) -> Option<usize> {
+        self.logprobs.is_none().then(|| self.sampler.reduced_top_k(max_k)).flatten()
+    }
+
     /// Tokens still to feed.
     pub fn pending(&self) -> usize {
         self.tokens.len() - self.computed()

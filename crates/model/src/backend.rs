@@ -1,5 +1,7 @@
 //! [`Forward`]: what a generator needs from a model backend — one forward step over a pool of
-//! the backend's pages, and the greedy choice of each logit row. [`crate::Model`] (the CPU,
+//! the backend's pages, and reduced forms of its logit rows: the greedy choice of each row
+//! ([`argmax`]) and each row's best `k` entries ([`top_k`]), so a backend whose logits live on a
+//! device need not copy `[rows, vocab]` to the host when the sampler needs less. [`crate::Model`] (the CPU,
 //! pages in host memory) and, with the `cuda` feature, [`crate::cuda::CudaModel`] (device
 //! pages) implement it; `pagekv_engine::Generator` runs over either.
 
@@ -42,6 +44,35 @@ pub trait Forward {
         Ok(())
     }
 
+    /// Runs one step like [`Self::forward`] and writes each logit row's `k` best entries
+    /// ([`top_k`]'s order and padding): `ids` and `values` `[rows, k]`. A backend may skip copying
+    /// the logits to the host; [`Self::fetch_logits`] then brings them.
+    fn forward_top_k(
+        &mut self,
+        batch: &Batch,
+        pool: &mut KvPool<Self::Pages>,
+        k: usize,
+        ids: &mut Vec<u32>,
+        values: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let vocab = self.config().vocab_size;
+        let logits = self.forward(batch, pool)?;
+        ids.clear();
+        values.clear();
+        for row in logits.chunks_exact(vocab) {
+            top_k(row, k, ids, values);
+        }
+        Ok(())
+    }
+
+    /// The logits of the last step on the host, `[rows, vocab]`, after any of the forward
+    /// methods (a backend whose [`Self::forward_greedy`] or [`Self::forward_top_k`] leaves them
+    /// on the device copies them here; the defaults keep them in [`Self::last_logits`]). After
+    /// it, [`Self::last_logits`] holds them too.
+    fn fetch_logits(&mut self) -> Result<&[f32], ModelError> {
+        Ok(self.last_logits())
+    }
+
     /// Bytes one decode step reads from the weights.
     fn weight_bytes_per_token(&self) -> usize;
 
@@ -59,6 +90,41 @@ pub fn argmax(row: &[f32]) -> u32 {
         }
     }
     best.map_or(0, |(i, _)| i as u32)
+}
+
+/// Padding id of [`top_k`] for a row with fewer than `k` non-NaN values (its value is NaN).
+pub const TOP_K_NONE: u32 = u32::MAX;
+
+/// Appends `row`'s `k` best entries to `ids` and `values`: larger value first (IEEE order, so
+/// `-0.0` and `0.0` are equal), lower index among equals, NaN never; a row with fewer than `k`
+/// non-NaN values is padded with ([`TOP_K_NONE`], NaN). The first entry is [`argmax`]'s choice
+/// (when the row has a non-NaN value). The rule every backend's top-k follows.
+pub fn top_k(row: &[f32], k: usize, ids: &mut Vec<u32>, values: &mut Vec<f32>) {
+    if k == 0 {
+        return;
+    }
+    let start = ids.len();
+    // Insertion into a sorted list of at most k: k is small (a sampler's top-k).
+    for (i, &l) in row.iter().enumerate() {
+        if l.is_nan() {
+            continue;
+        }
+        let len = ids.len() - start;
+        if len == k && !(l > values[start + k - 1]) {
+            continue;
+        }
+        // After every entry not smaller (equal values keep the lower index first).
+        let at = start + values[start..].partition_point(|&x| x >= l);
+        if len == k {
+            ids.pop();
+            values.pop();
+        }
+        ids.insert(at, i as u32);
+        values.insert(at, l);
+    }
+    let pad = start + k - ids.len();
+    ids.extend(std::iter::repeat_n(TOP_K_NONE, pad));
+    values.extend(std::iter::repeat_n(f32::NAN, pad));
 }
 
 impl Forward for Model {
@@ -91,7 +157,49 @@ impl Forward for Model {
 
 #[cfg(test)]
 mod tests {
-    use super::argmax;
+    use super::{argmax, top_k, TOP_K_NONE};
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    /// Reference: sort every non-NaN entry by (value desc with -0 == 0, index asc), take k, pad.
+    fn top_k_by_sort(row: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
+        let mut all: Vec<(u32, f32)> =
+            row.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &l)| (i as u32, l)).collect();
+        all.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap().then(a.0.cmp(&b.0)));
+        all.truncate(k);
+        let mut ids: Vec<u32> = all.iter().map(|e| e.0).collect();
+        let mut values: Vec<f32> = all.iter().map(|e| e.1).collect();
+        ids.resize(k, TOP_K_NONE);
+        values.resize(k, f32::NAN);
+        (ids, values)
+    }
+
+    #[test]
+    fn top_k_matches_a_full_sort_with_ties_zeros_infinities_and_nan() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let specials = [0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1.5, -1.5];
+        for case in 0..400 {
+            let n = rng.gen_range(1..300usize);
+            let row: Vec<f32> = (0..n)
+                .map(|_| match rng.gen_range(0..4) {
+                    0 => specials[rng.gen_range(0..specials.len())],
+                    1 => (rng.gen_range(-8.0f32..8.0) * 2.0).round() / 2.0,
+                    _ => rng.gen_range(-8.0f32..8.0),
+                })
+                .collect();
+            let k = rng.gen_range(1..40usize);
+            let (mut ids, mut values) = (vec![7u32], vec![7.0f32]);
+            top_k(&row, k, &mut ids, &mut values);
+            assert_eq!((ids[0], values[0]), (7, 7.0), "appends after what is there");
+            let (want_ids, want_values) = top_k_by_sort(&row, k);
+            assert_eq!(ids[1..], want_ids[..], "case {case}");
+            let bits =
+                |v: &[f32]| v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect::<Vec<_>>();
+            assert_eq!(bits(&values[1..]), bits(&want_values), "case {case}");
+            if row.iter().any(|l| !l.is_nan()) {
+                assert_eq!(ids[1], argmax(&row), "case {case}: the first entry is the argmax");
+            }
+        }
+    }
 
     #[test]
     fn argmax_takes_the_first_maximum_and_skips_nan() {

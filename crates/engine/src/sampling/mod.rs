@@ -6,6 +6,10 @@
 //!   `sample` allocates nothing after the first call.
 //! - penalties (`penalties.rs`), then temperature, top-k, top-p, min-p and the draw, here.
 //! - [`logprobs`] (`logprobs.rs`): log-softmax of the raw logits for OpenAI `logprobs`.
+//! - Reduced inputs: [`Sampler::is_raw_argmax`] (the token is the row's argmax) and
+//!   [`Sampler::reduced_top_k`] / [`Sampler::sample_top_k`] (the token is drawn from the row's
+//!   best `top_k + 1` entries, with exactly the result and RNG use of [`Sampler::sample`] on the
+//!   full row, or `None` when those entries cannot decide it and the full row is needed).
 
 mod logprobs;
 mod params;
@@ -62,6 +66,53 @@ impl Sampler {
     /// backend's greedy choice instead of the full row (`Forward::forward_greedy`).
     pub fn is_raw_argmax(&self) -> bool {
         self.params.is_greedy() && !self.params.has_penalties()
+    }
+
+    /// `Some(top_k)` when [`Sampler::sample_top_k`] can stand in for [`Sampler::sample`]: a
+    /// sampled (not greedy) choice with top-k on, at most `max_k`, and no penalty (which would
+    /// change logits outside the best entries).
+    pub fn reduced_top_k(&self, max_k: usize) -> Option<usize> {
+        let p = &self.params;
+        let k = p.top_k;
+        (!p.is_greedy() && !p.has_penalties() && k > 0 && k <= max_k).then_some(k)
+    }
+
+    /// [`Sampler::sample`] from a row's best entries instead of the row: `ids` / `values` are the
+    /// row's best `top_k + 1` entries in `pagekv_model::backend::top_k`'s order and padding.
+    /// Returns the token `sample` would return on the full row, having drawn from the RNG
+    /// exactly as it would; or `None`, having drawn nothing, when these entries cannot decide
+    /// it (fewer than `top_k + 1` non-NaN values in the row, a temperature whose inverse is not
+    /// finite, or tempered values equal across the `top_k` boundary) — then call `sample`.
+    ///
+    /// Why the result is the same: tempering (`l * (1/T)`, `1/T` finite and positive) never
+    /// reverses the order of two values, so every entry outside these `k + 1` has a tempered
+    /// value at most the smallest here. When the `k`-th best tempered value here is strictly
+    /// greater than the `k + 1`-th, the full row's top-`k` candidates are exactly the best `k`
+    /// here, sorted by the same total order (tempered value, then id), so top-p, min-p and the
+    /// draw see the same list.
+    pub fn sample_top_k(&mut self, ids: &[u32], values: &[f32]) -> Option<u32> {
+        let k = self.params.top_k;
+        debug_assert!(self.reduced_top_k(usize::MAX).is_some(), "a reducible sampler");
+        debug_assert_eq!((ids.len(), values.len()), (k + 1, k + 1));
+        let inv_t = 1.0 / self.params.temperature;
+        if !inv_t.is_finite() || values.iter().any(|v| v.is_nan()) {
+            return None;
+        }
+        self.candidates.clear();
+        self.candidates.extend(ids.iter().zip(values).map(|(&i, &l)| (i, l * inv_t)));
+        let max = self.candidates.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+        if !max.is_finite() {
+            // `sample` falls back to the argmax of the raw row: the first entry.
+            return Some(ids[0]);
+        }
+        self.candidates.sort_unstable_by(by_logit_desc);
+        if !(self.candidates[k - 1].1 > self.candidates[k].1) {
+            return None;
+        }
+        self.candidates.truncate(k);
+        self.top_p(true);
+        self.min_p();
+        Some(self.draw())
     }
 
     /// Chooses the next token from `logits` (`[vocab]`, raw model output), `history` being the
@@ -233,6 +284,67 @@ mod tests {
             let n = s.candidates.len().min(keep);
             assert_eq!(s.candidates[..n], all[..n]);
         }
+    }
+
+    /// `sample_top_k` (falling back to `sample` on `None`) and `sample` on the full row, from
+    /// two samplers with one seed, give the same token at every step of long runs over rows with
+    /// ties, signed zeros, infinities, NaN and values that temper to equal or infinite ones.
+    #[test]
+    fn sampling_from_the_top_k_entries_equals_sampling_from_the_row() {
+        use pagekv_model::backend::top_k;
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(21);
+        let specials = [0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 3.0e38, -3.0e38, 1e-40, -1e-40];
+        let (mut reduced_runs, mut fallbacks) = (0usize, 0usize);
+        for case in 0..300 {
+            let vocab = rng.gen_range(2..400usize);
+            let params = SamplingParams {
+                temperature: [0.7f32, 1.0, 1.3, 1e-3, 1e-40, 50.0][case % 6],
+                top_k: rng.gen_range(1..vocab.min(40) + 1),
+                top_p: if rng.gen_bool(0.5) { 1.0 } else { rng.gen_range(0.05..1.0) },
+                min_p: if rng.gen_bool(0.5) { 0.0 } else { rng.gen_range(0.0..0.5) },
+                seed: case as u64,
+                ..SamplingParams::default()
+            };
+            let mut full = Sampler::new(params).unwrap();
+            let mut reduced = Sampler::new(params).unwrap();
+            let k = reduced.reduced_top_k(usize::MAX).expect("reducible");
+            for step in 0..20 {
+                let special = rng.gen_range(0.0..0.3f64);
+                let coarse = rng.gen_bool(0.3);
+                let row: Vec<f32> = (0..vocab)
+                    .map(|_| {
+                        if rng.gen_bool(special) {
+                            specials[rng.gen_range(0..specials.len())]
+                        } else if coarse {
+                            (rng.gen_range(-6.0f32..6.0) * 2.0).round() / 2.0
+                        } else {
+                            rng.gen_range(-6.0f32..6.0)
+                        }
+                    })
+                    .collect();
+                let want = full.sample(&row, &[]);
+                let (mut ids, mut values) = (Vec::new(), Vec::new());
+                top_k(&row, k + 1, &mut ids, &mut values);
+                let got = match reduced.sample_top_k(&ids, &values) {
+                    Some(t) => {
+                        reduced_runs += 1;
+                        t
+                    }
+                    None => {
+                        fallbacks += 1;
+                        reduced.sample(&row, &[])
+                    }
+                };
+                assert_eq!(got, want, "case {case} step {step} {params:?}");
+            }
+            // The RNGs were drawn from the same number of times.
+            assert_eq!(full.rng.gen::<u64>(), reduced.rng.gen::<u64>(), "case {case}");
+        }
+        assert!(
+            reduced_runs > 3000 && fallbacks > 100,
+            "both paths ran: {reduced_runs} reduced, {fallbacks} fallbacks"
+        );
     }
 
     #[test]
