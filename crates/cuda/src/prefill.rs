@@ -15,9 +15,14 @@
 //! caller counts that as a fallback.
 //!
 //! Routing rule ([`prefill_min_tokens`]): a sequence whose step brings at least
-//! `PAGEKV_CUDA_PREFILL_MIN` new tokens (default 16) goes through this kernel; shorter ones
-//! (decode, speculative verification) stay on the decode kernel. `PAGEKV_CUDA_PREFILL=0` turns
-//! the kernel off.
+//! `PAGEKV_CUDA_PREFILL_MIN` new tokens (default 96) goes through this kernel; shorter ones
+//! (decode, speculative verification, short chunks) stay on the decode kernel.
+//! `PAGEKV_CUDA_PREFILL=0` turns the kernel off. The default comes from the H200
+//! (crates/cuda/RESULTS.md, prefill run 2, `gpu_prefill prefill_kernel_timing`, Llama-3-8B
+//! attention shape, bf16): one CTA per (tile, kv head) walks the whole prefix, so the kernel's
+//! time is flat up to 128 tokens (79 µs at context 1024, 271 µs at 4096) while the decode rows
+//! grow with the chunk (1024: 71 µs at 64 tokens, 127 at 128; 4096: 210 at 64, 405 at 128) —
+//! the crossover lies between 64 and 128 tokens at both contexts; 96 is interpolated.
 
 use std::sync::Arc;
 
@@ -37,7 +42,7 @@ pub fn prefill_min_tokens() -> usize {
         if std::env::var("PAGEKV_CUDA_PREFILL").is_ok_and(|v| v.trim() == "0") {
             return usize::MAX;
         }
-        std::env::var("PAGEKV_CUDA_PREFILL_MIN").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(16).max(1)
+        std::env::var("PAGEKV_CUDA_PREFILL_MIN").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(96).max(1)
     })
 }
 

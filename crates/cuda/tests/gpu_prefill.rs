@@ -274,10 +274,11 @@ mod gpu {
         check_all("prefill_matches_the_reference", &dev, &cases);
     }
 
-    /// Kernel timing, not a check (run with `PAGEKV_PREFILL_BENCH=1`): one 512-token chunk of
-    /// Llama-3-8B's attention shape (32 q / 8 kv heads × 128, bf16, block 16) after a prefix of
-    /// `ctx − 512` tokens, the prefill kernel vs the decode kernel with one row per token (the
-    /// path before it); medians of 20 launches, one JSON line each.
+    /// Kernel timing, not a check (run with `PAGEKV_PREFILL_BENCH=1`): one chunk of 8–512 tokens
+    /// of Llama-3-8B's attention shape (32 q / 8 kv heads × 128, bf16, block 16) ending at
+    /// context 1024 or 4096, the prefill kernel vs the decode kernel with one row per token (the
+    /// path before it, with its automatic route); medians of 20 launches, one JSON line each.
+    /// The crossover sets [`pagekv_cuda::prefill_min_tokens`].
     #[test]
     fn prefill_kernel_timing() {
         if std::env::var("PAGEKV_PREFILL_BENCH").map_or(true, |v| v != "1") {
@@ -285,9 +286,11 @@ mod gpu {
         }
         let Some(dev) = device("prefill_kernel_timing") else { return };
         use pagekv_cuda::{DecodeAttention, DecodeBatch};
-        let (d, hkv, group, bs, chunk) = (128usize, 8usize, 4usize, 16usize, 512usize);
+        let (d, hkv, group, bs) = (128usize, 8usize, 4usize, 16usize);
         let num_heads = hkv * group;
-        for ctx in [1024usize, 4096] {
+        for (ctx, chunk) in
+            [1024usize, 4096].into_iter().flat_map(|c| [8usize, 16, 32, 64, 128, 512].map(move |n| (c, n)))
+        {
             let blocks = ctx / bs;
             let g = PageGeometry {
                 num_layers: 1,

@@ -12,7 +12,7 @@
 //! its prologue.
 //!
 //! Attention: a sequence that brings at least [`pagekv_cuda::prefill_min_tokens`] new tokens
-//! (16 by default, `PAGEKV_CUDA_PREFILL_MIN`; `PAGEKV_CUDA_PREFILL=0` turns it off) goes through
+//! (96 by default, `PAGEKV_CUDA_PREFILL_MIN`; `PAGEKV_CUDA_PREFILL=0` turns it off) goes through
 //! the tiled causal prefill kernel ([`PrefillAttention`]: one CTA per tile of query tokens and
 //! kv head reads the prefix once per tile, tensor cores) where the pages' format allows it (f16,
 //! bf16); every other token (decode, short chunks, other formats — counted as a fallback) is one
