@@ -20,6 +20,8 @@ run() { # name, command...
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 run prefill_tests $D/gpu_prefill --nocapture --test-threads 1
 run forward_tests $D/cuda_forward --nocapture
+run forward_tests_min2 env PAGEKV_CUDA_PREFILL_MIN=2 $D/cuda_forward --nocapture
+run forward_tests_noprefill env PAGEKV_CUDA_PREFILL=0 $D/cuda_forward --nocapture
 [ "${KERNEL_TESTS:-0}" = 1 ] && run kernel_tests $D/gpu_kernels --test-threads 8
 run prefill_timing env PAGEKV_PREFILL_BENCH=1 $D/gpu_prefill prefill_kernel_timing --nocapture
 for i in $(seq 1 "$REPEAT"); do
