@@ -213,7 +213,12 @@ mod tests {
             let count = |x: f32| b.bounds.iter().filter(|&&v| v < x).count() as u8;
             let mut xs = vec![-1e30f32, -6.0, -5.0, -4.99, 0.0, -0.0, 4.99, 5.0, 6.0, 1e30, f32::NAN, f32::INFINITY];
             for &v in &b.bounds {
-                xs.extend([v, f32::from_bits(v.to_bits() + 1), f32::from_bits(v.to_bits() - 1), -v]);
+                xs.extend([
+                    v,
+                    f32::from_bits(v.to_bits().wrapping_add(1)),
+                    f32::from_bits(v.to_bits().wrapping_sub(1)),
+                    -v,
+                ]);
             }
             for _ in 0..20000 {
                 state ^= state << 13;
