@@ -14,67 +14,20 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kvcache::{CacheConfig, HostPages, KvPool, PageGeometry, PageStore};
-use pagekv_cpu::attention::AttentionConfig;
 use pagekv_engine::{
     BankConfig, Engine, EngineConfig, EngineError, Event, FinishReason, GenerationRequest, RequestStream, Usage,
 };
-use pagekv_model::gguf::{GgufFile, GgufWriter};
-use pagekv_model::tokenizer::{Tokenizer, TokenizerModel, VocabSpec};
 use pagekv_model::{Batch, Forward, Model, ModelConfig, ModelError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const VOCAB: usize = 96;
-const CONTEXT: usize = 512;
+mod common;
 
-/// A tiny llama with random f32 weights: 2 layers, 64 wide, 2 query heads and 1 kv head of 32.
+use common::{tokenizer, CONTEXT, VOCAB};
+
+/// The tiny model of these tests.
 fn tiny_model() -> Model {
-    let (layers, h, nh, nkv, d, f) = (2u32, 64u64, 2u32, 1u32, 32u64, 128u64);
-    let mut rng = StdRng::seed_from_u64(7);
-    let mut w = GgufWriter::new();
-    w.set("general.architecture", "llama");
-    w.set("general.name", "tiny-offhost");
-    w.set("llama.block_count", layers);
-    w.set("llama.embedding_length", h as u32);
-    w.set("llama.feed_forward_length", f as u32);
-    w.set("llama.attention.head_count", nh);
-    w.set("llama.attention.head_count_kv", nkv);
-    w.set("llama.context_length", CONTEXT as u32);
-    w.set("llama.vocab_size", VOCAB as u32);
-    w.set("llama.attention.layer_norm_rms_epsilon", 1e-5f32);
-    w.set("llama.rope.freq_base", 10000.0f32);
-    let (qd, kvd) = (nh as u64 * d, nkv as u64 * d);
-    let mut t = |name: &str, dims: &[u64], scale: f32, offset: f32| {
-        let n: u64 = dims.iter().product();
-        // Uniform in ±scale·√3: unit variance times `scale`.
-        let v: Vec<f32> = (0..n).map(|_| offset + scale * 1.732 * rng.gen_range(-1.0f32..1.0)).collect();
-        w.add_f32_tensor(name, dims, &v).unwrap();
-    };
-    t("token_embd.weight", &[h, VOCAB as u64], 1.0, 0.0);
-    for i in 0..layers {
-        let n = |s: &str| format!("blk.{i}.{s}");
-        t(&n("attn_norm.weight"), &[h], 0.2, 1.0);
-        t(&n("attn_q.weight"), &[h, qd], 1.0 / (h as f32).sqrt(), 0.0);
-        t(&n("attn_k.weight"), &[h, kvd], 1.0 / (h as f32).sqrt(), 0.0);
-        t(&n("attn_v.weight"), &[h, kvd], 1.0 / (h as f32).sqrt(), 0.0);
-        t(&n("attn_output.weight"), &[qd, h], 1.0 / (qd as f32).sqrt(), 0.0);
-        t(&n("ffn_norm.weight"), &[h], 0.2, 1.0);
-        t(&n("ffn_gate.weight"), &[h, f], 1.0 / (h as f32).sqrt(), 0.0);
-        t(&n("ffn_up.weight"), &[h, f], 1.0 / (h as f32).sqrt(), 0.0);
-        t(&n("ffn_down.weight"), &[f, h], 1.0 / (f as f32).sqrt(), 0.0);
-    }
-    t("output_norm.weight", &[h], 0.2, 1.0);
-    // Sharp logits, so greedy choices are far from ties.
-    t("output.weight", &[h, VOCAB as u64], 4.0 / (h as f32).sqrt(), 0.0);
-    let file = Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap());
-    Model::from_file(file, AttentionConfig::default()).unwrap()
-}
-
-/// `<unk>`, `<s>`, `</s>`, then `▁w3` … : every id decodes to text.
-fn tokenizer() -> Arc<Tokenizer> {
-    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
-    tokens.extend((3..VOCAB).map(|i| format!("\u{2581}w{i}")));
-    Arc::new(Tokenizer::from_spec(VocabSpec::new(TokenizerModel::Llama, tokens)).unwrap())
+    common::tiny_model(7, "tiny-offhost")
 }
 
 /// What the engine did to the pages of [`OffHostPages`].
