@@ -44,17 +44,7 @@ mod imp {
     const CHUNK: usize = 512;
 
     pub fn run(device: usize, a: DecodeArgs) -> Result<()> {
-        let contexts: Vec<usize> = a
-            .contexts
-            .split(',')
-            .map(|c| {
-                c.trim()
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|&c| c > 0)
-                    .with_context(|| format!("invalid context {c:?} in --contexts"))
-            })
-            .collect::<Result<_>>()?;
+        let contexts = a.context_list()?;
         if a.decode_tokens == 0 || a.runs == 0 || a.batch == 0 {
             bail!("--decode-tokens, --runs and --batch must be positive");
         }

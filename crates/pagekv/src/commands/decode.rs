@@ -51,6 +51,22 @@ pub struct DecodeArgs {
     pub model: ModelArgs,
 }
 
+impl DecodeArgs {
+    /// `--contexts` as positive token counts.
+    pub fn context_list(&self) -> Result<Vec<usize>> {
+        self.contexts
+            .split(',')
+            .map(|c| {
+                c.trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&c| c > 0)
+                    .with_context(|| format!("invalid context {c:?} in --contexts"))
+            })
+            .collect()
+    }
+}
+
 pub fn run(a: DecodeArgs) -> Result<()> {
     if let crate::settings::Device::Cuda(n) = super::run::device()? {
         return super::bench_decode_cuda::run(n, a);
@@ -61,17 +77,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     if a.batch != 1 {
         bail!("--batch {} needs --device cuda (the CPU bench decodes one sequence)", a.batch);
     }
-    let contexts: Vec<usize> = a
-        .contexts
-        .split(',')
-        .map(|c| {
-            c.trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|&c| c > 0)
-                .with_context(|| format!("invalid context {c:?} in --contexts"))
-        })
-        .collect::<Result<_>>()?;
+    let contexts = a.context_list()?;
     if a.decode_tokens == 0 || a.runs == 0 {
         bail!("--decode-tokens and --runs must be positive");
     }
