@@ -2,22 +2,13 @@
 // device (uploading gigabytes from the host would dominate the run), and a read-bandwidth
 // kernel for the roofline row.
 
-__device__ __forceinline__ u32 hash_u32(u64 x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return (u32)x;
-}
-
 // kind: 0 random bytes (any quantized code), 1 f16 values in [−1, 1), 2 bf16 values in [−1, 1),
 // 3 f32 values in [−1, 1), 4 f16 scales in [0.02, 0.06).
 extern "C" __global__ void pk_fill_random(u8* __restrict__ p, u64 n_bytes, u32 kind, u32 seed) {
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 w = (u64)blockIdx.x * blockDim.x + threadIdx.x; w * 4 < n_bytes; w += stride) {
-        const u32 r = hash_u32(w * 0x9E3779B97F4A7C15ull + seed);
-        const u32 r2 = hash_u32(w * 0xD1B54A32D192ED03ull + seed + 1);
+        const u32 r = pk_hash(w * 0x9E3779B97F4A7C15ull + seed);
+        const u32 r2 = pk_hash(w * 0xD1B54A32D192ED03ull + seed + 1);
         u32 word;
         const float a = (float)(r & 0xffff) / 32768.0f - 1.0f, b = (float)(r >> 16) / 32768.0f - 1.0f;
         if (kind == 0) {

@@ -204,6 +204,16 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// 64-bit mix (MurmurHash3's finalizer) to 32 bits: random fills of synthetic weights and pages.
+__device__ __forceinline__ u32 pk_hash(u64 x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return (u32)x;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

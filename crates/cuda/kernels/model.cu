@@ -26,15 +26,6 @@ __device__ __forceinline__ float to_f32<u16>(u16 v) { return bf16_to_f32(v); }
 template <>
 __device__ __forceinline__ float to_f32<float>(float v) { return v; }
 
-__device__ __forceinline__ u32 pk_hash(u64 x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return (u32)x;
-}
-
 // out [n, h] f32 ← rows `tokens[i]` of table [vocab, h] (T). Grid (n), any block size.
 template <typename T>
 __device__ void embed(float* __restrict__ out, const T* __restrict__ table, const u32* __restrict__ tokens, u32 h) {

@@ -117,6 +117,21 @@ pub fn tc_partition_size(num_seqs: usize, num_kv_heads: usize, max_context: usiz
     max_context.div_ceil(parts).div_ceil(64).max(1) * 64
 }
 
+/// Checks `layer` and `num_heads` against the pages' geometry (shared by the decode and prefill
+/// kernels' argument checks); returns the query heads per kv head.
+pub(crate) fn kv_group(g: &kvcache::PageGeometry, layer: usize, num_heads: usize) -> Result<usize, CudaError> {
+    if layer >= g.num_layers {
+        return Err(CudaError::Invalid(format!("layer {layer} out of range ({} layers)", g.num_layers)));
+    }
+    if num_heads == 0 || num_heads % g.num_kv_heads != 0 {
+        return Err(CudaError::Invalid(format!(
+            "{num_heads} query heads is not a multiple of {} kv heads",
+            g.num_kv_heads
+        )));
+    }
+    Ok(num_heads / g.num_kv_heads)
+}
+
 /// One decode call over a batch of sequences. Device arrays; shapes in comments.
 #[derive(Clone, Copy)]
 pub struct DecodeBatch<'a> {
@@ -213,13 +228,7 @@ impl DecodeAttention {
         use kvcache::PageStore;
         let g = pages.geometry();
         let bad = |m: String| Err(CudaError::Invalid(m));
-        if layer >= g.num_layers {
-            return bad(format!("layer {layer} out of range ({} layers)", g.num_layers));
-        }
-        if b.num_heads == 0 || b.num_heads % g.num_kv_heads != 0 {
-            return bad(format!("{} query heads is not a multiple of {} kv heads", b.num_heads, g.num_kv_heads));
-        }
-        let group = b.num_heads / g.num_kv_heads;
+        let group = kv_group(g, layer, b.num_heads)?;
         if group > MAX_GROUP {
             return Err(CudaError::Unsupported(format!("{group} query heads per kv head (at most {MAX_GROUP})")));
         }

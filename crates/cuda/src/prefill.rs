@@ -120,13 +120,7 @@ impl PrefillAttention {
         use kvcache::PageStore;
         let g = pages.geometry().clone();
         let bad = |m: String| Err(CudaError::Invalid(m));
-        if layer >= g.num_layers {
-            return bad(format!("layer {layer} out of range ({} layers)", g.num_layers));
-        }
-        if b.num_heads == 0 || b.num_heads % g.num_kv_heads != 0 {
-            return bad(format!("{} query heads is not a multiple of {} kv heads", b.num_heads, g.num_kv_heads));
-        }
-        let group = b.num_heads / g.num_kv_heads;
+        let group = crate::attention::kv_group(&g, layer, b.num_heads)?;
         if !self.serves(pages, b.num_heads) {
             return Err(CudaError::Unsupported(format!(
                 "prefill kernel: {} pages, head_dim {}, {group} query heads per kv head",
