@@ -22,6 +22,7 @@ const DECODE_TC: &str = include_str!("../kernels/decode_tc.cu");
 const PREFILL_TC: &str = include_str!("../kernels/prefill_tc.cu");
 const BENCH: &str = include_str!("../kernels/bench.cu");
 const MODEL: &str = include_str!("../kernels/model.cu");
+const TOPK: &str = include_str!("../kernels/topk.cu");
 
 /// Which kernels a module holds and how they are specialized.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -32,6 +33,8 @@ pub enum ModuleSpec {
     Bench,
     /// The model kernels (embedding, RMSNorm, QKV + RoPE, SiLU·mul, argmax, conversions).
     Model,
+    /// The top-k selection of logit rows ([`crate::TopK`]).
+    TopK,
 }
 
 /// (codec id, bits) as the kernels' `CODEC_*` constants.
@@ -67,13 +70,14 @@ impl ModuleSpec {
             ModuleSpec::Kv { .. } => [COMMON, CACHE_WRITE, DECODE, DECODE_TC, PREFILL_TC].join("\n"),
             ModuleSpec::Bench => [COMMON, BENCH].join("\n"),
             ModuleSpec::Model => [COMMON, MODEL].join("\n"),
+            ModuleSpec::TopK => [COMMON, TOPK].join("\n"),
         }
     }
 
     fn defines(&self) -> Vec<String> {
         let (format, d, g) = match *self {
             ModuleSpec::Kv { format, head_dim, group } => (format, head_dim, group),
-            ModuleSpec::Bench | ModuleSpec::Model => (KvFormat::F32, 128, 0),
+            ModuleSpec::Bench | ModuleSpec::Model | ModuleSpec::TopK => (KvFormat::F32, 128, 0),
         };
         let (kc, kb) = codec_id(format.key_codec());
         let (vc, vb) = codec_id(format.value_codec());

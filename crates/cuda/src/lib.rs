@@ -21,6 +21,7 @@
 //! - [`mod@bench`]: the attention benchmark ([`bench::bench_attention`] → [`bench::Row`]s, JSON
 //!   lines via [`bench::Row::to_json`]) with its roofline rows; measured figures in
 //!   `crates/cuda/RESULTS.md`.
+//! - [`TopK`]: each logit row's `k` best entries (ids, values) selected on the device.
 //!
 //! No device is touched before [`CudaDevice::new`]; it checks that the driver library exists
 //! and initializes, and returns one typed [`CudaError`] otherwise — never a panic.
@@ -42,6 +43,8 @@ mod model_ops;
 mod pages;
 #[cfg(feature = "cuda")]
 mod prefill;
+#[cfg(feature = "cuda")]
+mod topk;
 
 #[cfg(feature = "cuda")]
 pub use attention::{
@@ -63,6 +66,8 @@ pub use model_ops::{
 pub use pages::{DevicePages, HostLayerCopy};
 #[cfg(feature = "cuda")]
 pub use prefill::{prefill_min_tokens, prefill_supported, prefill_tiles, PrefillAttention, PrefillBatch};
+#[cfg(feature = "cuda")]
+pub use topk::{TopK, TopKPlan, TOP_K_CHUNKS, TOP_K_MAX, TOP_K_MERGE_CAP, TOP_K_NONE};
 
 /// Number of CUDA devices, or why there is no usable CUDA (no feature, no driver, init failed).
 pub fn probe() -> Result<usize, CudaError> {
