@@ -1,6 +1,7 @@
 //! ggml's vector `expf` (`ggml_v_expf`, adapted from Arm's optimized-routines: range
-//! reduction by `ln 2`, a degree-5 polynomial, within 2.2 ulp) as one scalar lane, and its
-//! constants for vector kernels built on it (SwiGLU in the model, ggml-numerics attention).
+//! reduction by `ln 2`, a degree-5 polynomial, within 2.2 ulp) as one scalar lane, its
+//! constants for vector kernels built on it (SwiGLU in the model, ggml-numerics attention), and
+//! two vector forms lane-exact to the scalar one ([`expf_avx512`], [`expf_avx2`]).
 //!
 //! ggml has one `ggml_v_expf` per instruction set, and they round differently: the AVX2 one
 //! returns `k + k·p` (`k = 2^n`), the AVX-512 one `scalef(1 + p, n)`. This is the AVX-512 form,
@@ -43,10 +44,94 @@ pub fn expf(x: f32) -> f32 {
     (j as f64 * 2f64.powi(n as i32)) as f32
 }
 
+/// [`expf`] on the 16 lanes of an AVX-512 register: ggml's `ggml_v_expf` (AVX-512 form) with
+/// the same intrinsics, lane for lane bit-identical to [`expf`].
+///
+/// # Safety
+/// The CPU has AVX-512F, and the caller is compiled with it (this inlines into it).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub unsafe fn expf_avx512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let r = _mm512_set1_ps(SHIFT);
+    let z = _mm512_fmadd_ps(x, _mm512_set1_ps(INV_LN2), r);
+    let n = _mm512_sub_ps(z, r);
+    let b = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x));
+    let big = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+    let u = _mm512_mul_ps(b, b);
+    let j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(
+            _mm512_fmadd_ps(_mm512_set1_ps(C5), b, _mm512_set1_ps(C4)),
+            u,
+            _mm512_fmadd_ps(_mm512_set1_ps(C3), b, _mm512_set1_ps(C2)),
+        ),
+        u,
+        _mm512_fmadd_ps(_mm512_set1_ps(C1), b, _mm512_set1_ps(1.0)),
+    );
+    let res = _mm512_scalef_ps(j, n);
+    let alt = _mm512_mask_blend_ps(
+        _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps()),
+        _mm512_set1_ps(f32::INFINITY),
+        _mm512_setzero_ps(),
+    );
+    _mm512_mask_blend_ps(big, res, alt)
+}
+
+/// [`expf`] on the 8 lanes of an AVX2 register, lane for lane bit-identical to it (so to the
+/// AVX-512 form, not to ggml's own AVX2 `ggml_v_expf`, which rounds `k + k·p` instead): AVX2
+/// has no `vscalefps`, so `j · 2^n` is taken as `(j · 2^n1) · 2^n2` with `n1 + n2 = n`, both
+/// powers normal and the first product exact (`n2` = 0 for `-126 ≤ n ≤ 127`, 96 above, −100
+/// below), which rounds once as `vscalefps` does, subnormal and overflowing results included.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA, and the caller is compiled with them (this inlines into it).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub unsafe fn expf_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let r = _mm256_set1_ps(SHIFT);
+    let z = _mm256_fmadd_ps(x, _mm256_set1_ps(INV_LN2), r);
+    let n = _mm256_sub_ps(z, r);
+    let b = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x));
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(_mm256_set1_ps(C5), b, _mm256_set1_ps(C4)),
+            u,
+            _mm256_fmadd_ps(_mm256_set1_ps(C3), b, _mm256_set1_ps(C2)),
+        ),
+        u,
+        _mm256_fmadd_ps(_mm256_set1_ps(C1), b, _mm256_set1_ps(1.0)),
+    );
+    // n is an integer here (lanes past |n| > 192, NaN included, are replaced below).
+    let ni = _mm256_cvtps_epi32(n);
+    let above = _mm256_cmpgt_epi32(ni, _mm256_set1_epi32(127));
+    let below = _mm256_cmpgt_epi32(_mm256_set1_epi32(-126), ni);
+    let n2 = _mm256_or_si256(
+        _mm256_and_si256(above, _mm256_set1_epi32(96)),
+        _mm256_and_si256(below, _mm256_set1_epi32(-100)),
+    );
+    // 2^e for -126 <= e <= 127: the biased exponent alone (no closure: it would not inline
+    // with the caller's target features).
+    let bias = _mm256_set1_epi32(127);
+    let pow_n1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_sub_epi32(ni, n2), bias)));
+    let pow_n2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n2, bias)));
+    let res = _mm256_mul_ps(_mm256_mul_ps(j, pow_n1), pow_n2);
+    let abs = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+    let big = _mm256_cmp_ps::<_CMP_GT_OQ>(abs, _mm256_set1_ps(192.0));
+    let alt = _mm256_blendv_ps(
+        _mm256_set1_ps(f32::INFINITY),
+        _mm256_setzero_ps(),
+        _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps()),
+    );
+    _mm256_blendv_ps(res, alt, big)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::rngs::StdRng;
+    use rand::seq::SliceRandom;
     use rand::{Rng, SeedableRng};
 
     fn fresh_seed() -> u64 {
@@ -130,6 +215,81 @@ mod tests {
             for (xi, w) in x.iter().zip(want) {
                 assert_eq!(expf(*xi).to_bits(), w.to_bits(), "x {xi}");
             }
+        }
+    }
+
+    /// Inputs over every branch of the vector forms: softmax inputs, the subnormal and flushed
+    /// range, overflow, the |n| = 192 edges, the 2^n split points (n = -126, 127) and specials.
+    fn vector_inputs(rng: &mut StdRng) -> Vec<f32> {
+        let mut v: Vec<f32> = (0..200_000)
+            .map(|i| match i % 4 {
+                0 => rng.gen_range(-30.0..0.0),
+                1 => rng.gen_range(-140.0..-80.0),
+                2 => rng.gen_range(80.0..140.0),
+                _ => rng.gen_range(-200.0..200.0),
+            })
+            .collect();
+        for n in [-193.0f32, -192.0, -127.0, -126.0, -125.0, 127.0, 128.0, 192.0, 193.0] {
+            let x = n * std::f32::consts::LN_2;
+            for k in -40..=40 {
+                v.push(f32::from_bits((x.to_bits() as i32 + k) as u32));
+            }
+        }
+        v.extend([0.0, -0.0, f32::NEG_INFINITY, f32::INFINITY, f32::MIN, f32::MAX, -1e-30, 1e-30]);
+        v
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn expf_avx512_lanes(x: &[f32; 16]) -> [f32; 16] {
+        use std::arch::x86_64::*;
+        let mut o = [0f32; 16];
+        // SAFETY: AVX-512F is enabled here (callers check the CPU); 16 floats each side.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), expf_avx512(_mm512_loadu_ps(x.as_ptr()))) };
+        o
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn expf_avx2_lanes(x: &[f32; 8]) -> [f32; 8] {
+        use std::arch::x86_64::*;
+        let mut o = [0f32; 8];
+        // SAFETY: AVX2 and FMA are enabled here (callers check the CPU); 8 floats each side.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), expf_avx2(_mm256_loadu_ps(x.as_ptr()))) };
+        o
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn vector_forms_are_lane_exact() {
+        let seed = fresh_seed();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut v = vector_inputs(&mut rng);
+        v.shuffle(&mut rng);
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            for c in v.chunks_exact(8) {
+                let x: [f32; 8] = c.try_into().unwrap();
+                // SAFETY: AVX2 and FMA were detected.
+                let got = unsafe { expf_avx2_lanes(&x) };
+                for (xi, g) in x.iter().zip(got) {
+                    assert!(same(g, expf(*xi)), "seed {seed}: avx2 expf({xi}) = {g}, scalar {}", expf(*xi));
+                }
+            }
+        } else {
+            eprintln!("skipped AVX2: not on this CPU");
+        }
+        if std::is_x86_feature_detected!("avx512f") {
+            for c in v.chunks_exact(16) {
+                let x: [f32; 16] = c.try_into().unwrap();
+                // SAFETY: AVX-512F was detected.
+                let got = unsafe { expf_avx512_lanes(&x) };
+                for (xi, g) in x.iter().zip(got) {
+                    assert!(same(g, expf(*xi)), "seed {seed}: avx512 expf({xi}) = {g}, scalar {}", expf(*xi));
+                }
+            }
+        } else {
+            eprintln!("skipped AVX-512: not on this CPU");
         }
     }
 

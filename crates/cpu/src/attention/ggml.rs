@@ -16,28 +16,43 @@
 //! 3. `kqv = mul_mat(V, p)`: p is converted to f16 and each output is an f32 dot product over
 //!    the positions (exact products again; only the order rounds).
 //!
-//! The summation order of both products depends on how many query tokens the ubatch holds
-//! (here: the call's `num_seqs × q_len`): with several (prefill), tinyBLAS accumulates 16
-//! lanes, lane `i mod 16` taking element `i`, then folds them (`_mm512_reduce_add_ps`); with
-//! one (decode), `ggml_vec_dot_f16` keeps four 16-lane accumulators over steps of 64 and folds
-//! `(a0 + a2) + (a1 + a3)` first. Positions index the lanes from 0 (llama.cpp's cache cells,
-//! which for one sequence are its positions), and masked positions add exact zeros, so the
-//! cache's padding (to 256 cells) does not matter. Several sequences in one llama.cpp ubatch
-//! share cells in an order this kernel does not model; one sequence per call is reproduced bit
-//! for bit (the golden tests check 1,024 prefill rows and 296 decode steps of SmolLM2).
+//! The summation order of both products depends on how many query tokens llama.cpp's ubatch
+//! holds: with several (prefill), tinyBLAS accumulates 16 lanes, lane `i mod 16` taking element
+//! `i`, then folds them (`_mm512_reduce_add_ps`); with one (decode), `ggml_vec_dot_f16` keeps
+//! four 16-lane accumulators over steps of 64 and folds `(a0 + a2) + (a1 + a3)` first. Here the
+//! order is chosen **per sequence**: a sequence with `q_len` 1 takes the decode order, one with
+//! several query tokens the tinyBLAS order, whatever else the call holds, so a sequence's result
+//! does not depend on what it is batched with (the engine's "alone == batched" guarantee). For
+//! one sequence per call, as llama.cpp runs a single conversation, that is llama.cpp's choice.
+//! Positions index the lanes from 0 (llama.cpp's cache cells, which for one sequence are its
+//! positions), and masked positions add exact zeros, so the cache's padding (to 256 cells) does
+//! not matter. Several sequences in one llama.cpp ubatch share cells in an order this kernel
+//! does not model; one sequence per call is reproduced bit for bit (the golden tests check
+//! 1,024 prefill rows and 296 decode steps of SmolLM2).
 //!
 //! [`GgmlSteps`] switches each rounding step on or off (off = that step computed in f64 and
 //! rounded once, or not rounded at all): the golden tests use it to measure which step accounts
 //! for how much of the disagreement with llama.cpp. Only f16 caches (unrotated) are served;
-//! any other format is a configuration error. The kernel is scalar (it is a reference of
-//! llama.cpp's numerics, not a fast path), parallel over (sequence, kv head) on the thread pool.
+//! any other format is a configuration error.
+//!
+//! Two implementations: [`attention`] here is scalar, the reference (parallel over (sequence,
+//! kv head) on the thread pool when run through [`GgmlAttention`] with no SIMD kernel);
+//! `ggml_simd` is the same computation vectorized (AVX-512 or AVX2, chosen at run time) and
+//! threaded without splitting any sum, bit-identical to it (tests compare bit patterns).
+//! [`GgmlAttention`] runs `ggml_simd` for [`GgmlSteps::ALL`] and `head_dim % 16 == 0`, the
+//! scalar kernel otherwise (ablations, odd head sizes, CPUs without AVX2).
 
 use crate::expf::expf;
 use half::f16;
 use kvcache::{AttentionRoute, CacheCounters, KvFormat, LayerView};
 
+#[cfg(target_arch = "x86_64")]
+use std::sync::Mutex;
+
+#[cfg(target_arch = "x86_64")]
+use super::ggml_simd::GgmlWorkspace;
 use super::group::QueryBounds;
-use super::{AttentionError, AttentionParams, PoolHandle};
+use super::{AttentionError, AttentionParams, KernelIsa, PoolHandle};
 
 /// Environment variable choosing the attention numerics.
 pub const ATTN_NUMERICS_ENV: &str = "PAGEKV_ATTN_NUMERICS";
@@ -94,7 +109,7 @@ pub enum AttnNumerics {
     /// The router's kernels (`PAGEKV_ATTN_IMPL`).
     #[default]
     Fast,
-    /// The scalar kernel of this module with these steps ([`GgmlSteps::ALL`] for `ggml`).
+    /// llama.cpp's rounding with these steps ([`GgmlSteps::ALL`] for `ggml`; see [`GgmlAttention`]).
     Ggml(GgmlSteps),
 }
 
@@ -133,24 +148,48 @@ impl AttnNumerics {
     }
 }
 
-/// The ggml-numerics attention operator: its steps and the thread pool it runs on.
+/// The ggml-numerics attention operator: its steps, the instruction set of its SIMD kernel (if
+/// any), the thread pool it runs on and the SIMD kernel's buffers.
 pub struct GgmlAttention {
     steps: GgmlSteps,
+    isa: Option<KernelIsa>,
     pool: PoolHandle,
+    #[cfg(target_arch = "x86_64")]
+    workspace: Mutex<GgmlWorkspace>,
 }
 
 impl GgmlAttention {
+    /// With the strongest SIMD kernel this CPU runs ([`KernelIsa::detect`]).
     pub fn new(steps: GgmlSteps, pool: impl Into<PoolHandle>) -> GgmlAttention {
-        GgmlAttention { steps, pool: pool.into() }
+        GgmlAttention {
+            steps,
+            isa: KernelIsa::detect(),
+            pool: pool.into(),
+            #[cfg(target_arch = "x86_64")]
+            workspace: Mutex::new(GgmlWorkspace::default()),
+        }
+    }
+
+    /// Pins the SIMD kernel's instruction set (`None`: the scalar kernel for every call). An
+    /// instruction set this CPU lacks also means the scalar kernel.
+    pub fn with_isa(mut self, isa: Option<KernelIsa>) -> GgmlAttention {
+        self.isa = isa.filter(KernelIsa::is_available);
+        self
     }
 
     pub fn steps(&self) -> GgmlSteps {
         self.steps
     }
 
+    /// The SIMD kernel's instruction set, if calls with every step on use one.
+    pub fn isa(&self) -> Option<KernelIsa> {
+        self.isa
+    }
+
     /// Computes attention for every query of `p` over `layer` (an f16 cache) into `out`
-    /// (`[num_seqs, q_len, num_heads, head_dim]`). Counted as the scalar reference route (it is
-    /// one), with the dequantized tokens every path counts.
+    /// (`[num_seqs, q_len, num_heads, head_dim]`), with the dequantized tokens every path
+    /// counts. The SIMD kernel counts as primitive (one pass) or partitioned (a decode row split
+    /// over threads), the scalar one as the reference.
     pub fn forward(
         &self,
         layer: &LayerView,
@@ -160,6 +199,17 @@ impl GgmlAttention {
     ) -> Result<AttentionRoute, AttentionError> {
         check(layer, p, out)?;
         let hkv = layer.num_kv_heads;
+        let read: usize = (0..p.num_seqs).map(|s| QueryBounds::of(p, s).read_range().len()).sum();
+        CacheCounters::add(&counters.dequantized_tokens, (read * hkv) as u64);
+        #[cfg(target_arch = "x86_64")]
+        if let Some(isa) = self.isa.filter(|_| self.steps == GgmlSteps::ALL && super::ggml_simd::serves(layer)) {
+            // A poisoned lock only means a panic in an earlier call; the buffers hold no state.
+            let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+            let (route, parts) = super::ggml_simd::attention(isa, layer, p, &self.pool, &mut ws, out);
+            counters.count_route(route);
+            CacheCounters::add(&counters.partitions, parts as u64);
+            return Ok(route);
+        }
         let out_ptr = SharedOut(out.as_mut_ptr());
         let steps = self.steps;
         self.pool.run(p.num_seqs * hkv, |task, _thread| {
@@ -169,13 +219,12 @@ impl GgmlAttention {
             unsafe { group(layer, p, steps, seq, kv_head, out_ptr) };
         });
         counters.count_route(AttentionRoute::Reference);
-        let read: usize = (0..p.num_seqs).map(|s| QueryBounds::of(p, s).read_range().len()).sum();
-        CacheCounters::add(&counters.dequantized_tokens, (read * hkv) as u64);
         Ok(AttentionRoute::Reference)
     }
 }
 
-/// [`GgmlAttention::forward`] on the calling thread (tests, one-off use).
+/// The scalar reference: [`GgmlAttention::forward`]'s result on the calling thread, bit for bit
+/// (tests, one-off use).
 pub fn attention(
     layer: &LayerView,
     p: &AttentionParams,
@@ -260,8 +309,9 @@ unsafe fn group_body(
     let range = bounds.read_range();
     let (t0, n) = (range.start, range.len());
     // ggml picks tinyBLAS (16 lanes) for a batch of several query tokens, ggml_vec_dot_f16
-    // (4 × 16 lanes) for one; tinyBLAS wants k % 16 == 0 (K·Q) and m % 4 == 0 (V·p).
-    let batch = p.num_seqs * p.q_len > 1;
+    // (4 × 16 lanes) for one; tinyBLAS wants k % 16 == 0 (K·Q) and m % 4 == 0 (V·p). Chosen
+    // per sequence (its q_len), never by what else the call holds (see the module docs).
+    let batch = p.q_len > 1;
     let kq_tiny = batch && d % 16 == 0;
     let kqv_tiny = batch && d % 4 == 0;
 

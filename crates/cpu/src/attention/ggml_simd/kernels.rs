@@ -1,0 +1,283 @@
+//! The ggml-order kernels, written once over [`Lanes16`] (see `super` for how a call is cut
+//! into them). Each one computes exactly what a step of the scalar `ggml::group_body` computes,
+//! with every sum in the same order:
+//!
+//! - [`stage_keys`] / [`block_scores`]: the scores of 16 consecutive positions (a block aligned
+//!   to absolute positions) for one query row. Each position's partial vector is built in ggml's
+//!   accumulator order (`ggml_vec_dot_f16`: four accumulators over steps of 64, folded
+//!   `(a0 + a2) + (a1 + a3)`; tinyBLAS: one accumulator over steps of 16), then the 16 vectors
+//!   are reduced together, transposed, so the scores come out as one vector.
+//! - [`softmax_row`]: max, `expf`, the denominator per block of 16 positions (`reduce16`, then
+//!   f64 in block order), probabilities rounded to f16, 16 positions at a time.
+//! - [`stage_values`] / [`lane_passes`] / [`fold_lanes`]: `V·p`. Position `t` belongs to lane
+//!   `t mod L` (64 for `ggml_vec_dot_f16`, 16 for tinyBLAS) and each lane accumulates its
+//!   positions in order by FMA, for every output dimension at once. The values are first copied
+//!   lane-major (`[L][positions / L][dims]`, f16) so a lane's positions are contiguous; a lane
+//!   pass keeps the accumulators of up to 4 heads × 4 vectors of 16 dimensions in registers;
+//!   the fold adds the lanes as the kernel does (`(l, l+32) + (l+16, l+48)`, then `reduce16`),
+//!   vertically, 16 dimensions at a time.
+
+use super::lanes::Lanes16;
+
+/// Copies the keys of a block's 16 positions as f32 into `kf` (`[16, d]`); a null row is a
+/// position the block does not read (zeros, its score is masked).
+///
+/// # Safety
+/// Non-null rows hold `d` f16 values; `kf` holds `16·d` floats; `d % 16 == 0`; the ISA of `V`.
+#[inline(always)]
+pub(crate) unsafe fn stage_keys<V: Lanes16>(rows: &[*const u16; 16], d: usize, kf: *mut f32) {
+    unsafe {
+        for (j, &row) in rows.iter().enumerate() {
+            let dst = kf.add(j * d);
+            for c in 0..d / 16 {
+                let x = if row.is_null() { V::zero() } else { V::load_f16(row.add(16 * c)) };
+                x.store(dst.add(16 * c));
+            }
+        }
+    }
+}
+
+/// `out[j] = scale · (q · k_j)` for the 16 staged keys `kf` (`[16, d]`), each dot product in
+/// `ggml_vec_dot_f16`'s order (`vec_dot`; elements past the last step of 64 added in f64) or
+/// tinyBLAS's (`d % 16 == 0` either way).
+///
+/// # Safety
+/// `q` holds `d` floats, `kf` `16·d`, `out` 16; the ISA of `V`.
+#[inline(always)]
+pub(crate) unsafe fn block_scores<V: Lanes16>(
+    vec_dot: bool,
+    q: *const f32,
+    kf: *const f32,
+    d: usize,
+    scale: f32,
+    out: *mut f32,
+) {
+    unsafe {
+        let mut x = [V::zero().fold_half(); 16];
+        let np = if vec_dot { d & !63 } else { d };
+        if vec_dot {
+            for (j, xj) in x.iter_mut().enumerate() {
+                let k = kf.add(j * d);
+                let mut a = [V::zero(); 4];
+                let mut i = 0;
+                while i < np {
+                    for (c, ac) in a.iter_mut().enumerate() {
+                        *ac = V::fma(V::load(q.add(i + 16 * c)), V::load(k.add(i + 16 * c)), *ac);
+                    }
+                    i += 64;
+                }
+                *xj = a[0].add(a[2]).add(a[1].add(a[3])).fold_half();
+            }
+        } else {
+            for (j, xj) in x.iter_mut().enumerate() {
+                let k = kf.add(j * d);
+                let mut a = V::zero();
+                for c in 0..d / 16 {
+                    a = V::fma(V::load(q.add(16 * c)), V::load(k.add(16 * c)), a);
+                }
+                *xj = a.fold_half();
+            }
+        }
+        let s = V::reduce_transposed(&x);
+        if np < d {
+            // ggml_vec_dot_f16's leftovers: added one by one in f64 after the vector sum.
+            let mut t = [0f32; 16];
+            s.store(t.as_mut_ptr());
+            for (j, tj) in t.iter_mut().enumerate() {
+                let mut acc = *tj as f64;
+                for i in np..d {
+                    acc += (*q.add(i) * *kf.add(j * d + i)) as f64;
+                }
+                *tj = acc as f32;
+            }
+            V::load(t.as_ptr()).mul(V::splat(scale)).store(out);
+        } else {
+            s.mul(V::splat(scale)).store(out);
+        }
+    }
+}
+
+/// One query row's softmax over `blocks` blocks of 16 scaled scores `src` (positions outside
+/// the row's keys hold −∞): `dst` ← the probabilities rounded to f16 (0 outside). `src` may be
+/// `dst`.
+///
+/// # Safety
+/// `src` and `dst` hold `16·blocks` floats (`blocks ≥ 1`, some score finite); the ISA of `V`.
+#[inline(always)]
+pub(crate) unsafe fn softmax_row<V: Lanes16>(src: *const f32, dst: *mut f32, blocks: usize) {
+    unsafe {
+        let mut m = V::splat(f32::NEG_INFINITY);
+        for b in 0..blocks {
+            m = m.max(V::load(src.add(16 * b)));
+        }
+        let neg_max = V::splat(-m.max_lane());
+        let mut sum = 0f64;
+        for b in 0..blocks {
+            let e = V::load(src.add(16 * b)).add(neg_max).expf();
+            e.store(dst.add(16 * b));
+            sum += e.reduce() as f64;
+        }
+        let inv = V::splat((1.0 / sum) as f32);
+        for b in 0..blocks {
+            V::load(dst.add(16 * b)).mul(inv).round_f16().store(dst.add(16 * b));
+        }
+    }
+}
+
+/// Copies values lane-major: `stage[(t mod lanes) · ns + (t − s0) / lanes]` (rows of `dc` f16)
+/// ← `row(t)` for `t` in `t0..t1`, where `s0 ≤ t0` is a multiple of `lanes`.
+///
+/// # Safety
+/// Every `row(t)` holds `dc` f16 (`dc % 16 == 0`); `stage` holds `lanes · ns · dc`.
+#[inline(always)]
+pub(crate) unsafe fn stage_values(
+    row: impl Fn(usize) -> *const u16,
+    t0: usize,
+    t1: usize,
+    s0: usize,
+    lanes: usize,
+    ns: usize,
+    dc: usize,
+    stage: *mut u16,
+) {
+    debug_assert!(s0 <= t0 && s0.is_multiple_of(lanes) && dc.is_multiple_of(16));
+    for t in t0..t1 {
+        let src = row(t) as *const [u64; 4];
+        let dst = unsafe { stage.add(((t % lanes) * ns + (t - s0) / lanes) * dc) } as *mut [u64; 4];
+        for c in 0..dc / 16 {
+            // SAFETY: 32 bytes per 16 values, inside both rows (caller's contract).
+            unsafe { dst.add(c).write_unaligned(src.add(c).read_unaligned()) };
+        }
+    }
+}
+
+/// One lane of one row group: `out[h][c] = Σ_k v_k[c] · p[h][k · step]` accumulated by FMA in
+/// order of `k`, from 0, for `NH` heads and `NV` vectors of 16 dimensions. `v` is the lane's
+/// first staged row (rows `dc` apart), `p[h]` head `h`'s probability of the lane's first
+/// position.
+///
+/// # Safety
+/// `count` staged rows of `16·NV` values from `v`; `p[h]` readable at `k · step` for
+/// `k < count`; `out[h]` holds `16·NV` floats; the ISA of `V`.
+#[inline(always)]
+unsafe fn lane_pass<V: Lanes16, const NH: usize, const NV: usize>(
+    v: *const u16,
+    dc: usize,
+    count: usize,
+    p: &[*const f32; 4],
+    step: usize,
+    out: &[*mut f32; 4],
+) {
+    unsafe {
+        let mut acc = [[V::zero(); NV]; NH];
+        for k in 0..count {
+            let row = v.add(k * dc);
+            let mut x = [V::zero(); NV];
+            for (c, xc) in x.iter_mut().enumerate() {
+                *xc = V::load_f16(row.add(16 * c));
+            }
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let w = V::splat(*p[h].add(k * step));
+                for (a, &xc) in acc.iter_mut().zip(&x) {
+                    *a = V::fma(xc, w, *a);
+                }
+            }
+        }
+        for (h, acc) in acc.iter().enumerate() {
+            for (c, a) in acc.iter().enumerate() {
+                a.store(out[h].add(16 * c));
+            }
+        }
+    }
+}
+
+/// [`lane_pass`] for every head and every vector of the staged dimensions of one lane, in
+/// passes of at most 4 heads × `max_nv` vectors (the register budget of the ISA).
+/// `p[h]`: head `h`'s first probability; `out[h]`: head `h`'s lane accumulators (`dc` floats).
+///
+/// # Safety
+/// As [`lane_pass`] for each pass; `p` and `out` hold `heads` pointers.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn lane_passes<V: Lanes16>(
+    max_nv: usize,
+    heads: usize,
+    v: *const u16,
+    dc: usize,
+    count: usize,
+    p: &[*const f32],
+    step: usize,
+    out: &[*mut f32],
+) {
+    let nvec = dc / 16;
+    let mut h0 = 0;
+    while h0 < heads {
+        let nh = (heads - h0).min(4);
+        let mut pp = [std::ptr::null::<f32>(); 4];
+        pp[..nh].copy_from_slice(&p[h0..h0 + nh]);
+        let mut c0 = 0;
+        while c0 < nvec {
+            let nv = [4, 2, 1].into_iter().find(|&n| n <= max_nv && c0 + n <= nvec).unwrap_or(1);
+            let mut oo = [std::ptr::null_mut::<f32>(); 4];
+            for (o, &dst) in oo.iter_mut().zip(&out[h0..h0 + nh]) {
+                // SAFETY: inside head h's `dc` floats.
+                *o = unsafe { dst.add(16 * c0) };
+            }
+            // SAFETY: forwarded contract; `v + 16·c0` starts the pass's columns of each row.
+            unsafe {
+                let v = v.add(16 * c0);
+                macro_rules! go {
+                    ($($nh:literal, $nv:literal);*) => {
+                        match (nh, nv) {
+                            $(($nh, $nv) => lane_pass::<V, $nh, $nv>(v, dc, count, &pp, step, &oo),)*
+                            _ => unreachable!("passes are 1..=4 heads × 1, 2 or 4 vectors"),
+                        }
+                    };
+                }
+                go!(1, 1; 2, 1; 3, 1; 4, 1; 1, 2; 2, 2; 3, 2; 4, 2; 1, 4; 2, 4; 3, 4; 4, 4);
+            }
+            c0 += nv;
+        }
+        h0 += nh;
+    }
+}
+
+/// Folds the `lanes` (16 or 64) lane accumulators of one head into `out` (`nvec` vectors of 16
+/// dimensions): 64 lanes as `(l + (l+32)) + ((l+16) + (l+48))` first, then `reduce16` across
+/// the 16 lanes left, vertically. Lane `l`'s vector `c` is at `acc + l · lane_stride + 16c`.
+///
+/// # Safety
+/// Those vectors are readable; `out` holds `16·nvec` floats; the ISA of `V`.
+#[inline(always)]
+pub(crate) unsafe fn fold_lanes<V: Lanes16>(
+    acc: *const f32,
+    lane_stride: usize,
+    lanes: usize,
+    nvec: usize,
+    out: *mut f32,
+) {
+    debug_assert!(lanes == 16 || lanes == 64);
+    unsafe {
+        for c in 0..nvec {
+            let at = acc.add(16 * c);
+            let mut x = [V::zero(); 16];
+            for (l, xl) in x.iter_mut().enumerate() {
+                let a = V::load(at.add(l * lane_stride));
+                *xl = if lanes == 64 {
+                    let a32 = V::load(at.add((l + 32) * lane_stride));
+                    let a16 = V::load(at.add((l + 16) * lane_stride));
+                    let a48 = V::load(at.add((l + 48) * lane_stride));
+                    a.add(a32).add(a16.add(a48))
+                } else {
+                    a
+                };
+            }
+            let mut y = [V::zero(); 8];
+            for i in 0..8 {
+                y[i] = x[i].add(x[i + 8]);
+            }
+            let z = [y[0].add(y[4]), y[1].add(y[5]), y[2].add(y[6]), y[3].add(y[7])];
+            z[0].add(z[2]).add(z[1].add(z[3])).store(out.add(16 * c));
+        }
+    }
+}

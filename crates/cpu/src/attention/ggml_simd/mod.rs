@@ -1,0 +1,523 @@
+//! The fast form of ggml-numerics attention (`super::ggml`): the same rounding, step for step
+//! and bit for bit, vectorized (AVX-512 or AVX2, chosen at run time) and threaded. The scalar
+//! `ggml::attention` stays the reference; the tests compare the two on every shape they
+//! serve, bit patterns and all.
+//!
+//! Order of every sum is fixed by ggml (see `ggml`'s module docs); what this module chooses is
+//! only how the work is cut, and no cut splits a sum:
+//!
+//! - **Whole** (prefill, and decode when there are enough (sequence, kv head) units): one task
+//!   per (sequence, kv head, run of up to [`MAX_TASK_TOKENS`] query tokens) computes its rows'
+//!   scores block by block (16 positions aligned to absolute positions; each block's keys are
+//!   staged once for every row that sees it), their softmax, then `V·p` over values staged
+//!   lane-major once for the run, and writes the rows.
+//! - **Split** (decode, fewer units than the threads can share evenly, long contexts): a first
+//!   parallel step computes the scores, one task per (sequence, kv head, part of the positions)
+//!   into a shared buffer (each score is one position's own dot product, so parts are free); a
+//!   second computes the softmax and `V·p`, one task per (sequence, kv head, slice of the output
+//!   dimensions): each output dimension's sum over positions stays whole in one task, and the
+//!   softmax (cheap next to `V·p`) is recomputed by every slice, identically.
+//!
+//! The decode order (`ggml_vec_dot_f16`, 64 lanes) serves a sequence whose `q_len` is 1, the
+//! tinyBLAS order (16 lanes) one with several query tokens: per sequence, so a sequence's result
+//! does not depend on what it is batched with.
+//!
+//! Only f16 caches with `head_dim % 16 == 0` (≤ [`MAX_FAST_HEAD_DIM`]) are served here (the
+//! caller falls back to the scalar kernel otherwise).
+
+mod kernels;
+mod lanes;
+
+use std::cell::UnsafeCell;
+
+use kvcache::{AttentionRoute, LayerView, PlaneView};
+
+use self::kernels::{block_scores, fold_lanes, lane_passes, softmax_row, stage_keys, stage_values};
+use self::lanes::{Lanes16, YmmPair, Zmm};
+use super::group::QueryBounds;
+use super::workspace::{AlignedF32, SyncPtr};
+use super::{AttentionParams, KernelIsa, MAX_FAST_HEAD_DIM};
+use crate::threadpool::ThreadPool;
+
+/// Tasks per thread a call is cut into at least, where it can be.
+const TASKS_PER_THREAD: usize = 2;
+/// Query tokens per task at most (a task's scores are `tokens × group × positions` floats).
+const MAX_TASK_TOKENS: usize = 16;
+/// A decode row is split over threads only from this many positions read.
+const SPLIT_MIN_POSITIONS: usize = 256;
+/// Positions per part of a split row at least.
+const MIN_PART_POSITIONS: usize = 256;
+
+/// Whether this module serves `layer` (the caller checked format and steps).
+pub(crate) fn serves(layer: &LayerView) -> bool {
+    layer.head_dim.is_multiple_of(16) && layer.head_dim <= MAX_FAST_HEAD_DIM
+}
+
+/// Buffers of one pool thread.
+#[derive(Default)]
+struct Scratch {
+    /// `[rows, head_dim]` f16-rounded queries of the task's rows.
+    q: AlignedF32,
+    /// `[16, head_dim]` one block's keys.
+    kf: AlignedF32,
+    /// `[rows, stride]` scores, then probabilities, from the task's first block.
+    sc: AlignedF32,
+    /// `[lanes, group, dims]` lane accumulators of one query token.
+    lanes: AlignedF32,
+    /// `[lanes, positions / lanes, dims]` values, lane-major (f16 bits).
+    stage: Vec<u16>,
+}
+
+struct Slot(UnsafeCell<Scratch>);
+
+// SAFETY: a slot is reached only through `GgmlWorkspace::thread`, whose contract gives each
+// concurrently running task a distinct thread index.
+unsafe impl Sync for Slot {}
+
+/// Buffers reused across calls (the decode step allocates nothing once they have grown).
+#[derive(Default)]
+pub(crate) struct GgmlWorkspace {
+    threads: Vec<Slot>,
+    /// `[num_seqs, kv_heads, group, stride]` scores of a split call.
+    scores: AlignedF32,
+}
+
+impl GgmlWorkspace {
+    fn prepare(&mut self, n_threads: usize, rows: usize, d: usize, stride: usize, lanes: usize, group: usize) {
+        while self.threads.len() < n_threads {
+            self.threads.push(Slot(UnsafeCell::new(Scratch::default())));
+        }
+        for slot in &mut self.threads {
+            let s = slot.0.get_mut();
+            s.q.ensure(rows * d);
+            s.kf.ensure(16 * d);
+            s.sc.ensure(rows * stride);
+            s.lanes.ensure(lanes * group * d);
+            let stage = (stride + 2 * lanes) * d;
+            if s.stage.len() < stage {
+                s.stage.resize(stage, 0);
+            }
+        }
+    }
+
+    /// # Safety
+    /// No other live reference to this thread's scratch (one task per thread index at a time;
+    /// the reference dies with the task).
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn thread(&self, thread: usize) -> &mut Scratch {
+        // SAFETY: per the contract, this is the only reference to the slot.
+        unsafe { &mut *self.threads[thread].0.get() }
+    }
+}
+
+/// How one call is cut into tasks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    /// One task per (sequence, kv head, run of `tokens` query tokens).
+    Whole { runs: usize, tokens: usize },
+    /// Scores in `parts` parts per (sequence, kv head), then softmax and `V·p` in `slices`
+    /// slices of `dims` output dimensions.
+    Split { parts: usize, slices: usize, dims: usize },
+}
+
+impl Plan {
+    fn choose(p: &AttentionParams, hkv: usize, d: usize, threads: usize, max_read: usize) -> Plan {
+        let units = p.num_seqs * hkv;
+        let want = (TASKS_PER_THREAD * threads).div_ceil(units);
+        if p.q_len == 1 && threads > 1 && units < 2 * TASKS_PER_THREAD * threads && max_read >= SPLIT_MIN_POSITIONS {
+            let parts = want.clamp(1, (max_read / MIN_PART_POSITIONS).max(1));
+            let slices = want.clamp(1, d / 16);
+            let dims = (d / 16).div_ceil(slices) * 16;
+            return Plan::Split { parts, slices: d.div_ceil(dims), dims };
+        }
+        let runs = want.clamp(p.q_len.div_ceil(MAX_TASK_TOKENS), p.q_len);
+        let tokens = p.q_len.div_ceil(runs);
+        Plan::Whole { runs: p.q_len.div_ceil(tokens), tokens }
+    }
+}
+
+/// What every task of a call reads.
+struct Call<'a> {
+    layer: &'a LayerView<'a>,
+    p: &'a AttentionParams<'a>,
+    d: usize,
+    group: usize,
+    /// `ggml_vec_dot_f16`'s order (q_len 1) or tinyBLAS's.
+    vec_dot: bool,
+    /// `V·p` lanes: 64 or 16.
+    lanes: usize,
+    /// Floats per row of the split scores.
+    stride: usize,
+    plan: Plan,
+    out: SyncPtr,
+    scores: SyncPtr,
+}
+
+/// Which step a pool job runs.
+#[derive(Clone, Copy)]
+enum Step {
+    Whole,
+    SplitScores,
+    SplitValues,
+}
+
+/// `out` (`[num_seqs, q_len, num_heads, head_dim]`) ← ggml-numerics attention of `p` over the
+/// f16 `layer`, on `isa` (available on this CPU); shapes and blocks validated, [`serves`] true.
+/// Returns the route it counts as (primitive: one pass; partitioned: split) and its partitions.
+pub(crate) fn attention(
+    isa: KernelIsa,
+    layer: &LayerView,
+    p: &AttentionParams,
+    pool: &ThreadPool,
+    ws: &mut GgmlWorkspace,
+    out: &mut [f32],
+) -> (AttentionRoute, usize) {
+    let (d, hkv) = (layer.head_dim, layer.num_kv_heads);
+    let group = p.num_heads / hkv;
+    let max_read = (0..p.num_seqs).map(|s| QueryBounds::of(p, s).read_range().len()).max().unwrap_or(0);
+    // Blocks start up to 15 positions before a range and end up to 15 after it.
+    let stride = (max_read + 32).next_multiple_of(16);
+    let threads = pool.n_threads();
+    let plan = Plan::choose(p, hkv, d, threads, max_read);
+    let vec_dot = p.q_len == 1;
+    let lanes = if vec_dot { 64 } else { 16 };
+    let rows = match plan {
+        Plan::Whole { tokens, .. } => tokens * group,
+        Plan::Split { .. } => group,
+    };
+    ws.prepare(threads, rows, d, stride, lanes, group);
+    if let Plan::Split { .. } = plan {
+        ws.scores.ensure(p.num_seqs * hkv * group * stride);
+    }
+    let call = Call {
+        layer,
+        p,
+        d,
+        group,
+        vec_dot,
+        lanes,
+        stride,
+        plan,
+        out: SyncPtr::new(out.as_mut_ptr()),
+        scores: SyncPtr::new(ws.scores.as_mut_ptr()),
+    };
+    let ws = &*ws;
+    let job = |step: Step, tasks: usize| {
+        pool.run(tasks, |task, thread| {
+            // SAFETY: one task per thread index at a time; the reference dies with the task.
+            let scratch = unsafe { ws.thread(thread) };
+            // SAFETY: `isa` is available (caller); shapes and blocks validated; scratch sized
+            // by `prepare`; tasks write disjoint rows / dimensions (see each step).
+            unsafe { run_task(isa, &call, step, task, scratch) };
+        })
+    };
+    let units = p.num_seqs * hkv;
+    match plan {
+        Plan::Whole { runs, .. } => {
+            job(Step::Whole, units * runs);
+            (AttentionRoute::Primitive, 0)
+        }
+        Plan::Split { parts, slices, .. } => {
+            job(Step::SplitScores, units * parts);
+            job(Step::SplitValues, units * slices);
+            (AttentionRoute::Partitioned, units * parts)
+        }
+    }
+}
+
+/// Runs one task with `isa`'s kernels.
+///
+/// # Safety
+/// As [`run_step`], with `isa` available on this CPU.
+unsafe fn run_task(isa: KernelIsa, c: &Call, step: Step, task: usize, s: &mut Scratch) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match isa {
+            KernelIsa::Avx512 => task_avx512(c, step, task, s),
+            KernelIsa::Avx2 => task_avx2(c, step, task, s),
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+unsafe fn task_avx512(c: &Call, step: Step, task: usize, s: &mut Scratch) {
+    // SAFETY: forwarded contract; AVX-512 enabled here. 4 vectors per pass: 4 heads × 4
+    // vectors of accumulators and 4 of values fit the 32 registers.
+    unsafe { run_step::<Zmm>(c, step, task, s, 4) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn task_avx2(c: &Call, step: Step, task: usize, s: &mut Scratch) {
+    // SAFETY: forwarded contract; AVX2 enabled here. One 16-lane vector (2 registers) per
+    // pass: 4 heads' accumulators and the values take 10 of the 16 registers.
+    unsafe { run_step::<YmmPair>(c, step, task, s, 1) }
+}
+
+/// Task `task` of `step`.
+///
+/// # Safety
+/// `check` passed for the call; the scratch was prepared for it; the ISA of `V` is enabled;
+/// no other task writes this task's rows (Whole, SplitValues) or score rows (SplitScores).
+#[inline(always)]
+unsafe fn run_step<V: Lanes16>(c: &Call, step: Step, task: usize, s: &mut Scratch, max_nv: usize) {
+    let hkv = c.layer.num_kv_heads;
+    // SAFETY: forwarded contract.
+    unsafe {
+        match (step, c.plan) {
+            (Step::Whole, Plan::Whole { runs, tokens }) => {
+                let (unit, run) = (task / runs, task % runs);
+                let i0 = run * tokens;
+                whole::<V>(c, unit / hkv, unit % hkv, i0, (i0 + tokens).min(c.p.q_len), s, max_nv);
+            }
+            (Step::SplitScores, Plan::Split { parts, .. }) => {
+                let (unit, part) = (task / parts, task % parts);
+                split_scores::<V>(c, unit / hkv, unit % hkv, part, parts, s);
+            }
+            (Step::SplitValues, Plan::Split { slices, dims, .. }) => {
+                let (unit, slice) = (task / slices, task % slices);
+                let d0 = slice * dims;
+                split_values::<V>(c, unit / hkv, unit % hkv, d0, (d0 + dims).min(c.d), s, max_nv);
+            }
+            _ => unreachable!("steps run only under their plan"),
+        }
+    }
+}
+
+/// f16 code row of (`t`, `kv_head`) in `plane`, through the sequence's block table.
+#[inline(always)]
+fn row(plane: &PlaneView, table: &[u32], bs: usize, kv_head: usize, t: usize) -> *const u16 {
+    let slot = table[t / bs] as usize * bs + t % bs;
+    // Validated: every block the call reads is in the pool, so the row is inside `codes`.
+    plane.codes[(slot * plane.num_kv_heads + kv_head) * plane.code_bytes..].as_ptr().cast()
+}
+
+/// Rows `(i − i0) · group + h` of `q` ← query (token `i`, head `kv_head · group + h`) of `seq`,
+/// rounded to f16, for tokens `i0..i1`.
+#[inline(always)]
+unsafe fn prepare_queries<V: Lanes16>(c: &Call, seq: usize, kv_head: usize, i0: usize, i1: usize, q: *mut f32) {
+    let (p, d, g) = (c.p, c.d, c.group);
+    for i in i0..i1 {
+        for h in 0..g {
+            let src = ((seq * p.q_len + i) * p.num_heads + kv_head * g + h) * d;
+            let dst = ((i - i0) * g + h) * d;
+            for k in 0..d / 16 {
+                // SAFETY: `src` is a validated query row; `q` holds the task's rows.
+                unsafe { V::load(p.queries[src + 16 * k..].as_ptr()).round_f16().store(q.add(dst + 16 * k)) };
+            }
+        }
+    }
+}
+
+/// Keys of the block at `t0` into `kf`: positions of `u0..u1`, zeros elsewhere.
+#[inline(always)]
+unsafe fn stage_block<V: Lanes16>(c: &Call, seq: usize, kv_head: usize, t0: usize, u0: usize, u1: usize, kf: *mut f32) {
+    let (layer, table) = (c.layer, c.p.block_tables[seq]);
+    let mut rows = [std::ptr::null::<u16>(); 16];
+    for (j, r) in rows.iter_mut().enumerate() {
+        let t = t0 + j;
+        if (u0..u1).contains(&t) {
+            *r = row(&layer.keys, table, layer.block_size, kv_head, t);
+        }
+    }
+    // SAFETY: non-null rows are f16 rows of head_dim values; `kf` holds 16 rows.
+    unsafe { stage_keys::<V>(&rows, c.d, kf) };
+}
+
+/// The scores of rows `r0..r0 + group` (query token seeing keys `lo..hi`) for the block at
+/// `t0`: `dst(r)` is row `r`'s 16 scores; positions outside `lo..hi` get −∞.
+#[inline(always)]
+unsafe fn score_block<V: Lanes16>(
+    c: &Call,
+    q: *const f32,
+    kf: *const f32,
+    t0: usize,
+    lo: usize,
+    hi: usize,
+    dst: impl Fn(usize) -> *mut f32,
+) {
+    for h in 0..c.group {
+        let out = dst(h);
+        // SAFETY: caller's buffers: `q` holds the rows, `out` 16 floats.
+        unsafe {
+            block_scores::<V>(c.vec_dot, q.add(h * c.d), kf, c.d, c.p.scale, out);
+            if t0 < lo || t0 + 16 > hi {
+                for j in 0..16 {
+                    if !(lo..hi).contains(&(t0 + j)) {
+                        *out.add(j) = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whole: query tokens `i0..i1` of (`seq`, `kv_head`), every step.
+#[inline(always)]
+unsafe fn whole<V: Lanes16>(
+    c: &Call,
+    seq: usize,
+    kv_head: usize,
+    i0: usize,
+    i1: usize,
+    s: &mut Scratch,
+    max_nv: usize,
+) {
+    let (d, g) = (c.d, c.group);
+    let bounds = QueryBounds::of(c.p, seq);
+    let (u0, u1) = (bounds.keys_of(i0).0, bounds.keys_of(i1 - 1).1);
+    let base = u0 & !15;
+    let stride = (u1 - base).next_multiple_of(16);
+    let (q, kf, sc) = (s.q.as_mut_ptr(), s.kf.as_mut_ptr(), s.sc.as_mut_ptr());
+    // SAFETY (whole body): buffers sized by `prepare` for `tokens × group` rows of `stride`
+    // (≤ the call's stride) floats; rows of `out` belong to this task.
+    unsafe {
+        prepare_queries::<V>(c, seq, kv_head, i0, i1, q);
+        for b in 0..stride / 16 {
+            let t0 = base + 16 * b;
+            stage_block::<V>(c, seq, kv_head, t0, u0, u1, kf);
+            for i in i0..i1 {
+                let (lo, hi) = bounds.keys_of(i);
+                if hi <= t0 || lo >= t0 + 16 {
+                    continue;
+                }
+                let r0 = (i - i0) * g;
+                score_block::<V>(c, q.add(r0 * d), kf, t0, lo, hi, |h| sc.add((r0 + h) * stride + 16 * b));
+            }
+        }
+        for i in i0..i1 {
+            let (lo, hi) = bounds.keys_of(i);
+            let (b0, b1) = ((lo - base) / 16, (hi - base).div_ceil(16));
+            for h in 0..g {
+                let row = sc.add(((i - i0) * g + h) * stride + 16 * b0);
+                softmax_row::<V>(row, row, b1 - b0);
+            }
+        }
+        let s0 = u0 - u0 % c.lanes;
+        let ns = (u1 - s0).div_ceil(c.lanes);
+        let (layer, table) = (c.layer, c.p.block_tables[seq]);
+        let vrow = |t: usize| row(&layer.values, table, layer.block_size, kv_head, t);
+        stage_values(vrow, u0, u1, s0, c.lanes, ns, d, s.stage.as_mut_ptr());
+        for i in i0..i1 {
+            let (lo, hi) = bounds.keys_of(i);
+            let probs = |h: usize| sc.add(((i - i0) * g + h) * stride).cast_const();
+            let out = |h: usize| c.out.get().add(((seq * c.p.q_len + i) * c.p.num_heads + kv_head * g + h) * d);
+            values_row::<V>(c, lo, hi, base, s0, ns, 0, d, s, probs, out, max_nv);
+        }
+    }
+}
+
+/// `V·p` of one query token (keys `lo..hi`) over the staged dimensions `d0..d1`: lane passes
+/// into `s.lanes`, then the fold into `out(h) + d0` for each head `h` of the group. `probs(h)`
+/// is head `h`'s probability row from position `base`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn values_row<V: Lanes16>(
+    c: &Call,
+    lo: usize,
+    hi: usize,
+    base: usize,
+    s0: usize,
+    ns: usize,
+    d0: usize,
+    d1: usize,
+    s: &mut Scratch,
+    probs: impl Fn(usize) -> *const f32,
+    out: impl Fn(usize) -> *mut f32,
+    max_nv: usize,
+) {
+    let (g, nl, dc) = (c.group, c.lanes, d1 - d0);
+    let acc = s.lanes.as_mut_ptr();
+    let stage = s.stage.as_ptr();
+    // SAFETY: `acc` holds `[lanes, group, dc]`; staged rows and probabilities cover `lo..hi`.
+    unsafe {
+        for h0 in (0..g).step_by(4) {
+            let nh = (g - h0).min(4);
+            for l in 0..nl {
+                let first = lo + (l + nl - lo % nl) % nl;
+                let mut dst = [std::ptr::null_mut::<f32>(); 4];
+                for (k, d) in dst.iter_mut().enumerate().take(nh) {
+                    *d = acc.add((l * g + h0 + k) * dc);
+                }
+                if first >= hi {
+                    // A lane no position reaches stays 0, as the reference's.
+                    for &d in &dst[..nh] {
+                        std::ptr::write_bytes(d, 0, dc);
+                    }
+                    continue;
+                }
+                let count = (hi - first).div_ceil(nl);
+                let mut pp = [std::ptr::null::<f32>(); 4];
+                for (k, p) in pp.iter_mut().enumerate().take(nh) {
+                    *p = probs(h0 + k).add(first - base);
+                }
+                let v = stage.add((l * ns + (first - s0) / nl) * dc);
+                lane_passes::<V>(max_nv, nh, v, dc, count, &pp, nl, &dst);
+            }
+        }
+        for h in 0..g {
+            fold_lanes::<V>(acc.add(h * dc), g * dc, nl, dc / 16, out(h).add(d0));
+        }
+    }
+}
+
+/// SplitScores: part `part` of `parts` of (`seq`, `kv_head`)'s blocks, scores into the shared
+/// rows `((seq · kv_heads + kv_head) · group + h) · stride`.
+#[inline(always)]
+unsafe fn split_scores<V: Lanes16>(c: &Call, seq: usize, kv_head: usize, part: usize, parts: usize, s: &mut Scratch) {
+    let bounds = QueryBounds::of(c.p, seq);
+    let (lo, hi) = bounds.keys_of(0);
+    let base = lo & !15;
+    let blocks = (hi - base).div_ceil(16);
+    let per = blocks.div_ceil(parts);
+    let (b0, b1) = ((part * per).min(blocks), ((part + 1) * per).min(blocks));
+    if b0 == b1 {
+        return;
+    }
+    let (q, kf) = (s.q.as_mut_ptr(), s.kf.as_mut_ptr());
+    let rows = c.scores.get().wrapping_add((seq * c.layer.num_kv_heads + kv_head) * c.group * c.stride);
+    // SAFETY: scratch prepared; this task alone writes blocks b0..b1 of these score rows.
+    unsafe {
+        prepare_queries::<V>(c, seq, kv_head, 0, 1, q);
+        for b in b0..b1 {
+            let t0 = base + 16 * b;
+            stage_block::<V>(c, seq, kv_head, t0, lo, hi, kf);
+            score_block::<V>(c, q, kf, t0, lo, hi, |h| rows.add(h * c.stride + 16 * b));
+        }
+    }
+}
+
+/// SplitValues: softmax of (`seq`, `kv_head`)'s score rows (read-only, into the scratch), then
+/// `V·p` for output dimensions `d0..d1`.
+#[inline(always)]
+unsafe fn split_values<V: Lanes16>(
+    c: &Call,
+    seq: usize,
+    kv_head: usize,
+    d0: usize,
+    d1: usize,
+    s: &mut Scratch,
+    max_nv: usize,
+) {
+    let (d, g) = (c.d, c.group);
+    let bounds = QueryBounds::of(c.p, seq);
+    let (lo, hi) = bounds.keys_of(0);
+    let base = lo & !15;
+    let blocks = (hi - base).div_ceil(16);
+    let rows = c.scores.get().wrapping_add((seq * c.layer.num_kv_heads + kv_head) * g * c.stride);
+    let sc = s.sc.as_mut_ptr();
+    // SAFETY: the score step finished (the pool returned); scratch prepared for `group` rows;
+    // this task alone writes dimensions d0..d1 of its rows of `out`.
+    unsafe {
+        for h in 0..g {
+            softmax_row::<V>(rows.add(h * c.stride), sc.add(h * c.stride), blocks);
+        }
+        let s0 = lo - lo % c.lanes;
+        let ns = (hi - s0).div_ceil(c.lanes);
+        let (layer, table) = (c.layer, c.p.block_tables[seq]);
+        let vrow = |t: usize| row(&layer.values, table, layer.block_size, kv_head, t).add(d0);
+        stage_values(vrow, lo, hi, s0, c.lanes, ns, d1 - d0, s.stage.as_mut_ptr());
+        let probs = |h: usize| sc.add(h * c.stride).cast_const();
+        let out = |h: usize| c.out.get().add((seq * c.p.num_heads + kv_head * g + h) * d);
+        values_row::<V>(c, lo, hi, base, s0, ns, d0, d1, s, probs, out, max_nv);
+    }
+}
