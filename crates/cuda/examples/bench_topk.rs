@@ -7,7 +7,7 @@
 //! ```text
 //! cargo run --release -p pagekv-cuda --features cuda --example bench_topk -- \
 //!     [--vocabs 49152,128256] [--rows 1,8,64,256] [--ks 1,8,65] [--chunks auto,1024,2048,4096]
-//!     [--runs 50] [--device 0]
+//!     [--prefilter auto,on,off] [--runs 50] [--device 0]
 //! bench_topk --prebuild 90     (compile the module into $PAGEKV_HOME/kernels; no GPU needed)
 //! ```
 
@@ -26,6 +26,8 @@ struct Args {
     ks: Vec<usize>,
     /// 0: the automatic plan.
     chunks: Vec<usize>,
+    /// `None`: the plan's choice.
+    prefilter: Vec<Option<bool>>,
     runs: usize,
     device: usize,
 }
@@ -43,6 +45,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         rows: vec![1, 8, 64, 256],
         ks: vec![1, 8, 65],
         chunks: vec![0],
+        prefilter: vec![None],
         runs: 50,
         device: 0,
     };
@@ -54,6 +57,17 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--rows" => a.rows = list(v)?,
             "--ks" => a.ks = list(v)?,
             "--chunks" => a.chunks = list(v)?,
+            "--prefilter" => {
+                a.prefilter = v
+                    .split(',')
+                    .map(|s| match s {
+                        "auto" => Ok(None),
+                        "on" => Ok(Some(true)),
+                        "off" => Ok(Some(false)),
+                        _ => Err(format!("bad --prefilter {s:?}: auto, on, off")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
             "--runs" => a.runs = v.parse().map_err(|_| format!("bad --runs {v:?}"))?,
             "--device" => a.device = v.parse().map_err(|_| format!("bad --device {v:?}"))?,
             _ => return Err(format!("unknown flag {flag}")),
@@ -100,8 +114,8 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let s = dev.stream().clone();
     eprintln!("{dev:?}");
     eprintln!(
-        "{:>7} {:>5} {:>4} {:>6} {:>6} {:>10} {:>10} {:>12} {:>12}",
-        "vocab", "rows", "k", "chunk", "ctas", "topk us", "argmax us", "copy k us", "copy rows us"
+        "{:>7} {:>5} {:>4} {:>6} {:>4} {:>6} {:>10} {:>10} {:>12} {:>12}",
+        "vocab", "rows", "k", "chunk", "pre", "ctas", "topk us", "argmax us", "copy k us", "copy rows us"
     );
     let mut rng = StdRng::seed_from_u64(7);
     let runs = a.runs.max(1);
@@ -137,7 +151,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 let mut out = s.alloc_zeros::<u32>(2 * rows * k)?;
                 let mut back = vec![0u32; 2 * rows * k];
                 for &chunk in &a.chunks {
-                    let plan = if chunk == 0 {
+                    let chosen = if chunk == 0 {
                         topk.plan(rows, vocab, k)?
                     } else {
                         match TopKPlan::new(rows, vocab, k, dev.sm_count(), Some(chunk))? {
@@ -145,31 +159,35 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
                             _ => continue, // this chunk does not fit the merge at this k
                         }
                     };
-                    let topk_us = time(&mut || {
-                        topk.run_packed(&mut out, &logits, rows, vocab, k, Some(plan))?;
-                        Ok(())
-                    })?;
-                    let copy_k_us = median(
-                        (0..9)
-                            .map(|_| {
-                                let t = Instant::now();
-                                s.memcpy_dtoh(&out, &mut back[..]).expect("copy");
-                                t.elapsed().as_secs_f64() * 1e6
-                            })
-                            .collect(),
-                    );
-                    let ctas = rows * plan.chunks;
-                    let auto = chunk == 0;
-                    eprintln!(
-                        "{vocab:>7} {rows:>5} {k:>4} {:>6} {ctas:>6} {topk_us:>10.1} {argmax_us:>10.1} {copy_k_us:>12.1} {copy_rows_us:>12.1}",
-                        if auto { format!("{}*", plan.chunk) } else { plan.chunk.to_string() }
-                    );
-                    println!(
-                        "{{\"vocab\":{vocab},\"rows\":{rows},\"k\":{k},\"chunk\":{},\"auto\":{auto},\"ctas\":{ctas},\
-                         \"topk_us\":{topk_us:.2},\"argmax_us\":{argmax_us:.2},\"copy_k_us\":{copy_k_us:.2},\
-                         \"copy_rows_us\":{copy_rows_us:.2}}}",
-                        plan.chunk
-                    );
+                    for &pf in &a.prefilter {
+                        let plan = TopKPlan { prefilter: pf.unwrap_or(chosen.prefilter), ..chosen };
+                        let topk_us = time(&mut || {
+                            topk.run_packed(&mut out, &logits, rows, vocab, k, Some(plan))?;
+                            Ok(())
+                        })?;
+                        let copy_k_us = median(
+                            (0..9)
+                                .map(|_| {
+                                    let t = Instant::now();
+                                    s.memcpy_dtoh(&out, &mut back[..]).expect("copy");
+                                    t.elapsed().as_secs_f64() * 1e6
+                                })
+                                .collect(),
+                        );
+                        let ctas = rows * plan.chunks;
+                        let auto = chunk == 0 && pf.is_none();
+                        let pre = if plan.prefilter { "on" } else { "off" };
+                        eprintln!(
+                            "{vocab:>7} {rows:>5} {k:>4} {:>6} {pre:>4} {ctas:>6} {topk_us:>10.1} {argmax_us:>10.1} {copy_k_us:>12.1} {copy_rows_us:>12.1}",
+                            if auto { format!("{}*", plan.chunk) } else { plan.chunk.to_string() }
+                        );
+                        println!(
+                            "{{\"vocab\":{vocab},\"rows\":{rows},\"k\":{k},\"chunk\":{},\"prefilter\":{},\"auto\":{auto},\
+                             \"ctas\":{ctas},\"topk_us\":{topk_us:.2},\"argmax_us\":{argmax_us:.2},\
+                             \"copy_k_us\":{copy_k_us:.2},\"copy_rows_us\":{copy_rows_us:.2}}}",
+                            plan.chunk, plan.prefilter
+                        );
+                    }
                 }
             }
         }

@@ -7,7 +7,9 @@
 // with ord a monotone map of the non-NaN floats onto u32 >= 0x007fffff and ord(-0.0) == ord(0.0);
 // NaN (and padding) is key 0, never selected. A row's top-k is then the set of its k largest
 // keys — no tie cases — found by a radix select over the keys (8 bits a round, most significant
-// first, done as soon as the bucket holding the k-th key holds exactly the keys still needed).
+// first, done as soon as the bucket holding the k-th key holds exactly the keys still needed),
+// after a first select over the threads' own maxima has dropped the keys that cannot be among
+// the k best.
 //
 // Two launches (the host side is src/topk.rs):
 //   pk_topk_partial_{4,8,16}: grid (chunks, rows), block 256; each CTA selects the k best keys of
@@ -120,6 +122,23 @@ __device__ u64 threshold(const u64 (&keys)[ITEMS], u32 k, Shared& s) {
     return prefix;
 }
 
+// The threshold of the block's k best keys (as `threshold`); with `prefilter`, after dropping
+// (zeroing) every key below a bound: the k-th largest of the threads' own maxima. k threads hold
+// a key at least that large, so the k best keys all stay; for small k few keys remain and the
+// rounds over all keys (most lanes idle) cost little — for k near 64 the bound is loose and the
+// extra select costs more than it saves (RESULTS.md). (Needs k ≤ blockDim.x.)
+template <int ITEMS>
+__device__ u64 select_threshold(u64 (&keys)[ITEMS], u32 k, u32 prefilter, Shared& s) {
+    if (!prefilter) return threshold<ITEMS>(keys, k, s);
+    u64 own[1] = {0};
+#pragma unroll
+    for (int j = 0; j < ITEMS; j++) own[0] = keys[j] > own[0] ? keys[j] : own[0];
+    const u64 bound = threshold<1>(own, k, s);
+#pragma unroll
+    for (int j = 0; j < ITEMS; j++) keys[j] = keys[j] >= bound ? keys[j] : 0;
+    return threshold<ITEMS>(keys, k, s);
+}
+
 // Collects the keys >= t into s.sel (unordered); returns how many (min(k, valid keys)).
 template <int ITEMS>
 __device__ u32 collect(const u64 (&keys)[ITEMS], u64 t, Shared& s) {
@@ -135,7 +154,8 @@ __device__ u32 collect(const u64 (&keys)[ITEMS], u64 t, Shared& s) {
 }
 
 template <int ITEMS>
-__device__ void partial(u64* __restrict__ part, const float* __restrict__ logits, u32 vocab, u32 k, u32 vec4) {
+__device__ void partial(u64* __restrict__ part, const float* __restrict__ logits, u32 vocab, u32 k, u32 vec4,
+                        u32 prefilter) {
     __shared__ Shared s;
     const u32 chunk = blockIdx.x, row = blockIdx.y;
     const float* x = logits + (u64)row * vocab;
@@ -165,7 +185,7 @@ __device__ void partial(u64* __restrict__ part, const float* __restrict__ logits
         }
     }
     if (threadIdx.x == 0) s.taken = 0;
-    const u64 t = threshold(keys, k, s);
+    const u64 t = select_threshold(keys, k, prefilter, s);
     const u32 n = collect(keys, t, s);
     u64* out = part + ((u64)row * gridDim.x + chunk) * k;
     for (u32 i = threadIdx.x; i < k; i += blockDim.x) out[i] = i < n ? s.sel[i] : 0;
@@ -175,18 +195,18 @@ __device__ void partial(u64* __restrict__ part, const float* __restrict__ logits
 
 // part [rows, chunks, k] u64 ← the k best keys of each chunk of 256·ITEMS entries of each row of
 // logits [rows, vocab] f32 (unordered, 0-padded). Grid (chunks, rows), block 256. vec4: rows are
-// 16-byte aligned multiples of 4 floats.
+// 16-byte aligned multiples of 4 floats; prefilter: see select_threshold.
 extern "C" __global__ void __launch_bounds__(topk::PART_THREADS)
-    pk_topk_partial_4(u64* part, const float* logits, u32 vocab, u32 k, u32 vec4) {
-    topk::partial<4>(part, logits, vocab, k, vec4);
+    pk_topk_partial_4(u64* part, const float* logits, u32 vocab, u32 k, u32 vec4, u32 prefilter) {
+    topk::partial<4>(part, logits, vocab, k, vec4, prefilter);
 }
 extern "C" __global__ void __launch_bounds__(topk::PART_THREADS)
-    pk_topk_partial_8(u64* part, const float* logits, u32 vocab, u32 k, u32 vec4) {
-    topk::partial<8>(part, logits, vocab, k, vec4);
+    pk_topk_partial_8(u64* part, const float* logits, u32 vocab, u32 k, u32 vec4, u32 prefilter) {
+    topk::partial<8>(part, logits, vocab, k, vec4, prefilter);
 }
 extern "C" __global__ void __launch_bounds__(topk::PART_THREADS)
-    pk_topk_partial_16(u64* part, const float* logits, u32 vocab, u32 k, u32 vec4) {
-    topk::partial<16>(part, logits, vocab, k, vec4);
+    pk_topk_partial_16(u64* part, const float* logits, u32 vocab, u32 k, u32 vec4, u32 prefilter) {
+    topk::partial<16>(part, logits, vocab, k, vec4, prefilter);
 }
 
 // ids [rows, k], values [rows, k] ← the k best of each row's chunks·k keys of part (chunks·k ≤
@@ -194,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(topk::PART_THREADS)
 // valid entries. Grid (rows), block 512.
 extern "C" __global__ void __launch_bounds__(topk::MERGE_THREADS)
     pk_topk_merge(u32* __restrict__ ids, float* __restrict__ values, const u64* __restrict__ part,
-                  const float* __restrict__ logits, u32 vocab, u32 chunks, u32 k) {
+                  const float* __restrict__ logits, u32 vocab, u32 chunks, u32 k, u32 prefilter) {
     using namespace topk;
     __shared__ Shared s;
     const u32 row = blockIdx.x, n = chunks * k;
@@ -206,7 +226,7 @@ extern "C" __global__ void __launch_bounds__(topk::MERGE_THREADS)
         keys[j] = i < n ? in[i] : 0;
     }
     if (threadIdx.x == 0) s.taken = 0;
-    const u64 t = threshold(keys, k, s);
+    const u64 t = select_threshold(keys, k, prefilter, s);
     const u32 cnt = collect(keys, t, s);
     u32* out_i = ids + (u64)row * k;
     float* out_v = values + (u64)row * k;

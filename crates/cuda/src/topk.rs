@@ -32,11 +32,21 @@ pub const TOP_K_CHUNKS: [usize; 3] = [1024, 2048, 4096];
 /// Most keys the merge of one row takes (512 threads × 16): `chunks · k` must not exceed it.
 pub const TOP_K_MERGE_CAP: usize = 512 * 16;
 
-/// How a [`TopK::run`] cuts its rows: chunks of `chunk` entries, `chunks` per row.
+/// Largest `k` for which both selections of a plan with 4096-entry chunks first drop the keys
+/// below the k-th largest of the threads' own maxima (`prefilter`). Measured on the H200
+/// (RESULTS.md, issue-6 top-k, run 3): at 256 rows of 128256 with 4096-entry chunks, k = 1 117.6
+/// vs 149 µs without, k = 16 143 vs 160; at k = 41 and 65 it costs more than it saves (the bound
+/// is loose when k nears a quarter of the threads), and with 1024-entry chunks it saves nothing.
+pub const TOP_K_PREFILTER_MAX_K: usize = 16;
+
+/// How a [`TopK::run`] cuts its rows: chunks of `chunk` entries, `chunks` per row; `prefilter`:
+/// whether the selections first drop keys below the bound of the threads' maxima (by default
+/// for 4096-entry chunks and `k <=` [`TOP_K_PREFILTER_MAX_K`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TopKPlan {
     pub chunk: usize,
     pub chunks: usize,
+    pub prefilter: bool,
 }
 
 impl TopKPlan {
@@ -61,7 +71,11 @@ impl TopKPlan {
             return Err(CudaError::Unsupported(format!("top-k of {rows} rows: at most 65535 a launch")));
         }
         let fits = |chunk: usize| vocab.div_ceil(chunk) * k <= TOP_K_MERGE_CAP;
-        let plan = |chunk: usize| TopKPlan { chunk, chunks: vocab.div_ceil(chunk) };
+        let plan = |chunk: usize| TopKPlan {
+            chunk,
+            chunks: vocab.div_ceil(chunk),
+            prefilter: chunk == 4096 && k <= TOP_K_PREFILTER_MAX_K,
+        };
         if let Some(c) = forced {
             if TOP_K_CHUNKS.contains(&c) && fits(c) {
                 return Ok(plan(c));
@@ -208,23 +222,23 @@ impl TopK {
         }
         let part = dptr(self.part.as_ref().expect("allocated above"), &self.device);
         let l = dptr(logits, &self.device);
-        let (v32, k32, c32) = (vocab as u32, k as u32, plan.chunks as u32);
+        let (v32, k32, c32, pre) = (vocab as u32, k as u32, plan.chunks as u32, plan.prefilter as u32);
         let vec4 = (vocab % 4 == 0 && l % 16 == 0) as u32;
         let which = TOP_K_CHUNKS.iter().position(|&c| c == plan.chunk).expect("plans take a listed chunk");
         debug_assert!(plan.chunks * plan.chunk >= vocab && plan.chunks * k <= TOP_K_MERGE_CAP);
 
         let stream = self.device.stream();
         let mut b = stream.launch_builder(&self.partial[which]);
-        b.arg(&part).arg(&l).arg(&v32).arg(&k32).arg(&vec4);
+        b.arg(&part).arg(&l).arg(&v32).arg(&k32).arg(&vec4).arg(&pre);
         let cfg = LaunchConfig { grid_dim: (c32, rows as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: pk_topk_partial_N(u64*, const float*, u32, u32, u32); part holds rows·chunks·k
+        // SAFETY: pk_topk_partial_N(u64*, const float*, u32, u32, u32, u32); part holds rows·chunks·k
         // keys, logits rows·vocab floats (checked above); vec4 only for 16-byte aligned rows.
         unsafe { b.launch(cfg) }.map_err(launch_err("cuLaunchKernel(pk_topk_partial)"))?;
 
         let mut b = stream.launch_builder(&self.merge);
-        b.arg(&ids).arg(&values).arg(&part).arg(&l).arg(&v32).arg(&c32).arg(&k32);
+        b.arg(&ids).arg(&values).arg(&part).arg(&l).arg(&v32).arg(&c32).arg(&k32).arg(&pre);
         let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: pk_topk_merge(u32*, float*, const u64*, const float*, u32, u32, u32); ids and
+        // SAFETY: pk_topk_merge(u32*, float*, const u64*, const float*, u32, u32, u32, u32); ids and
         // values hold rows·k entries (checked by the callers), chunks·k ≤ the merge's capacity.
         unsafe { b.launch(cfg) }.map_err(launch_err("cuLaunchKernel(pk_topk_merge)"))?;
         Ok(Some(plan))
@@ -238,15 +252,28 @@ mod tests {
     #[test]
     fn plans_fill_the_device_and_fit_the_merge() {
         // One SmolLM2 row on 132 SMs: the smallest chunk (48 CTAs, still under 264).
-        assert_eq!(TopKPlan::new(1, 49152, 65, 132, None).unwrap(), TopKPlan { chunk: 1024, chunks: 48 });
+        assert_eq!(
+            TopKPlan::new(1, 49152, 65, 132, None).unwrap(),
+            TopKPlan { chunk: 1024, chunks: 48, prefilter: false }
+        );
         // 64 Llama 3 rows: 32 chunks of 4096 each already give 2048 CTAs.
-        assert_eq!(TopKPlan::new(64, 128256, 65, 132, None).unwrap(), TopKPlan { chunk: 4096, chunks: 32 });
+        assert_eq!(
+            TopKPlan::new(64, 128256, 65, 132, None).unwrap(),
+            TopKPlan { chunk: 4096, chunks: 32, prefilter: false }
+        );
         // k = 128 over 128256: 126 chunks of 1024 would be 16128 keys to merge; 2048 fits.
-        assert_eq!(TopKPlan::new(1, 128256, 128, 132, None).unwrap(), TopKPlan { chunk: 2048, chunks: 63 });
+        assert_eq!(
+            TopKPlan::new(1, 128256, 128, 132, None).unwrap(),
+            TopKPlan { chunk: 2048, chunks: 63, prefilter: false }
+        );
         // A forced chunk that does not fit falls back to the automatic one.
         assert_eq!(TopKPlan::new(1, 128256, 128, 132, Some(1024)).unwrap().chunk, 2048);
         assert_eq!(TopKPlan::new(1, 128256, 65, 132, Some(4096)).unwrap().chunk, 4096);
-        assert_eq!(TopKPlan::new(3, 7, 5, 132, None).unwrap(), TopKPlan { chunk: 1024, chunks: 1 });
+        assert_eq!(TopKPlan::new(3, 7, 5, 132, None).unwrap(), TopKPlan { chunk: 1024, chunks: 1, prefilter: false });
+        // The prefilter: 4096-entry chunks and k <= 16 only.
+        assert!(TopKPlan::new(64, 49152, 16, 132, None).unwrap().prefilter);
+        assert!(!TopKPlan::new(64, 49152, 17, 132, None).unwrap().prefilter);
+        assert!(!TopKPlan::new(1, 49152, 8, 132, None).unwrap().prefilter);
     }
 
     #[test]

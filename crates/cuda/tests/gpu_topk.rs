@@ -4,7 +4,8 @@
 //! random rows: normal values, many ties, ±0, ±inf, NaNs, all-NaN rows, rows with fewer non-NaN
 //! values than `k`, the best entries in a row's last partial chunk; vocabularies that are no
 //! multiple of any chunk (1, 3, 1000, 4097, 50257) beside SmolLM2's and Llama 3's; k from 1 to
-//! [`TOP_K_MAX`]; the automatic launch shape and every chunk size; up to 256 rows. Ids must be
+//! [`TOP_K_MAX`]; the automatic launch shape and every chunk size, with and without the
+//! prefilter; up to 256 rows. Ids must be
 //! equal and values bit-identical (the row's own bits, `-0.0` kept); outputs are poisoned before
 //! each run. `k = 1` is also checked against `pk_argmax`. `pagekv-model`'s `cuda_forward` checks
 //! the kernel against `backend::top_k` itself.
@@ -177,8 +178,10 @@ mod gpu {
                     if vocab.div_ceil(chunk) * k > TOP_K_MERGE_CAP {
                         continue;
                     }
-                    let plan = TopKPlan { chunk, chunks: vocab.div_ceil(chunk) };
-                    check(t, &rows, k, Some(plan), &format!("vocab {vocab} k {k} chunk {chunk}"));
+                    for prefilter in [false, true] {
+                        let plan = TopKPlan { chunk, chunks: vocab.div_ceil(chunk), prefilter };
+                        check(t, &rows, k, Some(plan), &format!("vocab {vocab} k {k} chunk {chunk}"));
+                    }
                 }
                 cases += 1;
             }
@@ -196,6 +199,10 @@ mod gpu {
         for (vocab, nrows, k) in [(49152usize, 256usize, 65usize), (128256, 256, 65), (128256, 64, 8)] {
             let rows: Vec<Vec<f32>> = (0..nrows).map(|i| make_row(&mut rng, i % KINDS, vocab, k)).collect();
             check(t, &rows, k, None, &format!("{nrows} rows of {vocab}, k {k}"));
+            // And with the other choice of prefilter.
+            let mut plan = t.plan(nrows, vocab, k).unwrap();
+            plan.prefilter = !plan.prefilter;
+            check(t, &rows, k, Some(plan), &format!("{nrows} rows of {vocab}, k {k}, {plan:?}"));
         }
     }
 
@@ -258,9 +265,9 @@ mod gpu {
         let mut big = s.clone_htod(&vec![0u32; 2 * 4 * 200]).unwrap();
         assert!(matches!(t.run_packed(&mut big, &logits, 4, 100, 129, None), Err(CudaError::Unsupported(_))));
         assert!(matches!(t.run_packed(&mut out, &logits, 4, 101, 8, None), Err(CudaError::Invalid(_))));
-        let wrong = TopKPlan { chunk: 1024, chunks: 2 };
+        let wrong = TopKPlan { chunk: 1024, chunks: 2, prefilter: false };
         assert!(matches!(t.run_packed(&mut out, &logits, 4, 100, 8, Some(wrong)), Err(CudaError::Invalid(_))));
-        let odd = TopKPlan { chunk: 1000, chunks: 1 };
+        let odd = TopKPlan { chunk: 1000, chunks: 1, prefilter: true };
         assert!(matches!(t.run_packed(&mut out, &logits, 4, 100, 8, Some(odd)), Err(CudaError::Invalid(_))));
     }
 }

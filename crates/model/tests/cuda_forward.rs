@@ -12,7 +12,14 @@
 //!   teacher-forced top-1 agreement along the CPU's continuation, every disagreement a near
 //!   tie of the CPU's logits (the CPU quantizes activations to 8 bits for its Q4_1 products as
 //!   ggml does; the GPU multiplies dequantized weights by unquantized activations, so logits
-//!   differ by tenths and near-ties may flip).
+//!   differ by tenths and near-ties may flip);
+//! - `forward_top_k` (the device top-k): on the tiny models, each step's ids and values equal
+//!   `backend::top_k` of the full rows `fetch_logits` brings afterwards (bit for bit), those rows
+//!   equal `forward`'s, and the ids follow the CPU's top-k up to near ties of the CPU's logits
+//!   (k = 1, 8, 65, and 200: past the kernel, the host rule); after `forward_greedy` too,
+//!   `fetch_logits` brings the rows; synthetic SmolLM2 rows (49152 entries, 5 sequences) the same
+//!   against `backend::top_k`. `PAGEKV_TOPK_BENCH=1` times decode steps of synthetic SmolLM2 and
+//!   Llama 3 8B with each way of sampling (a measurement, not a check).
 //!
 //! Without a CUDA device (or without the `cuda` feature) every test prints
 //! `SKIPPED <test>: <reason>` on stderr (uncaptured) and passes.
@@ -37,7 +44,7 @@ mod gpu {
     use kvcache::{CacheConfig, KvFormat, KvPool, SequenceCache, SequencePolicy};
     use pagekv_cpu::attention::AttentionConfig;
     use pagekv_cuda::{CudaDevice, DType, ModelOps, QkvRope, RopeParams};
-    use pagekv_model::backend::argmax;
+    use pagekv_model::backend::{argmax, top_k};
     use pagekv_model::cuda::CudaModel;
     use pagekv_model::gguf::{GgufFile, GgufWriter};
     use pagekv_model::llama::ops::Rope;
@@ -420,6 +427,243 @@ mod gpu {
                 "SmolLM2 GPU ({dtype:?} weights) vs CPU: {same} of 6 greedy continuations identical, teacher-forced top-1 {agree}/{total}"
             ));
             assert!(agree * 10 >= total * 9, "{dtype:?}: top-1 agreement {agree}/{total}");
+        }
+    }
+
+    /// One backend's side of a lock-step run: a pool and its sequences.
+    struct Side<M: Forward> {
+        pool: KvPool<M::Pages>,
+        seqs: Vec<SequenceCache>,
+    }
+
+    impl<M: Forward> Side<M> {
+        fn new(m: &M, cache: &CacheConfig, n: usize) -> Side<M> {
+            let mut pool: KvPool<M::Pages> = m.new_pool(cache.clone()).unwrap();
+            let policy = SequencePolicy::from_config(cache);
+            let seqs = (0..n).map(|_| SequenceCache::new(&mut pool, policy, 0).unwrap()).collect();
+            Side { pool, seqs }
+        }
+
+        /// A batch feeding `feeds[i]` to sequence i (empty: not in the step), then `f` on it.
+        fn step<R>(
+            &mut self,
+            feeds: &[Vec<u32>],
+            logits: Logits,
+            f: impl FnOnce(&Batch, &mut KvPool<M::Pages>) -> R,
+        ) -> R {
+            let mut batch = Batch::default();
+            for (seq, feed) in self.seqs.iter_mut().zip(feeds) {
+                if feed.is_empty() {
+                    continue;
+                }
+                seq.begin_append(&mut self.pool, feed.len()).unwrap();
+                batch.push(feed, seq.offset() + feed.len(), seq.pending_slots(), seq.block_table(), logits);
+            }
+            let r = f(&batch, &mut self.pool);
+            for (seq, feed) in self.seqs.iter_mut().zip(feeds) {
+                if !feed.is_empty() {
+                    seq.commit_append(&mut self.pool);
+                }
+            }
+            r
+        }
+    }
+
+    /// `backend::top_k` of every row of `logits` (`[rows, vocab]`).
+    fn host_top_k(logits: &[f32], vocab: usize, k: usize) -> (Vec<u32>, Vec<f32>) {
+        let (mut ids, mut values) = (Vec::new(), Vec::new());
+        for row in logits.chunks_exact(vocab) {
+            top_k(row, k, &mut ids, &mut values);
+        }
+        (ids, values)
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect()
+    }
+
+    #[test]
+    fn forward_top_k_follows_the_cpu_and_leaves_the_rows_to_fetch() {
+        let Some(dev) = device("forward_top_k_follows_the_cpu_and_leaves_the_rows_to_fetch") else { return };
+        let mut rng = StdRng::seed_from_u64(31);
+        for (i, arch) in ["llama", "qwen3"].into_iter().enumerate() {
+            let mut cpu = Model::from_file(tiny_model(arch, 300 + i as u64), AttentionConfig::default()).unwrap();
+            let v = cpu.config.vocab_size;
+            let cache = cache_config(&cpu, KvFormat::F16);
+            let mut gpu = CudaModel::from_model(&cpu, dev.clone(), DType::F32).unwrap();
+            let (mut cs, mut gs) = (Side::new(&cpu, &cache, 3), Side::new(&gpu, &cache, 3));
+            // Three prompts prefilled in one step (every row), then decode steps of all three;
+            // k cycles through 1, 8, 65 (the engine's largest) and 200 (past the kernel).
+            let mut feeds: Vec<Vec<u32>> =
+                (0..3).map(|j| (0..5 + 4 * j).map(|_| rng.gen_range(0..512)).collect()).collect();
+            let mut logits = Logits::All;
+            let (mut rows_checked, mut near_ties) = (0, 0);
+            for step in 0..9 {
+                let k = [1usize, 8, 65, 200][step % 4];
+                let want = cs.step(&feeds, logits, |b, p| cpu.forward(b, p).unwrap().to_vec());
+                let (ids, values) = gs.step(&feeds, logits, |b, p| {
+                    let (mut ids, mut values) = (vec![9u32; 3], vec![9f32; 3]);
+                    gpu.forward_top_k(b, p, k, &mut ids, &mut values).unwrap();
+                    (ids, values)
+                });
+                let rows = want.len() / v;
+                assert_eq!(ids.len(), rows * k, "{arch} step {step}");
+                // The rows stay on the device until asked for; then they are forward's rows.
+                let full = gpu.fetch_logits().unwrap().to_vec();
+                assert_eq!(full.len(), want.len(), "{arch} step {step}: fetched rows");
+                assert_eq!(gpu.fetch_logits().unwrap(), &full[..], "{arch} step {step}: a second fetch");
+                assert_eq!(gpu.last_logits(), &full[..]);
+                let scale = want.iter().fold(0f32, |m, x| m.max(x.abs())).max(1.0);
+                let err = full.iter().zip(&want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+                let tol = 2e-3 * scale;
+                assert!(err <= tol, "{arch} step {step}: fetched logits differ from the CPU's by {err}");
+                // The device top-k is the host rule on those rows, bit for bit.
+                let (hid, hval) = host_top_k(&full, v, k);
+                assert_eq!(ids, hid, "{arch} step {step} k {k}: ids vs backend::top_k");
+                assert_eq!(bits(&values), bits(&hval), "{arch} step {step} k {k}: values");
+                // And the CPU's top-k up to near ties of the CPU's logits.
+                let (cid, _) = host_top_k(&want, v, k);
+                for r in 0..rows {
+                    let row = &want[r * v..(r + 1) * v];
+                    for j in 0..k {
+                        let (g, c) = (ids[r * k + j], cid[r * k + j]);
+                        if g != c {
+                            let d = (row[g as usize] - row[c as usize]).abs();
+                            assert!(d <= 2.0 * tol, "{arch} step {step} row {r} rank {j}: GPU {g}, CPU {c}, gap {d}");
+                            near_ties += 1;
+                        }
+                    }
+                    rows_checked += 1;
+                }
+                // Next: every sequence one token, the GPU's first choice of its row.
+                let last_rows: Vec<usize> = match logits {
+                    Logits::All => {
+                        let mut end = 0;
+                        feeds
+                            .iter()
+                            .map(|f| {
+                                end += f.len();
+                                end - 1
+                            })
+                            .collect()
+                    }
+                    _ => (0..3).collect(),
+                };
+                feeds = last_rows.iter().map(|&r| vec![ids[r * k]]).collect();
+                logits = Logits::Last;
+            }
+            out(&format!("{arch}: forward_top_k on {rows_checked} rows, {near_ties} near-tie swaps vs the CPU"));
+            assert!(rows_checked >= 3 * 8);
+            // After forward_greedy the rows can be fetched as well.
+            let (want, ids) = {
+                let want = cs.step(&feeds, Logits::Last, |b, p| cpu.forward(b, p).unwrap().to_vec());
+                let ids = gs.step(&feeds, Logits::Last, |b, p| {
+                    let mut ids = Vec::new();
+                    gpu.forward_greedy(b, p, &mut ids).unwrap();
+                    ids
+                });
+                (want, ids)
+            };
+            let full = gpu.fetch_logits().unwrap().to_vec();
+            assert_eq!(full.len(), want.len(), "{arch}: rows fetched after forward_greedy");
+            let first: Vec<u32> = full.chunks_exact(v).map(argmax).collect();
+            assert_eq!(ids, first, "{arch}: forward_greedy's ids are the fetched rows' argmax");
+        }
+    }
+
+    #[test]
+    fn forward_top_k_of_synthetic_smollm2_rows_is_the_host_rule() {
+        let Some(dev) = device("forward_top_k_of_synthetic_smollm2_rows_is_the_host_rule") else { return };
+        let mut m = CudaModel::synthetic("smollm2", dev, DType::Bf16, 5).unwrap();
+        let c = m.config.clone();
+        let mut cache = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
+        cache.format = KvFormat::Bf16;
+        cache.num_blocks = 64;
+        cache.dynamic_growth = true;
+        let mut side = Side::new(&m, &cache, 5);
+        let mut feeds: Vec<Vec<u32>> =
+            (0..5).map(|j| (0..20 + j).map(|i| ((i * 131 + j * 7) % c.vocab_size) as u32).collect()).collect();
+        for step in 0..6 {
+            let k = [65usize, 2, 64][step % 3];
+            let (ids, values) = side.step(&feeds, Logits::Last, |b, p| {
+                let (mut ids, mut values) = (Vec::new(), Vec::new());
+                m.forward_top_k(b, p, k, &mut ids, &mut values).unwrap();
+                (ids, values)
+            });
+            let full = m.fetch_logits().unwrap().to_vec();
+            assert_eq!(full.len(), 5 * c.vocab_size);
+            let (hid, hval) = host_top_k(&full, c.vocab_size, k);
+            assert_eq!(ids, hid, "step {step} k {k}");
+            assert_eq!(bits(&values), bits(&hval), "step {step} k {k}");
+            feeds = (0..5).map(|r| vec![ids[r * k]]).collect();
+        }
+    }
+
+    /// Decode-step timing, not a check (run with `PAGEKV_TOPK_BENCH=1`): synthetic SmolLM2 and
+    /// Llama 3 8B (bf16 weights and KV), batches of 1, 8 and 64 sequences at contexts ~100–200;
+    /// medians of 15 steps of each way of sampling, interleaved: the step alone
+    /// (`forward_device` + synchronize), `forward` (full rows copied) + the host `top_k` (what the
+    /// trait's default `forward_top_k` does), `forward_top_k` (device) at k = 65 and 8, and
+    /// `forward_greedy`. One JSON line each.
+    #[test]
+    fn top_k_step_timing() {
+        if std::env::var("PAGEKV_TOPK_BENCH").map_or(true, |v| v != "1") {
+            return;
+        }
+        let Some(dev) = device("top_k_step_timing") else { return };
+        for name in ["smollm2", "llama3-8b"] {
+            let mut m = CudaModel::synthetic(name, dev.clone(), DType::Bf16, 9).unwrap();
+            let c = m.config.clone();
+            let v = c.vocab_size;
+            for batch in [1usize, 8, 64] {
+                let mut cache = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
+                cache.format = KvFormat::Bf16;
+                cache.num_blocks = batch * 16;
+                cache.dynamic_growth = true;
+                let mut side = Side::new(&m, &cache, batch);
+                let prompt: Vec<Vec<u32>> =
+                    (0..batch).map(|j| (0..96).map(|i| ((i * 131 + j * 7) % v) as u32).collect()).collect();
+                side.step(&prompt, Logits::Last, |b, p| m.forward_device(b, p).unwrap());
+                let feeds: Vec<Vec<u32>> = (0..batch).map(|j| vec![(j * 3 + 1) as u32]).collect();
+                let names = ["step", "full_rows_host_top_k", "device_top_k65", "device_top_k8", "greedy"];
+                let mut times = vec![Vec::new(); names.len()];
+                for it in 0..18 {
+                    for (w, t) in times.iter_mut().enumerate() {
+                        dev.synchronize().unwrap();
+                        let start = std::time::Instant::now();
+                        side.step(&feeds, Logits::Last, |b, p| {
+                            let (mut ids, mut values) = (Vec::new(), Vec::new());
+                            match w {
+                                0 => {
+                                    m.forward_device(b, p).unwrap();
+                                    dev.synchronize().unwrap();
+                                }
+                                1 => {
+                                    let l = m.forward(b, p).unwrap();
+                                    for row in l.chunks_exact(v) {
+                                        top_k(row, 65, &mut ids, &mut values);
+                                    }
+                                }
+                                2 => m.forward_top_k(b, p, 65, &mut ids, &mut values).unwrap(),
+                                3 => m.forward_top_k(b, p, 8, &mut ids, &mut values).unwrap(),
+                                _ => m.forward_greedy(b, p, &mut ids).unwrap(),
+                            }
+                        });
+                        if it >= 3 {
+                            t.push(start.elapsed().as_secs_f64() * 1e6);
+                        }
+                    }
+                }
+                for (w, mut t) in times.into_iter().enumerate() {
+                    t.sort_by(f64::total_cmp);
+                    let med = t[t.len() / 2];
+                    println!(
+                        "{{\"model\":\"{name}\",\"vocab\":{v},\"batch\":{batch},\"way\":\"{}\",\"step_us\":{med:.1}}}",
+                        names[w]
+                    );
+                    out(&format!("{name:>10} batch {batch:>3} {:>22}: {med:>9.1} us", names[w]));
+                }
+            }
         }
     }
 }

@@ -20,6 +20,11 @@
 //! sequence's block table. In a step with both, the decode kernel runs first with the prefill
 //! rows' context lengths set to 0 (those rows are skipped), then the prefill kernel writes its rows.
 //!
+//! Reduced sampling inputs: [`Forward::forward_greedy`] (`pk_argmax`) and
+//! [`Forward::forward_top_k`] ([`TopK`], each row's `k` best entries) run after the step and copy
+//! only their `[rows]` / `[rows, k]` results to the host; the step's logits stay on the device
+//! until [`Forward::fetch_logits`] asks for them.
+//!
 //! Buffers are allocated up front ([`DeviceScratch`]) and grow only when a larger batch arrives.
 //!
 //! A step's launches are captured as a CUDA graph the second time its shape (tokens, logit
@@ -36,7 +41,7 @@ use std::sync::Arc;
 use kvcache::{AttentionRoute, CacheConfig, KvFormat, KvPool};
 use pagekv_cuda::{
     CudaDevice, CudaError, DType, DecodeAttention, DecodeBatch, DecodeRoute, DeviceMatrix, DevicePages, DeviceVec,
-    ModelOps, PrefillAttention, PrefillBatch, Prologue, QkvRope, RopeParams,
+    ModelOps, PrefillAttention, PrefillBatch, Prologue, QkvRope, RopeParams, TopK,
 };
 
 use crate::backend::Forward;
@@ -252,6 +257,14 @@ struct HostScratch {
     tables: Vec<u32>,  // [n, blocks]
     rows: Vec<u32>,    // [logit rows]
     logits: Vec<f32>,  // [logit rows, vocab]
+    top: Vec<u32>,     // [2, logit rows, k] forward_top_k's ids, then its values' bits
+}
+
+/// The device top-k of [`Forward::forward_top_k`]: the kernels and their output, outside the
+/// captured step graphs (launched after the step, like the argmax).
+struct DeviceTopK {
+    kernels: TopK,
+    out: Option<DeviceVec<u32>>, // [2, rows, k] ids, then the values' bits (grown on demand)
 }
 
 /// A llama-family model on one GPU.
@@ -268,10 +281,14 @@ pub struct CudaModel {
     /// `Some(name)` for random weights (`synthetic:NAME`).
     synthetic: Option<String>,
     /// Decode steps multiply matrices of at most this many bytes with the fused matrix-vector
-    /// kernel, larger ones through cuBLAS (whose kernels stream large matrices faster: RESULTS.md).
+    /// kernel, larger ones through cuBLAS (no limit by default: [`gemv_max_bytes`]).
     /// `PAGEKV_CUDA_GEMV_MAX_BYTES` sets it; `PAGEKV_CUDA_GEMV=0` means 0 (cuBLAS only).
     gemv_max_bytes: usize,
     graphs: Graphs,
+    top_k: DeviceTopK,
+    /// Logit rows of the last step that are on the device only ([`Forward::forward_greedy`] and
+    /// [`Forward::forward_top_k`] leave them there; [`Forward::fetch_logits`] copies them).
+    device_logit_rows: Option<usize>,
 }
 
 impl CudaModel {
@@ -324,6 +341,7 @@ impl CudaModel {
             eps: c.rms_eps,
             q_round: 0,
         };
+        let top_k = DeviceTopK { kernels: TopK::new(device.clone()).map_err(dev)?, out: None };
         device.synchronize().map_err(dev)?;
         Ok(CudaModel {
             attention: DecodeAttention::new(device.clone()),
@@ -338,6 +356,8 @@ impl CudaModel {
             synthetic,
             gemv_max_bytes: gemv_max_bytes(),
             graphs: Graphs::new(),
+            top_k,
+            device_logit_rows: None,
         })
     }
 
@@ -682,6 +702,7 @@ impl Forward for CudaModel {
     }
 
     fn forward(&mut self, batch: &Batch, pool: &mut KvPool<DevicePages>) -> Result<&[f32], ModelError> {
+        self.device_logit_rows = None;
         let rows = self.forward_device(batch, pool)?;
         let len = rows * self.config.vocab_size;
         self.host.logits.resize(len, 0.0);
@@ -705,7 +726,10 @@ impl Forward for CudaModel {
         pool: &mut KvPool<DevicePages>,
         ids: &mut Vec<u32>,
     ) -> Result<(), ModelError> {
+        self.host.logits.clear();
+        self.device_logit_rows = None;
         let rows = self.forward_device(batch, pool)?;
+        self.device_logit_rows = Some(rows);
         ids.clear();
         ids.resize(rows, 0);
         if rows > 0 {
@@ -714,8 +738,74 @@ impl Forward for CudaModel {
             self.device.stream().memcpy_dtoh(&s.ids.slice(..rows), &mut ids[..]).map_err(drv("cuMemcpyDtoH"))?;
         }
         // The logits of this step stay on the device.
-        self.host.logits.clear();
         Ok(())
+    }
+
+    /// The step, then each logit row's `k` best entries selected on the device
+    /// ([`pagekv_cuda::TopK`], `backend::top_k`'s rule): only `[rows, k]` ids and values are
+    /// copied to the host; the logits stay on the device until [`Forward::fetch_logits`].
+    fn forward_top_k(
+        &mut self,
+        batch: &Batch,
+        pool: &mut KvPool<DevicePages>,
+        k: usize,
+        ids: &mut Vec<u32>,
+        values: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        self.host.logits.clear();
+        self.device_logit_rows = None;
+        let rows = self.forward_device(batch, pool)?;
+        self.device_logit_rows = Some(rows);
+        ids.clear();
+        values.clear();
+        let n = rows * k;
+        if n == 0 {
+            return Ok(());
+        }
+        let vocab = self.config.vocab_size;
+        if self.top_k.kernels.plan(rows, vocab, k).is_err() {
+            // Sizes the kernel does not serve (k past TOP_K_MAX, vocabularies past its merge):
+            // the host rule over the full rows.
+            let logits = self.fetch_logits()?;
+            for row in logits.chunks_exact(vocab) {
+                crate::backend::top_k(row, k, ids, values);
+            }
+            return Ok(());
+        }
+        let t = &mut self.top_k;
+        if t.out.as_ref().is_none_or(|o| o.len() < 2 * n) {
+            t.out = None;
+            t.out = Some(zeros(&self.device, (2 * n).next_power_of_two())?);
+        }
+        let out = t.out.as_mut().expect("allocated above");
+        let s = self.scratch.bufs.as_ref().expect("allocated by forward_device");
+        t.kernels.run_packed(out, &s.logits, rows, vocab, k, None).map_err(dev)?;
+        let top = &mut self.host.top;
+        top.resize(2 * n, 0);
+        self.device.stream().memcpy_dtoh(&out.slice(..2 * n), &mut top[..]).map_err(drv("cuMemcpyDtoH"))?;
+        ids.extend_from_slice(&top[..n]);
+        values.extend(top[n..].iter().map(|&b| f32::from_bits(b)));
+        debug_assert!(ids.len() == n && values.len() == n);
+        Ok(())
+    }
+
+    /// The last step's logit rows on the host: copied from the device after
+    /// [`Forward::forward_greedy`] or [`Forward::forward_top_k`] (once), else those
+    /// [`Forward::forward`] returned.
+    fn fetch_logits(&mut self) -> Result<&[f32], ModelError> {
+        if let Some(rows) = self.device_logit_rows {
+            let len = rows * self.config.vocab_size;
+            self.host.logits.resize(len, 0.0);
+            if len > 0 {
+                let s = self.scratch.bufs.as_ref().expect("allocated by forward_device");
+                self.device
+                    .stream()
+                    .memcpy_dtoh(&s.logits.slice(..len), &mut self.host.logits[..len])
+                    .map_err(drv("cuMemcpyDtoH"))?;
+            }
+            self.device_logit_rows = None;
+        }
+        Ok(&self.host.logits)
     }
 
     fn weight_bytes_per_token(&self) -> usize {
