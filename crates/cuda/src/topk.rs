@@ -223,7 +223,7 @@ impl TopK {
         let part = dptr(self.part.as_ref().expect("allocated above"), &self.device);
         let l = dptr(logits, &self.device);
         let (v32, k32, c32, pre) = (vocab as u32, k as u32, plan.chunks as u32, plan.prefilter as u32);
-        let vec4 = (vocab % 4 == 0 && l % 16 == 0) as u32;
+        let vec4 = (vocab.is_multiple_of(4) && l.is_multiple_of(16)) as u32;
         let which = TOP_K_CHUNKS.iter().position(|&c| c == plan.chunk).expect("plans take a listed chunk");
         debug_assert!(plan.chunks * plan.chunk >= vocab && plan.chunks * k <= TOP_K_MERGE_CAP);
 
