@@ -1,6 +1,7 @@
-// model.cu — the element-wise and small kernels of the llama-family forward pass on the GPU.
-// Matrix products go through cuBLAS (src/model_ops.rs); attention and the cache write are the
-// paged kernels of decode*.cu and cache_write.cu.
+// model.cu — the element-wise and small kernels of the llama-family forward pass on the GPU, and
+// the fused matrix-vector products of decode steps (at the end). Other matrix products go through
+// cuBLAS (src/model_ops.rs); attention and the cache write are the paged kernels of decode*.cu
+// and cache_write.cu.
 //
 // Activations between kernels are f32 (the residual stream, q/k/v, logits). The inputs of the
 // matrix products are in the weights' type, so every kernel that feeds a product comes in two
@@ -134,6 +135,8 @@ extern "C" __global__ void pk_qkv_rope(float* __restrict__ q, float* __restrict_
                                        u32 nh, u32 nkv, u32 d, u32 rope_dims, u32 style, float theta_scale,
                                        float freq_scale, float eps, u32 q_round) {
     extern __shared__ float head[];  // [d]
+    // Launched as a programmatic dependent launch after the QKV product (ModelOps::qkv_rope).
+    pdl_wait();
     const u32 i = blockIdx.x, hh = blockIdx.y, lane = threadIdx.x;
     const u32 width = (nh + 2 * nkv) * d;
     const float* src = qkv + (u64)i * width + (u64)hh * d;
@@ -356,3 +359,175 @@ __device__ void gemv_bf16(float* __restrict__ y, const u16* __restrict__ W, cons
 PK_GEMV_R(1)
 PK_GEMV_R(2)
 PK_GEMV_R(4)
+
+// ---- Split matrix-vector product for decode (the default; the kernel above is the earlier one,
+// kept for comparison runs): same contract, y [n, rows] (+)= x' [n, cols] · Wᵀ with the same
+// three prologues, but laid out so the weights stream at the full bandwidth on every SM:
+//   - one block per SM (WARPS warps; launched with grid ≤ 1–2 × SMs), so the prologue runs once
+//     per block, not once per 8 warps: the RMSNorm's two passes over x and SiLU·mul's 2·cols
+//     inputs are read from L2 ~130 times per product instead of ~1000;
+//   - block b owns the contiguous rows [b·rows/G, (b+1)·rows/G) (balanced to one row), cut into
+//     items of (row, slice of 32·L 16-byte words); warps take items round-robin, every lane
+//     keeping L independent 16-byte loads in flight; an item's partial dot products land in
+//     shared memory and are summed in slice order at the end (deterministic);
+//   - each warp loads the next item's weights right after using the current one's, before
+//     reducing it;
+//   - launched as a programmatic dependent launch: its blocks are scheduled while the previous
+//     kernel drains, and wait for its results in `pdl_wait()`. (Prefetching the first items'
+//     weights into L2 before the wait measured slower: RESULTS.md, split GEMV section.)
+// Dynamic shared memory: N · cols · 2 bytes (x') + ceil(rows / G) · ceil(cols / 8 / (32·L))
+// · N · 4 bytes (partials). Block 32 · WARPS threads.
+
+// Loads item `it`'s weights (row r_lo + it / S, 16-byte words s·32·L + lane + 32·j); words
+// past the row's end read as zero (and are skipped by the product).
+template <int L>
+__device__ __forceinline__ void gemv_load_item(uint4 (&wv)[L], const uint4* __restrict__ W, u32 c8, u32 S, u32 r_lo,
+                                               u32 it, u32 lane) {
+    const uint4* row = W + (u64)(r_lo + it / S) * c8;
+    const u32 c0 = (it % S) * (32 * L) + lane;
+#pragma unroll
+    for (int j = 0; j < L; j++) {
+        const u32 c = c0 + 32 * j;
+        wv[j] = c < c8 ? __ldcs(row + c) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
+}
+
+__device__ __forceinline__ float silu_mul1(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(0.0f - g))), u);
+}
+
+// xs [N, cols] bf16 ← the prologue of `mode` on x (see above), 4 columns per thread and step
+// (16-byte loads, an 8-byte store; few registers). `red` [WARPS] holds the norm's warp sums.
+template <int N, int WARPS>
+__device__ void gemv_prologue(u16* __restrict__ xs, const float* __restrict__ x, const float* __restrict__ nw,
+                              const u32* __restrict__ xrows, u32 cols, u32 mode, float eps, double* red,
+                              float* inv_s) {
+    const u32 tid = threadIdx.x, c4 = cols / 4;
+    for (int i = 0; i < N; i++) {
+        const u32 src = xrows ? xrows[i] : (u32)i;
+        uint2* dst = (uint2*)(xs + (u64)i * cols);
+        if (mode == 2) {
+            const float4* g = (const float4*)(x + (u64)src * 2 * cols);
+            const float4* u = g + c4;
+            for (u32 q = tid; q < c4; q += 32 * WARPS) {
+                const float4 a = g[q], b = u[q];
+                dst[q] = make_uint2(pack_bf16x2(silu_mul1(a.x, b.x), silu_mul1(a.y, b.y)),
+                                    pack_bf16x2(silu_mul1(a.z, b.z), silu_mul1(a.w, b.w)));
+            }
+            continue;
+        }
+        const float4* xr = (const float4*)(x + (u64)src * cols);
+        float inv = 1.0f;
+        if (mode == 1) {
+            // Squares summed in f64 (as the CPU and pk_rms_norm), the mean rounded to f32.
+            double s = 0.0;
+            for (u32 q = tid; q < c4; q += 32 * WARPS) {
+                const float4 a = xr[q];
+                s += (double)__fmul_rn(a.x, a.x) + (double)__fmul_rn(a.y, a.y) + (double)__fmul_rn(a.z, a.z) +
+                     (double)__fmul_rn(a.w, a.w);
+            }
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if ((tid & 31) == 0) red[tid >> 5] = s;
+            __syncthreads();
+            if (tid == 0) {
+                double t = 0.0;
+                for (int k = 0; k < WARPS; k++) t += red[k];
+                *inv_s = 1.0f / sqrtf((float)(t / (double)cols) + eps);
+            }
+            __syncthreads();
+            inv = *inv_s;
+        }
+        const float4* wn = (const float4*)nw;
+        for (u32 q = tid; q < c4; q += 32 * WARPS) {
+            float4 a = xr[q];
+            if (mode == 1) {
+                const float4 w = wn[q];
+                a = make_float4(__fmul_rn(__fmul_rn(a.x, inv), w.x), __fmul_rn(__fmul_rn(a.y, inv), w.y),
+                                __fmul_rn(__fmul_rn(a.z, inv), w.z), __fmul_rn(__fmul_rn(a.w, inv), w.w));
+            }
+            dst[q] = make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w));
+        }
+        // (`red` and `inv_s` are rewritten by the next row's norm only after its first barrier,
+        // which every thread reaches after reading them here.)
+    }
+}
+
+template <int N, int WARPS, int L>
+__device__ void gemv_split_bf16(float* __restrict__ y, const u16* __restrict__ W, const float* __restrict__ x,
+                                const float* __restrict__ nw, const u32* __restrict__ xrows, u32 rows, u32 cols,
+                                u32 mode, float eps, u32 accumulate) {
+    extern __shared__ __align__(16) unsigned char gemv_smem[];
+    u16* xs = (u16*)gemv_smem;                               // [N, cols]
+    float* part = (float*)(gemv_smem + (u64)N * cols * 2);  // [rows of the block, S, N]
+    __shared__ double red[WARPS];
+    __shared__ float inv_s;
+    // Dependents (the next product) may be scheduled as this grid's blocks finish.
+    pdl_trigger();
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 c8 = cols / 8, S = (c8 + 32 * L - 1) / (32 * L);
+    const u32 r_lo = (u32)((u64)blockIdx.x * rows / gridDim.x);
+    const u32 r_hi = (u32)((u64)(blockIdx.x + 1) * rows / gridDim.x);
+    const u32 items = (r_hi - r_lo) * S;
+    const uint4* Wv = (const uint4*)W;
+    // x (and y, when accumulating) are the previous kernel's results.
+    pdl_wait();
+    gemv_prologue<N, WARPS>(xs, x, nw, xrows, cols, mode, eps, red, &inv_s);
+    __syncthreads();
+    const uint4* xv = (const uint4*)xs;
+    uint4 wv[L];
+    u32 it = warp;
+    if (it < items) gemv_load_item<L>(wv, Wv, c8, S, r_lo, it, lane);
+    for (; it < items; it += WARPS) {
+        const u32 c0 = (it % S) * (32 * L) + lane;
+        float acc[N];
+#pragma unroll
+        for (int i = 0; i < N; i++) acc[i] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < L; j++) {
+            const u32 c = c0 + 32 * j;
+            if (c < c8) {
+#pragma unroll
+                for (int i = 0; i < N; i++) acc[i] = dot8_bf16(wv[j], xv[i * c8 + c], acc[i]);
+            }
+        }
+        // The next item's loads go out before this one's reduction.
+        if (it + WARPS < items) gemv_load_item<L>(wv, Wv, c8, S, r_lo, it + WARPS, lane);
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            float v = acc[i];
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            acc[i] = v;
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int i = 0; i < N; i++) part[(u64)it * N + i] = acc[i];
+        }
+    }
+    __syncthreads();
+    for (u32 t = threadIdx.x; t < (r_hi - r_lo) * N; t += 32 * WARPS) {
+        const u32 rl = t / N, i = t % N;
+        float s = 0.0f;
+        for (u32 k = 0; k < S; k++) s += part[((u64)rl * S + k) * N + i];
+        float* o = y + (u64)i * rows + r_lo + rl;
+        *o = accumulate ? *o + s : s;
+    }
+}
+
+// pk_gemv_split_bf16_n{N}_w{WARPS}: 8 loads in flight per lane; MINB blocks per SM promised to
+// the compiler (caps the registers at 65536 / (32 · WARPS · MINB) = 64, no spills). 32 warps: one
+// block per SM; 16 warps: two blocks per SM (of this product, or one of it and one of the next).
+#define PK_GEMV_SPLIT(N, WARPS, MINB)                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS, MINB)                                             \
+        pk_gemv_split_bf16_n##N##_w##WARPS(float* y, const u16* W, const float* x, const float* nw,           \
+                                           const u32* xrows, u32 rows, u32 cols, u32 mode, float eps,          \
+                                           u32 accumulate) {                                                   \
+        gemv_split_bf16<N, WARPS, 8>(y, W, x, nw, xrows, rows, cols, mode, eps, accumulate);                   \
+    }
+#define PK_GEMV_SPLIT_ALL_N(W, MINB) \
+    PK_GEMV_SPLIT(1, W, MINB) PK_GEMV_SPLIT(2, W, MINB) PK_GEMV_SPLIT(3, W, MINB) PK_GEMV_SPLIT(4, W, MINB)
+PK_GEMV_SPLIT_ALL_N(32, 1)
+PK_GEMV_SPLIT_ALL_N(16, 2)

@@ -9,6 +9,10 @@
 //! A product's input has the weights' type and its output is f32
 //! ([`ModelOps::matmul`]: `out [n, rows] (+)= x [n, cols] · Wᵀ`, f32 accumulation), so the
 //! residual stream, q/k/v and logits stay f32 and a residual add is the product's `beta = 1`.
+//! Decode steps (≤ [`GEMV_MAX_N`] token rows, bf16 weights) use [`ModelOps::gemv`] instead: one
+//! launch that computes the op before the product (RMSNorm, SiLU·mul, conversion) once per block
+//! and streams the weights once ([`GemvShape`] picks the kernel; the split kernel is the default
+//! and a programmatic dependent launch, as is [`ModelOps::qkv_rope`] after it).
 
 use std::sync::Arc;
 
@@ -202,29 +206,82 @@ pub enum Prologue<'a> {
 /// Most token rows [`ModelOps::gemv`] serves.
 pub const GEMV_MAX_N: usize = 4;
 
-/// Rows one warp of [`ModelOps::gemv`] streams at a time (the kernels compiled).
+/// Rows one warp of the earlier row-per-warp product streams at a time (the kernels compiled).
 pub const GEMV_ROWS_PER_WARP: [usize; 3] = [1, 2, 4];
 
-/// Launch shape of [`ModelOps::gemv`]: rows per warp (one of [`GEMV_ROWS_PER_WARP`]) and the
-/// most blocks of 8 warps per SM (more hide more latency; each block repeats the prologue).
+/// 16-byte words one item of the split product covers in a row (`GEMV_SLICE` in
+/// `kernels/model.cu`: 32 lanes × 8 loads).
+const GEMV_SLICE_WORDS: usize = 256;
+
+/// Launch shape of [`ModelOps::gemv`]: which kernel, its block shape, and whether it is a
+/// programmatic dependent launch.
+///
+/// The split kernel (`split_warps: Some(w)`, the default) runs `blocks_per_sm` blocks of `w`
+/// warps per SM, each block computing the prologue once and streaming a contiguous range of
+/// rows; the earlier kernel (`None`) runs one group of `rows_per_warp` rows per warp, with up to
+/// `blocks_per_sm` blocks of 8 warps per SM, each repeating the prologue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemvShape {
+    /// Warps per block of the split kernel (one of [`GemvShape::SPLIT_WARPS`]), or `None` for
+    /// the earlier row-per-warp kernel.
+    pub split_warps: Option<usize>,
+    /// Rows per warp of the earlier kernel (one of [`GEMV_ROWS_PER_WARP`]).
     pub rows_per_warp: usize,
     pub blocks_per_sm: usize,
+    /// The split kernel (and `pk_qkv_rope`, which follows the QKV product) is launched as a
+    /// programmatic dependent launch: it may start while the previous kernel still runs, loads
+    /// its first weights, and waits for that kernel's results in-kernel.
+    pub pdl: bool,
 }
 
 impl GemvShape {
-    /// The default, or `PAGEKV_CUDA_GEMV_R` / `PAGEKV_CUDA_GEMV_BPS` (tuning runs).
-    pub fn from_env() -> GemvShape {
-        let get = |name: &str, default: usize, ok: &dyn Fn(usize) -> bool| {
-            std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).filter(|&v| ok(v)).unwrap_or(default)
+    /// Warps per block the split kernel is compiled for.
+    pub const SPLIT_WARPS: [usize; 2] = [16, 32];
+
+    /// The default, or what `PAGEKV_CUDA_GEMV_KERNEL` (`split|rows`), `PAGEKV_CUDA_GEMV_WARPS`
+    /// (16, 32), `PAGEKV_CUDA_GEMV_R` (1, 2, 4), `PAGEKV_CUDA_GEMV_BPS` (1..=32) and
+    /// `PAGEKV_CUDA_GEMV_PDL` (`0|1`) ask for (tuning runs). An unknown value is an error naming
+    /// the accepted ones.
+    pub fn from_env() -> Result<GemvShape, CudaError> {
+        let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
+        let num = |name: &str, default: usize, ok: &dyn Fn(usize) -> bool, accepted: &str| match var(name) {
+            None => Ok(default),
+            Some(v) => v
+                .parse()
+                .ok()
+                .filter(|&n| ok(n))
+                .ok_or_else(|| CudaError::Invalid(format!("{name}={v:?}: accepted values are {accepted}"))),
         };
-        GemvShape {
+        let split = match var("PAGEKV_CUDA_GEMV_KERNEL").as_deref() {
+            None | Some("split") => true,
+            Some("rows") => false,
+            Some(v) => {
+                return Err(CudaError::Invalid(format!(
+                    "PAGEKV_CUDA_GEMV_KERNEL={v:?}: accepted values are split, rows"
+                )))
+            }
+        };
+        let pdl = match var("PAGEKV_CUDA_GEMV_PDL").as_deref() {
+            None | Some("1") => true,
+            Some("0") => false,
+            Some(v) => return Err(CudaError::Invalid(format!("PAGEKV_CUDA_GEMV_PDL={v:?}: accepted values are 0, 1"))),
+        };
+        let warps = num("PAGEKV_CUDA_GEMV_WARPS", 32, &|v| GemvShape::SPLIT_WARPS.contains(&v), "16, 32")?;
+        Ok(GemvShape {
+            split_warps: split.then_some(warps),
             // Measured on the H200 (RESULTS.md, model run 5): one row per warp and 8 blocks per
-            // SM streamed Llama 3 8B's matrices fastest of {1, 2, 4} × {2, 4, 8, 16}.
-            rows_per_warp: get("PAGEKV_CUDA_GEMV_R", 1, &|v| GEMV_ROWS_PER_WARP.contains(&v)),
-            blocks_per_sm: get("PAGEKV_CUDA_GEMV_BPS", 8, &|v| (1..=32).contains(&v)),
-        }
+            // SM streamed Llama 3 8B's matrices fastest of {1, 2, 4} × {2, 4, 8, 16} with the
+            // earlier kernel; the split kernel is meant to run one block of 32 warps per SM
+            // (RESULTS.md, GEMV section).
+            rows_per_warp: num("PAGEKV_CUDA_GEMV_R", 1, &|v| GEMV_ROWS_PER_WARP.contains(&v), "1, 2, 4")?,
+            blocks_per_sm: num(
+                "PAGEKV_CUDA_GEMV_BPS",
+                if split { 1 } else { 8 },
+                &|v| (1..=32).contains(&v),
+                "1..=32",
+            )?,
+            pdl,
+        })
     }
 }
 
@@ -250,9 +307,11 @@ pub struct ModelOps {
     bf16: Typed,
     f32: Typed,
     qkv_rope: CudaFunction,
-    /// `[rows per warp index][n - 1]` the decode products for 1..=GEMV_MAX_N token rows and
-    /// [`GEMV_ROWS_PER_WARP`] rows per warp.
+    /// `[rows per warp index][n - 1]` the earlier decode products for 1..=GEMV_MAX_N token rows
+    /// and [`GEMV_ROWS_PER_WARP`] rows per warp.
     gemv: Vec<Vec<CudaFunction>>,
+    /// `[warps index][n - 1]` the split decode products for [`GemvShape::SPLIT_WARPS`].
+    gemv_split: Vec<Vec<CudaFunction>>,
     gemv_shape: GemvShape,
     argmax: CudaFunction,
     read_sum: CudaFunction,
@@ -288,26 +347,33 @@ impl ModelOps {
         let blas = CudaBlas::new(device.stream().clone())
             .map_err(|e| CudaError::Driver { op: "cublasCreate", msg: format!("{e:?}") })?;
         let sink = device.stream().alloc_zeros::<u32>(4).map_err(|e| CudaError::driver("cuMemAlloc", e))?;
-        let mut gemv = vec![Vec::with_capacity(GEMV_MAX_N); GEMV_ROWS_PER_WARP.len()];
         device.bind()?;
-        for (ri, r) in GEMV_ROWS_PER_WARP.iter().enumerate() {
-            for n in 1..=GEMV_MAX_N {
-                let f = module.function(&format!("pk_gemv_bf16_n{n}_r{r}"))?;
-                // SAFETY: a valid function handle of a loaded module.
-                unsafe {
-                    cudarc::driver::result::function::set_function_attribute(
-                        f.cu_function(),
-                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        gemv_smem_limit(&device) as i32,
-                    )
-                }
-                .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
-                gemv[ri].push(f);
+        // Every product kernel may take the device's whole opt-in shared memory.
+        let product = |name: String| -> Result<CudaFunction, CudaError> {
+            let f = module.function(&name)?;
+            // SAFETY: a valid function handle of a loaded module.
+            unsafe {
+                cudarc::driver::result::function::set_function_attribute(
+                    f.cu_function(),
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    gemv_smem_limit(&device) as i32,
+                )
             }
-        }
+            .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+            Ok(f)
+        };
+        let gemv = GEMV_ROWS_PER_WARP
+            .iter()
+            .map(|r| (1..=GEMV_MAX_N).map(|n| product(format!("pk_gemv_bf16_n{n}_r{r}"))).collect())
+            .collect::<Result<Vec<Vec<_>>, _>>()?;
+        let gemv_split = GemvShape::SPLIT_WARPS
+            .iter()
+            .map(|w| (1..=GEMV_MAX_N).map(|n| product(format!("pk_gemv_split_bf16_n{n}_w{w}"))).collect())
+            .collect::<Result<Vec<Vec<_>>, _>>()?;
         Ok(ModelOps {
             gemv,
-            gemv_shape: GemvShape::from_env(),
+            gemv_split,
+            gemv_shape: GemvShape::from_env()?,
             bf16: typed(DType::Bf16)?,
             f32: typed(DType::F32)?,
             qkv_rope: module.function("pk_qkv_rope")?,
@@ -429,15 +495,43 @@ impl ModelOps {
         let (qp, kp, vp, xp) = (self.p(q), self.p(k), self.p(v), self.p(a.qkv));
         let (bp, qn, kn, pp, fp) = (opt(a.bias), opt(a.q_norm), opt(a.k_norm), self.p(a.positions), opt(a.factors));
         let (nh32, nkv32, d32, rd, style) = (nh as u32, nkv as u32, d as u32, p.rope_dims as u32, p.neox as u32);
-        let mut b = self.device.stream().launch_builder(&self.qkv_rope);
-        b.arg(&qp).arg(&kp).arg(&vp).arg(&xp).arg(&bp).arg(&qn).arg(&kn).arg(&pp).arg(&fp);
-        b.arg(&nh32).arg(&nkv32).arg(&d32).arg(&rd).arg(&style).arg(&p.theta_scale).arg(&p.freq_scale);
-        b.arg(&p.eps).arg(&p.q_round);
         let cfg = LaunchConfig {
             grid_dim: (n as u32, (nh + 2 * nkv) as u32, 1),
             block_dim: (32, 1, 1),
             shared_mem_bytes: (4 * d) as u32,
         };
+        if self.gemv_shape.pdl {
+            // pk_qkv_rope waits for the product before it in-kernel (pdl_wait).
+            let mut args: [*mut std::ffi::c_void; 18] = [
+                arg(&qp),
+                arg(&kp),
+                arg(&vp),
+                arg(&xp),
+                arg(&bp),
+                arg(&qn),
+                arg(&kn),
+                arg(&pp),
+                arg(&fp),
+                arg(&nh32),
+                arg(&nkv32),
+                arg(&d32),
+                arg(&rd),
+                arg(&style),
+                arg(&p.theta_scale),
+                arg(&p.freq_scale),
+                arg(&p.eps),
+                arg(&p.q_round),
+            ];
+            self.device.bind()?;
+            // SAFETY: `args` points at pk_qkv_rope's parameters, in order, of their types, alive
+            // for the call; sizes checked above.
+            return unsafe { launch_programmatic(&self.device, &self.qkv_rope, cfg, &mut args) }
+                .map_err(launch_err("cuLaunchKernelEx(pk_qkv_rope)"));
+        }
+        let mut b = self.device.stream().launch_builder(&self.qkv_rope);
+        b.arg(&qp).arg(&kp).arg(&vp).arg(&xp).arg(&bp).arg(&qn).arg(&kn).arg(&pp).arg(&fp);
+        b.arg(&nh32).arg(&nkv32).arg(&d32).arg(&rd).arg(&style).arg(&p.theta_scale).arg(&p.freq_scale);
+        b.arg(&p.eps).arg(&p.q_round);
         // SAFETY: argument list matches pk_qkv_rope; sizes checked above.
         unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_qkv_rope)"))
     }
@@ -543,12 +637,43 @@ impl ModelOps {
     }
 
     /// Whether [`Self::gemv`] serves `n` token rows against `w`: bf16 weights, columns a multiple
-    /// of 8, `n ≤ GEMV_MAX_N`, and the bf16 input fits in shared memory.
+    /// of 8, `n ≤ GEMV_MAX_N`, and the kernel's shared memory (the bf16 input, and the split
+    /// kernel's partial sums) fits.
     pub fn gemv_serves(&self, w: &DeviceMatrix, n: usize) -> bool {
         w.dtype == DType::Bf16
             && w.cols.is_multiple_of(8)
+            && w.rows >= 1
+            && w.rows <= u32::MAX as usize
+            && w.cols <= u32::MAX as usize
             && (1..=GEMV_MAX_N).contains(&n)
-            && n * w.cols * 2 <= gemv_smem_limit(&self.device)
+            && self.gemv_launch(w, n).2 <= gemv_smem_limit(&self.device)
+    }
+
+    /// `(kernel, grid blocks, dynamic shared memory bytes)` of the product of `n` token rows
+    /// against `w` (`w.rows ≥ 1`, `1 ≤ n ≤ GEMV_MAX_N`) with the current shape.
+    fn gemv_launch(&self, w: &DeviceMatrix, n: usize) -> (&CudaFunction, usize, usize) {
+        debug_assert!(w.rows >= 1 && (1..=GEMV_MAX_N).contains(&n));
+        let shape = self.gemv_shape;
+        let sms = self.device.sm_count().max(1);
+        match shape.split_warps {
+            Some(warps) => {
+                let wi = GemvShape::SPLIT_WARPS.iter().position(|&v| v == warps).unwrap_or(1);
+                // Rows split evenly over at most `blocks_per_sm` blocks per SM; each block keeps
+                // [its rows, slices, n] partial sums besides x' [n, cols] bf16.
+                let blocks = w.rows.clamp(1, shape.blocks_per_sm * sms);
+                let slices = (w.cols / 8).div_ceil(GEMV_SLICE_WORDS);
+                let smem = n * w.cols * 2 + w.rows.div_ceil(blocks) * slices * n * 4;
+                (&self.gemv_split[wi][n - 1], blocks, smem)
+            }
+            None => {
+                let ri = GEMV_ROWS_PER_WARP.iter().position(|&r| r == shape.rows_per_warp).unwrap_or(0);
+                // Groups of `rows_per_warp` rows, 8 warps per block, at most `blocks_per_sm`
+                // blocks per SM (each repeats the prologue).
+                let groups = w.rows.div_ceil(GEMV_ROWS_PER_WARP[ri] * 8);
+                let blocks = groups.clamp(1, shape.blocks_per_sm * sms);
+                (&self.gemv[ri][n - 1], blocks, n * w.cols * 2)
+            }
+        }
     }
 
     /// The decode product: `out [n, w.rows] (+)= x' [n, w.cols] · wᵀ` with `x'` the bf16 result of
@@ -583,24 +708,44 @@ impl ModelOps {
             Prologue::RmsNorm { w: nw, eps } => (1, self.p(nw), eps),
             Prologue::SiluMul => (2, 0, 0.0),
         };
-        let shape = self.gemv_shape;
-        let ri = GEMV_ROWS_PER_WARP.iter().position(|&r| r == shape.rows_per_warp).unwrap_or(1);
-        let f = &self.gemv[ri][n - 1];
         let (y, wp, xp, rp) = (self.p(out), w.ptr(&self.device), self.p(x), rows.map_or(0, |r| self.p(r)));
+        // The split kernel's prologue reads x and the norm weights 16 bytes at a time (device
+        // allocations are 256-byte aligned; this guards against views).
+        if xp % 16 != 0 || nw % 16 != 0 || wp % 16 != 0 {
+            return Err(CudaError::Invalid("gemv: x, the norm weights and W must be 16-byte aligned".into()));
+        }
         let (r32, c32, acc) = (w.rows as u32, w.cols as u32, accumulate as u32);
-        let mut b = self.device.stream().launch_builder(f);
-        b.arg(&y).arg(&wp).arg(&xp).arg(&nw).arg(&rp).arg(&r32).arg(&c32).arg(&mode).arg(&eps).arg(&acc);
-        // Groups of `rows_per_warp` rows, 8 warps per block, at most `blocks_per_sm` blocks per SM
-        // (the prologue, which every block repeats, stays small next to the weights).
-        let groups = w.rows.div_ceil(GEMV_ROWS_PER_WARP[ri] * 8);
-        let blocks = groups.clamp(1, shape.blocks_per_sm * self.device.sm_count().max(1));
+        let (f, blocks, smem) = self.gemv_launch(w, n);
+        let threads = self.gemv_shape.split_warps.unwrap_or(8) * 32;
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: (n * w.cols * 2) as u32,
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
         };
-        // SAFETY: argument list matches pk_gemv_bf16_nN; sizes checked above; the caller keeps
-        // out and x apart and gathered row ids in range.
+        if self.gemv_shape.split_warps.is_some() && self.gemv_shape.pdl {
+            let mut args: [*mut std::ffi::c_void; 10] = [
+                arg(&y),
+                arg(&wp),
+                arg(&xp),
+                arg(&nw),
+                arg(&rp),
+                arg(&r32),
+                arg(&c32),
+                arg(&mode),
+                arg(&eps),
+                arg(&acc),
+            ];
+            self.device.bind()?;
+            // SAFETY: `args` points at pk_gemv_split_bf16's parameters, in order, of their types,
+            // alive for the call; sizes checked above; the kernel waits for the previous one
+            // (pdl_wait) before it reads x or y.
+            return unsafe { launch_programmatic(&self.device, f, cfg, &mut args) }
+                .map_err(launch_err("cuLaunchKernelEx(pk_gemv_split_bf16)"));
+        }
+        let mut b = self.device.stream().launch_builder(f);
+        b.arg(&y).arg(&wp).arg(&xp).arg(&nw).arg(&rp).arg(&r32).arg(&c32).arg(&mode).arg(&eps).arg(&acc);
+        // SAFETY: argument list matches pk_gemv_bf16_nN_rR / pk_gemv_split_bf16_nN_wW; sizes
+        // checked above; the caller keeps out and x apart and gathered row ids in range.
         unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_gemv_bf16)"))
     }
 
@@ -661,4 +806,43 @@ impl ModelOps {
         }
         Ok(())
     }
+}
+
+/// A kernel argument slot for [`launch_programmatic`].
+fn arg<T>(v: &T) -> *mut std::ffi::c_void {
+    v as *const T as *mut std::ffi::c_void
+}
+
+/// Launches `f` on the device's stream with programmatic stream serialization (programmatic
+/// dependent launch, sm_90+): the kernel may be scheduled while the previous kernel of the
+/// stream still runs and must call `pdl_wait()` (kernels/common.cuh) before it reads that
+/// kernel's results or writes what it reads. (The same launch as `pk_merge`'s in attention.rs.)
+///
+/// # Safety
+/// `args` must point at one value per kernel parameter, of the parameter's type, in order.
+unsafe fn launch_programmatic(
+    dev: &CudaDevice,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    args: &mut [*mut std::ffi::c_void],
+) -> Result<(), cudarc::driver::DriverError> {
+    use cudarc::driver::sys;
+    // SAFETY: a zeroed attribute is a valid value of the C union; id and value are set below.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: dev.stream().cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: the caller's contract on `args`; config and attr outlive the call.
+    unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()
 }

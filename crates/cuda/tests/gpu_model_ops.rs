@@ -2,7 +2,9 @@
 //! against scalar CPU references on fresh random inputs, outputs poisoned with NaN before each
 //! run: embedding, RMSNorm (plain and gathering rows), the fused QKV split with bias, q/k norms
 //! and RoPE (both pair styles, frequency factors, query rounding), SiLU·mul, conversions,
-//! products (bf16 and f32, overwrite and accumulate), argmax with ties and NaN, synthetic fills.
+//! products (bf16 and f32, overwrite and accumulate), the fused decode products (both kernels,
+//! every prologue, 1..=4 token rows, Llama-3-8B-like widths), argmax with ties and NaN, synthetic
+//! fills.
 //! The RoPE reference here restates the CPU's formula; `pagekv-model`'s CUDA tests compare the
 //! kernel with the CPU `Rope` itself.
 //!
@@ -318,20 +320,34 @@ mod gpu {
     #[test]
     fn fused_gemv_matches_its_unfused_ops_for_every_prologue() {
         let Some(shared) = ops("fused_gemv_matches_its_unfused_ops_for_every_prologue") else { return };
+        // The earlier row-per-warp kernel.
         for r in GEMV_ROWS_PER_WARP {
             for bps in [1, 8] {
                 let mut o = ModelOps::new(dev(shared).clone()).unwrap();
-                o.set_gemv_shape(GemvShape { rows_per_warp: r, blocks_per_sm: bps });
+                let shape = GemvShape { split_warps: None, rows_per_warp: r, blocks_per_sm: bps, pdl: false };
+                o.set_gemv_shape(shape);
                 gemv_cases(&o);
             }
+        }
+        // The split kernel: both block sizes, one and two blocks per SM, with and without the
+        // programmatic dependent launch (here after a host copy or the previous product).
+        for (warps, bps, pdl) in [(32, 1, true), (32, 1, false), (16, 2, true), (16, 1, false), (32, 2, true)] {
+            let mut o = ModelOps::new(dev(shared).clone()).unwrap();
+            let shape = GemvShape { split_warps: Some(warps), rows_per_warp: 1, blocks_per_sm: bps, pdl };
+            o.set_gemv_shape(shape);
+            gemv_cases(&o);
         }
     }
 
     fn gemv_cases(o: &ModelOps) {
         let shape = o.gemv_shape();
         let mut rng = StdRng::seed_from_u64(7);
-        // (rows, cols): odd row counts (the last warp's group half empty), SmolLM2-like widths.
-        for (rows, cols) in [(1usize, 64usize), (301, 576), (1536, 1536), (77, 4096)] {
+        // (rows, cols): odd row counts (the last warp's group half empty), SmolLM2-like widths;
+        // for the split kernel: many rows per block (4000), seven 256-word slices per row
+        // (Llama 3 8B's down product, 14336), a last slice of one word (2056), one word a row (8).
+        let shapes =
+            [(1usize, 64usize), (301, 576), (1536, 1536), (77, 4096), (4000, 64), (200, 14336), (33, 2056), (5, 8)];
+        for (rows, cols) in shapes {
             let w = normal(&mut rng, rows * cols);
             let wm = DeviceMatrix::from_f32(dev(o), rows, cols, DType::Bf16, &w).unwrap();
             let wb: Vec<f64> = w.iter().map(|&v| round(DType::Bf16, v) as f64).collect();
@@ -358,16 +374,19 @@ mod gpu {
                         Prologue::SiluMul => o.silu_mul(&mut xin, &xd, n).unwrap(),
                     }
                     let xin = xin.to_f32(dev(o)).unwrap();
+                    // [n, rows] f64 dot products of the unfused input with the bf16 weights.
+                    let dots: Vec<f64> = (0..n * rows)
+                        .map(|e| {
+                            let (i, r) = (e / rows, e % rows);
+                            (0..cols).map(|c| xin[i * cols + c] as f64 * wb[r * cols + c]).sum()
+                        })
+                        .collect();
                     for accumulate in [false, true] {
                         let mut out = if accumulate { up(o, &init) } else { nan_f32(o, n * rows) };
                         assert!(o.gemv_serves(&wm, n));
                         o.gemv(&mut out, &xd, &wm, pro, rows_idx, n, accumulate).unwrap();
                         let want: Vec<f32> = (0..n * rows)
-                            .map(|e| {
-                                let (i, r) = (e / rows, e % rows);
-                                let dot: f64 = (0..cols).map(|c| xin[i * cols + c] as f64 * wb[r * cols + c]).sum();
-                                (dot + if accumulate { init[e] as f64 } else { 0.0 }) as f32
-                            })
+                            .map(|e| (dots[e] + if accumulate { init[e] as f64 } else { 0.0 }) as f32)
                             .collect();
                         let tol = 2e-6 * (cols as f32).sqrt() * 8.0;
                         close(
@@ -385,6 +404,9 @@ mod gpu {
         assert!(!o.gemv_serves(&wf, 1));
         let wb = DeviceMatrix::zeros(dev(o), 8, 64, DType::Bf16).unwrap();
         assert!(!o.gemv_serves(&wb, GEMV_MAX_N + 1));
+        // An input wider than shared memory holds is not served either.
+        let wide = DeviceMatrix::zeros(dev(o), 1, 32768, DType::Bf16).unwrap();
+        assert!(!o.gemv_serves(&wide, GEMV_MAX_N));
         let mut out = nan_f32(o, 64);
         let x = nan_f32(o, 64 * 8);
         assert!(matches!(o.gemv(&mut out, &x, &wf, Prologue::Convert, None, 1, false), Err(CudaError::Invalid(_))));

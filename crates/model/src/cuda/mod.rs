@@ -6,10 +6,10 @@
 //! residual, RMSNorm, fused gate|up product, SiLU·mul, down product accumulated into the
 //! residual) → final RMSNorm of the rows whose logits are wanted → output product. Products go
 //! through cuBLAS with f32 accumulation; weights are bf16 (default) or f32 ([`DType`]). Steps of
-//! at most [`pagekv_cuda::GEMV_MAX_N`] tokens with bf16 weights (decode) multiply matrices up to
-//! 64 MiB with the fused matrix-vector kernel instead, which streams each weight matrix once
-//! with the op before the product (RMSNorm, SiLU·mul, the conversion of the attention output) in
-//! its prologue.
+//! at most [`pagekv_cuda::GEMV_MAX_N`] tokens with bf16 weights (decode) multiply every matrix
+//! (`PAGEKV_CUDA_GEMV_MAX_BYTES` caps it) with the fused matrix-vector kernel instead, which
+//! streams each weight matrix once with the op before the product (RMSNorm, SiLU·mul, the
+//! conversion of the attention output) in its prologue.
 //!
 //! Attention: a sequence that brings at least [`pagekv_cuda::prefill_min_tokens`] new tokens
 //! (96 by default, `PAGEKV_CUDA_PREFILL_MIN`; `PAGEKV_CUDA_PREFILL=0` turns it off) goes through
@@ -822,13 +822,14 @@ impl Forward for CudaModel {
     }
 }
 
-/// Largest matrix (bytes) the fused matrix-vector kernel multiplies: 64 MiB by default (measured
-/// on the H200, RESULTS.md: cuBLAS streams Llama 3 8B's 117–235 MB MLP matrices and 1 GB output
-/// faster; the fused kernel wins on the small ones, whose separate norm/SiLU/conversion launches
-/// and cuBLAS calls cost more than their bytes).
+/// Largest matrix (bytes) the fused matrix-vector kernel multiplies: no limit by default (measured
+/// on the H200, crates/cuda/RESULTS.md, split GEMV section: the split kernel streams Llama 3 8B's
+/// 235 MB gate|up, 117 MB down and 1 GB output matrices faster than cuBLAS, besides saving the
+/// separate norm/SiLU/conversion launches). `PAGEKV_CUDA_GEMV_MAX_BYTES` caps it (the earlier
+/// row-per-warp kernel was routed ≤ 64 MiB); `PAGEKV_CUDA_GEMV=0` means 0 (cuBLAS only).
 fn gemv_max_bytes() -> usize {
     if std::env::var("PAGEKV_CUDA_GEMV").is_ok_and(|v| v.trim() == "0") {
         return 0;
     }
-    std::env::var("PAGEKV_CUDA_GEMV_MAX_BYTES").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(64 << 20)
+    std::env::var("PAGEKV_CUDA_GEMV_MAX_BYTES").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(usize::MAX)
 }
