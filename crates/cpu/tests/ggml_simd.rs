@@ -172,12 +172,12 @@ fn simd_kernel_is_bit_identical_to_the_scalar_reference() {
                         q_len,
                         // Several sequences: this context, a shorter one, and (every other case)
                         // a third.
-                        contexts: if index % 2 == 0 {
+                        contexts: if index.is_multiple_of(2) {
                             vec![context, (context / 2).max(q_len)]
                         } else {
                             vec![context, (context / 2).max(q_len), (context / 3 + 5).max(q_len)]
                         },
-                        causal: q_len > 1 || index % 3 == 0,
+                        causal: q_len > 1 || index.is_multiple_of(3),
                         window: window.map(|w: usize| w + index % 7),
                         block_size: block_sizes[index % 3],
                         seed: 1000 + index as u64,

@@ -9,11 +9,12 @@
 //!   are reduced together, transposed, so the scores come out as one vector.
 //! - [`softmax_row`]: max, `expf`, the denominator per block of 16 positions (`reduce16`, then
 //!   f64 in block order), probabilities rounded to f16, 16 positions at a time.
-//! - [`stage_values`] / [`lane_passes`] / [`fold_lanes`]: `V·p`. Position `t` belongs to lane
+//! - [`list_rows`] / [`lane_passes`] / [`fold_lanes`]: `V·p`. Position `t` belongs to lane
 //!   `t mod L` (64 for `ggml_vec_dot_f16`, 16 for tinyBLAS) and each lane accumulates its
-//!   positions in order by FMA, for every output dimension at once. The values are first copied
-//!   lane-major (`[L][positions / L][dims]`, f16) so a lane's positions are contiguous; a lane
-//!   pass keeps the accumulators of up to 4 heads × 4 vectors of 16 dimensions in registers;
+//!   positions in order by FMA, for every output dimension at once. The value rows' addresses
+//!   are first listed lane-major (`[L][positions / L]`) so a lane walks its positions in order
+//!   straight from the pages; a lane pass keeps the accumulators of up to 4 heads × 4 vectors
+//!   of 16 dimensions in registers;
 //!   the fold adds the lanes as the kernel does (`(l, l+32) + (l+16, l+48)`, then `reduce16`),
 //!   vertically, 16 dimensions at a time.
 
@@ -97,6 +98,78 @@ pub(crate) unsafe fn block_scores<V: Lanes16>(
     }
 }
 
+/// The partial vectors of a block's 16 positions for `g` query rows `q` (`[g, 16·NV]`), when
+/// `head_dim = 16·NV` is a multiple of 64 (so `ggml_vec_dot_f16` has no leftovers): each key row
+/// is converted once into registers and serves every row. `keys[j]`: position `j`'s f16 key row
+/// (`staged` false) or its staged f32 row (`staged` true); null: a position the block does not
+/// read (zeros). `xs[(h·16 + j)·16..]` ← row `h`, position `j` (see [`partial_scores`]).
+///
+/// # Safety
+/// Non-null rows hold `16·NV` values; `q` holds `g` rows, `xs` `g·256` floats; the ISA of `V`.
+#[inline(always)]
+pub(crate) unsafe fn block_partials<V: Lanes16, const NV: usize>(
+    vec_dot: bool,
+    staged: bool,
+    keys: &[*const u8; 16],
+    q: *const f32,
+    g: usize,
+    xs: *mut f32,
+) {
+    debug_assert!(!vec_dot || NV.is_multiple_of(4));
+    unsafe {
+        for (j, &row) in keys.iter().enumerate() {
+            if row.is_null() {
+                for h in 0..g {
+                    V::store_half(V::zero().fold_half(), xs.add((h * 16 + j) * 16));
+                }
+                continue;
+            }
+            let mut k = [V::zero(); NV];
+            for (c, kc) in k.iter_mut().enumerate() {
+                *kc = if staged {
+                    V::load(row.cast::<f32>().add(16 * c))
+                } else {
+                    V::load_f16(row.cast::<u16>().add(16 * c))
+                };
+            }
+            for h in 0..g {
+                let qh = q.add(h * 16 * NV);
+                let x = if vec_dot {
+                    // Accumulator c mod 4 takes vector c (steps of 64 in order).
+                    let mut a = [V::zero(); 4];
+                    for (c, &kc) in k.iter().enumerate() {
+                        a[c % 4] = V::fma(V::load(qh.add(16 * c)), kc, a[c % 4]);
+                    }
+                    a[0].add(a[2]).add(a[1].add(a[3]))
+                } else {
+                    let mut a = V::zero();
+                    for (c, &kc) in k.iter().enumerate() {
+                        a = V::fma(V::load(qh.add(16 * c)), kc, a);
+                    }
+                    a
+                };
+                V::store_half(x.fold_half(), xs.add((h * 16 + j) * 16));
+            }
+        }
+    }
+}
+
+/// `out[j] = scale · reduce16(partial j)` for the 16 partials [`block_partials`] left at `xs`
+/// for one row.
+///
+/// # Safety
+/// `xs` holds 256 floats, `out` 16; the ISA of `V`.
+#[inline(always)]
+pub(crate) unsafe fn partial_scores<V: Lanes16>(xs: *const f32, scale: f32, out: *mut f32) {
+    unsafe {
+        let mut x = [V::zero().fold_half(); 16];
+        for (j, xj) in x.iter_mut().enumerate() {
+            *xj = V::load_half(xs.add(16 * j));
+        }
+        V::reduce_transposed(&x).mul(V::splat(scale)).store(out);
+    }
+}
+
 /// One query row's softmax over `blocks` blocks of 16 scaled scores `src` (positions outside
 /// the row's keys hold −∞): `dst` ← the probabilities rounded to f16 (0 outside). `src` may be
 /// `dst`.
@@ -124,45 +197,42 @@ pub(crate) unsafe fn softmax_row<V: Lanes16>(src: *const f32, dst: *mut f32, blo
     }
 }
 
-/// Copies values lane-major: `stage[(t mod lanes) · ns + (t − s0) / lanes]` (rows of `dc` f16)
-/// ← `row(t)` for `t` in `t0..t1`, where `s0 ≤ t0` is a multiple of `lanes`.
+/// Lists value rows lane-major: `list[(t mod lanes) · ns + (t − s0) / lanes]` ← `row(t)` (as
+/// an address) for `t` in `t0..t1`, where `s0 ≤ t0` is a multiple of `lanes`: a lane's
+/// positions are then consecutive entries, read in order by [`lane_passes`] straight from the
+/// pages.
 ///
 /// # Safety
-/// Every `row(t)` holds `dc` f16 (`dc % 16 == 0`); `stage` holds `lanes · ns · dc`.
+/// `list` holds `lanes · ns` entries covering `t0..t1`.
 #[inline(always)]
-pub(crate) unsafe fn stage_values(
+pub(crate) unsafe fn list_rows(
     row: impl Fn(usize) -> *const u16,
     t0: usize,
     t1: usize,
     s0: usize,
     lanes: usize,
     ns: usize,
-    dc: usize,
-    stage: *mut u16,
+    list: *mut usize,
 ) {
-    debug_assert!(s0 <= t0 && s0.is_multiple_of(lanes) && dc.is_multiple_of(16));
+    debug_assert!(s0 <= t0 && s0.is_multiple_of(lanes) && lanes.is_power_of_two());
     for t in t0..t1 {
-        let src = row(t) as *const [u64; 4];
-        let dst = unsafe { stage.add(((t % lanes) * ns + (t - s0) / lanes) * dc) } as *mut [u64; 4];
-        for c in 0..dc / 16 {
-            // SAFETY: 32 bytes per 16 values, inside both rows (caller's contract).
-            unsafe { dst.add(c).write_unaligned(src.add(c).read_unaligned()) };
-        }
+        // SAFETY: inside the list (caller's contract).
+        unsafe { *list.add((t & (lanes - 1)) * ns + (t - s0) / lanes) = row(t) as usize };
     }
 }
 
 /// One lane of one row group: `out[h][c] = Σ_k v_k[c] · p[h][k · step]` accumulated by FMA in
-/// order of `k`, from 0, for `NH` heads and `NV` vectors of 16 dimensions. `v` is the lane's
-/// first staged row (rows `dc` apart), `p[h]` head `h`'s probability of the lane's first
-/// position.
+/// order of `k`, from 0, for `NH` heads and `NV` vectors of 16 dimensions. `v[k]` is the
+/// address of the lane's `k`-th value row (read from dimension `col`), `p[h]` head `h`'s
+/// probability of the lane's first position.
 ///
 /// # Safety
-/// `count` staged rows of `16·NV` values from `v`; `p[h]` readable at `k · step` for
-/// `k < count`; `out[h]` holds `16·NV` floats; the ISA of `V`.
+/// `count` rows listed in `v`, each with `col + 16·NV` values; `p[h]` readable at `k · step`
+/// for `k < count`; `out[h]` holds `16·NV` floats; the ISA of `V`.
 #[inline(always)]
 unsafe fn lane_pass<V: Lanes16, const NH: usize, const NV: usize>(
-    v: *const u16,
-    dc: usize,
+    v: *const usize,
+    col: usize,
     count: usize,
     p: &[*const f32; 4],
     step: usize,
@@ -171,7 +241,7 @@ unsafe fn lane_pass<V: Lanes16, const NH: usize, const NV: usize>(
     unsafe {
         let mut acc = [[V::zero(); NV]; NH];
         for k in 0..count {
-            let row = v.add(k * dc);
+            let row = (*v.add(k) as *const u16).add(col);
             let mut x = [V::zero(); NV];
             for (c, xc) in x.iter_mut().enumerate() {
                 *xc = V::load_f16(row.add(16 * c));
@@ -193,6 +263,7 @@ unsafe fn lane_pass<V: Lanes16, const NH: usize, const NV: usize>(
 
 /// [`lane_pass`] for every head and every vector of the staged dimensions of one lane, in
 /// passes of at most 4 heads × `max_nv` vectors (the register budget of the ISA).
+/// `v`: the lane's row addresses, each row read from dimension `col` for `dc` values;
 /// `p[h]`: head `h`'s first probability; `out[h]`: head `h`'s lane accumulators (`dc` floats).
 ///
 /// # Safety
@@ -202,7 +273,8 @@ unsafe fn lane_pass<V: Lanes16, const NH: usize, const NV: usize>(
 pub(crate) unsafe fn lane_passes<V: Lanes16>(
     max_nv: usize,
     heads: usize,
-    v: *const u16,
+    v: *const usize,
+    col: usize,
     dc: usize,
     count: usize,
     p: &[*const f32],
@@ -223,13 +295,13 @@ pub(crate) unsafe fn lane_passes<V: Lanes16>(
                 // SAFETY: inside head h's `dc` floats.
                 *o = unsafe { dst.add(16 * c0) };
             }
-            // SAFETY: forwarded contract; `v + 16·c0` starts the pass's columns of each row.
+            // SAFETY: forwarded contract; `col + 16·c0` starts the pass's columns of each row.
             unsafe {
-                let v = v.add(16 * c0);
+                let col = col + 16 * c0;
                 macro_rules! go {
                     ($($nh:literal, $nv:literal);*) => {
                         match (nh, nv) {
-                            $(($nh, $nv) => lane_pass::<V, $nh, $nv>(v, dc, count, &pp, step, &oo),)*
+                            $(($nh, $nv) => lane_pass::<V, $nh, $nv>(v, col, count, &pp, step, &oo),)*
                             _ => unreachable!("passes are 1..=4 heads × 1, 2 or 4 vectors"),
                         }
                     };

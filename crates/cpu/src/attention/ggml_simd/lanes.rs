@@ -48,6 +48,10 @@ pub(crate) trait Lanes16: Copy {
     unsafe fn max_lane(self) -> f32;
     /// The first level of [`Self::reduce`]'s tree, or nothing (see the module docs).
     unsafe fn fold_half(self) -> Self::Half;
+    /// Stores a [`Self::Half`] at `p` (16 floats of room).
+    unsafe fn store_half(h: Self::Half, p: *mut f32);
+    /// Loads what [`Self::store_half`] stored.
+    unsafe fn load_half(p: *const f32) -> Self::Half;
     /// Lane `j` = `reduce16` of the vector `x[j]` was folded from.
     unsafe fn reduce_transposed(x: &[Self::Half; 16]) -> Self;
 }
@@ -121,6 +125,14 @@ impl Lanes16 for Zmm {
     #[inline(always)]
     unsafe fn fold_half(self) -> __m512 {
         self.0
+    }
+    #[inline(always)]
+    unsafe fn store_half(h: __m512, p: *mut f32) {
+        unsafe { _mm512_storeu_ps(p, h) }
+    }
+    #[inline(always)]
+    unsafe fn load_half(p: *const f32) -> __m512 {
+        unsafe { _mm512_loadu_ps(p) }
     }
     #[inline(always)]
     unsafe fn reduce_transposed(x: &[__m512; 16]) -> Self {
@@ -232,6 +244,14 @@ impl Lanes16 for YmmPair {
     #[inline(always)]
     unsafe fn fold_half(self) -> __m256 {
         _mm256_add_ps(self.0, self.1) // (i, i+8)
+    }
+    #[inline(always)]
+    unsafe fn store_half(h: __m256, p: *mut f32) {
+        unsafe { _mm256_storeu_ps(p, h) }
+    }
+    #[inline(always)]
+    unsafe fn load_half(p: *const f32) -> __m256 {
+        unsafe { _mm256_loadu_ps(p) }
     }
     #[inline(always)]
     unsafe fn reduce_transposed(y: &[__m256; 16]) -> Self {

@@ -9,8 +9,8 @@
 //! - **Whole** (prefill, and decode when there are enough (sequence, kv head) units): one task
 //!   per (sequence, kv head, run of up to [`MAX_TASK_TOKENS`] query tokens) computes its rows'
 //!   scores block by block (16 positions aligned to absolute positions; each block's keys are
-//!   staged once for every row that sees it), their softmax, then `V·p` over values staged
-//!   lane-major once for the run, and writes the rows.
+//!   staged once for every row that sees it), their softmax, then `V·p` with the value rows
+//!   listed lane-major once for the run, and writes the rows.
 //! - **Split** (decode, fewer units than the threads can share evenly, long contexts): a first
 //!   parallel step computes the scores, one task per (sequence, kv head, part of the positions)
 //!   into a shared buffer (each score is one position's own dot product, so parts are free); a
@@ -32,7 +32,9 @@ use std::cell::UnsafeCell;
 
 use kvcache::{AttentionRoute, LayerView, PlaneView};
 
-use self::kernels::{block_scores, fold_lanes, lane_passes, softmax_row, stage_keys, stage_values};
+use self::kernels::{
+    block_partials, block_scores, fold_lanes, lane_passes, list_rows, partial_scores, softmax_row, stage_keys,
+};
 use self::lanes::{Lanes16, YmmPair, Zmm};
 use super::group::QueryBounds;
 use super::workspace::{AlignedF32, SyncPtr};
@@ -58,14 +60,16 @@ pub(crate) fn serves(layer: &LayerView) -> bool {
 struct Scratch {
     /// `[rows, head_dim]` f16-rounded queries of the task's rows.
     q: AlignedF32,
-    /// `[16, head_dim]` one block's keys.
+    /// `[16, head_dim]` one block's keys (staged f32).
     kf: AlignedF32,
+    /// `[group, 16, 16]` one block's partial vectors (see `block_partials`).
+    xs: AlignedF32,
     /// `[rows, stride]` scores, then probabilities, from the task's first block.
     sc: AlignedF32,
     /// `[lanes, group, dims]` lane accumulators of one query token.
     lanes: AlignedF32,
-    /// `[lanes, positions / lanes, dims]` values, lane-major (f16 bits).
-    stage: Vec<u16>,
+    /// `[lanes, positions / lanes]` addresses of the value rows, lane-major.
+    rows: Vec<usize>,
 }
 
 struct Slot(UnsafeCell<Scratch>);
@@ -91,11 +95,11 @@ impl GgmlWorkspace {
             let s = slot.0.get_mut();
             s.q.ensure(rows * d);
             s.kf.ensure(16 * d);
+            s.xs.ensure(group * 256);
             s.sc.ensure(rows * stride);
             s.lanes.ensure(lanes * group * d);
-            let stage = (stride + 2 * lanes) * d;
-            if s.stage.len() < stage {
-                s.stage.resize(stage, 0);
+            if s.rows.len() < stride + 2 * lanes {
+                s.rows.resize(stride + 2 * lanes, 0);
             }
         }
     }
@@ -308,9 +312,27 @@ unsafe fn prepare_queries<V: Lanes16>(c: &Call, seq: usize, kv_head: usize, i0: 
     }
 }
 
-/// Keys of the block at `t0` into `kf`: positions of `u0..u1`, zeros elsewhere.
+/// Whether `head_dim` takes [`block_partials`] (key rows held in registers; 64 or 128).
 #[inline(always)]
-unsafe fn stage_block<V: Lanes16>(c: &Call, seq: usize, kv_head: usize, t0: usize, u0: usize, u1: usize, kf: *mut f32) {
+fn key_rows_in_registers(d: usize) -> bool {
+    d == 64 || d == 128
+}
+
+/// The keys of the block at `t0` for positions of `u0..u1`: their f16 page rows (null
+/// elsewhere), or, when `staged` (several query tokens share the block) or the head size
+/// needs [`block_scores`], their f32 rows staged in `kf` (zeros elsewhere).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_keys<V: Lanes16>(
+    c: &Call,
+    seq: usize,
+    kv_head: usize,
+    t0: usize,
+    u0: usize,
+    u1: usize,
+    staged: bool,
+    kf: *mut f32,
+) -> [*const u8; 16] {
     let (layer, table) = (c.layer, c.p.block_tables[seq]);
     let mut rows = [std::ptr::null::<u16>(); 16];
     for (j, r) in rows.iter_mut().enumerate() {
@@ -319,27 +341,45 @@ unsafe fn stage_block<V: Lanes16>(c: &Call, seq: usize, kv_head: usize, t0: usiz
             *r = row(&layer.keys, table, layer.block_size, kv_head, t);
         }
     }
+    if !staged && key_rows_in_registers(c.d) {
+        return rows.map(|r| r.cast());
+    }
     // SAFETY: non-null rows are f16 rows of head_dim values; `kf` holds 16 rows.
     unsafe { stage_keys::<V>(&rows, c.d, kf) };
+    std::array::from_fn(|j| kf.wrapping_add(j * c.d).cast_const().cast())
 }
 
-/// The scores of rows `r0..r0 + group` (query token seeing keys `lo..hi`) for the block at
-/// `t0`: `dst(r)` is row `r`'s 16 scores; positions outside `lo..hi` get −∞.
+/// The scores of one query token's `group` rows `q` (seeing keys `lo..hi`) for the block at
+/// `t0` whose keys [`block_keys`] gave (`staged` as passed to it): `dst(h)` ← row `h`'s 16
+/// scores, −∞ at positions outside `lo..hi`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn score_block<V: Lanes16>(
     c: &Call,
+    keys: &[*const u8; 16],
+    staged: bool,
     q: *const f32,
-    kf: *const f32,
+    xs: *mut f32,
     t0: usize,
     lo: usize,
     hi: usize,
     dst: impl Fn(usize) -> *mut f32,
 ) {
-    for h in 0..c.group {
-        let out = dst(h);
-        // SAFETY: caller's buffers: `q` holds the rows, `out` 16 floats.
-        unsafe {
-            block_scores::<V>(c.vec_dot, q.add(h * c.d), kf, c.d, c.p.scale, out);
+    let (d, g) = (c.d, c.group);
+    // SAFETY: caller's buffers: `q` holds the rows, `xs` 256 floats per row, `dst(h)` 16.
+    unsafe {
+        match d {
+            64 => block_partials::<V, 4>(c.vec_dot, staged, keys, q, g, xs),
+            128 => block_partials::<V, 8>(c.vec_dot, staged, keys, q, g, xs),
+            _ => {}
+        }
+        for h in 0..g {
+            let out = dst(h);
+            if key_rows_in_registers(d) {
+                partial_scores::<V>(xs.add(h * 256), c.p.scale, out);
+            } else {
+                block_scores::<V>(c.vec_dot, q.add(h * d), keys[0].cast(), d, c.p.scale, out);
+            }
             if t0 < lo || t0 + 16 > hi {
                 for j in 0..16 {
                     if !(lo..hi).contains(&(t0 + j)) {
@@ -367,21 +407,24 @@ unsafe fn whole<V: Lanes16>(
     let (u0, u1) = (bounds.keys_of(i0).0, bounds.keys_of(i1 - 1).1);
     let base = u0 & !15;
     let stride = (u1 - base).next_multiple_of(16);
-    let (q, kf, sc) = (s.q.as_mut_ptr(), s.kf.as_mut_ptr(), s.sc.as_mut_ptr());
+    let (q, kf, xs, sc) = (s.q.as_mut_ptr(), s.kf.as_mut_ptr(), s.xs.as_mut_ptr(), s.sc.as_mut_ptr());
+    // Several tokens share each block's keys: stage them once as f32.
+    let staged = i1 - i0 > 1;
     // SAFETY (whole body): buffers sized by `prepare` for `tokens × group` rows of `stride`
     // (≤ the call's stride) floats; rows of `out` belong to this task.
     unsafe {
         prepare_queries::<V>(c, seq, kv_head, i0, i1, q);
         for b in 0..stride / 16 {
             let t0 = base + 16 * b;
-            stage_block::<V>(c, seq, kv_head, t0, u0, u1, kf);
+            let keys = block_keys::<V>(c, seq, kv_head, t0, u0, u1, staged, kf);
             for i in i0..i1 {
                 let (lo, hi) = bounds.keys_of(i);
                 if hi <= t0 || lo >= t0 + 16 {
                     continue;
                 }
                 let r0 = (i - i0) * g;
-                score_block::<V>(c, q.add(r0 * d), kf, t0, lo, hi, |h| sc.add((r0 + h) * stride + 16 * b));
+                let dst = |h: usize| sc.add((r0 + h) * stride + 16 * b);
+                score_block::<V>(c, &keys, staged, q.add(r0 * d), xs, t0, lo, hi, dst);
             }
         }
         for i in i0..i1 {
@@ -396,7 +439,7 @@ unsafe fn whole<V: Lanes16>(
         let ns = (u1 - s0).div_ceil(c.lanes);
         let (layer, table) = (c.layer, c.p.block_tables[seq]);
         let vrow = |t: usize| row(&layer.values, table, layer.block_size, kv_head, t);
-        stage_values(vrow, u0, u1, s0, c.lanes, ns, d, s.stage.as_mut_ptr());
+        list_rows(vrow, u0, u1, s0, c.lanes, ns, s.rows.as_mut_ptr());
         for i in i0..i1 {
             let (lo, hi) = bounds.keys_of(i);
             let probs = |h: usize| sc.add(((i - i0) * g + h) * stride).cast_const();
@@ -406,7 +449,7 @@ unsafe fn whole<V: Lanes16>(
     }
 }
 
-/// `V·p` of one query token (keys `lo..hi`) over the staged dimensions `d0..d1`: lane passes
+/// `V·p` of one query token (keys `lo..hi`) over the dimensions `d0..d1` of the listed rows: lane passes
 /// into `s.lanes`, then the fold into `out(h) + d0` for each head `h` of the group. `probs(h)`
 /// is head `h`'s probability row from position `base`.
 #[inline(always)]
@@ -427,7 +470,7 @@ unsafe fn values_row<V: Lanes16>(
 ) {
     let (g, nl, dc) = (c.group, c.lanes, d1 - d0);
     let acc = s.lanes.as_mut_ptr();
-    let stage = s.stage.as_ptr();
+    let list = s.rows.as_ptr();
     // SAFETY: `acc` holds `[lanes, group, dc]`; staged rows and probabilities cover `lo..hi`.
     unsafe {
         for h0 in (0..g).step_by(4) {
@@ -450,8 +493,8 @@ unsafe fn values_row<V: Lanes16>(
                 for (k, p) in pp.iter_mut().enumerate().take(nh) {
                     *p = probs(h0 + k).add(first - base);
                 }
-                let v = stage.add((l * ns + (first - s0) / nl) * dc);
-                lane_passes::<V>(max_nv, nh, v, dc, count, &pp, nl, &dst);
+                let v = list.add(l * ns + (first - s0) / nl);
+                lane_passes::<V>(max_nv, nh, v, d0, dc, count, &pp, nl, &dst);
             }
         }
         for h in 0..g {
@@ -473,15 +516,15 @@ unsafe fn split_scores<V: Lanes16>(c: &Call, seq: usize, kv_head: usize, part: u
     if b0 == b1 {
         return;
     }
-    let (q, kf) = (s.q.as_mut_ptr(), s.kf.as_mut_ptr());
+    let (q, kf, xs) = (s.q.as_mut_ptr(), s.kf.as_mut_ptr(), s.xs.as_mut_ptr());
     let rows = c.scores.get().wrapping_add((seq * c.layer.num_kv_heads + kv_head) * c.group * c.stride);
     // SAFETY: scratch prepared; this task alone writes blocks b0..b1 of these score rows.
     unsafe {
         prepare_queries::<V>(c, seq, kv_head, 0, 1, q);
         for b in b0..b1 {
             let t0 = base + 16 * b;
-            stage_block::<V>(c, seq, kv_head, t0, lo, hi, kf);
-            score_block::<V>(c, q, kf, t0, lo, hi, |h| rows.add(h * c.stride + 16 * b));
+            let keys = block_keys::<V>(c, seq, kv_head, t0, lo, hi, false, kf);
+            score_block::<V>(c, &keys, false, q, xs, t0, lo, hi, |h| rows.add(h * c.stride + 16 * b));
         }
     }
 }
@@ -514,8 +557,8 @@ unsafe fn split_values<V: Lanes16>(
         let s0 = lo - lo % c.lanes;
         let ns = (hi - s0).div_ceil(c.lanes);
         let (layer, table) = (c.layer, c.p.block_tables[seq]);
-        let vrow = |t: usize| row(&layer.values, table, layer.block_size, kv_head, t).add(d0);
-        stage_values(vrow, lo, hi, s0, c.lanes, ns, d1 - d0, s.stage.as_mut_ptr());
+        let vrow = |t: usize| row(&layer.values, table, layer.block_size, kv_head, t);
+        list_rows(vrow, lo, hi, s0, c.lanes, ns, s.rows.as_mut_ptr());
         let probs = |h: usize| sc.add(h * c.stride).cast_const();
         let out = |h: usize| c.out.get().add((seq * c.p.num_heads + kv_head * g + h) * d);
         values_row::<V>(c, lo, hi, base, s0, ns, d0, d1, s, probs, out, max_nv);
