@@ -45,10 +45,12 @@ use crate::threadpool::ThreadPool;
 const TASKS_PER_THREAD: usize = 2;
 /// Query tokens per task at most (a task's scores are `tokens × group × positions` floats).
 const MAX_TASK_TOKENS: usize = 16;
-/// A decode row is split over threads only from this many positions read.
-const SPLIT_MIN_POSITIONS: usize = 256;
-/// Positions per part of a split row at least.
-const MIN_PART_POSITIONS: usize = 256;
+/// A decode row is split over threads only from this many positions read (measured: at 128
+/// and 192 positions a split call and a whole one cost about the same on 2 threads).
+const SPLIT_MIN_POSITIONS: usize = 64;
+/// Positions per part of a split row at least (64: at 384 positions, 2 parts instead of 1
+/// halved the call on 2 threads, `ggml_attention_bench`).
+const MIN_PART_POSITIONS: usize = 64;
 
 /// Whether this module serves `layer` (the caller checked format and steps).
 pub(crate) fn serves(layer: &LayerView) -> bool {
