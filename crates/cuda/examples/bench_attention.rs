@@ -6,6 +6,8 @@
 //!     [--formats bf16,q8,q4] [--cases 1x4096,64x16384] [--routes primitive,partitioned] \
 //!     [--partition-sizes 256,512] [--kernels auto,simt] [--runs 50] [--warmup 5] [--device 0]
 //!     [--contiguous]   (consecutive block ids per sequence instead of scattered pages)
+//!     [--f32-queries]  (full f32 queries; default: rounded to the pages' mma type, as the GPU
+//!                       model passes them for f16/bf16 caches)
 //! ```
 //! Defaults: the issue's shapes (32 query heads, 8 kv heads, head_dim 128, block 16), cases
 //! 1×4096, 1×32768, 16×4096, 64×4096, 64×16384, formats bf16 f16 f32 q8 q4 q4r turbo, both
@@ -26,6 +28,10 @@ fn parse_args(args: &[String]) -> Result<(BenchConfig, usize), String> {
     while let Some(flag) = it.next() {
         if flag == "--contiguous" {
             cfg.scatter = false;
+            continue;
+        }
+        if flag == "--f32-queries" {
+            cfg.round_queries = false;
             continue;
         }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;

@@ -87,6 +87,14 @@ constexpr int RPI = 32 / CPR;
 static_assert(CPR >= 1 && CPR <= 32 && (CPR & (CPR - 1)) == 0, "code rows of 16·2^k bytes");
 static_assert(STAGE % 16 == 0 && WARP_BYTES % 16 == 0, "16-byte aligned stages");
 constexpr int HP = NT * 8;               // heads of the mma columns (padded)
+// Packed columns (groups of at most 4 heads): the 8 columns of an n-tile hold GP heads (the
+// group padded to 2 or 4) × PPT split parts, column n = head n % GP, part PPT·j + n / GP of
+// n-tile j; the parts of a head are summed across lanes after the mma (lanes c, c ^ GP/2, …
+// of a quad hold the same heads). PACKQ / PACKP n-tiles carry the SQ / SP parts.
+constexpr int GP = PK_G <= 2 ? 2 : 4;
+constexpr int PPT = 8 / GP;
+constexpr int PACKQ = (SQ + PPT - 1) / PPT;
+constexpr int PACKP = (SP + PPT - 1) / PPT;
 constexpr int MERGE_FLOATS = NW * HP * (D + 2) + NW * PK_G * D;
 // Dynamic shared memory: the warps' stages, or the merge scratch where that is larger (the host
 // mirror is compile::decode_tc_smem_bytes).
@@ -127,6 +135,22 @@ __device__ __forceinline__ void split2(float x0, float x1, u32 out[N]) {
             x1 -= r1;
         }
     }
+}
+
+// p[i] (0 when i ≥ N), with a runtime i and no local-memory indexing.
+template <int N>
+__device__ __forceinline__ u32 pick(const u32 p[N], int i) {
+    u32 r = 0;
+#pragma unroll
+    for (int j = 0; j < N; j++) r = i == j ? p[j] : r;
+    return r;
+}
+// x summed over the lanes of a quad that hold the other parts of the same heads (packed
+// columns: lanes c ^ GP/2, …).
+__device__ __forceinline__ float sum_parts(float x) {
+#pragma unroll
+    for (int off = GP / 2; off < 4; off <<= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+    return x;
 }
 
 // The NSC = D / 32 f16 scales of one head vector in the stage (SB bytes, SB-aligned), packed
@@ -311,23 +335,32 @@ __device__ __forceinline__ int pv_dim(int mt, int half, int g) {
 }
 } // namespace tc
 
-// grid (num_kv_heads / HPC, num_seqs, num_partitions), block 32·NW, dynamic smem
-// tc::TC_SMEM_BYTES; HPC divides both num_kv_heads and NW.
-extern "C" __global__ void PK_TC_BOUNDS
-pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]            (1 partition)
-             float* __restrict__ part_acc,     // [num_seqs, num_heads, max_parts, D] (partitions)
-             float* __restrict__ part_ml,      // [num_seqs, num_heads, max_parts, 2] (m, l)
-             const float* __restrict__ q,      // [num_seqs, num_heads, D]
-             const u8* __restrict__ kc, const u8* __restrict__ ks,
-             const u8* __restrict__ vc, const u8* __restrict__ vs,
-             const u32* __restrict__ tables,   // [num_seqs, max_blocks]
-             u32 max_blocks,
-             const u32* __restrict__ ctx_lens, // [num_seqs]
-             const float* __restrict__ signs,  // [D] rotation signs, or null
-             float rot_norm, float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size,
-             u32 num_kv_heads,
-             u32* __restrict__ counters) {       // [num_seqs, gridDim.x] zeros, or null: pk_merge follows
+// The kernel body (pk_decode_tc below). PACK (groups of at most 4 heads): the split parts share
+// the mma columns with the heads (tc::GP, tc::PPT), one n-tile per set of PPT parts instead of one
+// per part: bf16 QK 24 → 16 mma per tile, PV 24 → 16 (f16 and quantized pages 16 → 8 each). QX:
+// the query is split unscaled (the scale multiplies the scores) and, where every part past the
+// first is zero for the warp's queries (queries already rounded to the mma type — the GPU model
+// rounds them for f16/bf16 caches, `q_round`), the QK mma of those parts is skipped: the same
+// sums, one n-tile per k-step.
+template <bool PACK, bool QX>
+__device__ __forceinline__ void decode_tc_body(float* __restrict__ out,          // [num_seqs, num_heads, D]            (1 partition)
+                                               float* __restrict__ part_acc,     // [num_seqs, num_heads, max_parts, D] (partitions)
+                                               float* __restrict__ part_ml,      // [num_seqs, num_heads, max_parts, 2] (m, l)
+                                               const float* __restrict__ q,      // [num_seqs, num_heads, D]
+                                               const u8* __restrict__ kc, const u8* __restrict__ ks,
+                                               const u8* __restrict__ vc, const u8* __restrict__ vs,
+                                               const u32* __restrict__ tables,   // [num_seqs, max_blocks]
+                                               u32 max_blocks,
+                                               const u32* __restrict__ ctx_lens, // [num_seqs]
+                                               const float* __restrict__ signs,  // [D] rotation signs, or null
+                                               float rot_norm, float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size,
+                                               u32 num_kv_heads,
+                                               u32* __restrict__ counters) { // [num_seqs, gridDim.x] zeros, or null
     using namespace tc;
+    constexpr int NS = PACK ? 1 : NT;      // head n-tiles of the softmax state (s, m, l, o)
+    constexpr int QP = PACK ? PACKQ : SQ;  // B-fragment sets of q per head n-tile, one mma chain
+    constexpr int PP = PACK ? PACKP : SP;  // B-fragment sets of p per head n-tile
+    const int quad = threadIdx.x & 3;      // C fragments: columns 2·quad, 2·quad + 1
     const int seq = blockIdx.y, part = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int hpc = (int)num_kv_heads / (int)gridDim.x, wph = NW / hpc;
@@ -369,11 +402,17 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
     // used; others read theirs from global memory after the first copies are in flight.
     const u64 qcta = ((u64)seq * num_heads + (u64)blockIdx.x * heads) * D;
     const bool rotated = signs != nullptr;
-    u32 bq[NT][KSTEPS][SQ][2];
+    // bq[nt][kk][j]: head n-tile nt (PACK: the packed columns), k-step kk, part j (PACK: part
+    // set j, column n holding part PPT·j + n / GP of head n % GP).
+    u32 bq[NS][KSTEPS][QP][2];
+    bool q_exact = false; // QX: every part past the first is zero for this warp's queries
     auto build_bq = [&](const float* qw) { // qw: [PK_G][D], this warp's kv head
+        const float qs = QX ? 1.0f : qk_scale_log2;
+        bool exact = true;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int g = nt * 8 + (lane >> 2);
+        for (int nt = 0; nt < NS; nt++) {
+            const int n = lane >> 2;
+            const int g = PACK ? n % GP : nt * 8 + n;
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; kk++) {
 #pragma unroll
@@ -389,12 +428,15 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
                         }
                     }
                     u32 parts[SQ];
-                    split2<SQ>(v.x * qk_scale_log2, v.y * qk_scale_log2, parts);
+                    split2<SQ>(v.x * qs, v.y * qs, parts);
 #pragma unroll
-                    for (int j = 0; j < SQ; j++) bq[nt][kk][j][half] = parts[j];
+                    for (int j = 1; j < SQ; j++) exact &= (parts[j] & 0x7fff7fffu) == 0;
+#pragma unroll
+                    for (int j = 0; j < QP; j++) bq[nt][kk][j][half] = PACK ? pick<SQ>(parts, PPT * j + n / GP) : parts[j];
                 }
             }
         }
+        q_exact = QX && __all_sync(0xffffffffu, exact);
     };
     if (rotated) {
         float* qs = (float*)smem;
@@ -453,10 +495,10 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
     u32 next_blk = first_blk[ST - 1];
     if (!rotated) build_bq(q + qcta + head_local * PK_G * D);
 
-    float o[NT][KSTEPS][4];
-    float m[NT][2], l[NT][2];
+    float o[NS][KSTEPS][4]; // PACK: lanes of a quad hold different parts, summed after the loop
+    float m[NS][2], l[NS][2];
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
+    for (int nt = 0; nt < NS; nt++) {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             m[nt][j] = PK_NEG_INF;
@@ -499,17 +541,18 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
 
         // QK: every group of KG k-steps accumulates its parts (smallest first) in a fresh
         // fragment, added to s (quantized: times the group's K scale of the row's token).
-        float s[NT][4];
+        float s[NS][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int nt = 0; nt < NS; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+        const int qparts = q_exact ? 1 : QP; // warp-uniform
         u32 kraw[4]; // q4: the raw registers of two groups
 #pragma unroll
         for (int g0 = 0; g0 < KSTEPS; g0 += KG) {
-            float t[NT][4];
+            float t[NS][4];
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NS; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) t[nt][e] = 0.0f;
             u32 a[KG][4];
@@ -528,28 +571,37 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
 #pragma unroll
             for (int k = 0; k < KG; k++)
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
+                for (int nt = 0; nt < NS; nt++)
 #pragma unroll
-                    for (int j = SQ - 1; j >= 0; j--) mma(t[nt], a[k], bq[nt][g0 + k][j][0], bq[nt][g0 + k][j][1]);
+                    for (int j = QP - 1; j >= 0; j--)
+                        if (j < qparts) mma(t[nt], a[k], bq[nt][g0 + k][j][0], bq[nt][g0 + k][j][1]);
             float sc0 = 1.0f, sc1 = 1.0f;
             if constexpr (QUANT) {
                 sc0 = scale_at(ks0, g0 / 2);
                 sc1 = scale_at(ks1, g0 / 2);
             }
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
+            for (int nt = 0; nt < NS; nt++) {
                 s[nt][0] = fmaf(sc0, t[nt][0], s[nt][0]);
                 s[nt][1] = fmaf(sc0, t[nt][1], s[nt][1]);
                 s[nt][2] = fmaf(sc1, t[nt][2], s[nt][2]);
                 s[nt][3] = fmaf(sc1, t[nt][3], s[nt][3]);
             }
         }
+        // PACK: the parts of each head summed over the quad; QX: the scale applied here.
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if constexpr (PACK) s[nt][e] = sum_parts(s[nt][e]);
+                if constexpr (QX) s[nt][e] *= qk_scale_log2;
+            }
         // Rows of S^T: tokens t0 + r0 (e = 0, 1) and t0 + r0 + 8 (e = 2, 3).
         const bool ok0 = t0 + r0 < end, ok1 = t0 + r0 + 8 < end;
-        float corr[NT][2];
+        float corr[NS][2];
         bool rescale = false;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
+        for (int nt = 0; nt < NS; nt++) {
             if (!ok0) s[nt][0] = s[nt][1] = PK_NEG_INF;
             if (!ok1) s[nt][2] = s[nt][3] = PK_NEG_INF;
 #pragma unroll
@@ -572,7 +624,7 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
         // the maxima settle, whole tiles skip the rescale.
         if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NS; nt++)
 #pragma unroll
                 for (int mt = 0; mt < KSTEPS; mt++)
 #pragma unroll
@@ -580,7 +632,8 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
         }
         // PV, per group of KG m-tiles: P^T (quantized: times the group's V scale of each token)
         // as B fragments, split into exact parts and transposed by movmatrix.
-        u32 bp[NT][SP][2];
+        // bp[nt][j]: PACK: part set j (columns of the quad's lanes: part PPT·j + 2·quad / GP).
+        u32 bp[NS][PP][2];
 #pragma unroll
         for (int g0 = 0; g0 < KSTEPS; g0 += KG) {
             float sc0 = 1.0f, sc1 = 1.0f;
@@ -590,14 +643,14 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
             }
             if (QUANT || g0 == 0) { // float pages: one set of B fragments serves every m-tile
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
+                for (int nt = 0; nt < NS; nt++) {
                     u32 x0[SP], x1[SP];
                     split2<SP>(s[nt][0] * sc0, s[nt][1] * sc0, x0);
                     split2<SP>(s[nt][2] * sc1, s[nt][3] * sc1, x1);
 #pragma unroll
-                    for (int j = 0; j < SP; j++) {
-                        bp[nt][j][0] = movtrans(x0[j]);
-                        bp[nt][j][1] = movtrans(x1[j]);
+                    for (int j = 0; j < PP; j++) {
+                        bp[nt][j][0] = movtrans(PACK ? pick<SP>(x0, PPT * j + 2 * quad / GP) : x0[j]);
+                        bp[nt][j][1] = movtrans(PACK ? pick<SP>(x1, PPT * j + 2 * quad / GP) : x1[j]);
                     }
                 }
             }
@@ -611,10 +664,10 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
             for (int k = 0; k < KG; k++) {
                 const int mt = g0 + k;
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
+                for (int nt = 0; nt < NS; nt++) {
                     float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                    for (int j = SP - 1; j >= 0; j--) mma(t, a[k], bp[nt][j][0], bp[nt][j][1]);
+                    for (int j = PP - 1; j >= 0; j--) mma(t, a[k], bp[nt][j][0], bp[nt][j][1]);
 #pragma unroll
                     for (int e = 0; e < 4; e++) o[nt][mt][e] += t[e];
                 }
@@ -623,13 +676,21 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
     }
     cp_async_wait<0>();
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++)
+    for (int nt = 0; nt < NS; nt++)
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             l[nt][j] += __shfl_xor_sync(0xffffffffu, l[nt][j], 4);
             l[nt][j] += __shfl_xor_sync(0xffffffffu, l[nt][j], 8);
             l[nt][j] += __shfl_xor_sync(0xffffffffu, l[nt][j], 16);
         }
+    if constexpr (PACK) { // the parts of each head's output, summed over the quad (m, l agree)
+#pragma unroll
+        for (int mt = 0; mt < KSTEPS; mt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[0][mt][e] = sum_parts(o[0][mt][e]);
+    }
+    // Lanes whose columns hold heads (PACK: part 0 of heads 2·quad, 2·quad + 1).
+    const bool writer = !PACK || 2 * quad < GP;
     __syncthreads(); // all warps are done with their stages: reuse them for the merge
 
     // Merge the warps of each head: mw, lw [NW][HP], ow [NW][HP][D]; res [heads][D].
@@ -637,9 +698,9 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
     float* lw = mw + NW * HP;
     float* ow = lw + NW * HP;
     float* res = ow + NW * HP * D;
-    if (lane < 4) {
+    if (lane < 4 && writer) {
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int nt = 0; nt < NS; nt++)
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 const int g = nt * 8 + lane * 2 + j;
@@ -647,15 +708,17 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
                 lw[warp * HP + g] = l[nt][j];
             }
     }
+    if (writer) {
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++)
+        for (int nt = 0; nt < NS; nt++)
 #pragma unroll
-        for (int mt = 0; mt < KSTEPS; mt++)
+            for (int mt = 0; mt < KSTEPS; mt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int g = nt * 8 + (lane & 3) * 2 + (e & 1);
-                ow[(warp * HP + g) * D + pv_dim(mt, e >> 1, lane >> 2)] = o[nt][mt][e];
-            }
+                for (int e = 0; e < 4; e++) {
+                    const int g = nt * 8 + quad * 2 + (e & 1);
+                    ow[(warp * HP + g) * D + pv_dim(mt, e >> 1, lane >> 2)] = o[nt][mt][e];
+                }
+    }
     __syncthreads();
     for (int idx = threadIdx.x; idx < heads * D; idx += blockDim.x) {
         const int hl = idx / (PK_G * D), g = (idx / D) % PK_G, dim = idx % D;
@@ -782,6 +845,48 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
     __syncthreads();
     if (signs != nullptr) rotate_smem(res, heads, signs, rot_norm, true);
     for (int idx = threadIdx.x; idx < heads * D; idx += blockDim.x) out[qcta + idx] = res[idx];
+}
+
+// grid (num_kv_heads / HPC, num_seqs, num_partitions), block 32·NW, dynamic smem
+// tc::TC_SMEM_BYTES; HPC divides both num_kv_heads and NW.
+extern "C" __global__ void PK_TC_BOUNDS
+pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]            (1 partition)
+             float* __restrict__ part_acc,     // [num_seqs, num_heads, max_parts, D] (partitions)
+             float* __restrict__ part_ml,      // [num_seqs, num_heads, max_parts, 2] (m, l)
+             const float* __restrict__ q,      // [num_seqs, num_heads, D]
+             const u8* __restrict__ kc, const u8* __restrict__ ks,
+             const u8* __restrict__ vc, const u8* __restrict__ vs,
+             const u32* __restrict__ tables,   // [num_seqs, max_blocks]
+             u32 max_blocks,
+             const u32* __restrict__ ctx_lens, // [num_seqs]
+             const float* __restrict__ signs,  // [D] rotation signs, or null
+             float rot_norm, float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size,
+             u32 num_kv_heads,
+             u32* __restrict__ counters) {       // [num_seqs, gridDim.x] zeros, or null: pk_merge follows
+    decode_tc_body<PK_G <= 4, true>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens,
+                                    signs, rot_norm, qk_scale_log2, window, log2_bs, part_size, num_kv_heads,
+                                    counters);
+}
+
+// The kernel before packed columns and the rounded-query shortcut (one n-tile per part, query
+// pre-scaled): same arguments and results; kept for same-call comparisons
+// (PAGEKV_CUDA_TC_BASE=1).
+extern "C" __global__ void PK_TC_BOUNDS
+pk_decode_tc_base(float* __restrict__ out,          // [num_seqs, num_heads, D]            (1 partition)
+             float* __restrict__ part_acc,     // [num_seqs, num_heads, max_parts, D] (partitions)
+             float* __restrict__ part_ml,      // [num_seqs, num_heads, max_parts, 2] (m, l)
+             const float* __restrict__ q,      // [num_seqs, num_heads, D]
+             const u8* __restrict__ kc, const u8* __restrict__ ks,
+             const u8* __restrict__ vc, const u8* __restrict__ vs,
+             const u32* __restrict__ tables,   // [num_seqs, max_blocks]
+             u32 max_blocks,
+             const u32* __restrict__ ctx_lens, // [num_seqs]
+             const float* __restrict__ signs,  // [D] rotation signs, or null
+             float rot_norm, float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size,
+             u32 num_kv_heads,
+             u32* __restrict__ counters) {       // [num_seqs, gridDim.x] zeros, or null: pk_merge follows
+    decode_tc_body<false, false>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens, signs,
+                                 rot_norm, qk_scale_log2, window, log2_bs, part_size, num_kv_heads, counters);
 }
 
 #endif // tensor-core decode

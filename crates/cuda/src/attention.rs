@@ -8,7 +8,11 @@
 //! Kernels ([`DecodeKernel`]):
 //! - tensor cores (`kernels/decode_tc.cu`, `pk_decode_tc`): f16/bf16 pages (head_dim 32–256,
 //!   powers of two) and q8/q4/q4r pages (head_dim 64, 128, 256); mma.sync with f32 operands
-//!   split into exact parts, so it meets the same error bounds as the SIMT kernel.
+//!   split into exact parts, so it meets the same error bounds as the SIMT kernel. Groups of at
+//!   most 4 query heads share the mma columns with the split parts, and queries already rounded
+//!   to the page type (as the GPU model passes them for f16/bf16 caches) skip the QK mma of the
+//!   parts past the first — same results, fewer mma. `PAGEKV_CUDA_TC_BASE=1` selects the kernel
+//!   before those two changes (`pk_decode_tc_base`, for same-call comparisons).
 //! - SIMT (`kernels/decode.cu`, `pk_decode`): every format and head_dim (f32, turbo, odd
 //!   head dims); fp32 FMA.
 //! `Auto` takes the tensor-core kernel where it serves the call.
@@ -329,7 +333,7 @@ impl DecodeAttention {
         let (f, threads, smem, heads_per_cta) = if tc {
             let hpc = tc_heads_per_cta(g.format, d, g.num_kv_heads);
             (
-                module.function("pk_decode_tc")?,
+                if tc_base() { base_function(&module, g.format, d)? } else { module.function("pk_decode_tc")? },
                 32 * tc_shape(g.format, d).0,
                 decode_tc_smem_bytes_for(g.format, d, group),
                 hpc,
@@ -392,6 +396,42 @@ impl DecodeAttention {
         }
         Ok(())
     }
+}
+
+/// `PAGEKV_CUDA_TC_BASE=1`: the tensor-core route runs `pk_decode_tc_base` (one n-tile per split
+/// part, no rounded-query shortcut), the kernel before packed columns, for comparisons in the same
+/// process. Read once.
+fn tc_base() -> bool {
+    static BASE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *BASE.get_or_init(|| std::env::var("PAGEKV_CUDA_TC_BASE").is_ok_and(|v| v.trim() == "1"))
+}
+
+/// `pk_decode_tc_base` of `module`, with its dynamic shared memory limit raised like the module
+/// loader does for `pk_decode_tc` (the same layout, so the same bytes).
+fn base_function(
+    module: &crate::device::KernelModule,
+    format: kvcache::KvFormat,
+    head_dim: usize,
+) -> Result<cudarc::driver::CudaFunction, CudaError> {
+    // Handles whose limit is set already (one driver call per function, not per launch).
+    static DONE: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+    let f = module.function("pk_decode_tc_base")?;
+    let key = f.cu_function() as usize;
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if !done.contains(&key) {
+        let bytes = crate::compile::decode_tc_smem_bytes(format, head_dim);
+        // SAFETY: a valid function handle of a loaded module.
+        unsafe {
+            cudarc::driver::result::function::set_function_attribute(
+                f.cu_function(),
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        }
+        .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+        done.push(key);
+    }
+    Ok(f)
 }
 
 /// Launches `f` on the device's stream with programmatic stream serialization (programmatic

@@ -89,6 +89,9 @@ pub struct BenchConfig {
     pub scatter: bool,
     /// KV copies are rotated so each case touches at least this many bytes.
     pub min_footprint_bytes: usize,
+    /// Round the queries to the pages' mma type (bf16 for bf16 pages, f16 for f16/q8/q4), as
+    /// the GPU model passes them for f16/bf16 caches (`q_round`); `false`: full f32 queries.
+    pub round_queries: bool,
 }
 
 impl Default for BenchConfig {
@@ -115,6 +118,7 @@ impl Default for BenchConfig {
             warmup: 5,
             runs: 30,
             min_footprint_bytes: 512 << 20,
+            round_queries: true,
         }
     }
 }
@@ -246,7 +250,16 @@ pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<R
             let tables: Vec<CudaSlice<u32>> =
                 perm.chunks(batch * bps).map(|c| stream.clone_htod(c).map_err(alloc)).collect::<Result<_, _>>()?;
             let lens = stream.clone_htod(&vec![ctx as u32; batch]).map_err(alloc)?;
-            let q: Vec<f32> = (0..batch * cfg.num_heads * cfg.head_dim).map(|_| rng.f32()).collect();
+            let round = |x: f32| -> f32 {
+                match format {
+                    _ if !cfg.round_queries => x,
+                    KvFormat::Bf16 => half::bf16::from_f32(x).to_f32(),
+                    KvFormat::F16 | KvFormat::Q8 | KvFormat::Q4 { .. } => half::f16::from_f32(x).to_f32(),
+                    _ => x,
+                }
+            };
+            // [batch, num_heads, head_dim]
+            let q: Vec<f32> = (0..batch * cfg.num_heads * cfg.head_dim).map(|_| round(rng.f32())).collect();
             let queries = stream.clone_htod(&q).map_err(alloc)?;
             let mut out = stream.alloc_zeros::<f32>(q.len()).map_err(alloc)?;
             let mut attn = DecodeAttention::new(dev.clone());

@@ -246,6 +246,9 @@ mod gpu {
         window: Option<usize>,
         block_size: usize,
         seed: u64,
+        /// Queries rounded to the mma type of the pages (f16 or bf16; f16 for quantized pages),
+        /// as the GPU model passes them for f16/bf16 caches: the tensor-core kernel's shortcut.
+        rounded_queries: bool,
     }
 
     /// Relative error bound against the reference over the same pages (the CPU's bounds:
@@ -406,7 +409,15 @@ mod gpu {
         }
         let num_heads = hkv * case.group;
         // Queries ~ 3·N(0,1): peaky enough that softmax outputs are O(1).
-        let queries = (0..case.contexts.len() * num_heads * d).map(|_| 3.0 * normal(&mut rng)).collect();
+        let round = |x: f32| -> f32 {
+            match case.format {
+                _ if !case.rounded_queries => x,
+                KvFormat::Bf16 => half::bf16::from_f32(x).to_f32(),
+                KvFormat::F32 | KvFormat::Turbo { .. } => x,
+                _ => half::f16::from_f32(x).to_f32(), // f16, q8, q4: f16 mma
+            }
+        };
+        let queries = (0..case.contexts.len() * num_heads * d).map(|_| round(3.0 * normal(&mut rng))).collect();
         Built { pages, tables, queries, num_heads }
     }
 
@@ -509,6 +520,7 @@ mod gpu {
                     window: None,
                     block_size: 16,
                     seed: 100 + i as u64 * 7 + d as u64,
+                    rounded_queries: false,
                 });
             }
         }
@@ -535,6 +547,7 @@ mod gpu {
                         window,
                         block_size: bs,
                         seed,
+                        rounded_queries: false,
                     });
                 }
             }
@@ -570,9 +583,49 @@ mod gpu {
                 window: Some(500),
                 block_size: 16,
                 seed,
+                rounded_queries: false,
             });
         }
         check_all("decode_head_dims", &dev, &cases, &[DecodeRoute::Primitive, PART(96)]);
+    }
+
+    /// Queries already rounded to the pages' mma type (the GPU model's f16/bf16 caches), which
+    /// the tensor-core kernel detects per warp and serves with one QK part; groups 1–4 (split
+    /// parts packed into the mma columns beside the heads, 1 and 3 padded) and 8 (one n-tile per
+    /// part), windows, odd contexts, block sizes 8 and 16, both routes. Same bounds as f32
+    /// queries: the shortcut drops only parts that are zero. (Shapes whose kernel modules the
+    /// prebuild example compiles, plus group 2 at head_dim 128.)
+    #[test]
+    fn decode_rounded_queries_every_group() {
+        let Some(dev) = device("decode_rounded_queries_every_group") else { return };
+        let formats = [
+            KvFormat::F16,
+            KvFormat::Bf16,
+            KvFormat::Q8,
+            KvFormat::Q4 { rotate: false },
+            KvFormat::Q4 { rotate: true },
+        ];
+        let mut cases = Vec::new();
+        let mut seed = 7000;
+        for (i, format) in formats.into_iter().enumerate() {
+            for group in [1usize, 2, 3, 4, 8] {
+                for (window, bs) in [(None, 16usize), (Some(300), 8)] {
+                    seed += 1;
+                    cases.push(Case {
+                        format,
+                        head_dim: if group == 3 || (group == 4 && i % 2 == 1) { 64 } else { 128 },
+                        num_kv_heads: 2,
+                        group,
+                        contexts: vec![1, 33, 1000 + group, 2047],
+                        window,
+                        block_size: bs,
+                        seed,
+                        rounded_queries: true,
+                    });
+                }
+            }
+        }
+        check_all("decode_rounded_queries", &dev, &cases, &[DecodeRoute::Primitive, PART(64), PART(448)]);
     }
 
     #[test]
@@ -593,6 +646,7 @@ mod gpu {
                 window: None,
                 block_size: 16,
                 seed: 4242,
+                rounded_queries: false,
             })
             .collect();
         check_all("decode_auto_partitioning", &dev, &cases, &[DecodeRoute::Primitive, PART(ps)]);
@@ -616,6 +670,7 @@ mod gpu {
                 window: None,
                 block_size: 16,
                 seed: 31337,
+                rounded_queries: false,
             };
             let built = build(&dev, &case);
             let d = case.head_dim;
@@ -677,6 +732,7 @@ mod gpu {
             window: None,
             block_size: 16,
             seed: 1,
+            rounded_queries: false,
         };
         let built = build(&dev, &case);
         let queries = up(&dev, &built.queries);
