@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use kvcache::{Codec, KvFormat};
 
-use crate::CudaError;
+use crate::{knobs, CudaError};
 
 const COMMON: &str = include_str!("../kernels/common.cuh");
 const CACHE_WRITE: &str = include_str!("../kernels/cache_write.cu");
@@ -254,23 +254,50 @@ pub struct TcTuning {
     pub pdl: bool,
 }
 
-/// The tensor-core kernel's tuning for this process.
+impl TcTuning {
+    /// The measured defaults.
+    pub const DEFAULT: TcTuning = TcTuning {
+        warps: 8,
+        stages: 2,
+        max_heads_per_cta: 1,
+        quant_warps: 4,
+        quant_stages: 0,
+        quant_min_blocks: 0,
+        fused_merge: false,
+        pdl: true,
+    };
+
+    /// [`Self::DEFAULT`] with the `PAGEKV_CUDA_TC_*`, `PAGEKV_CUDA_FUSED_MERGE` and
+    /// `PAGEKV_CUDA_PDL` overrides; a value outside the accepted ones is an error.
+    pub fn from_env() -> Result<TcTuning, CudaError> {
+        let d = TcTuning::DEFAULT;
+        let pow2 = |v: usize| v.is_power_of_two() && v <= 16;
+        let stages = |v: usize| (2..=8).contains(&v);
+        Ok(TcTuning {
+            warps: knobs::count("PAGEKV_CUDA_TC_WARPS", d.warps, pow2, "1, 2, 4, 8, 16")?,
+            stages: knobs::count("PAGEKV_CUDA_TC_STAGES", d.stages, stages, "2..=8")?,
+            max_heads_per_cta: knobs::count("PAGEKV_CUDA_TC_HPC", d.max_heads_per_cta, pow2, "1, 2, 4, 8, 16")?,
+            quant_warps: knobs::count("PAGEKV_CUDA_TC_QWARPS", d.quant_warps, pow2, "1, 2, 4, 8, 16")?,
+            quant_stages: knobs::count("PAGEKV_CUDA_TC_QSTAGES", d.quant_stages, stages, "2..=8")?,
+            quant_min_blocks: knobs::count("PAGEKV_CUDA_TC_MINB", d.quant_min_blocks, |v| v <= 8, "0..=8")?,
+            fused_merge: knobs::switch("PAGEKV_CUDA_FUSED_MERGE", d.fused_merge)?,
+            pdl: knobs::switch("PAGEKV_CUDA_PDL", d.pdl)?,
+        })
+    }
+}
+
+/// The tensor-core kernel's tuning for this process (read once). [`CudaDevice::new`] has
+/// checked the variables ([`knobs::check_environment`]); a caller that compiles without a
+/// device and meets a bad value is told so once and gets the defaults.
+///
+/// [`CudaDevice::new`]: crate::CudaDevice::new
 pub fn tc_tuning() -> TcTuning {
     static T: std::sync::OnceLock<TcTuning> = std::sync::OnceLock::new();
     *T.get_or_init(|| {
-        let get = |name: &str, default: usize, ok: fn(usize) -> bool| {
-            std::env::var(name).ok().and_then(|v| v.trim().parse::<usize>().ok()).filter(|&v| ok(v)).unwrap_or(default)
-        };
-        TcTuning {
-            warps: get("PAGEKV_CUDA_TC_WARPS", 8, |v| v.is_power_of_two() && v <= 16),
-            stages: get("PAGEKV_CUDA_TC_STAGES", 2, |v| (2..=8).contains(&v)),
-            quant_warps: get("PAGEKV_CUDA_TC_QWARPS", 4, |v| v.is_power_of_two() && v <= 16),
-            max_heads_per_cta: get("PAGEKV_CUDA_TC_HPC", 1, |v| v.is_power_of_two() && v <= 16),
-            quant_stages: get("PAGEKV_CUDA_TC_QSTAGES", 0, |v| (2..=8).contains(&v)),
-            quant_min_blocks: get("PAGEKV_CUDA_TC_MINB", 0, |v| v <= 8),
-            fused_merge: std::env::var("PAGEKV_CUDA_FUSED_MERGE").is_ok_and(|v| v.trim() == "1"),
-            pdl: !std::env::var("PAGEKV_CUDA_PDL").is_ok_and(|v| v.trim() == "0"),
-        }
+        TcTuning::from_env().unwrap_or_else(|e| {
+            eprintln!("pagekv: {e}; the tensor-core kernels use their defaults");
+            TcTuning::DEFAULT
+        })
     })
 }
 

@@ -38,6 +38,8 @@ pub mod compile;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
+pub mod knobs;
+#[cfg(feature = "cuda")]
 mod model_ops;
 #[cfg(feature = "cuda")]
 mod pages;

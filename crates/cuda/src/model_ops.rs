@@ -22,7 +22,7 @@ use half::bf16;
 
 use crate::compile::ModuleSpec;
 use crate::pages::dptr;
-use crate::{CudaDevice, CudaError};
+use crate::{knobs, CudaDevice, CudaError};
 
 /// Element type of a [`DeviceMatrix`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -243,41 +243,20 @@ impl GemvShape {
     /// `PAGEKV_CUDA_GEMV_PDL` (`0|1`) ask for (tuning runs). An unknown value is an error naming
     /// the accepted ones.
     pub fn from_env() -> Result<GemvShape, CudaError> {
-        let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
-        let num = |name: &str, default: usize, ok: &dyn Fn(usize) -> bool, accepted: &str| match var(name) {
-            None => Ok(default),
-            Some(v) => v
-                .parse()
-                .ok()
-                .filter(|&n| ok(n))
-                .ok_or_else(|| CudaError::Invalid(format!("{name}={v:?}: accepted values are {accepted}"))),
-        };
-        let split = match var("PAGEKV_CUDA_GEMV_KERNEL").as_deref() {
-            None | Some("split") => true,
-            Some("rows") => false,
-            Some(v) => {
-                return Err(CudaError::Invalid(format!(
-                    "PAGEKV_CUDA_GEMV_KERNEL={v:?}: accepted values are split, rows"
-                )))
-            }
-        };
-        let pdl = match var("PAGEKV_CUDA_GEMV_PDL").as_deref() {
-            None | Some("1") => true,
-            Some("0") => false,
-            Some(v) => return Err(CudaError::Invalid(format!("PAGEKV_CUDA_GEMV_PDL={v:?}: accepted values are 0, 1"))),
-        };
-        let warps = num("PAGEKV_CUDA_GEMV_WARPS", 32, &|v| GemvShape::SPLIT_WARPS.contains(&v), "16, 32")?;
+        let split = knobs::choice("PAGEKV_CUDA_GEMV_KERNEL", "split", &["split", "rows"])? == "split";
+        let pdl = knobs::switch("PAGEKV_CUDA_GEMV_PDL", true)?;
+        let warps = knobs::count("PAGEKV_CUDA_GEMV_WARPS", 32, |v| GemvShape::SPLIT_WARPS.contains(&v), "16, 32")?;
         Ok(GemvShape {
             split_warps: split.then_some(warps),
             // Measured on the H200 (RESULTS.md, model run 5): one row per warp and 8 blocks per
             // SM streamed Llama 3 8B's matrices fastest of {1, 2, 4} × {2, 4, 8, 16} with the
             // earlier kernel; the split kernel is meant to run one block of 32 warps per SM
             // (RESULTS.md, GEMV section).
-            rows_per_warp: num("PAGEKV_CUDA_GEMV_R", 1, &|v| GEMV_ROWS_PER_WARP.contains(&v), "1, 2, 4")?,
-            blocks_per_sm: num(
+            rows_per_warp: knobs::count("PAGEKV_CUDA_GEMV_R", 1, |v| GEMV_ROWS_PER_WARP.contains(&v), "1, 2, 4")?,
+            blocks_per_sm: knobs::count(
                 "PAGEKV_CUDA_GEMV_BPS",
                 if split { 1 } else { 8 },
-                &|v| (1..=32).contains(&v),
+                |v| (1..=32).contains(&v),
                 "1..=32",
             )?,
             pdl,

@@ -35,15 +35,11 @@ use crate::{CudaDevice, CudaError, DevicePages};
 pub use crate::compile::prefill_supported;
 
 /// New tokens of one sequence from which its step takes the prefill kernel (see the module doc);
-/// `usize::MAX` when `PAGEKV_CUDA_PREFILL=0`. Read once per process.
+/// `usize::MAX` when `PAGEKV_CUDA_PREFILL=0` ([`crate::knobs::prefill_min_tokens`]; read once per
+/// process, after [`CudaDevice::new`] checked the variables).
 pub fn prefill_min_tokens() -> usize {
     static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MIN.get_or_init(|| {
-        if std::env::var("PAGEKV_CUDA_PREFILL").is_ok_and(|v| v.trim() == "0") {
-            return usize::MAX;
-        }
-        std::env::var("PAGEKV_CUDA_PREFILL_MIN").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(96).max(1)
-    })
+    *MIN.get_or_init(|| crate::knobs::prefill_min_tokens().unwrap_or(96))
 }
 
 /// Appends the tiles of one sequence's chunk — tokens `[first, first + len)` of the batch — to

@@ -94,15 +94,16 @@ impl TopKPlan {
     }
 }
 
-/// `PAGEKV_CUDA_TOPK_CHUNK` (1024, 2048 or 4096): a fixed chunk for tuning runs.
+/// `PAGEKV_CUDA_TOPK_CHUNK` (1024, 2048 or 4096): a fixed chunk for tuning runs; unset: none.
+pub(crate) fn forced_chunk_from_env() -> Result<Option<usize>, CudaError> {
+    let chunk = crate::knobs::count("PAGEKV_CUDA_TOPK_CHUNK", 0, |c| TOP_K_CHUNKS.contains(&c), "1024, 2048, 4096")?;
+    Ok((chunk != 0).then_some(chunk))
+}
+
+/// [`forced_chunk_from_env`], read once ([`CudaDevice::new`] has checked the variable).
 fn forced_chunk() -> Option<usize> {
     static C: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *C.get_or_init(|| {
-        std::env::var("PAGEKV_CUDA_TOPK_CHUNK")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .filter(|c| TOP_K_CHUNKS.contains(c))
-    })
+    *C.get_or_init(|| forced_chunk_from_env().unwrap_or(None))
 }
 
 /// The top-k kernels on one device and their chunk workspace.

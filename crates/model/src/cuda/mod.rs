@@ -220,13 +220,8 @@ struct Graphs {
 }
 
 impl Graphs {
-    fn new() -> Graphs {
-        Graphs {
-            enabled: std::env::var("PAGEKV_CUDA_GRAPH").map_or(true, |v| v.trim() != "0"),
-            generation: (0, 0),
-            seen: Default::default(),
-            captured: Default::default(),
-        }
+    fn new(enabled: bool) -> Graphs {
+        Graphs { enabled, generation: (0, 0), seen: Default::default(), captured: Default::default() }
     }
 
     /// Drops every graph (the buffers they captured were reallocated).
@@ -281,7 +276,7 @@ pub struct CudaModel {
     /// `Some(name)` for random weights (`synthetic:NAME`).
     synthetic: Option<String>,
     /// Decode steps multiply matrices of at most this many bytes with the fused matrix-vector
-    /// kernel, larger ones through cuBLAS (no limit by default: [`gemv_max_bytes`]).
+    /// kernel, larger ones through cuBLAS (no limit by default: [`pagekv_cuda::knobs::gemv_max_bytes`]).
     /// `PAGEKV_CUDA_GEMV_MAX_BYTES` sets it; `PAGEKV_CUDA_GEMV=0` means 0 (cuBLAS only).
     gemv_max_bytes: usize,
     graphs: Graphs,
@@ -354,8 +349,8 @@ impl CudaModel {
             ops,
             weights,
             synthetic,
-            gemv_max_bytes: gemv_max_bytes(),
-            graphs: Graphs::new(),
+            gemv_max_bytes: pagekv_cuda::knobs::gemv_max_bytes().map_err(dev)?,
+            graphs: Graphs::new(pagekv_cuda::knobs::graphs_enabled().map_err(dev)?),
             top_k,
             device_logit_rows: None,
         })
@@ -820,16 +815,4 @@ impl Forward for CudaModel {
         }
         s
     }
-}
-
-/// Largest matrix (bytes) the fused matrix-vector kernel multiplies: no limit by default (measured
-/// on the H200, crates/cuda/RESULTS.md, split GEMV section: the split kernel streams Llama 3 8B's
-/// 235 MB gate|up, 117 MB down and 1 GB output matrices faster than cuBLAS, besides saving the
-/// separate norm/SiLU/conversion launches). `PAGEKV_CUDA_GEMV_MAX_BYTES` caps it (the earlier
-/// row-per-warp kernel was routed ≤ 64 MiB); `PAGEKV_CUDA_GEMV=0` means 0 (cuBLAS only).
-fn gemv_max_bytes() -> usize {
-    if std::env::var("PAGEKV_CUDA_GEMV").is_ok_and(|v| v.trim() == "0") {
-        return 0;
-    }
-    std::env::var("PAGEKV_CUDA_GEMV_MAX_BYTES").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(usize::MAX)
 }
