@@ -26,7 +26,17 @@ step() { # name, timeout, command...
     echo "$name rc=$rc ($((SECONDS - t)) s): $(grep -E '^test result' "$OUT/$name.log" | tail -1 | cut -c1-60)" >> "$S"
 }
 B="$D/bench_attention --formats ${FORMATS:-bf16,q8,q4} --warmup 10 --runs ${RUNS:-50}"
+# VARIANTS="tag:VAR=V,VAR=V tag2:..." (tuning knobs; "ref:" for none): instead of base/new, each
+# variant's process in turn, $REPEAT rounds, bench_attention $VARGS.
 for i in $(seq 1 "${REPEAT:-0}"); do
+    [ -n "${VARIANTS:-}" ] || continue
+    for v in $VARIANTS; do
+        env $(echo "${v#*:}" | tr ',' ' ') $B ${VARGS:-} 2>> "$OUT/bench-err.log" \
+            | sed "s/^{/{\"tag\":\"${v%%:*}\",\"rep\":$i,/" >> "$OUT/bench.jsonl"
+    done
+done
+for i in $(seq 1 "${REPEAT:-0}"); do
+    [ -z "${VARIANTS:-}" ] || continue
     PAGEKV_CUDA_TC_BASE=1 $B 2>> "$OUT/bench-err.log" | sed "s/^{/{\"tag\":\"base\",\"rep\":$i,/" >> "$OUT/bench.jsonl"
     $B 2>> "$OUT/bench-err.log" | sed "s/^{/{\"tag\":\"new\",\"rep\":$i,/" >> "$OUT/bench.jsonl"
     if [ "$i" -le "${REPEAT_F32:-2}" ]; then
@@ -59,7 +69,7 @@ for line in open(sys.argv[1]):
     if not line.startswith("{"):
         continue
     r = json.loads(line)
-    if r["impl"] in ("primitive", "roofline-copy", "roofline-paged-h8") or (r["impl"].startswith("roofline") and r["tag"] != "new"):
+    if r["impl"] in ("primitive", "roofline-copy", "roofline-paged-h8") or (r["impl"].startswith("roofline") and r["tag"] not in ("new", "ref")):
         continue
     fam = "decode" if r["impl"] == "partitioned" else r["impl"]
     k = (r["tag"], r["rep"], fam, r["format"], r["batch"], r["context"])
