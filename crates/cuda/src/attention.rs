@@ -15,6 +15,7 @@
 //!   before those two changes (`pk_decode_tc_base`, for same-call comparisons).
 //! - SIMT (`kernels/decode.cu`, `pk_decode`): every format and head_dim (f32, turbo, odd
 //!   head dims); fp32 FMA.
+//!
 //! `Auto` takes the tensor-core kernel where it serves the call.
 //!
 //! Routes (see `../shared/DESIGN.md`):
@@ -127,7 +128,7 @@ pub(crate) fn kv_group(g: &kvcache::PageGeometry, layer: usize, num_heads: usize
     if layer >= g.num_layers {
         return Err(CudaError::Invalid(format!("layer {layer} out of range ({} layers)", g.num_layers)));
     }
-    if num_heads == 0 || num_heads % g.num_kv_heads != 0 {
+    if num_heads == 0 || !num_heads.is_multiple_of(g.num_kv_heads) {
         return Err(CudaError::Invalid(format!(
             "{num_heads} query heads is not a multiple of {} kv heads",
             g.num_kv_heads

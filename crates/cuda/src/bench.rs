@@ -409,7 +409,7 @@ fn paged_roofline(
     let ps = 1024usize;
     let mut rows = Vec::new();
     for (name, hpc, warps) in [("roofline-paged-h1", 1usize, 8usize), ("roofline-paged-h8", 8, 8)] {
-        if cfg.num_kv_heads % hpc != 0 {
+        if !cfg.num_kv_heads.is_multiple_of(hpc) {
             continue;
         }
         let table_ptrs: Vec<u64> = tables.iter().map(|t| dptr(t, dev)).collect();
