@@ -404,7 +404,12 @@ impl DecodeAttention {
 /// process. Read once.
 fn tc_base() -> bool {
     static BASE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *BASE.get_or_init(|| std::env::var("PAGEKV_CUDA_TC_BASE").is_ok_and(|v| v.trim() == "1"))
+    *BASE.get_or_init(|| tc_base_from_env().unwrap_or(false))
+}
+
+/// `PAGEKV_CUDA_TC_BASE` (`0|1`, default 0), checked by [`crate::knobs::check_environment`].
+pub(crate) fn tc_base_from_env() -> Result<bool, CudaError> {
+    crate::knobs::switch("PAGEKV_CUDA_TC_BASE", false)
 }
 
 /// `pk_decode_tc_base` of `module`, with its dynamic shared memory limit raised like the module

@@ -78,6 +78,7 @@ pub fn check_environment() -> Result<(), CudaError> {
     crate::model_ops::GemvShape::from_env()?;
     crate::compile::TcTuning::from_env()?;
     crate::topk::forced_chunk_from_env()?;
+    crate::attention::tc_base_from_env()?;
     Ok(())
 }
 
