@@ -20,7 +20,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PAGEKV_HOME=$OUT/home
-D=target-engcuda/dist
+D=${DIST:-target-engcuda/dist}
 P=$D/bin/pagekv
 MODE=${1:-part1}
 DEV=${DEV:-cuda}  # DEV=cpu QUICK=1 tries the script here
@@ -79,22 +79,27 @@ print(repr(t), u, "DONE" if "[DONE]" in open(sys.argv[1]).read() else "no DONE")
     curl -s $U/v1/chat/completions -H 'content-type: application/json' \
         -d "{\"model\":\"smollm2\",\"messages\":$msg2,\"max_tokens\":24,\"temperature\":0}" > "$OUT/chat2.json"
     note "second turn: $(python3 -c 'import json,sys; v=json.load(open(sys.argv[1])); print(repr(v["choices"][0]["message"]["content"]), v["usage"])' "$OUT/chat2.json" 2>&1 | cut -c1-240)"
-    # 16 concurrent completions of up to 128 tokens.
-    t0=$(date +%s.%N)
-    clients=()
-    for i in $(seq 1 $PAR); do
-        curl -s $U/v1/completions -H 'content-type: application/json' \
-            -d "{\"model\":\"smollm2\",\"prompt\":\"Story $i: once upon a time\",\"max_tokens\":128,\"temperature\":0.8,\"seed\":$i}" > "$OUT/par_$i.json" &
-        clients+=($!)
-    done
-    wait "${clients[@]}"
-    t1=$(date +%s.%N)
-    note "$PAR concurrent: $(python3 -c '
+    # $PAR concurrent completions of up to 128 tokens: temperature alone (the step copies full
+    # logit rows), then with top_k 40 (the engine's reduced sampling: the top-k on the device);
+    # twice each, alternated (the first top-k round includes compiling its kernels).
+    for variant in full topk full2 topk2; do
+        extra=""; case $variant in topk*) extra=',"top_k":40' ;; esac
+        t0=$(date +%s.%N)
+        clients=()
+        for i in $(seq 1 $PAR); do
+            curl -s $U/v1/completions -H 'content-type: application/json' \
+                -d "{\"model\":\"smollm2\",\"prompt\":\"Story $i: once upon a time\",\"max_tokens\":128,\"temperature\":0.8,\"seed\":$i$extra}" > "$OUT/par_${variant}_$i.json" &
+            clients+=($!)
+        done
+        wait "${clients[@]}"
+        t1=$(date +%s.%N)
+        note "$PAR concurrent ($variant): $(python3 -c '
 import json,sys
 n=0
 for i in range(1,int(sys.argv[4])+1):
-    v=json.load(open(f"{sys.argv[1]}/par_{i}.json")); n+=v["usage"]["completion_tokens"]
-dt=float(sys.argv[3])-float(sys.argv[2]); print(f"{n} tokens in {dt:.2f} s = {n/dt:.0f} tok/s")' "$OUT" "$t0" "$t1" "$PAR" 2>&1 | cut -c1-200)"
+    v=json.load(open(f"{sys.argv[1]}/par_{sys.argv[5]}_{i}.json")); n+=v["usage"]["completion_tokens"]
+dt=float(sys.argv[3])-float(sys.argv[2]); print(f"{n} tokens in {dt:.2f} s = {n/dt:.0f} tok/s")' "$OUT" "$t0" "$t1" "$PAR" "$variant" 2>&1 | cut -c1-200)"
+    done
     curl -s $U/metrics > "$OUT/metrics.txt"
     note "metrics: $(grep -E '^pagekv_(computed_prompt_tokens_total|generation_tokens_total|preemptions_total|session_bank_hits_total|prompt_cached_tokens_total|kv_blocks_capacity|attention_calls_total)' "$OUT/metrics.txt" | tr '\n' ' ' | cut -c1-400)"
     kill -TERM $pid; wait $pid; note "serve exit after SIGTERM: $?"
