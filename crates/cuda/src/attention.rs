@@ -40,6 +40,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use crate::compile::{decode_smem_bytes, decode_tc_smem_bytes_for, tc_heads_per_cta, tc_shape, ModuleSpec};
+use crate::device::launch_programmatic;
 use crate::pages::dptr;
 use crate::{CudaDevice, CudaError, DevicePages};
 
@@ -438,40 +439,6 @@ fn base_function(
         done.push(key);
     }
     Ok(f)
-}
-
-/// Launches `f` on the device's stream with programmatic stream serialization (programmatic
-/// dependent launch, sm_90+): the kernel may be scheduled while the previous kernel of the
-/// stream still runs, and must call `pdl_wait()` (kernels/common.cuh) before it reads that
-/// kernel's results. Saves the launch gap between the decode kernel and `pk_merge`.
-///
-/// # Safety
-/// `args` must point at one value per kernel parameter, of the parameter's type, in order.
-unsafe fn launch_programmatic(
-    dev: &CudaDevice,
-    f: &cudarc::driver::CudaFunction,
-    cfg: LaunchConfig,
-    args: &mut [*mut std::ffi::c_void],
-) -> Result<(), cudarc::driver::DriverError> {
-    use cudarc::driver::sys;
-    // SAFETY: a zeroed attribute is a valid value of the C union; id and value are set below.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
-    let config = sys::CUlaunchConfig {
-        gridDimX: cfg.grid_dim.0,
-        gridDimY: cfg.grid_dim.1,
-        gridDimZ: cfg.grid_dim.2,
-        blockDimX: cfg.block_dim.0,
-        blockDimY: cfg.block_dim.1,
-        blockDimZ: cfg.block_dim.2,
-        sharedMemBytes: cfg.shared_mem_bytes,
-        hStream: dev.stream().cu_stream(),
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
-    // SAFETY: the caller's contract on `args`; config and attr outlive the call.
-    unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()
 }
 
 #[cfg(test)]

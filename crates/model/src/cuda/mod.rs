@@ -287,6 +287,21 @@ pub struct CudaModel {
 }
 
 impl CudaModel {
+    /// Copies the last step's first `rows` logit rows from the device into `host.logits`
+    /// (`[rows, vocab]`); returns their length.
+    fn copy_logits_to_host(&mut self, rows: usize) -> Result<usize, ModelError> {
+        let len = rows * self.config.vocab_size;
+        self.host.logits.resize(len, 0.0);
+        if len > 0 {
+            let s = self.scratch.bufs.as_ref().expect("allocated by forward_device");
+            self.device
+                .stream()
+                .memcpy_dtoh(&s.logits.slice(..len), &mut self.host.logits[..len])
+                .map_err(drv("cuMemcpyDtoH"))?;
+        }
+        Ok(len)
+    }
+
     /// The weights of a loaded (CPU) model, dequantized to `dtype` and uploaded to `device`.
     pub fn from_model(model: &Model, device: Arc<CudaDevice>, dtype: DType) -> Result<CudaModel, ModelError> {
         let ops = ModelOps::new(device.clone()).map_err(dev)?;
@@ -699,15 +714,7 @@ impl Forward for CudaModel {
     fn forward(&mut self, batch: &Batch, pool: &mut KvPool<DevicePages>) -> Result<&[f32], ModelError> {
         self.device_logit_rows = None;
         let rows = self.forward_device(batch, pool)?;
-        let len = rows * self.config.vocab_size;
-        self.host.logits.resize(len, 0.0);
-        if len > 0 {
-            let s = self.scratch.bufs.as_ref().expect("allocated by forward_device");
-            self.device
-                .stream()
-                .memcpy_dtoh(&s.logits.slice(..len), &mut self.host.logits[..len])
-                .map_err(drv("cuMemcpyDtoH"))?;
-        }
+        let len = self.copy_logits_to_host(rows)?;
         Ok(&self.host.logits[..len])
     }
 
@@ -789,15 +796,7 @@ impl Forward for CudaModel {
     /// [`Forward::forward`] returned.
     fn fetch_logits(&mut self) -> Result<&[f32], ModelError> {
         if let Some(rows) = self.device_logit_rows {
-            let len = rows * self.config.vocab_size;
-            self.host.logits.resize(len, 0.0);
-            if len > 0 {
-                let s = self.scratch.bufs.as_ref().expect("allocated by forward_device");
-                self.device
-                    .stream()
-                    .memcpy_dtoh(&s.logits.slice(..len), &mut self.host.logits[..len])
-                    .map_err(drv("cuMemcpyDtoH"))?;
-            }
+            self.copy_logits_to_host(rows)?;
             self.device_logit_rows = None;
         }
         Ok(&self.host.logits)
