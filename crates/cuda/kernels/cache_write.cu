@@ -149,6 +149,9 @@ __device__ void encode_head(const float* x, u8* packed /* smem [PK_D] */, u8* __
 // grid (num_tokens, num_kv_heads), block round_up(PK_D, 32).
 // keys/values [num_tokens, num_kv_heads, PK_D] f32 (un-rotated); slots [num_tokens].
 // signs: [PK_D] rotation signs, or null for unrotated formats.
+// In the model step a programmatic dependent launch after pk_qkv_rope (DevicePages::
+// write_device): the slot (uploaded before the step, written by no kernel) is read before
+// pdl_wait; the keys/values (the previous kernel's results) and every page write after it.
 extern "C" __global__ void pk_cache_write(u8* __restrict__ k_codes, u8* __restrict__ k_scales,
                                           u8* __restrict__ v_codes, u8* __restrict__ v_scales,
                                           const float* __restrict__ keys, const float* __restrict__ values,
@@ -158,9 +161,12 @@ extern "C" __global__ void pk_cache_write(u8* __restrict__ k_codes, u8* __restri
     typedef Codec<PK_VC, PK_VBITS, PK_D> VC;
     __shared__ float x[PK_D];
     __shared__ u8 packed[PK_D];
+    // The decode kernel after this one may be scheduled now; it waits for this grid's writes.
+    pdl_trigger();
     const u32 t = blockIdx.x, h = blockIdx.y;
     const u64 src = ((u64)t * num_kv_heads + h) * PK_D;
     const u64 sh = (u64)slots[t] * num_kv_heads + h; // (slot, head) index in the planes
+    pdl_wait();
     for (int side = 0; side < 2; side++) {
         const float* in = side == 0 ? keys : values;
         for (int i = threadIdx.x; i < PK_D; i += blockDim.x) x[i] = in[src + i];

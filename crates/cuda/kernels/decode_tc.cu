@@ -387,6 +387,12 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
     const u32 start = direct ? lo : lo + (u32)part * part_size;
     const u32 end = direct ? ctx : min(ctx, start + part_size);
     pdl_trigger(); // pk_merge may launch now; it waits for this grid's results
+    // In the model step a programmatic dependent launch after pk_cache_write (DecodeAttention::
+    // set_programmatic): the block table and context length above are uploaded before the step
+    // and written by no kernel; the pages and queries (the previous kernels' results) are read,
+    // and the outputs written, only after this. Every CTA waits, also one that returns below, so
+    // this grid never completes before the kernels it depends on.
+    pdl_wait();
     if (start >= end) return; // partition past this sequence's context: pk_merge skips it
 
     extern __shared__ __align__(16) u8 smem[];

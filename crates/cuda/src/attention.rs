@@ -31,6 +31,9 @@
 //!   measurements ([`tc_partition_size`] for the tensor-core kernel,
 //!   [`auto_partition_size`] for the SIMT kernel).
 //!
+//! In the model step the tensor-core kernel itself is a programmatic dependent launch after the
+//! cache write ([`DecodeAttention::set_programmatic`], `PAGEKV_CUDA_ATTN_PDL`).
+//!
 //! Visibility matches the CPU: the query of a sequence with context `C` sees keys `[lo, C)`,
 //! `lo = C − W` with a sliding window `W`, else 0. Rotated formats: the kernel rotates the query
 //! and un-rotates the output.
@@ -40,7 +43,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use crate::compile::{decode_smem_bytes, decode_tc_smem_bytes_for, tc_heads_per_cta, tc_shape, ModuleSpec};
-use crate::device::launch_programmatic;
+use crate::device::{arg, launch_programmatic};
 use crate::pages::dptr;
 use crate::{CudaDevice, CudaError, DevicePages};
 
@@ -173,6 +176,8 @@ pub struct DecodeAttention {
     counters: Option<CudaSlice<u32>>,
     /// Counts reallocations of the buffers above (a captured CUDA graph holds their addresses).
     generation: u64,
+    /// The tensor-core kernel is a programmatic dependent launch ([`Self::set_programmatic`]).
+    programmatic: bool,
 }
 
 impl DecodeAttention {
@@ -184,7 +189,19 @@ impl DecodeAttention {
             part_ml: None,
             counters: None,
             generation: 0,
+            programmatic: false,
         }
+    }
+
+    /// Launches the tensor-core kernel (`pk_decode_tc`, `pk_decode_tc_base`) as a programmatic
+    /// dependent launch (off by default): it may be scheduled while the kernel before it on the
+    /// stream still runs, reads the block tables and context lengths, then waits for that
+    /// kernel's results in-kernel (`pdl_wait`) before it reads pages or queries or writes
+    /// anything. So block tables and context lengths must not be written by the kernels just
+    /// before it — true of the model step, which uploads them before its kernels
+    /// (`knobs::attention_pdl`). The SIMT kernel stays a plain launch.
+    pub fn set_programmatic(&mut self, on: bool) {
+        self.programmatic = on;
     }
 
     /// Chooses the kernel (default [`DecodeKernel::Auto`]).
@@ -350,19 +367,49 @@ impl DecodeAttention {
             block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let mut l = stream.launch_builder(&f);
-        l.arg(&out_p).arg(&acc_p).arg(&ml_p).arg(&q_p);
-        l.arg(&p.k_codes).arg(&p.k_scales).arg(&p.v_codes).arg(&p.v_scales);
-        l.arg(&tables).arg(&max_blocks).arg(&ctx).arg(&signs).arg(&norm);
-        l.arg(&scale_log2).arg(&window).arg(&log2_bs).arg(&part_size_u);
-        if tc {
-            l.arg(&num_kv_heads).arg(&counters_p);
-        }
-        // SAFETY: argument list matches pk_decode and pk_decode_tc; buffer sizes were checked above; the caller
-        // guarantees context_lens ≤ max_context_len and valid block ids for visible positions.
-        if let Err(e) = unsafe { l.launch(cfg) } {
+        let launched = if tc && self.programmatic {
+            let mut args = [
+                arg(&out_p),
+                arg(&acc_p),
+                arg(&ml_p),
+                arg(&q_p),
+                arg(&p.k_codes),
+                arg(&p.k_scales),
+                arg(&p.v_codes),
+                arg(&p.v_scales),
+                arg(&tables),
+                arg(&max_blocks),
+                arg(&ctx),
+                arg(&signs),
+                arg(&norm),
+                arg(&scale_log2),
+                arg(&window),
+                arg(&log2_bs),
+                arg(&part_size_u),
+                arg(&num_kv_heads),
+                arg(&counters_p),
+            ];
+            // SAFETY: `args` points at values of pk_decode_tc's (and pk_decode_tc_base's)
+            // parameter types, in order, alive for the call; buffers as below; the kernel reads
+            // only tables and context lengths before its pdl_wait (see `set_programmatic`).
+            unsafe { launch_programmatic(&dev, &f, cfg, &mut args) }
+                .map_err(|e| CudaError::driver("cuLaunchKernelEx(pk_decode_tc)", e))
+        } else {
+            let mut l = stream.launch_builder(&f);
+            l.arg(&out_p).arg(&acc_p).arg(&ml_p).arg(&q_p);
+            l.arg(&p.k_codes).arg(&p.k_scales).arg(&p.v_codes).arg(&p.v_scales);
+            l.arg(&tables).arg(&max_blocks).arg(&ctx).arg(&signs).arg(&norm);
+            l.arg(&scale_log2).arg(&window).arg(&log2_bs).arg(&part_size_u);
+            if tc {
+                l.arg(&num_kv_heads).arg(&counters_p);
+            }
+            // SAFETY: argument list matches pk_decode and pk_decode_tc; buffer sizes were checked above; the caller
+            // guarantees context_lens ≤ max_context_len and valid block ids for visible positions.
+            unsafe { l.launch(cfg) }.map(|_| ()).map_err(|e| CudaError::driver("cuLaunchKernel(pk_decode)", e))
+        };
+        if let Err(e) = launched {
             self.counters = None; // a failed launch may leave counts behind: start from zeros
-            return Err(CudaError::driver("cuLaunchKernel(pk_decode)", e));
+            return Err(e);
         }
 
         if parts > 1 && !fused {

@@ -70,11 +70,22 @@ pub fn prefill_min_tokens() -> Result<usize, CudaError> {
     count("PAGEKV_CUDA_PREFILL_MIN", 96, |n| n >= 1, "a token count ≥ 1")
 }
 
+/// `PAGEKV_CUDA_ATTN_PDL` (default 1): inside the model step, the cache write (`pk_cache_write`,
+/// after `pk_qkv_rope`) and the tensor-core decode kernel (`pk_decode_tc`, after the cache write)
+/// are programmatic dependent launches — scheduled while the kernel before them still runs, they
+/// read block tables and context lengths, then wait for its results in-kernel (`pdl_wait`) —
+/// which hides two launch gaps per layer. `0`: plain launches (same-process comparisons).
+/// (`PAGEKV_CUDA_PDL` is `pk_merge`'s, `PAGEKV_CUDA_GEMV_PDL` the products' and `pk_qkv_rope`'s.)
+pub fn attention_pdl() -> Result<bool, CudaError> {
+    switch("PAGEKV_CUDA_ATTN_PDL", true)
+}
+
 /// Parses every `PAGEKV_CUDA_*` switch the backend reads; the first bad one is the error.
 pub fn check_environment() -> Result<(), CudaError> {
     graphs_enabled()?;
     gemv_max_bytes()?;
     prefill_min_tokens()?;
+    attention_pdl()?;
     crate::model_ops::GemvShape::from_env()?;
     crate::compile::TcTuning::from_env()?;
     crate::topk::forced_chunk_from_env()?;

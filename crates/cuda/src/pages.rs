@@ -17,7 +17,7 @@ use half::f16;
 use kvcache::{Codec, LayerView, PageGeometry, PageStore, PlaneView, Rotation};
 
 use crate::compile::ModuleSpec;
-use crate::device::KernelModule;
+use crate::device::{arg, launch_programmatic, KernelModule};
 use crate::{CudaDevice, CudaError};
 
 /// One plane (K or V) of one layer in device memory.
@@ -67,6 +67,9 @@ pub struct DevicePages {
     layers: Vec<(DevicePlane, DevicePlane)>,
     module: Arc<KernelModule>,
     staging: Option<Staging>,
+    /// [`Self::write_device`] launches `pk_cache_write` as a programmatic dependent launch
+    /// ([`Self::set_programmatic_writes`]; off by default).
+    programmatic_writes: bool,
     error: Option<CudaError>,
     /// Unique among the `DevicePages` of this process ([`DevicePages::id`]).
     id: u64,
@@ -120,6 +123,7 @@ impl DevicePages {
             layers,
             module,
             staging: None,
+            programmatic_writes: false,
             error: None,
             id: NEXT_PAGES_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             geometry,
@@ -176,6 +180,15 @@ impl DevicePages {
         (self.signs.as_ref().map_or(0, |s| dptr(s, &self.device)), self.rot_norm)
     }
 
+    /// Makes [`Self::write_device`] launch `pk_cache_write` as a programmatic dependent launch:
+    /// it may be scheduled while the kernel before it on the stream still runs, reads its slots,
+    /// then waits for that kernel's results in-kernel (`pdl_wait`) before it reads keys and
+    /// values or writes a page. For the model step, whose slots are uploaded before its kernels
+    /// (`knobs::attention_pdl`). Host-side writes ([`Self::try_write`]) stay plain launches.
+    pub fn set_programmatic_writes(&mut self, on: bool) {
+        self.programmatic_writes = on;
+    }
+
     /// Encodes `n` tokens already in device memory into their slots of `layer`:
     /// `slots [n]`, `keys`/`values [n, num_kv_heads, head_dim]` f32, un-rotated.
     /// Slots must be < `geometry().slots()` (checked on the host side by [`Self::try_write`];
@@ -198,10 +211,21 @@ impl DevicePages {
             )));
         }
         let dev = self.device.clone();
-        self.launch_write(layer, dptr(slots, &dev), dptr(keys, &dev), dptr(values, &dev), n)
+        let programmatic = self.programmatic_writes;
+        self.launch_write(layer, dptr(slots, &dev), dptr(keys, &dev), dptr(values, &dev), n, programmatic)
     }
 
-    fn launch_write(&mut self, layer: usize, slots: u64, keys: u64, values: u64, n: usize) -> Result<(), CudaError> {
+    /// Launches `pk_cache_write` over `n` tokens: `slots [n]`, `keys`/`values [n, num_kv_heads,
+    /// head_dim]` f32 (device pointers); `programmatic`: as a programmatic dependent launch.
+    fn launch_write(
+        &mut self,
+        layer: usize,
+        slots: u64,
+        keys: u64,
+        values: u64,
+        n: usize,
+        programmatic: bool,
+    ) -> Result<(), CudaError> {
         if n == 0 {
             return Ok(());
         }
@@ -214,6 +238,25 @@ impl DevicePages {
             block_dim: (self.geometry.head_dim.div_ceil(32) as u32 * 32, 1, 1),
             shared_mem_bytes: 0,
         };
+        if programmatic {
+            let mut args = [
+                arg(&p.k_codes),
+                arg(&p.k_scales),
+                arg(&p.v_codes),
+                arg(&p.v_scales),
+                arg(&keys),
+                arg(&values),
+                arg(&slots),
+                arg(&heads),
+                arg(&signs),
+                arg(&norm),
+            ];
+            // SAFETY: `args` points at values of pk_cache_write's parameter types, in order,
+            // alive for the call; buffers hold n tokens; slots are in range; the kernel waits
+            // for the previous kernel (pdl_wait) before it reads keys/values or writes pages.
+            return unsafe { launch_programmatic(&self.device, &f, cfg, &mut args) }
+                .map_err(|e| CudaError::driver("cuLaunchKernelEx(pk_cache_write)", e));
+        }
         let stream = self.device.stream();
         let mut b = stream.launch_builder(&f);
         b.arg(&p.k_codes).arg(&p.k_scales).arg(&p.v_codes).arg(&p.v_scales);
@@ -263,7 +306,7 @@ impl DevicePages {
         stream.memcpy_htod(values, &mut st.values.slice_mut(..n * row)).map_err(up)?;
         let dev = self.device.clone();
         let (s, k, v) = (dptr(&st.slots, &dev), dptr(&st.keys, &dev), dptr(&st.values, &dev));
-        self.launch_write(layer, s, k, v, n)
+        self.launch_write(layer, s, k, v, n, false)
     }
 
     /// [`PageStore::copy_block`] with its error returned.

@@ -195,7 +195,7 @@ mod gpu {
         let Some(dev) = device("cache_write_from_device_buffers_matches_host_writes") else { return };
         let mut rng = StdRng::seed_from_u64(77);
         for format in [KvFormat::Bf16, KvFormat::Q8, KvFormat::TURBO_DEFAULT] {
-            let g = geometry(format, 1, 9, 8, 2, 128, 5);
+            let g = geometry(format, 2, 9, 8, 2, 128, 5);
             let mut host = HostPages::new(g.clone());
             let mut gpu = DevicePages::new(dev.clone(), g.clone()).expect("device pages");
             let mut slots: Vec<u32> = (0..g.slots() as u32).collect();
@@ -206,6 +206,11 @@ mod gpu {
             let (ds, dk, dv) = (up(&dev, &slots), up(&dev, &k), up(&dev, &v));
             gpu.write_device(0, &ds, &dk, &dv, 29).expect("write_device");
             assert_same_pages(&gpu, &host, 0, &format!("{format} write_device"));
+            // The same through the programmatic launch (the model step's), into layer 1.
+            host.write(1, &slots, &k, &v);
+            gpu.set_programmatic_writes(true);
+            gpu.write_device(1, &ds, &dk, &dv, 29).expect("programmatic write_device");
+            assert_same_pages(&gpu, &host, 1, &format!("{format} programmatic write_device"));
         }
     }
 

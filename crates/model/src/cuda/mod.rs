@@ -279,6 +279,9 @@ pub struct CudaModel {
     /// kernel, larger ones through cuBLAS (no limit by default: [`pagekv_cuda::knobs::gemv_max_bytes`]).
     /// `PAGEKV_CUDA_GEMV_MAX_BYTES` sets it; `PAGEKV_CUDA_GEMV=0` means 0 (cuBLAS only).
     gemv_max_bytes: usize,
+    /// The step's cache write and tensor-core decode kernel are programmatic dependent launches
+    /// ([`pagekv_cuda::knobs::attention_pdl`], `PAGEKV_CUDA_ATTN_PDL`, default on).
+    attention_pdl: bool,
     graphs: Graphs,
     top_k: DeviceTopK,
     /// Logit rows of the last step that are on the device only ([`Forward::forward_greedy`] and
@@ -353,8 +356,11 @@ impl CudaModel {
         };
         let top_k = DeviceTopK { kernels: TopK::new(device.clone()).map_err(dev)?, out: None };
         device.synchronize().map_err(dev)?;
+        let attention_pdl = pagekv_cuda::knobs::attention_pdl().map_err(dev)?;
+        let mut attention = DecodeAttention::new(device.clone());
+        attention.set_programmatic(attention_pdl);
         Ok(CudaModel {
-            attention: DecodeAttention::new(device.clone()),
+            attention,
             prefill: PrefillAttention::new(device.clone()),
             rope,
             scratch: DeviceScratch::default(),
@@ -365,6 +371,7 @@ impl CudaModel {
             weights,
             synthetic,
             gemv_max_bytes: pagekv_cuda::knobs::gemv_max_bytes().map_err(dev)?,
+            attention_pdl,
             graphs: Graphs::new(pagekv_cuda::knobs::graphs_enabled().map_err(dev)?),
             top_k,
             device_logit_rows: None,
@@ -386,7 +393,9 @@ impl CudaModel {
 
     /// Device pages for `cache` (geometry from the model).
     pub fn new_device_pool(&self, cache: CacheConfig) -> Result<KvPool<DevicePages>, ModelError> {
-        let pages = DevicePages::new(self.device.clone(), kvcache::geometry_of(&cache)).map_err(dev)?;
+        let mut pages = DevicePages::new(self.device.clone(), kvcache::geometry_of(&cache)).map_err(dev)?;
+        // The step writes the cache from the QKV kernel's results, slots uploaded beforehand.
+        pages.set_programmatic_writes(self.attention_pdl);
         Ok(KvPool::with_store(cache, pages)?)
     }
 
