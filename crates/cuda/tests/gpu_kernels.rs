@@ -13,33 +13,26 @@
 //! Without a CUDA device (or without the `cuda` feature) every test prints
 //! `SKIPPED <test>: <reason>` on stderr, uncaptured so `cargo test` shows it, and passes.
 
-use std::io::Write;
-
-fn skip(test: &str, reason: &str) {
-    // Written to the real stderr (not through eprintln!, which the test harness captures).
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
-}
+mod common;
 
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn gpu_tests_need_the_cuda_feature() {
-    skip("gpu_kernels", "pagekv-cuda was built without the `cuda` feature");
+    common::skip("gpu_kernels", "pagekv-cuda was built without the `cuda` feature");
     assert!(!pagekv_cuda::cuda_available());
 }
 
 #[cfg(feature = "cuda")]
 mod gpu {
-    use std::sync::{Arc, OnceLock};
+    use std::sync::Arc;
 
-    use cudarc::driver::CudaSlice;
     use kvcache::{HostPages, KvFormat, LayerView, PageGeometry, PageStore, NULL_BLOCK};
     use pagekv_cuda::{CudaDevice, CudaError, DecodeAttention, DecodeBatch, DecodeKernel, DecodeRoute, DevicePages};
     use rand::rngs::StdRng;
     use rand::seq::SliceRandom;
     use rand::{Rng, SeedableRng};
-    use rand_distr::StandardNormal;
 
-    use super::skip;
+    use crate::common::{device, down, normal, rel_error, up};
 
     /// Every codec on both sides: floats, q8, q4 with and without rotation, and turbo at every
     /// bit width for K and V.
@@ -55,30 +48,6 @@ mod gpu {
         KvFormat::Turbo { k_bits: 2, v_bits: 4 },
         KvFormat::Turbo { k_bits: 3, v_bits: 8 },
     ];
-
-    /// The shared device, or `None` (after printing why) when there is none.
-    fn device(test: &str) -> Option<Arc<CudaDevice>> {
-        static DEVICE: OnceLock<Result<Arc<CudaDevice>, CudaError>> = OnceLock::new();
-        match DEVICE.get_or_init(|| CudaDevice::new(0)) {
-            Ok(d) => Some(d.clone()),
-            Err(e) => {
-                skip(test, &format!("no usable CUDA device ({e})"));
-                None
-            }
-        }
-    }
-
-    fn normal(rng: &mut StdRng) -> f32 {
-        rng.sample::<f32, _>(StandardNormal)
-    }
-
-    fn up<T: cudarc::driver::DeviceRepr>(dev: &CudaDevice, x: &[T]) -> CudaSlice<T> {
-        dev.stream().clone_htod(x).expect("upload")
-    }
-
-    fn down<T: cudarc::driver::DeviceRepr + Default + Clone>(dev: &CudaDevice, x: &CudaSlice<T>) -> Vec<T> {
-        dev.stream().clone_dtoh(x).expect("download")
-    }
 
     /// Head vectors with a mix of magnitudes per group (so scales differ), a few outliers,
     /// exact ties of magnitude (q4's first-max rule) and one all-zero head vector.
@@ -263,20 +232,6 @@ mod gpu {
             KvFormat::F32 | KvFormat::F16 | KvFormat::Bf16 => 1e-5,
             _ => 1e-4,
         }
-    }
-
-    /// Max over head vectors of `‖a − b‖∞ / ‖b‖∞`; NaN (an unwritten output) is infinite.
-    fn rel_error(a: &[f32], b: &[f32], d: usize) -> f32 {
-        let mut worst = 0f32;
-        for (ra, rb) in a.chunks(d).zip(b.chunks(d)) {
-            let scale = rb.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
-            let err = ra
-                .iter()
-                .zip(rb)
-                .fold(0f32, |m, (x, y)| if (x - y).is_nan() { f32::INFINITY } else { m.max((x - y).abs()) });
-            worst = worst.max(err / scale);
-        }
-        worst
     }
 
     /// The oracle: decode attention of one query token per sequence over `layer`, in f64 —

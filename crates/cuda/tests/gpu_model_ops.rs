@@ -11,16 +11,12 @@
 //! Without a CUDA device (or without the `cuda` feature) every test prints
 //! `SKIPPED <test>: <reason>` on stderr, uncaptured so `cargo test` shows it, and passes.
 
-use std::io::Write;
-
-fn skip(test: &str, reason: &str) {
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
-}
+mod common;
 
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn gpu_model_ops_need_the_cuda_feature() {
-    skip("gpu_model_ops", "pagekv-cuda was built without the `cuda` feature");
+    common::skip("gpu_model_ops", "pagekv-cuda was built without the `cuda` feature");
     assert!(!pagekv_cuda::cuda_available());
 }
 
@@ -37,7 +33,7 @@ mod gpu {
     use rand::{Rng, SeedableRng};
     use rand_distr::StandardNormal;
 
-    use super::skip;
+    use crate::common::skip;
 
     /// The kernels on device 0, or `None` (after printing why) when there is no device. A
     /// device whose kernels or cuBLAS fail to load is a failure, not a skip.

@@ -9,65 +9,26 @@
 //! Without a CUDA device (or without the `cuda` feature) every test prints
 //! `SKIPPED <test>: <reason>` on stderr and passes.
 
-use std::io::Write;
-
-fn skip(test: &str, reason: &str) {
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
-}
+mod common;
 
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn gpu_prefill_tests_need_the_cuda_feature() {
-    skip("gpu_prefill", "pagekv-cuda was built without the `cuda` feature");
+    common::skip("gpu_prefill", "pagekv-cuda was built without the `cuda` feature");
 }
 
 #[cfg(feature = "cuda")]
 mod gpu {
-    use std::sync::{Arc, OnceLock};
+    use std::sync::Arc;
 
-    use cudarc::driver::CudaSlice;
     use kvcache::{KvFormat, LayerView, PageGeometry, NULL_BLOCK};
     use pagekv_cuda::{prefill_tiles, CudaDevice, CudaError, DevicePages, PrefillAttention, PrefillBatch};
     use rand::rngs::StdRng;
     use rand::seq::SliceRandom;
-    use rand::{Rng, SeedableRng};
-    use rand_distr::StandardNormal;
+    use rand::SeedableRng;
 
-    use super::skip;
+    use crate::common::{device, normal, rel_error, up};
     use std::io::Write;
-
-    fn device(test: &str) -> Option<Arc<CudaDevice>> {
-        static DEVICE: OnceLock<Result<Arc<CudaDevice>, CudaError>> = OnceLock::new();
-        match DEVICE.get_or_init(|| CudaDevice::new(0)) {
-            Ok(d) => Some(d.clone()),
-            Err(e) => {
-                skip(test, &format!("no usable CUDA device ({e})"));
-                None
-            }
-        }
-    }
-
-    fn normal(rng: &mut StdRng) -> f32 {
-        rng.sample::<f32, _>(StandardNormal)
-    }
-
-    fn up<T: cudarc::driver::DeviceRepr>(dev: &CudaDevice, x: &[T]) -> CudaSlice<T> {
-        dev.stream().clone_htod(x).expect("upload")
-    }
-
-    /// Max over head vectors of `‖a − b‖∞ / ‖b‖∞`; NaN (an unwritten output) is infinite.
-    fn rel_error(a: &[f32], b: &[f32], d: usize) -> f32 {
-        let mut worst = 0f32;
-        for (ra, rb) in a.chunks(d).zip(b.chunks(d)) {
-            let scale = rb.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
-            let err = ra
-                .iter()
-                .zip(rb)
-                .fold(0f32, |m, (x, y)| if (x - y).is_nan() { f32::INFINITY } else { m.max((x - y).abs()) });
-            worst = worst.max(err / scale);
-        }
-        worst
-    }
 
     /// The oracle, one query row per token: row `t` (`queries`/`out` `[tokens, num_heads, d]`)
     /// sees keys `[max(0, C_t − W), C_t)` of its sequence's table, decoded with kvcache's codecs,

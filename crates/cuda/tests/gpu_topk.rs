@@ -13,16 +13,12 @@
 //! Without a CUDA device (or without the `cuda` feature) every test prints
 //! `SKIPPED <test>: <reason>` on stderr, uncaptured so `cargo test` shows it, and passes.
 
-use std::io::Write;
-
-fn skip(test: &str, reason: &str) {
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
-}
+mod common;
 
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn gpu_topk_needs_the_cuda_feature() {
-    skip("gpu_topk", "pagekv-cuda was built without the `cuda` feature");
+    common::skip("gpu_topk", "pagekv-cuda was built without the `cuda` feature");
     assert!(!pagekv_cuda::cuda_available());
 }
 
@@ -38,7 +34,7 @@ mod gpu {
     use rand::{Rng, SeedableRng};
     use rand_distr::StandardNormal;
 
-    use super::skip;
+    use crate::common::skip;
 
     /// The kernels on device 0 (one instance behind a lock: the workspace is shared), or `None`
     /// (after printing why) when there is no device. Kernels that fail to load are a failure.

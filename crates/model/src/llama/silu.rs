@@ -34,41 +34,12 @@ pub fn silu_mul_scalar(gate: &mut [f32], up: &[f32]) {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::*;
-    use pagekv_cpu::expf::{C1, C2, C3, C4, C5, INV_LN2, LN2_HI, LN2_LO, SHIFT};
+    use pagekv_cpu::expf::expf_avx2;
     use std::arch::x86_64::*;
 
-    /// Eight lanes of [`expf`] for lanes with `|n| <= 126` (where `2^n` is a normal f32 and
-    /// one multiply is exact up to the final rounding); `None` when a lane is outside, for the
-    /// caller to take the scalar path.
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn expf8(x: __m256) -> Option<__m256> {
-        let r = _mm256_set1_ps(SHIFT);
-        let z = _mm256_fmadd_ps(x, _mm256_set1_ps(INV_LN2), r);
-        let n = _mm256_sub_ps(z, r);
-        let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
-        if _mm256_movemask_ps(_mm256_cmp_ps(abs_n, _mm256_set1_ps(126.0), _CMP_GT_OQ)) != 0 {
-            return None;
-        }
-        let b = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x));
-        let u = _mm256_mul_ps(b, b);
-        let j = _mm256_fmadd_ps(
-            _mm256_fmadd_ps(
-                _mm256_fmadd_ps(_mm256_set1_ps(C5), b, _mm256_set1_ps(C4)),
-                u,
-                _mm256_fmadd_ps(_mm256_set1_ps(C3), b, _mm256_set1_ps(C2)),
-            ),
-            u,
-            _mm256_fmadd_ps(_mm256_set1_ps(C1), b, _mm256_set1_ps(1.0)),
-        );
-        // 2^n: n sits in the low mantissa bits of z; shifted into the exponent field and
-        // added to 1.0's bits.
-        let e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
-        let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0))));
-        Some(_mm256_mul_ps(j, k))
-    }
-
-    /// AVX2 [`silu_mul`](super::silu_mul); the tail (fewer than 8 values) and any 8 values
-    /// with a huge `|gate|` (> 87) run the scalar code, which is bit-exact with the vector lanes.
+    /// AVX2 [`silu_mul`](super::silu_mul): eight lanes at a time with ggml's vector `expf`
+    /// ([`expf_avx2`], lane-exact with the scalar [`expf`] everywhere, huge `|gate|` included);
+    /// the tail (fewer than 8 values) runs the scalar code.
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA.
@@ -80,13 +51,9 @@ mod avx2 {
         let one = _mm256_set1_ps(1.0);
         for i in (0..main).step_by(8) {
             let x = _mm256_loadu_ps(gp.add(i));
-            match expf8(_mm256_sub_ps(_mm256_setzero_ps(), x)) {
-                Some(e) => {
-                    let silu = _mm256_div_ps(x, _mm256_add_ps(one, e));
-                    _mm256_storeu_ps(gp.add(i), _mm256_mul_ps(silu, _mm256_loadu_ps(up_p.add(i))));
-                }
-                None => silu_mul_scalar(&mut gate[i..i + 8], &up[i..i + 8]),
-            }
+            let e = expf_avx2(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            let silu = _mm256_div_ps(x, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(gp.add(i), _mm256_mul_ps(silu, _mm256_loadu_ps(up_p.add(i))));
         }
         silu_mul_scalar(&mut gate[main..n], &up[main..n]);
     }
