@@ -200,3 +200,50 @@ fn eval_scores_formats_against_f16_with_and_without_exact_weights() {
     let o = pagekv(&["eval", "--formats", "q5"], &[]);
     assert!(!o.status.success() && stderr(&o).contains("q8"), "{}", stderr(&o));
 }
+
+/// `bench decode --llama-cpp PYTHON --llama-cpp-kv …` hands every KV setup to the Python side
+/// with ggml's type ids and prints its rows under llama.cpp's name for the setup. A stand-in
+/// interpreter echoes the setups back (type_k as pp, flash_attn as tg), so no llama.cpp is needed.
+#[test]
+fn bench_decode_passes_llama_cpp_kv_setups_through() {
+    let o = pagekv(&["bench", "decode", "--llama-cpp-kv", "q5"], &[]);
+    assert!(!o.status.success() && stderr(&o).contains("q8_0"), "{}", stderr(&o));
+    let o = pagekv(&["bench", "decode", "--llama-cpp-kv", "q8_0"], &[]);
+    assert!(!o.status.success() && stderr(&o).contains("--llama-cpp PYTHON"), "{}", stderr(&o));
+    if pagekv_model::testing::default_model("cli bench decode --llama-cpp-kv").is_none() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("pagekv-cli-llama-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fake = dir.join("python");
+    let echo = r#"import json,sys
+c=json.loads(sys.argv[1])
+for k in c["kv"]:
+    for x in c["contexts"]:
+        fa=k["flash_attn"]
+        print(json.dumps({"kv":k["name"],"context":x,"pp":float(k["type_k"]+k["type_v"]),"tg":-1.0 if fa is None else float(fa)}))"#;
+    // The bench runs `PYTHON -c SCRIPT CONFIG`: the stand-in runs the echo on CONFIG.
+    std::fs::write(&fake, format!("#!/bin/sh\nexec python3 -c '{echo}' \"$3\"\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut args: Vec<&str> = "bench decode --json --contexts 16 --decode-tokens 2 --runs 1 --formats f16".split(' ').collect();
+    args.extend(["--llama-cpp", fake.to_str().unwrap(), "--llama-cpp-kv", "f16,f16-fa,q8_0,q4_0"]);
+    let o = pagekv(&args, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let llama: Vec<(String, f64, f64)> = rows
+        .iter()
+        .filter(|r| r["engine"] == "llama.cpp")
+        .map(|r| {
+            assert_eq!(r["context"], 16, "{r}");
+            let f = |k: &str| r[k].as_f64().unwrap();
+            (r["format"].as_str().unwrap().to_string(), f("pp_tokens_per_s"), f("tg_tokens_per_s"))
+        })
+        .collect();
+    let expect = [("f16", 2.0, -1.0), ("f16-fa", 2.0, 1.0), ("q8_0", 16.0, 1.0), ("q4_0", 4.0, 1.0)];
+    let expect: Vec<(String, f64, f64)> = expect.iter().map(|&(n, p, t)| (n.to_string(), p, t)).collect();
+    assert_eq!(llama, expect, "{rows:?}");
+    assert!(rows.iter().any(|r| r["engine"] == "pagekv" && r["format"] == "f16"), "{rows:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -5,14 +5,18 @@
 //! decode `--decode-tokens` tokens greedily (timed: tg tok/s); the median over `--runs` decode
 //! runs (the cache is trimmed back to the prompt between runs). With `--llama-cpp PYTHON`, the
 //! same shapes are measured with llama-cpp-python (that interpreter must have it installed) in
-//! the same run, for a like-for-like comparison. `--device cuda` runs `bench_decode_cuda.rs`.
+//! the same run, for a like-for-like comparison; `--llama-cpp-kv` picks llama.cpp's KV types
+//! (f16 as llama-cpp-python sets it up by default, or with flash attention, or q8_0 / q4_0 —
+//! quantized V needs llama.cpp's flash attention), one row per type and context, so a pagekv
+//! format can be compared with llama.cpp's nearest one. `--device cuda` runs
+//! `bench_decode_cuda.rs`.
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use kvcache::KvFormat;
 use pagekv_engine::sampling::argmax;
 use pagekv_engine::Generator;
@@ -44,11 +48,53 @@ pub struct DecodeArgs {
     /// Also measure llama.cpp through this Python interpreter's llama-cpp-python.
     #[arg(long, value_name = "PYTHON")]
     pub llama_cpp: Option<PathBuf>,
+    /// llama.cpp KV cache types to measure with --llama-cpp, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "f16")]
+    pub llama_cpp_kv: Vec<LlamaCppKv>,
     /// Sequences decoded together (--device cuda; each prefilled with the same context).
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
     #[command(flatten)]
     pub model: ModelArgs,
+}
+
+/// A llama.cpp KV cache setup for `--llama-cpp-kv`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LlamaCppKv {
+    /// f16 K and V, flash attention as llama-cpp-python's default leaves it.
+    F16,
+    /// f16 K and V with flash attention on.
+    #[value(name = "f16-fa")]
+    F16Fa,
+    /// q8_0 K and V (flash attention on, as llama.cpp requires for a quantized V).
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// q4_0 K and V (flash attention on).
+    #[value(name = "q4_0")]
+    Q4_0,
+}
+
+impl LlamaCppKv {
+    fn name(self) -> &'static str {
+        match self {
+            Self::F16 => "f16",
+            Self::F16Fa => "f16-fa",
+            Self::Q8_0 => "q8_0",
+            Self::Q4_0 => "q4_0",
+        }
+    }
+
+    /// `{name, type_k, type_v, flash_attn}` for the Python side; types are ggml's enum values
+    /// (`GGML_TYPE_F16` 1, `Q4_0` 2, `Q8_0` 8); `flash_attn` null keeps the library's default.
+    fn spec(self) -> serde_json::Value {
+        let (ty, fa) = match self {
+            Self::F16 => (1, None),
+            Self::F16Fa => (1, Some(true)),
+            Self::Q8_0 => (8, Some(true)),
+            Self::Q4_0 => (2, Some(true)),
+        };
+        json!({"name": self.name(), "type_k": ty, "type_v": ty, "flash_attn": fa})
+    }
 }
 
 impl DecodeArgs {
@@ -80,6 +126,9 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     let contexts = a.context_list()?;
     if a.decode_tokens == 0 || a.runs == 0 {
         bail!("--decode-tokens and --runs must be positive");
+    }
+    if a.llama_cpp.is_none() && a.llama_cpp_kv != [LlamaCppKv::F16] {
+        bail!("--llama-cpp-kv needs --llama-cpp PYTHON");
     }
     let text = std::fs::read_to_string(&a.text).with_context(|| format!("cannot read {}", a.text.display()))?;
     let loaded = load(a.model.model.as_deref(), None)?;
@@ -139,8 +188,9 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     }
     if let Some(python) = &a.llama_cpp {
         let path = crate::default_model::resolve(a.model.model.as_deref())?;
-        for (ctx, pp, tg) in llama_cpp(python, &path, &prompt, &contexts, a.decode_tokens, a.runs, threads)? {
-            print_row(a.json, "llama.cpp", "f16", ctx, pp, tg, threads, &model_name);
+        let kv: Vec<_> = a.llama_cpp_kv.iter().map(|k| k.spec()).collect();
+        for row in llama_cpp(python, &path, &prompt, &contexts, &kv, a.decode_tokens, a.runs, threads)? {
+            print_row(a.json, "llama.cpp", &row.kv, row.context, row.pp, row.tg, threads, &model_name);
         }
     }
     Ok(())
@@ -158,18 +208,29 @@ fn print_row(json_out: bool, engine: &str, format: &str, ctx: usize, pp: f64, tg
     }
 }
 
-/// The llama-cpp-python side: same prompt tokens, same decode length, f16 KV, greedy.
+/// One llama.cpp row: KV setup, context, prompt and decode tokens/s.
+struct LlamaCppRow {
+    kv: String,
+    context: usize,
+    pp: f64,
+    tg: f64,
+}
+
+/// The llama-cpp-python side: same prompt tokens, same decode length, greedy, for each KV setup
+/// in `kv` (`LlamaCppKv::spec`).
+#[allow(clippy::too_many_arguments)]
 fn llama_cpp(
     python: &PathBuf,
     model: &std::path::Path,
     prompt: &[u32],
     contexts: &[usize],
+    kv: &[serde_json::Value],
     decode_tokens: usize,
     runs: usize,
     threads: usize,
-) -> Result<Vec<(usize, f64, f64)>> {
+) -> Result<Vec<LlamaCppRow>> {
     let input = json!({
-        "model": model.display().to_string(), "prompt": prompt, "contexts": contexts,
+        "model": model.display().to_string(), "prompt": prompt, "contexts": contexts, "kv": kv,
         "decode_tokens": decode_tokens, "runs": runs, "threads": threads,
     });
     let script = include_str!("llama_cpp_bench.py");
@@ -189,7 +250,8 @@ fn llama_cpp(
     for line in String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with('{')) {
         let v: serde_json::Value = serde_json::from_str(line)?;
         let get = |k: &str| v[k].as_f64().with_context(|| format!("llama.cpp row without {k}: {line}"));
-        rows.push((get("context")? as usize, get("pp")?, get("tg")?));
+        let kv = v["kv"].as_str().with_context(|| format!("llama.cpp row without kv: {line}"))?.to_string();
+        rows.push(LlamaCppRow { kv, context: get("context")? as usize, pp: get("pp")?, tg: get("tg")? });
     }
     Ok(rows)
 }
