@@ -226,7 +226,8 @@ for k in c["kv"]:
     std::fs::write(&fake, format!("#!/bin/sh\nexec python3 -c '{echo}' \"$3\"\n")).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut args: Vec<&str> = "bench decode --json --contexts 16 --decode-tokens 2 --runs 1 --formats f16".split(' ').collect();
+    let mut args: Vec<&str> =
+        "bench decode --json --contexts 16 --decode-tokens 2 --runs 1 --formats f16".split(' ').collect();
     args.extend(["--llama-cpp", fake.to_str().unwrap(), "--llama-cpp-kv", "f16,f16-fa,q8_0,q4_0"]);
     let o = pagekv(&args, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
