@@ -2,7 +2,7 @@
 //! ggml-numerics kernels (SIMD on each instruction set, and the scalar reference) over an f16
 //! cache, decode (one query token per sequence) and a prefill chunk.
 //!
-//! `cargo run --release -p pagekv-cpu --example ggml_attention_bench -- [contexts] [threads] [reps] [kernel]`
+//! `cargo run --release -p pagekv-cpu --example ggml_attention_bench -- [contexts] [threads] [reps] [kernel] [q_lens]`
 //! e.g. `-- 128,4096 1,2 200` (`kernel`: only the kernels whose name contains it). Shape: SmolLM2-135M (9 query heads over 3 kv heads, head_dim 64);
 //! `PAGEKV_BENCH_SHAPE=llama8b` takes 32 over 8, head_dim 128; `one`: 3 over 1, head_dim 64. Prints the best of 15 rounds of
 //! `reps` calls (µs per call), wall time and the calling thread's CPU time: on a shared machine
@@ -36,6 +36,11 @@ fn main() {
     let reps = list(2, "200")[0];
     // Only kernels whose name contains this (e.g. `avx512`, `fast`): for `perf stat`.
     let only = args.get(3).cloned().unwrap_or_default();
+    // Query tokens per call: 1 (decode) and a 64-token prefill chunk unless `q_lens` given.
+    let q_lens = list(4, "1,64");
+    // `PAGEKV_BENCH_LAYERS=n`: n layers of KV, each call on the next one, so that at long
+    // contexts the pages come from DRAM as in the model (30 layers at 4096: 94 MB).
+    let layers: usize = std::env::var("PAGEKV_BENCH_LAYERS").ok().map_or(1, |s| s.parse().expect("a number"));
     let (hkv, group, d) = match std::env::var("PAGEKV_BENCH_SHAPE").as_deref() {
         Ok("llama8b") => (8, 4, 128),
         Ok("one") => (1, 3, 64),
@@ -49,7 +54,7 @@ fn main() {
     for &ctx in &contexts {
         let blocks = ctx.div_ceil(bs) + 1;
         let geometry = PageGeometry {
-            num_layers: 1,
+            num_layers: layers,
             num_blocks: blocks,
             block_size: bs,
             num_kv_heads: hkv,
@@ -67,13 +72,20 @@ fn main() {
         };
         let slots: Vec<u32> = (0..ctx as u32).collect();
         let kv: Vec<f32> = (0..ctx * hkv * d).map(|_| rnd()).collect();
-        pages.write(0, &slots, &kv, &kv);
+        for l in 0..layers {
+            pages.write(l, &slots, &kv, &kv);
+        }
         let table: Vec<u32> = (0..blocks as u32).collect();
         let tables = [table.as_slice()];
-        let layer = pages.layer(0);
+        let views: Vec<_> = (0..layers).map(|l| pages.layer(l)).collect();
+        let mut next_layer = 0usize;
+        let mut layer_of_call = move || {
+            next_layer = (next_layer + 1) % layers;
+            next_layer
+        };
         for &n_threads in &threads {
             let pool = Arc::new(ThreadPool::new(n_threads));
-            for q_len in [1, 64.min(ctx)] {
+            for q_len in q_lens.iter().map(|&q| q.min(ctx)) {
                 let queries: Vec<f32> = (0..q_len * hkv * group * d).map(|_| 3.0 * rnd()).collect();
                 let lens = [ctx];
                 let p = AttentionParams {
@@ -105,7 +117,7 @@ fn main() {
                 if "fast".contains(&only) {
                     let mut fast = Attention::new(AttentionConfig::default(), pool.clone());
                     let (us, cpu) = time(&mut |o| {
-                        fast.forward(&layer, &p, &counters, o).unwrap();
+                        fast.forward(&views[layer_of_call()], &p, &counters, o).unwrap();
                     });
                     println!("{n_threads:<8} {ctx:>7} {q_len:>7} {:>7} {:<16} {us:>10.2} {cpu:>12.2}", 1, "fast");
                 }
@@ -123,7 +135,7 @@ fn main() {
                 }
                 for (name, k) in kernels.iter().filter(|(name, _)| name.contains(&only)) {
                     let (us, cpu) = time(&mut |o| {
-                        k.forward(&layer, &p, &counters, o).unwrap();
+                        k.forward(&views[layer_of_call()], &p, &counters, o).unwrap();
                     });
                     println!("{n_threads:<8} {ctx:>7} {q_len:>7} {:>7} {name:<16} {us:>10.2} {cpu:>12.2}", 1);
                 }

@@ -30,6 +30,7 @@
 //! Only f16 caches with `head_dim % 16 == 0` (≤ [`MAX_FAST_HEAD_DIM`]) are served here (the
 //! caller falls back to the scalar kernel otherwise).
 
+mod decode;
 mod kernels;
 mod lanes;
 
@@ -54,9 +55,6 @@ const MAX_TASK_TOKENS: usize = 16;
 /// A decode row is split over threads only from this many positions read (measured: at 128
 /// and 192 positions a split call and a whole one cost about the same on 2 threads).
 const SPLIT_MIN_POSITIONS: usize = 64;
-/// Positions per part of a split row at least (64: at 384 positions, 2 parts instead of 1
-/// halved the call on 2 threads, `ggml_attention_bench`).
-const MIN_PART_POSITIONS: usize = 64;
 /// A decode row's `V·p` walks positions in order (see [`values_positions`]) from this many
 /// positions; shorter rows take the lane passes (accumulators in registers).
 const POSITION_ORDER_MIN: usize = 512;
@@ -95,8 +93,8 @@ unsafe impl Sync for Slot {}
 #[derive(Default)]
 pub(crate) struct GgmlWorkspace {
     threads: Vec<Slot>,
-    /// `[num_seqs, kv_heads, group, stride]` scores of a split call.
-    scores: AlignedF32,
+    /// The split decode's buffers.
+    decode: decode::DecodeWorkspace,
 }
 
 impl GgmlWorkspace {
@@ -132,20 +130,16 @@ impl GgmlWorkspace {
 enum Plan {
     /// One task per (sequence, kv head, run of `tokens` query tokens).
     Whole { runs: usize, tokens: usize },
-    /// Scores in `parts` parts per (sequence, kv head), then softmax and `V·p` in `slices`
-    /// slices of `dims` output dimensions.
-    Split { parts: usize, slices: usize, dims: usize },
+    /// Decode in `shares` shares of the 16-position blocks (see [`decode`]).
+    Shares { shares: usize },
 }
 
 impl Plan {
-    fn choose(p: &AttentionParams, hkv: usize, d: usize, threads: usize, max_read: usize) -> Plan {
+    fn choose(p: &AttentionParams, hkv: usize, threads: usize, max_read: usize) -> Plan {
         let units = p.num_seqs * hkv;
         let want = (TASKS_PER_THREAD * threads).div_ceil(units);
         if p.q_len == 1 && threads > 1 && units < 2 * TASKS_PER_THREAD * threads && max_read >= SPLIT_MIN_POSITIONS {
-            let parts = want.clamp(1, (max_read / MIN_PART_POSITIONS).max(1));
-            let slices = want.clamp(1, d / 16);
-            let dims = (d / 16).div_ceil(slices) * 16;
-            return Plan::Split { parts, slices: d.div_ceil(dims), dims };
+            return Plan::Shares { shares: decode::shares_for(threads, max_read) };
         }
         let runs = want.clamp(p.q_len.div_ceil(MAX_TASK_TOKENS), p.q_len);
         let tokens = p.q_len.div_ceil(runs);
@@ -163,20 +157,10 @@ struct Call<'a> {
     vec_dot: bool,
     /// `V·p` lanes: 64 or 16.
     lanes: usize,
-    /// Floats per row of the split scores.
-    stride: usize,
     plan: Plan,
     out: SyncPtr,
-    scores: SyncPtr,
 }
 
-/// Which step a pool job runs.
-#[derive(Clone, Copy)]
-enum Step {
-    Whole,
-    SplitScores,
-    SplitValues,
-}
 
 /// `out` (`[num_seqs, q_len, num_heads, head_dim]`) ← ggml-numerics attention of `p` over the
 /// f16 `layer`, on `isa` (available on this CPU); shapes and blocks validated, [`serves`] true.
@@ -192,118 +176,150 @@ pub(crate) fn attention(
     let (d, hkv) = (layer.head_dim, layer.num_kv_heads);
     let group = p.num_heads / hkv;
     let max_read = (0..p.num_seqs).map(|s| QueryBounds::of(p, s).read_range().len()).max().unwrap_or(0);
-    // Blocks start up to 15 positions before a range and end up to 15 after it.
-    let stride = (max_read + 32).next_multiple_of(16);
     let threads = pool.n_threads();
-    let plan = Plan::choose(p, hkv, d, threads, max_read);
+    let plan = Plan::choose(p, hkv, threads, max_read);
     let vec_dot = p.q_len == 1;
     let lanes = if vec_dot { 64 } else { 16 };
-    let rows = match plan {
-        Plan::Whole { tokens, .. } => tokens * group,
-        Plan::Split { .. } => group,
-    };
-    ws.prepare(threads, rows, d, stride, lanes, group);
-    if let Plan::Split { .. } = plan {
-        ws.scores.ensure(p.num_seqs * hkv * group * stride);
-    }
-    let call = Call {
-        layer,
-        p,
-        d,
-        group,
-        vec_dot,
-        lanes,
-        stride,
-        plan,
-        out: SyncPtr::new(out.as_mut_ptr()),
-        scores: SyncPtr::new(ws.scores.as_mut_ptr()),
-    };
-    let ws = &*ws;
-    let job = |step: Step, tasks: usize| {
-        pool.run(tasks, |task, thread| {
-            // SAFETY: one task per thread index at a time; the reference dies with the task.
-            let scratch = unsafe { ws.thread(thread) };
-            // SAFETY: `isa` is available (caller); shapes and blocks validated; scratch sized
-            // by `prepare`; tasks write disjoint rows / dimensions (see each step).
-            unsafe { run_task(isa, &call, step, task, scratch) };
-        })
-    };
+    let call = Call { layer, p, d, group, vec_dot, lanes, plan, out: SyncPtr::new(out.as_mut_ptr()) };
     let units = p.num_seqs * hkv;
     match plan {
-        Plan::Whole { runs, .. } => {
-            job(Step::Whole, units * runs);
+        Plan::Whole { runs, tokens } => {
+            // Blocks start up to 15 positions before a range and end up to 15 after it.
+            let stride = (max_read + 32).next_multiple_of(16);
+            ws.prepare(threads, tokens * group, d, stride, lanes, group);
+            let ws = &*ws;
+            pool.run(units * runs, |task, thread| {
+                // SAFETY: one task per thread index at a time; the reference dies with the task.
+                let scratch = unsafe { ws.thread(thread) };
+                // SAFETY: `isa` is available (caller); shapes and blocks validated; scratch
+                // sized by `prepare`; tasks write disjoint rows.
+                unsafe { run_task(isa, &call, task, scratch) };
+            });
             (AttentionRoute::Primitive, 0)
         }
-        Plan::Split { parts, slices, .. } => {
-            job(Step::SplitScores, units * parts);
-            job(Step::SplitValues, units * slices);
-            (AttentionRoute::Partitioned, units * parts)
+        Plan::Shares { shares } => {
+            let dec = decode::Decode::new(&call, shares, max_read, &mut ws.decode);
+            pool.run(shares.min(threads), |task, _thread| {
+                dec.run_phases(task, |phase, share| {
+                    // SAFETY: `isa` is available (caller); shapes and blocks validated; the
+                    // phases run in order, one item per share (`run_phases`).
+                    unsafe { run_decode_item(isa, &dec, phase, share) }
+                })
+            });
+            (AttentionRoute::Partitioned, units * shares)
         }
     }
 }
 
-/// Runs one task with `isa`'s kernels.
+/// Runs one task of a [`Plan::Whole`] call with `isa`'s kernels.
 ///
 /// # Safety
-/// As [`run_step`], with `isa` available on this CPU.
-unsafe fn run_task(isa: KernelIsa, c: &Call, step: Step, task: usize, s: &mut Scratch) {
+/// As [`run_whole`], with `isa` available on this CPU.
+unsafe fn run_task(isa: KernelIsa, c: &Call, task: usize, s: &mut Scratch) {
     // SAFETY: forwarded contract.
     unsafe {
         match isa {
-            KernelIsa::Avx512 => task_avx512(c, step, task, s),
-            KernelIsa::Avx2 => task_avx2(c, step, task, s),
+            KernelIsa::Avx512 => task_avx512(c, task, s),
+            KernelIsa::Avx2 => task_avx2(c, task, s),
         }
     }
 }
 
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn task_avx512(c: &Call, step: Step, task: usize, s: &mut Scratch) {
+unsafe fn task_avx512(c: &Call, task: usize, s: &mut Scratch) {
     // SAFETY: forwarded contract; AVX-512 enabled here. 4 vectors per pass: 4 heads × 4
     // vectors of accumulators and 4 of values fit the 32 registers.
-    unsafe { run_step::<Zmm>(c, step, task, s, 4) }
+    unsafe { run_whole::<Zmm>(c, task, s, 4) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn task_avx2(c: &Call, step: Step, task: usize, s: &mut Scratch) {
+unsafe fn task_avx2(c: &Call, task: usize, s: &mut Scratch) {
     // SAFETY: forwarded contract; AVX2 enabled here. One 16-lane vector (2 registers) per
     // pass: 4 heads' accumulators and the values take 10 of the 16 registers.
-    unsafe { run_step::<YmmPair>(c, step, task, s, 1) }
+    unsafe { run_whole::<YmmPair>(c, task, s, 1) }
 }
 
-/// Task `task` of `step`.
+/// Runs item (`phase`, `share`) of a [`Plan::Shares`] call with `isa`'s kernels.
+///
+/// # Safety
+/// As [`decode::item`], with `isa` available on this CPU.
+unsafe fn run_decode_item(isa: KernelIsa, dec: &decode::Decode, phase: usize, share: usize) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match isa {
+            KernelIsa::Avx512 => decode_avx512(dec, phase, share),
+            KernelIsa::Avx2 => decode_avx2(dec, phase, share),
+        }
+    }
+}
+
+/// One `#[target_feature]` function per ISA and phase (so profiles tell the phases apart).
+macro_rules! decode_phases {
+    ($features:literal, $v:ty, $max_nv:literal, $($name:ident => $phase:ident),*) => {
+        $(
+            #[target_feature(enable = $features)]
+            unsafe fn $name(dec: &decode::Decode, share: usize) {
+                // SAFETY: forwarded contract; the ISA enabled here (register budget as the
+                // whole tasks').
+                unsafe { decode::$phase::<$v>(dec, share, $max_nv) }
+            }
+        )*
+    };
+}
+
+decode_phases!("avx512f,avx512vl,avx2,fma,f16c", Zmm, 4, scores_avx512 => scores, exponentials_avx512 => exponentials,
+    values_avx512 => values, fold_avx512 => fold);
+decode_phases!("avx2,fma,f16c", YmmPair, 1, scores_avx2 => scores, exponentials_avx2 => exponentials,
+    values_avx2 => values, fold_avx2 => fold);
+
+unsafe fn decode_avx512(dec: &decode::Decode, phase: usize, share: usize) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match phase {
+            0 => scores_avx512(dec, share),
+            1 => exponentials_avx512(dec, share),
+            2 => values_avx512(dec, share),
+            _ => fold_avx512(dec, share),
+        }
+    }
+}
+
+unsafe fn decode_avx2(dec: &decode::Decode, phase: usize, share: usize) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match phase {
+            0 => scores_avx2(dec, share),
+            1 => exponentials_avx2(dec, share),
+            2 => values_avx2(dec, share),
+            _ => fold_avx2(dec, share),
+        }
+    }
+}
+
+/// Task `task` of a [`Plan::Whole`] call.
 ///
 /// # Safety
 /// `check` passed for the call; the scratch was prepared for it; the ISA of `V` is enabled;
-/// no other task writes this task's rows (Whole, SplitValues) or score rows (SplitScores).
+/// no other task writes this task's rows.
 #[inline(always)]
-unsafe fn run_step<V: Lanes16>(c: &Call, step: Step, task: usize, s: &mut Scratch, max_nv: usize) {
+unsafe fn run_whole<V: Lanes16>(c: &Call, task: usize, s: &mut Scratch, max_nv: usize) {
     let hkv = c.layer.num_kv_heads;
+    let Plan::Whole { runs, tokens } = c.plan else { unreachable!("whole tasks run only under their plan") };
+    let (unit, run) = (task / runs, task % runs);
+    let i0 = run * tokens;
     // SAFETY: forwarded contract.
-    unsafe {
-        match (step, c.plan) {
-            (Step::Whole, Plan::Whole { runs, tokens }) => {
-                let (unit, run) = (task / runs, task % runs);
-                let i0 = run * tokens;
-                whole::<V>(c, unit / hkv, unit % hkv, i0, (i0 + tokens).min(c.p.q_len), s, max_nv);
-            }
-            (Step::SplitScores, Plan::Split { parts, .. }) => {
-                let (unit, part) = (task / parts, task % parts);
-                split_scores::<V>(c, unit / hkv, unit % hkv, part, parts, s);
-            }
-            (Step::SplitValues, Plan::Split { slices, dims, .. }) => {
-                let (unit, slice) = (task / slices, task % slices);
-                let d0 = slice * dims;
-                split_values::<V>(c, unit / hkv, unit % hkv, d0, (d0 + dims).min(c.d), s, max_nv);
-            }
-            _ => unreachable!("steps run only under their plan"),
-        }
-    }
+    unsafe { whole::<V>(c, unit / hkv, unit % hkv, i0, (i0 + tokens).min(c.p.q_len), s, max_nv) };
 }
 
 /// f16 code row of (`t`, `kv_head`) in `plane`, through the sequence's block table.
 #[inline(always)]
 fn row(plane: &PlaneView, table: &[u32], bs: usize, kv_head: usize, t: usize) -> *const u16 {
-    let slot = table[t / bs] as usize * bs + t % bs;
+    // Block sizes are powers of two (8, 16, 32): a shift and a mask, not a division.
+    let slot = if bs.is_power_of_two() {
+        table[t >> bs.trailing_zeros()] as usize * bs + (t & (bs - 1))
+    } else {
+        table[t / bs] as usize * bs + t % bs
+    };
     // Validated: every block the call reads is in the pool, so the row is inside `codes`.
     plane.codes[(slot * plane.num_kv_heads + kv_head) * plane.code_bytes..].as_ptr().cast()
 }
@@ -564,73 +580,5 @@ unsafe fn values_positions<V: Lanes16>(
             }
             col += 16 * n;
         }
-    }
-}
-
-/// SplitScores: part `part` of `parts` of (`seq`, `kv_head`)'s blocks, scores into the shared
-/// rows `((seq · kv_heads + kv_head) · group + h) · stride`.
-#[inline(always)]
-unsafe fn split_scores<V: Lanes16>(c: &Call, seq: usize, kv_head: usize, part: usize, parts: usize, s: &mut Scratch) {
-    let bounds = QueryBounds::of(c.p, seq);
-    let (lo, hi) = bounds.keys_of(0);
-    let base = lo & !15;
-    let blocks = (hi - base).div_ceil(16);
-    let per = blocks.div_ceil(parts);
-    let (b0, b1) = ((part * per).min(blocks), ((part + 1) * per).min(blocks));
-    if b0 == b1 {
-        return;
-    }
-    let (q, kf, xs) = (s.q.as_mut_ptr(), s.kf.as_mut_ptr(), s.xs.as_mut_ptr());
-    let rows = c.scores.get().wrapping_add((seq * c.layer.num_kv_heads + kv_head) * c.group * c.stride);
-    // SAFETY: scratch prepared; this task alone writes blocks b0..b1 of these score rows.
-    unsafe {
-        prepare_queries::<V>(c, seq, kv_head, 0, 1, q);
-        for b in b0..b1 {
-            let t0 = base + 16 * b;
-            let keys = block_keys::<V>(c, seq, kv_head, t0, lo, hi, false, kf);
-            score_block::<V>(c, &keys, false, q, xs, t0, lo, hi, |h| rows.add(h * c.stride + 16 * b));
-        }
-    }
-}
-
-/// SplitValues: softmax of (`seq`, `kv_head`)'s score rows (read-only, into the scratch), then
-/// `V·p` for output dimensions `d0..d1`.
-#[inline(always)]
-unsafe fn split_values<V: Lanes16>(
-    c: &Call,
-    seq: usize,
-    kv_head: usize,
-    d0: usize,
-    d1: usize,
-    s: &mut Scratch,
-    max_nv: usize,
-) {
-    let (d, g) = (c.d, c.group);
-    let bounds = QueryBounds::of(c.p, seq);
-    let (lo, hi) = bounds.keys_of(0);
-    let base = lo & !15;
-    let blocks = (hi - base).div_ceil(16);
-    let rows = c.scores.get().wrapping_add((seq * c.layer.num_kv_heads + kv_head) * g * c.stride);
-    let sc = s.sc.as_mut_ptr();
-    // SAFETY: the score step finished (the pool returned); scratch prepared for `group` rows;
-    // this task alone writes dimensions d0..d1 of its rows of `out`.
-    unsafe {
-        for h in 0..g {
-            softmax_row::<V>(rows.add(h * c.stride), sc.add(h * c.stride), blocks);
-        }
-        let s0 = lo - lo % c.lanes;
-        let ns = (hi - s0).div_ceil(c.lanes);
-        let (layer, table) = (c.layer, c.p.block_tables[seq]);
-        let vrow = |t: usize| row(&layer.values, table, layer.block_size, kv_head, t);
-        if hi - lo >= POSITION_ORDER_MIN {
-            list_rows(vrow, lo, hi, lo, 1, hi - lo, s.rows.as_mut_ptr());
-            let out = |h: usize| c.out.get().add((seq * c.p.num_heads + kv_head * g + h) * d);
-            values_positions::<V>(c, lo, hi, d0, d1, s, sc.add(lo - base), c.stride, out);
-            return;
-        }
-        list_rows(vrow, lo, hi, s0, c.lanes, ns, s.rows.as_mut_ptr());
-        let probs = |h: usize| sc.add(h * c.stride).cast_const();
-        let out = |h: usize| c.out.get().add((seq * c.p.num_heads + kv_head * g + h) * d);
-        values_row::<V>(c, lo, hi, base, s0, ns, d0, d1, s, probs, out, max_nv);
     }
 }
