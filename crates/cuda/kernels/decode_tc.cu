@@ -48,6 +48,9 @@
 #ifndef PK_TC_STAGES
 #define PK_TC_STAGES 3
 #endif
+#ifndef PK_TC_EAGER
+#define PK_TC_EAGER 0 // 1: a warp whose tiles all fit in its stages issues every copy at once
+#endif
 #ifndef PK_TC_MINB
 #define PK_TC_MINB 0 // __launch_bounds__ minimum blocks per SM (caps registers); 0: none given
 #endif
@@ -198,14 +201,41 @@ __device__ __forceinline__ void mma(float c[4], const u32 a[4], u32 b0, u32 b1) 
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
 }
-// N-byte (4, 8 or 16) global→shared copy that writes zeros when `bytes` is 0.
-template <int N>
-__device__ __forceinline__ void cp_async_zfill(u8* dst, const u8* src, u32 bytes) {
-    if constexpr (N == 16) {
+// N-byte (4, 8 or 16) global→shared copy that writes zeros when `bytes` is 0; EF: with the L2
+// cache policy `pol` (l2_evict_first).
+template <int N, bool EF = false>
+__device__ __forceinline__ void cp_async_zfill(u8* dst, const u8* src, u32 bytes, u64 pol = 0) {
+    if constexpr (EF && N == 16) {
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src),
+                     "r"(bytes), "l"(pol));
+    } else if constexpr (EF) {
+        asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], %2, %3, %4;\n" ::"r"(smem_addr(dst)), "l"(src),
+                     "n"(N), "r"(bytes), "l"(pol));
+    } else if constexpr (N == 16) {
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
     } else {
         asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src), "n"(N), "r"(bytes));
     }
+}
+// cp.async.wait_group with a run-time count (0 ≤ n < 8): every group but the n newest landed.
+__device__ __forceinline__ void cp_async_wait_n(int n) {
+    switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 6: cp_async_wait<6>(); break;
+    default: cp_async_wait<7>(); break;
+    }
+}
+// An L2 policy that marks the streamed pages first to be evicted: each page is read once per call,
+// and the L2 is better left to the partial results, tables and queries.
+__device__ __forceinline__ u64 l2_evict_first() {
+    u64 pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    return pol;
 }
 __device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
     u32 d;
@@ -341,8 +371,8 @@ __device__ __forceinline__ int pv_dim(int mt, int half, int g) {
 // the query is split unscaled (the scale multiplies the scores) and, where every part past the
 // first is zero for the warp's queries (queries already rounded to the mma type — the GPU model
 // rounds them for f16/bf16 caches, `q_round`), the QK mma of those parts is skipped: the same
-// sums, one n-tile per k-step.
-template <bool PACK, bool QX>
+// sums, one n-tile per k-step. EF: the page copies carry an L2 evict-first policy.
+template <bool PACK, bool QX, bool EF>
 __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,          // [num_seqs, num_heads, D]            (1 partition)
                                                float* __restrict__ part_acc,     // [num_seqs, num_heads, max_parts, D] (partitions)
                                                float* __restrict__ part_ml,      // [num_seqs, num_heads, max_parts, 2] (m, l)
@@ -464,6 +494,7 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
         const u32 pos = tile_start(i) + (lane & 15);
         return (i < my_n && pos < end) ? table[pos >> log2_bs] : 0u;
     };
+    const u64 pol = EF ? l2_evict_first() : 0;
     auto issue = [&](int i, u32 blk) {
         u8* st = wst + (i % ST) * STAGE;
         const u32 pos = tile_start(i) + (lane & 15);
@@ -478,25 +509,39 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
             const int t = j * RPI + r;
             const u64 sh = __shfl_sync(0xffffffffu, my_sh, t);
             const u32 n = __shfl_sync(0xffffffffu, my_n, t);
-            cp_async_zfill<16>(st + t * CROW + c * 16, kc + sh * CB + c * 16, n);
-            cp_async_zfill<16>(st + (16 + t) * CROW + c * 16, vc + sh * CB + c * 16, n);
+            cp_async_zfill<16, EF>(st + t * CROW + c * 16, kc + sh * CB + c * 16, n, pol);
+            cp_async_zfill<16, EF>(st + (16 + t) * CROW + c * 16, vc + sh * CB + c * 16, n, pol);
         }
         if constexpr (QUANT) {
             // Scales: lanes 0–15 the K scales of token lane, lanes 16–31 the V scales.
             const u8* src = (lane < 16 ? ks : vs) + my_sh * SB;
-            cp_async_zfill<SB>(st + 32 * CROW + lane * SB, src, my_n == 0 ? 0u : (u32)SB);
+            cp_async_zfill<SB, EF>(st + 32 * CROW + lane * SB, src, my_n == 0 ? 0u : (u32)SB, pol);
         }
     };
     // Prologue: the block ids of the first ST tiles (looked up above, or now, together, with a
     // window), then ST − 1 tiles' copies issued; the queries' loads (unrotated formats) overlap.
+    // Eager (a warp with at most ST tiles, as in the short partitions of small batches): all of
+    // them, one group each, so the warp waits for one round trip to the pages instead of one per
+    // tile; nothing is issued in the loop.
     if (window != 0) {
 #pragma unroll
         for (int s = 0; s < ST; s++) first_blk[s] = block_of(s);
     }
+    const bool eager = PK_TC_EAGER != 0 && my_n <= ST; // warp-uniform
+    if (eager) {
 #pragma unroll
-    for (int s = 0; s < ST - 1; s++) {
-        if (s < my_n) issue(s, first_blk[s]);
-        cp_async_commit();
+        for (int s = 0; s < ST; s++) {
+            if (s < my_n) {
+                issue(s, first_blk[s]);
+                cp_async_commit();
+            }
+        }
+    } else {
+#pragma unroll
+        for (int s = 0; s < ST - 1; s++) {
+            if (s < my_n) issue(s, first_blk[s]);
+            cp_async_commit();
+        }
     }
     u32 next_blk = first_blk[ST - 1];
     if (!rotated) build_bq(q + qcta + head_local * PK_G * D);
@@ -521,13 +566,19 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
     const int r0 = lane >> 2; // this thread's S^T rows: tokens r0 and r0 + 8 of the tile
 
     for (int i = 0; i < my_n; i++) {
-        cp_async_wait<ST - 2>();
-        __syncwarp(); // every lane's copies of tile i landed; every lane is done with tile i − 1
-        if (i + ST - 1 < my_n) {
-            issue(i + ST - 1, next_blk);
-            next_blk = block_of(i + ST);
+        if (eager) {
+            cp_async_wait_n(my_n - 1 - i); // tiles i + 1 … my_n − 1 may still be in flight
+        } else {
+            cp_async_wait<ST - 2>();
         }
-        cp_async_commit();
+        __syncwarp(); // every lane's copies of tile i landed; every lane is done with tile i − 1
+        if (!eager) {
+            if (i + ST - 1 < my_n) {
+                issue(i + ST - 1, next_blk);
+                next_blk = block_of(i + ST);
+            }
+            cp_async_commit();
+        }
         const u8* st = wst + (i % ST) * STAGE;
         const u32 t0 = tile_start(i);
         const u8* krows = st;              // K rows (CROW stride)
@@ -869,7 +920,7 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
              float rot_norm, float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size,
              u32 num_kv_heads,
              u32* __restrict__ counters) {       // [num_seqs, gridDim.x] zeros, or null: pk_merge follows
-    decode_tc_body<PK_G <= 4, true>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens,
+    decode_tc_body<PK_G <= 4, true, false>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens,
                                     signs, rot_norm, qk_scale_log2, window, log2_bs, part_size, num_kv_heads,
                                     counters);
 }
@@ -891,8 +942,22 @@ pk_decode_tc_base(float* __restrict__ out,          // [num_seqs, num_heads, D] 
              float rot_norm, float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size,
              u32 num_kv_heads,
              u32* __restrict__ counters) {       // [num_seqs, gridDim.x] zeros, or null: pk_merge follows
-    decode_tc_body<false, false>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens, signs,
+    decode_tc_body<false, false, false>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens, signs,
                                  rot_norm, qk_scale_log2, window, log2_bs, part_size, num_kv_heads, counters);
+}
+
+// pk_decode_tc with an L2 evict-first policy on the page copies (PAGEKV_CUDA_TC_L2=evict-first):
+// same arguments and results.
+extern "C" __global__ void PK_TC_BOUNDS
+pk_decode_tc_ef(float* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
+                const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ ks,
+                const u8* __restrict__ vc, const u8* __restrict__ vs, const u32* __restrict__ tables,
+                u32 max_blocks, const u32* __restrict__ ctx_lens, const float* __restrict__ signs, float rot_norm,
+                float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size, u32 num_kv_heads,
+                u32* __restrict__ counters) {
+    decode_tc_body<PK_G <= 4, true, true>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens,
+                                          signs, rot_norm, qk_scale_log2, window, log2_bs, part_size, num_kv_heads,
+                                          counters);
 }
 
 #endif // tensor-core decode

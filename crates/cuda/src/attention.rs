@@ -12,7 +12,10 @@
 //!   most 4 query heads share the mma columns with the split parts, and queries already rounded
 //!   to the page type (as the GPU model passes them for f16/bf16 caches) skip the QK mma of the
 //!   parts past the first — same results, fewer mma. `PAGEKV_CUDA_TC_BASE=1` selects the kernel
-//!   before those two changes (`pk_decode_tc_base`, for same-call comparisons).
+//!   before those two changes (`pk_decode_tc_base`, for same-call comparisons);
+//!   `pk_decode_tc_ef` is the same kernel with an L2 evict-first policy on its page copies
+//!   (`PAGEKV_CUDA_TC_L2=evict-first`, or `auto`: f16/bf16/q8 pages; see
+//!   [`crate::compile::tc_decode_kernel`]).
 //! - SIMT (`kernels/decode.cu`, `pk_decode`): every format and head_dim (f32, turbo, odd
 //!   head dims); fp32 FMA.
 //!
@@ -235,7 +238,7 @@ impl DecodeAttention {
         let sms = self.device.sm_count();
         let ps = match self.kernel.resolve(&self.device, g.format, g.head_dim, group) {
             "tc" => {
-                let hpc = crate::compile::tc_heads_per_cta(g.format, g.head_dim, g.num_kv_heads);
+                let hpc = crate::compile::tc_heads_per_cta(g.format, g.head_dim, g.num_kv_heads, num_seqs, sms);
                 tc_partition_size(num_seqs, g.num_kv_heads / hpc, max_context, sms)
             }
             _ => auto_partition_size(num_seqs, g.num_kv_heads, max_context, sms),
@@ -350,9 +353,13 @@ impl DecodeAttention {
         let parts_u = parts as u32;
 
         let (f, threads, smem, heads_per_cta) = if tc {
-            let hpc = tc_heads_per_cta(g.format, d, g.num_kv_heads);
+            let hpc = tc_heads_per_cta(g.format, d, g.num_kv_heads, b.num_seqs, self.device.sm_count());
             (
-                if tc_base() { base_function(&module, g.format, d)? } else { module.function("pk_decode_tc")? },
+                if tc_base() {
+                    base_function(&module, g.format, d)?
+                } else {
+                    module.function(crate::compile::tc_decode_kernel(g.format))?
+                },
                 32 * tc_shape(g.format, d).0,
                 decode_tc_smem_bytes_for(g.format, d, group),
                 hpc,

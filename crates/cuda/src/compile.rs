@@ -93,6 +93,7 @@ impl ModuleSpec {
             format!("-DPK_TC_WARPS={}", tc_shape(format, d).0),
             format!("-DPK_TC_STAGES={}", tc_shape(format, d).1),
             format!("-DPK_TC_MINB={}", tc_min_blocks(format)),
+            format!("-DPK_TC_EAGER={}", tc_tuning().eager as u32),
         ]
     }
 
@@ -230,12 +231,13 @@ pub fn prebuild(spec: &ModuleSpec, arch: (u32, u32)) -> Result<usize, CudaError>
 /// stages per warp, and the most kv heads one CTA serves. Defaults measured on the H200 (see
 /// RESULTS.md); `PAGEKV_CUDA_TC_WARPS`, `PAGEKV_CUDA_TC_STAGES` (float pages),
 /// `PAGEKV_CUDA_TC_QWARPS`, `PAGEKV_CUDA_TC_QSTAGES`, `PAGEKV_CUDA_TC_MINB` (quantized pages),
-/// `PAGEKV_CUDA_TC_HPC`, `PAGEKV_CUDA_FUSED_MERGE` and `PAGEKV_CUDA_PDL` override them (read
-/// once per process) for tuning runs.
+/// `PAGEKV_CUDA_TC_HPC`, `PAGEKV_CUDA_FUSED_MERGE`, `PAGEKV_CUDA_PDL` and `PAGEKV_CUDA_TC_L2`
+/// override them (read once per process) for tuning runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TcTuning {
     pub warps: usize,
     pub stages: usize,
+    /// The most kv heads one CTA serves; 0: the measured rule of [`tc_heads_per_cta`].
     pub max_heads_per_cta: usize,
     /// Warps per CTA for quantized pages (`warps` is for float pages).
     pub quant_warps: usize,
@@ -252,10 +254,20 @@ pub struct TcTuning {
     /// decode kernel still runs, and waits for its results in-kernel); `PAGEKV_CUDA_PDL=0`
     /// launches it plainly.
     pub pdl: bool,
+    /// L2 policy of the page copies (`PAGEKV_CUDA_TC_L2`): `auto` (the measured choice per
+    /// format, [`tc_decode_kernel`]), `normal` (`pk_decode_tc`) or `evict-first`
+    /// (`pk_decode_tc_ef`).
+    pub l2: &'static str,
+    /// A warp whose tiles all fit in its stages issues every copy at once (`PK_TC_EAGER`,
+    /// `PAGEKV_CUDA_TC_EAGER`): short partitions wait for one round trip to the pages, not one
+    /// per tile.
+    pub eager: bool,
 }
 
 impl TcTuning {
-    /// The measured defaults.
+    /// The measured defaults. `l2`, `eager` and the heads-per-CTA rule (`max_heads_per_cta`
+    /// 0) keep the earlier behaviour until `gpu_kernels` has passed with them on the GPU
+    /// (RESULTS.md, 2026-12-01: measured by the benchmark, not yet by the tests).
     pub const DEFAULT: TcTuning = TcTuning {
         warps: 8,
         stages: 2,
@@ -265,6 +277,8 @@ impl TcTuning {
         quant_min_blocks: 0,
         fused_merge: false,
         pdl: true,
+        l2: "normal",
+        eager: false,
     };
 
     /// [`Self::DEFAULT`] with the `PAGEKV_CUDA_TC_*`, `PAGEKV_CUDA_FUSED_MERGE` and
@@ -276,12 +290,19 @@ impl TcTuning {
         Ok(TcTuning {
             warps: knobs::count("PAGEKV_CUDA_TC_WARPS", d.warps, pow2, "1, 2, 4, 8, 16")?,
             stages: knobs::count("PAGEKV_CUDA_TC_STAGES", d.stages, stages, "2..=8")?,
-            max_heads_per_cta: knobs::count("PAGEKV_CUDA_TC_HPC", d.max_heads_per_cta, pow2, "1, 2, 4, 8, 16")?,
+            max_heads_per_cta: knobs::count(
+                "PAGEKV_CUDA_TC_HPC",
+                d.max_heads_per_cta,
+                |v| v == 0 || pow2(v),
+                "0 (the measured rule), 1, 2, 4, 8, 16",
+            )?,
             quant_warps: knobs::count("PAGEKV_CUDA_TC_QWARPS", d.quant_warps, pow2, "1, 2, 4, 8, 16")?,
             quant_stages: knobs::count("PAGEKV_CUDA_TC_QSTAGES", d.quant_stages, stages, "2..=8")?,
             quant_min_blocks: knobs::count("PAGEKV_CUDA_TC_MINB", d.quant_min_blocks, |v| v <= 8, "0..=8")?,
             fused_merge: knobs::switch("PAGEKV_CUDA_FUSED_MERGE", d.fused_merge)?,
             pdl: knobs::switch("PAGEKV_CUDA_PDL", d.pdl)?,
+            l2: knobs::choice("PAGEKV_CUDA_TC_L2", d.l2, &["auto", "normal", "evict-first"])?,
+            eager: knobs::switch("PAGEKV_CUDA_TC_EAGER", d.eager)?,
         })
     }
 }
@@ -299,6 +320,24 @@ pub fn tc_tuning() -> TcTuning {
             TcTuning::DEFAULT
         })
     })
+}
+
+/// The tensor-core decode kernel for `format`: `pk_decode_tc`, or its twin with an L2
+/// evict-first policy on the page copies (`pk_decode_tc_ef`). `auto` takes evict-first for
+/// f16/bf16 and q8 pages, measured on the H200 (RESULTS.md, 2026-12-01: bf16 1 × 32768 +2 %,
+/// 16 × 4096 +1.2 %, q8 +1–2 %, the large bf16 batches unchanged; q4 64 × 16384 2.4 % slower,
+/// so q4 keeps the normal policy).
+pub fn tc_decode_kernel(format: KvFormat) -> &'static str {
+    let ef = match tc_tuning().l2 {
+        "evict-first" => true,
+        "normal" => false,
+        _ => matches!(format, KvFormat::F16 | KvFormat::Bf16 | KvFormat::Q8),
+    };
+    if ef {
+        "pk_decode_tc_ef"
+    } else {
+        "pk_decode_tc"
+    }
 }
 
 /// Shared memory one block may use on sm_90 (the kernels are compiled per architecture; the
@@ -391,11 +430,35 @@ pub fn tc_min_blocks(format: KvFormat) -> usize {
     }
 }
 
-/// kv heads per CTA for a layer of `num_kv_heads`: the largest power of two that divides both
-/// it and the warp count, at most the tuning's maximum.
-pub fn tc_heads_per_cta(format: KvFormat, head_dim: usize, num_kv_heads: usize) -> usize {
+/// The measured rule for the most kv heads per CTA (`PAGEKV_CUDA_TC_HPC=0`): 2 for q8 pages
+/// once a batch of `num_seqs` fills the `sm_count` SMs with them (`num_seqs × num_kv_heads / 2
+/// ≥ sm_count`), else 1. Two adjacent heads make each token's codes one 256-byte run instead of
+/// two 128-byte ones (H200, RESULTS.md 2026-12-01, bench only: q8 64 × 16384 630 → 602 µs,
+/// 64 × 4096 unchanged; f16/bf16 and q4 gain nothing, smaller batches lose the CTAs).
+pub fn measured_heads_per_cta(format: KvFormat, num_kv_heads: usize, num_seqs: usize, sm_count: usize) -> usize {
+    if format == KvFormat::Q8 && num_seqs * num_kv_heads / 2 >= sm_count.max(1) {
+        2
+    } else {
+        1
+    }
+}
+
+/// kv heads per CTA for a call over `num_seqs` sequences of a layer of `num_kv_heads` on
+/// `sm_count` SMs: the largest power of two that divides both `num_kv_heads` and the warp count,
+/// at most the tuning's maximum (0: [`measured_heads_per_cta`]).
+pub fn tc_heads_per_cta(
+    format: KvFormat,
+    head_dim: usize,
+    num_kv_heads: usize,
+    num_seqs: usize,
+    sm_count: usize,
+) -> usize {
     let (warps, _) = tc_shape(format, head_dim);
-    let mut hpc = tc_tuning().max_heads_per_cta.min(warps);
+    let max = match tc_tuning().max_heads_per_cta {
+        0 => measured_heads_per_cta(format, num_kv_heads, num_seqs, sm_count),
+        m => m,
+    };
+    let mut hpc = max.min(warps);
     while hpc > 1 && (num_kv_heads % hpc != 0 || warps % hpc != 0) {
         hpc /= 2;
     }
@@ -460,6 +523,18 @@ mod tests {
     fn decode_smem_matches_the_kernel_layout_for_bf16() {
         // bf16, D = 128: rows of 256 B padded to 320; 3 stages of 32 tokens × (K + V).
         assert_eq!(decode_smem_bytes(KvFormat::Bf16, 128, 4), 3 * 32 * 640 + 4 * (512 + 128 + 12));
+    }
+
+    #[test]
+    fn measured_heads_per_cta_pairs_q8_heads_only_when_the_batch_fills_the_machine() {
+        // H200 (132 SMs), 8 kv heads: 64 sequences give 256 CTAs of two heads; 16 would give 64.
+        assert_eq!(measured_heads_per_cta(KvFormat::Q8, 8, 64, 132), 2);
+        assert_eq!(measured_heads_per_cta(KvFormat::Q8, 8, 33, 132), 2);
+        assert_eq!(measured_heads_per_cta(KvFormat::Q8, 8, 32, 132), 1);
+        assert_eq!(measured_heads_per_cta(KvFormat::Q8, 8, 16, 132), 1);
+        for f in [KvFormat::Bf16, KvFormat::F16, KvFormat::Q4 { rotate: false }, KvFormat::Q4 { rotate: true }] {
+            assert_eq!(measured_heads_per_cta(f, 8, 64, 132), 1, "{f:?}");
+        }
     }
 
     #[test]

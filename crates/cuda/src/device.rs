@@ -205,7 +205,11 @@ impl CudaDevice {
                 if compile::tc_supported(*format, *head_dim, *group)
                     && compile::decode_tc_smem_bytes(*format, *head_dim) <= self.smem_optin
                 {
-                    kernels.push(("pk_decode_tc", compile::decode_tc_smem_bytes(*format, *head_dim)));
+                    let bytes = compile::decode_tc_smem_bytes(*format, *head_dim);
+                    kernels.push(("pk_decode_tc", bytes));
+                    if compile::tc_decode_kernel(*format) != "pk_decode_tc" {
+                        kernels.push((compile::tc_decode_kernel(*format), bytes));
+                    }
                 }
                 if compile::prefill_supported(*format, *head_dim, *group)
                     && compile::prefill_smem_bytes(*format, *head_dim) <= self.smem_optin
