@@ -477,6 +477,93 @@ unsafe fn lane_tiles<V: Lanes16>(
     }
 }
 
+/// Two lanes' sums for `NH` heads and `NV` vectors of 16 dimensions, each `Σ_k v_k · p_h[k ·
+/// step]` by FMA in order of `k` from 0 as [`lane_tile`] takes it, then added (first lane
+/// first): `out_h ← a_h + b_h` (`out_h = out + h · astride`). `lanes[i]`: (row addresses,
+/// count, `p` of the lane's first position, head 0; head `h` at `+ h · pstride`).
+#[inline(always)]
+unsafe fn lane_pair<V: Lanes16, const NH: usize, const NV: usize>(
+    off: usize,
+    lanes: &[(*const usize, usize, *const f32); 2],
+    pstride: usize,
+    step: usize,
+    out: *mut f32,
+    astride: usize,
+) {
+    unsafe {
+        let mut a = [[[V::zero(); NV]; NH]; 2];
+        for (ai, &(rows, count, p)) in a.iter_mut().zip(lanes) {
+            for k in 0..count {
+                let row = (*rows.add(k) as *const u16).add(off);
+                let mut x = [V::zero(); NV];
+                for (c, xc) in x.iter_mut().enumerate() {
+                    *xc = V::load_f16(row.add(16 * c));
+                }
+                for (h, a) in ai.iter_mut().enumerate() {
+                    let w = V::splat(*p.add(h * pstride + k * step));
+                    for (a, &xc) in a.iter_mut().zip(&x) {
+                        *a = V::fma(xc, w, *a);
+                    }
+                }
+            }
+        }
+        for h in 0..NH {
+            for c in 0..NV {
+                a[0][h][c].add(a[1][h][c]).store(out.add(h * astride + 16 * c));
+            }
+        }
+    }
+}
+
+/// [`lane_pair`] for `heads` heads and `16·nvec` dimensions, in passes that keep both lanes'
+/// accumulators in registers (`max_nv` as for [`lane_tiles`]; 3 heads × 4 vectors or 4 × 2 on
+/// AVX-512).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn lane_pairs<V: Lanes16>(
+    max_nv: usize,
+    heads: usize,
+    off: usize,
+    nvec: usize,
+    lanes: [(*const usize, usize, *const f32); 2],
+    pstride: usize,
+    step: usize,
+    out: *mut f32,
+    astride: usize,
+) {
+    let mut h0 = 0;
+    while h0 < heads {
+        let nh = (heads - h0).min(if max_nv >= 4 { 3 } else { 4 });
+        let mut c0 = 0;
+        while c0 < nvec {
+            let nv = if max_nv >= 4 && c0 + 4 <= nvec {
+                4
+            } else if max_nv >= 2 && c0 + 2 <= nvec {
+                2
+            } else {
+                1
+            };
+            // SAFETY: forwarded contract.
+            unsafe {
+                let off = off + 16 * c0;
+                let ln = lanes.map(|(r, c, p)| (r, c, p.wrapping_add(h0 * pstride)));
+                let out = out.add(h0 * astride + 16 * c0);
+                macro_rules! go {
+                    ($($nh:literal, $nv:literal);*) => {
+                        match (nh, nv) {
+                            $(($nh, $nv) => lane_pair::<V, $nh, $nv>(off, &ln, pstride, step, out, astride),)*
+                            _ => unreachable!("passes are 1..=4 heads × 1, 2 or 4 vectors"),
+                        }
+                    };
+                }
+                go!(1, 1; 2, 1; 3, 1; 4, 1; 1, 2; 2, 2; 3, 2; 4, 2; 1, 4; 2, 4; 3, 4);
+            }
+            c0 += nv;
+        }
+        h0 += nh;
+    }
+}
+
 /// Phase 3: the denominators, share `s`'s probabilities (f16-rounded), then `V·p` of its
 /// lanes into its accumulators.
 #[inline(always)]
@@ -537,6 +624,29 @@ pub(super) unsafe fn values<V: Lanes16>(dec: &Decode, s: usize, max_nv: usize) {
             for (ll, cnt) in counts.iter_mut().enumerate().take(lanes) {
                 *cnt = list_lane(w0, ll, cur);
             }
+            if n == 2 && hi <= w0 + TILE_POSITIONS {
+                // One tile: each lane pair's sums straight from registers into `part` (the
+                // fold's first adds), no lane accumulators.
+                for l in 0..16 {
+                    let ((c1, t1), (c2, t2)) = (counts[l], counts[16 + l]);
+                    let (p1, p2) = (if c1 > 0 { pidx(t1) } else { 0 }, if c2 > 0 { pidx(t2) } else { 0 });
+                    for kv in 0..hkv {
+                        let rk = r0 + kv * g;
+                        lane_pairs::<V>(
+                            max_nv,
+                            g,
+                            kv * d,
+                            d / 16,
+                            [(cur.add(l * per), c1, sp.probs.add(rk * dec.pstride + p1)), (cur.add((16 + l) * per), c2, sp.probs.add(rk * dec.pstride + p2))],
+                            dec.pstride,
+                            64 / n,
+                            sp.part.add((l * dec.rows + rk) * d),
+                            d,
+                        );
+                    }
+                }
+                continue;
+            }
             let mut ts = w0;
             while ts < hi {
                 let tn = ts + TILE_POSITIONS;
@@ -584,16 +694,16 @@ pub(super) unsafe fn values<V: Lanes16>(dec: &Decode, s: usize, max_nv: usize) {
                 std::mem::swap(&mut cur, &mut next);
                 ts = tn;
             }
-        }
-        if n == 2 {
-            // Lanes l and l + 32 of this share's groups (s, s + 2): the fold's first adds, so
-            // the other share reads 16 lanes instead of 32.
-            let stride = dec.rows * d;
-            for l in 0..16 {
-                for i in (0..stride).step_by(16) {
-                    let a = V::load(sp.acc.add(l * stride + i));
-                    let b = V::load(sp.acc.add((l + 16) * stride + i));
-                    a.add(b).store(sp.part.add(l * stride + i));
+            if n == 2 {
+                // Lanes l and l + 32 of this share's groups (s, s + 2): the fold's first adds,
+                // so the other share reads 16 lanes instead of 32.
+                let stride = dec.rows * d;
+                for l in 0..16 {
+                    for i in (r0 * d..(r0 + p.num_heads) * d).step_by(16) {
+                        let a = V::load(sp.acc.add(l * stride + i));
+                        let b = V::load(sp.acc.add((l + 16) * stride + i));
+                        a.add(b).store(sp.part.add(l * stride + i));
+                    }
                 }
             }
         }
