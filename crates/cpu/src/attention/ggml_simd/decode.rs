@@ -35,9 +35,10 @@ pub(super) const MAX_SHARES: usize = 4;
 /// Phases of a call (see the module docs).
 const PHASES: usize = 4;
 /// Positions per `V·p` tile (a multiple of 64, at least 128 so every lane's first position lies
-/// in the first tile). 512 positions of SmolLM2's 3 kv heads: 192 KB of values, half per share
-/// on 2 threads, in L2.
-const TILE_POSITIONS: usize = 512;
+/// in the first tile). 1024 positions of SmolLM2's 3 kv heads: 384 KB of values, half per
+/// share on 2 threads, in L2 with the next tile's (measured at 4096 positions, KV from DRAM:
+/// 256, 512 and 1024 within ~4 %, 1024 best; a row of at most one tile takes `lane_pairs`).
+const TILE_POSITIONS: usize = 1024;
 /// Own blocks ahead whose keys the score phase prefetches.
 const PREFETCH_BLOCKS: usize = 2;
 
