@@ -17,7 +17,9 @@
 //! 3. the denominator (the block sums in f64, in block order, as `softmax_row` adds them), the
 //!    probabilities rounded to f16, and `V·p` of the share's lanes: positions in tiles of
 //!    [`TILE_POSITIONS`], within a tile lane by lane with the lane's accumulators in registers
-//!    (loaded and stored once per tile), the next tile's rows prefetched;
+//!    (loaded and stored once per tile), the next tile's rows prefetched; with 2 shares, a row
+//!    within one tile sums each pair of lanes `l`, `l + 32` in registers straight into the
+//!    fold's first level ([`lane_pairs`]);
 //! 4. the fold of the 64 lanes (`(l + (l+32)) + ((l+16) + (l+48))`, then `reduce16`) for a
 //!    share of the rows, reading every share's lanes.
 
@@ -25,9 +27,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::kernels::fold_lanes;
 use super::lanes::{Lanes16, YmmPair, Zmm};
-use crate::attention::workspace::AlignedF32;
 use super::{block_keys, prepare_queries, row, score_block, Call};
 use crate::attention::group::QueryBounds;
+use crate::attention::workspace::AlignedF32;
 use kvcache::PlaneView;
 
 /// Most shares a call is cut into.
@@ -508,9 +510,10 @@ unsafe fn lane_pair<V: Lanes16, const NH: usize, const NV: usize>(
                 }
             }
         }
-        for h in 0..NH {
-            for c in 0..NV {
-                a[0][h][c].add(a[1][h][c]).store(out.add(h * astride + 16 * c));
+        let [first, second] = a;
+        for (h, (x, y)) in first.iter().zip(&second).enumerate() {
+            for (c, (x, y)) in x.iter().zip(y).enumerate() {
+                x.add(*y).store(out.add(h * astride + 16 * c));
             }
         }
     }
@@ -638,7 +641,10 @@ pub(super) unsafe fn values<V: Lanes16>(dec: &Decode, s: usize, max_nv: usize) {
                             g,
                             kv * d,
                             d / 16,
-                            [(cur.add(l * per), c1, sp.probs.add(rk * dec.pstride + p1)), (cur.add((16 + l) * per), c2, sp.probs.add(rk * dec.pstride + p2))],
+                            [
+                                (cur.add(l * per), c1, sp.probs.add(rk * dec.pstride + p1)),
+                                (cur.add((16 + l) * per), c2, sp.probs.add(rk * dec.pstride + p2)),
+                            ],
                             dec.pstride,
                             64 / n,
                             sp.part.add((l * dec.rows + rk) * d),
@@ -843,7 +849,11 @@ unsafe fn block64_pass<const H: usize>(
 
 /// Position `j`'s partial vector for each head (see [`block64_pass`]).
 #[inline(always)]
-unsafe fn tree_x<const H: usize>(rows: &[*const u16; 16], qv: &[[std::arch::x86_64::__m512; 4]; H], j: usize) -> [std::arch::x86_64::__m512; H] {
+unsafe fn tree_x<const H: usize>(
+    rows: &[*const u16; 16],
+    qv: &[[std::arch::x86_64::__m512; 4]; H],
+    j: usize,
+) -> [std::arch::x86_64::__m512; H] {
     use std::arch::x86_64::*;
     unsafe {
         let z = _mm512_setzero_ps();
@@ -864,7 +874,11 @@ unsafe fn tree_x<const H: usize>(rows: &[*const u16; 16], qv: &[[std::arch::x86_
 
 /// Level 1 of the tree: positions `2k`, `2k + 1`.
 #[inline(always)]
-unsafe fn tree_y<const H: usize>(rows: &[*const u16; 16], qv: &[[std::arch::x86_64::__m512; 4]; H], k: usize) -> [std::arch::x86_64::__m512; H] {
+unsafe fn tree_y<const H: usize>(
+    rows: &[*const u16; 16],
+    qv: &[[std::arch::x86_64::__m512; 4]; H],
+    k: usize,
+) -> [std::arch::x86_64::__m512; H] {
     use std::arch::x86_64::*;
     unsafe {
         let (a, b) = (tree_x::<H>(rows, qv, 2 * k), tree_x::<H>(rows, qv, 2 * k + 1));
@@ -878,7 +892,11 @@ unsafe fn tree_y<const H: usize>(rows: &[*const u16; 16], qv: &[[std::arch::x86_
 
 /// Level 2: positions `4m … 4m + 3`.
 #[inline(always)]
-unsafe fn tree_z<const H: usize>(rows: &[*const u16; 16], qv: &[[std::arch::x86_64::__m512; 4]; H], m: usize) -> [std::arch::x86_64::__m512; H] {
+unsafe fn tree_z<const H: usize>(
+    rows: &[*const u16; 16],
+    qv: &[[std::arch::x86_64::__m512; 4]; H],
+    m: usize,
+) -> [std::arch::x86_64::__m512; H] {
     use std::arch::x86_64::*;
     unsafe {
         let (a, b) = (tree_y::<H>(rows, qv, 2 * m), tree_y::<H>(rows, qv, 2 * m + 1));
@@ -892,7 +910,11 @@ unsafe fn tree_z<const H: usize>(rows: &[*const u16; 16], qv: &[[std::arch::x86_
 
 /// Level 3: positions `8r … 8r + 7`.
 #[inline(always)]
-unsafe fn tree_w<const H: usize>(rows: &[*const u16; 16], qv: &[[std::arch::x86_64::__m512; 4]; H], r: usize) -> [std::arch::x86_64::__m512; H] {
+unsafe fn tree_w<const H: usize>(
+    rows: &[*const u16; 16],
+    qv: &[[std::arch::x86_64::__m512; 4]; H],
+    r: usize,
+) -> [std::arch::x86_64::__m512; H] {
     use std::arch::x86_64::*;
     unsafe {
         let (a, b) = (tree_z::<H>(rows, qv, 2 * r), tree_z::<H>(rows, qv, 2 * r + 1));

@@ -11,17 +11,15 @@
 //!   scores block by block (16 positions aligned to absolute positions; each block's keys are
 //!   staged once for every row that sees it), their softmax, then `V·p` with the value rows
 //!   listed lane-major once for the run, and writes the rows.
-//! - **Split** (decode, fewer units than the threads can share evenly, long contexts): a first
-//!   parallel step computes the scores, one task per (sequence, kv head, part of the positions)
-//!   into a shared buffer (each score is one position's own dot product, so parts are free); a
-//!   second computes the softmax and `V·p`, one task per (sequence, kv head, slice of the output
-//!   dimensions): each output dimension's sum over positions stays whole in one task, and the
-//!   softmax (cheap next to `V·p`) is recomputed by every slice, identically.
+//! - **Shares** (decode, fewer units than the threads can share evenly, at least
+//!   [`SPLIT_MIN_POSITIONS`] positions): one parallel region per call ([`decode`]); the
+//!   16-position blocks are dealt to 2 or 4 shares so that each share owns whole `V·p` lanes,
+//!   and four phases (scores, `expf`, probabilities and `V·p`, fold) run with one item per share,
+//!   claimed by whichever thread comes first.
 //!
-//! A decode row of at least [`POSITION_ORDER_MIN`] positions takes `V·p` in position order
+//! A Whole decode row of at least [`POSITION_ORDER_MIN`] positions takes `V·p` in position order
 //! ([`values_positions`]: lane accumulators in L1, pages read front to back, rows prefetched)
-//! instead of lane by lane (accumulators in registers, every 64th row): same sums, same bits;
-//! at 4096 positions in the model (KV from DRAM) decode ran ~10 % faster.
+//! instead of lane by lane (accumulators in registers, every 64th row): same sums, same bits.
 //!
 //! The decode order (`ggml_vec_dot_f16`, 64 lanes) serves a sequence whose `q_len` is 1, the
 //! tinyBLAS order (16 lanes) one with several query tokens: per sequence, so a sequence's result
@@ -160,7 +158,6 @@ struct Call<'a> {
     plan: Plan,
     out: SyncPtr,
 }
-
 
 /// `out` (`[num_seqs, q_len, num_heads, head_dim]`) ← ggml-numerics attention of `p` over the
 /// f16 `layer`, on `isa` (available on this CPU); shapes and blocks validated, [`serves`] true.
