@@ -48,6 +48,9 @@
 #ifndef PK_TC_STAGES
 #define PK_TC_STAGES 3
 #endif
+#ifndef PK_TC_EF
+#define PK_TC_EF 0 // 1: the page copies carry an L2 evict-first policy
+#endif
 #ifndef PK_TC_EAGER
 #define PK_TC_EAGER 0 // 1: a warp whose tiles all fit in its stages issues every copy at once
 #endif
@@ -920,7 +923,7 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
              float rot_norm, float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size,
              u32 num_kv_heads,
              u32* __restrict__ counters) {       // [num_seqs, gridDim.x] zeros, or null: pk_merge follows
-    decode_tc_body<PK_G <= 4, true, false>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens,
+    decode_tc_body<PK_G <= 4, true, PK_TC_EF != 0>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens,
                                     signs, rot_norm, qk_scale_log2, window, log2_bs, part_size, num_kv_heads,
                                     counters);
 }
@@ -944,20 +947,6 @@ pk_decode_tc_base(float* __restrict__ out,          // [num_seqs, num_heads, D] 
              u32* __restrict__ counters) {       // [num_seqs, gridDim.x] zeros, or null: pk_merge follows
     decode_tc_body<false, false, false>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens, signs,
                                  rot_norm, qk_scale_log2, window, log2_bs, part_size, num_kv_heads, counters);
-}
-
-// pk_decode_tc with an L2 evict-first policy on the page copies (PAGEKV_CUDA_TC_L2=evict-first):
-// same arguments and results.
-extern "C" __global__ void PK_TC_BOUNDS
-pk_decode_tc_ef(float* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
-                const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ ks,
-                const u8* __restrict__ vc, const u8* __restrict__ vs, const u32* __restrict__ tables,
-                u32 max_blocks, const u32* __restrict__ ctx_lens, const float* __restrict__ signs, float rot_norm,
-                float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size, u32 num_kv_heads,
-                u32* __restrict__ counters) {
-    decode_tc_body<PK_G <= 4, true, true>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens,
-                                          signs, rot_norm, qk_scale_log2, window, log2_bs, part_size, num_kv_heads,
-                                          counters);
 }
 
 #endif // tensor-core decode

@@ -13,9 +13,8 @@
 //!   to the page type (as the GPU model passes them for f16/bf16 caches) skip the QK mma of the
 //!   parts past the first — same results, fewer mma. `PAGEKV_CUDA_TC_BASE=1` selects the kernel
 //!   before those two changes (`pk_decode_tc_base`, for same-call comparisons);
-//!   `pk_decode_tc_ef` is the same kernel with an L2 evict-first policy on its page copies
-//!   (`PAGEKV_CUDA_TC_L2=evict-first`, or `auto`: f16/bf16/q8 pages; see
-//!   [`crate::compile::tc_decode_kernel`]).
+//!   f16/bf16/q8 pages put an L2 evict-first policy on their page copies
+//!   ([`crate::compile::tc_evict_first`], `PAGEKV_CUDA_TC_L2`).
 //! - SIMT (`kernels/decode.cu`, `pk_decode`): every format and head_dim (f32, turbo, odd
 //!   head dims); fp32 FMA.
 //!
@@ -355,11 +354,7 @@ impl DecodeAttention {
         let (f, threads, smem, heads_per_cta) = if tc {
             let hpc = tc_heads_per_cta(g.format, d, g.num_kv_heads, b.num_seqs, self.device.sm_count());
             (
-                if tc_base() {
-                    base_function(&module, g.format, d)?
-                } else {
-                    module.function(crate::compile::tc_decode_kernel(g.format))?
-                },
+                if tc_base() { base_function(&module, g.format, d)? } else { module.function("pk_decode_tc")? },
                 32 * tc_shape(g.format, d).0,
                 decode_tc_smem_bytes_for(g.format, d, group),
                 hpc,

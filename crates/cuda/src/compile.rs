@@ -93,7 +93,8 @@ impl ModuleSpec {
             format!("-DPK_TC_WARPS={}", tc_shape(format, d).0),
             format!("-DPK_TC_STAGES={}", tc_shape(format, d).1),
             format!("-DPK_TC_MINB={}", tc_min_blocks(format)),
-            format!("-DPK_TC_EAGER={}", tc_tuning().eager as u32),
+            format!("-DPK_TC_EAGER={}", tc_eager(format) as u32),
+            format!("-DPK_TC_EF={}", tc_evict_first(format) as u32),
         ]
     }
 
@@ -254,20 +255,17 @@ pub struct TcTuning {
     /// decode kernel still runs, and waits for its results in-kernel); `PAGEKV_CUDA_PDL=0`
     /// launches it plainly.
     pub pdl: bool,
-    /// L2 policy of the page copies (`PAGEKV_CUDA_TC_L2`): `auto` (the measured choice per
-    /// format, [`tc_decode_kernel`]), `normal` (`pk_decode_tc`) or `evict-first`
-    /// (`pk_decode_tc_ef`).
+    /// L2 policy of the page copies (`PAGEKV_CUDA_TC_L2`, `PK_TC_EF`): `auto` (the measured
+    /// choice per format, [`tc_evict_first`]), `normal` or `evict-first`.
     pub l2: &'static str,
     /// A warp whose tiles all fit in its stages issues every copy at once (`PK_TC_EAGER`,
-    /// `PAGEKV_CUDA_TC_EAGER`): short partitions wait for one round trip to the pages, not one
-    /// per tile.
-    pub eager: bool,
+    /// `PAGEKV_CUDA_TC_EAGER`): `auto` (the measured choice per format, [`tc_eager`]), `0`, `1`.
+    pub eager: &'static str,
 }
 
 impl TcTuning {
-    /// The measured defaults. `l2`, `eager` and the heads-per-CTA rule (`max_heads_per_cta`
-    /// 0) keep the earlier behaviour until `gpu_kernels` has passed with them on the GPU
-    /// (RESULTS.md, 2026-12-01: measured by the benchmark, not yet by the tests).
+    /// The measured defaults (RESULTS.md, 2026-12-01). The heads-per-CTA rule
+    /// (`max_heads_per_cta` 0) stays a switch: its q8 gain did not repeat in a second call.
     pub const DEFAULT: TcTuning = TcTuning {
         warps: 8,
         stages: 2,
@@ -277,8 +275,8 @@ impl TcTuning {
         quant_min_blocks: 0,
         fused_merge: false,
         pdl: true,
-        l2: "normal",
-        eager: false,
+        l2: "auto",
+        eager: "auto",
     };
 
     /// [`Self::DEFAULT`] with the `PAGEKV_CUDA_TC_*`, `PAGEKV_CUDA_FUSED_MERGE` and
@@ -302,7 +300,7 @@ impl TcTuning {
             fused_merge: knobs::switch("PAGEKV_CUDA_FUSED_MERGE", d.fused_merge)?,
             pdl: knobs::switch("PAGEKV_CUDA_PDL", d.pdl)?,
             l2: knobs::choice("PAGEKV_CUDA_TC_L2", d.l2, &["auto", "normal", "evict-first"])?,
-            eager: knobs::switch("PAGEKV_CUDA_TC_EAGER", d.eager)?,
+            eager: knobs::choice("PAGEKV_CUDA_TC_EAGER", d.eager, &["auto", "0", "1"])?,
         })
     }
 }
@@ -322,21 +320,31 @@ pub fn tc_tuning() -> TcTuning {
     })
 }
 
-/// The tensor-core decode kernel for `format`: `pk_decode_tc`, or its twin with an L2
-/// evict-first policy on the page copies (`pk_decode_tc_ef`). `auto` takes evict-first for
-/// f16/bf16 and q8 pages, measured on the H200 (RESULTS.md, 2026-12-01: bf16 1 × 32768 +2 %,
-/// 16 × 4096 +1.2 %, q8 +1–2 %, the large bf16 batches unchanged; q4 64 × 16384 2.4 % slower,
-/// so q4 keeps the normal policy).
-pub fn tc_decode_kernel(format: KvFormat) -> &'static str {
-    let ef = match tc_tuning().l2 {
+/// Whether the tensor-core decode kernel for `format` is compiled with the eager prologue
+/// (`PK_TC_EAGER`). `auto`: q4 pages only. Measured on the H200 (RESULTS.md, 2026-12-01, call
+/// 4): for bf16 the eager prologue itself is slower at 1 × 4096 (1092 → 1018 GB/s); q4 is
+/// 2–13 % faster with it compiled in at every shape (16 × 4096 59.0 → 51.5 µs, 64 × 16384 488
+/// → 477) — at shapes where no warp takes the eager branch, so that is ptxas scheduling the
+/// loop differently (same 128 registers), while q8 is up to 12 % slower with it.
+pub fn tc_eager(format: KvFormat) -> bool {
+    match tc_tuning().eager {
+        "1" => true,
+        "0" => false,
+        _ => matches!(format, KvFormat::Q4 { .. }),
+    }
+}
+
+/// Whether the tensor-core decode kernel for `format` puts an L2 evict-first policy on its page
+/// copies (`PK_TC_EF`: `createpolicy.fractional.L2::evict_first` and the `cp.async …
+/// .L2::cache_hint` forms; each page is read once per call). `auto` (the default) takes
+/// evict-first for f16/bf16 and q8 pages, measured on the H200 (RESULTS.md, 2026-12-01: bf16
+/// 1 × 32768 +1.3–2 %, 16 × 4096 +0.3–1.2 %, q8 +1–2.5 %, the large bf16 batches unchanged;
+/// q4 64 × 16384 2.4 % slower, so q4 keeps the normal policy).
+pub fn tc_evict_first(format: KvFormat) -> bool {
+    match tc_tuning().l2 {
         "evict-first" => true,
         "normal" => false,
         _ => matches!(format, KvFormat::F16 | KvFormat::Bf16 | KvFormat::Q8),
-    };
-    if ef {
-        "pk_decode_tc_ef"
-    } else {
-        "pk_decode_tc"
     }
 }
 

@@ -205,11 +205,7 @@ impl CudaDevice {
                 if compile::tc_supported(*format, *head_dim, *group)
                     && compile::decode_tc_smem_bytes(*format, *head_dim) <= self.smem_optin
                 {
-                    let bytes = compile::decode_tc_smem_bytes(*format, *head_dim);
-                    kernels.push(("pk_decode_tc", bytes));
-                    if compile::tc_decode_kernel(*format) != "pk_decode_tc" {
-                        kernels.push((compile::tc_decode_kernel(*format), bytes));
-                    }
+                    kernels.push(("pk_decode_tc", compile::decode_tc_smem_bytes(*format, *head_dim)));
                 }
                 if compile::prefill_supported(*format, *head_dim, *group)
                     && compile::prefill_smem_bytes(*format, *head_dim) <= self.smem_optin
