@@ -73,7 +73,7 @@ pub struct RuntimeArgs {
     #[arg(long, value_name = "IMPL", value_parser = ["auto", "reference", "primitive", "partitioned"])]
     pub attn_impl: Option<String>,
     /// Attention numerics: fast (the kernels' own rounding) or ggml (llama.cpp's, step by step;
-    /// f16 KV cache only; SIMD, slower than fast at long context) [env: PAGEKV_ATTN_NUMERICS].
+    /// f16 KV cache only; SIMD, about as fast as fast) [env: PAGEKV_ATTN_NUMERICS].
     #[arg(long, value_name = "NUMERICS", value_parser = ["fast", "ggml"])]
     pub attn_numerics: Option<String>,
     /// Tokens per partition of the partitioned attention path [env: PAGEKV_PARTITION_SIZE].
