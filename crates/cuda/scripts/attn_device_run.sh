@@ -60,35 +60,7 @@ for (b, c, p), us in sorted(v.items()):
     print(f"psweep bf16 {b}x{c} part {p}: {statistics.median(us):.2f} us ({min(us):.2f}-{max(us):.2f})")
 PYEOF
 echo "benches done ($((SECONDS - t0)) s)" >> "$S"
-[ -s "$OUT/bench.jsonl" ] && python3 - "$OUT/bench.jsonl" >> "$S" <<'EOF'
-# Median over processes of the auto route (partitioned rows, best per process) per tag, format, case;
-# rooflines from every process; q8/q4 time ÷ bf16 time of the same process, median.
-import json, statistics, sys
-best = {}
-for line in open(sys.argv[1]):
-    if not line.startswith("{"):
-        continue
-    r = json.loads(line)
-    if r["impl"] in ("primitive", "roofline-copy", "roofline-paged-h8") or (r["impl"].startswith("roofline") and r["tag"] not in ("new", "ref")):
-        continue
-    fam = "decode" if r["impl"] == "partitioned" else r["impl"]
-    k = (r["tag"], r["rep"], fam, r["format"], r["batch"], r["context"])
-    if k not in best or r["gbps"] > best[k]["gbps"]:
-        best[k] = r
-agg = {}
-for (tag, rep, fam, fmt, b, c), r in best.items():
-    agg.setdefault((fam, fmt, b, c, tag), []).append((r["gbps"], r["us"]))
-print("| impl | format | case | tag | GB/s median (min-max) | us | n |")
-for (fam, fmt, b, c, tag), v in sorted(agg.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[0][0], kv[0][1], kv[0][4])):
-    g = [x[0] for x in v]
-    print(f"| {fam} | {fmt} | {b}x{c} | {tag} | {statistics.median(g):.0f} ({min(g):.0f}-{max(g):.0f}) | {statistics.median(x[1] for x in v):.1f} | {len(v)} |")
-ratios = {}
-for (tag, rep, fam, fmt, b, c), r in best.items():
-    if fam == "decode" and fmt in ("q8", "q4") and (tag, rep, fam, "bf16", b, c) in best:
-        ratios.setdefault((fmt, b, c, tag), []).append(r["us"] / best[(tag, rep, fam, "bf16", b, c)]["us"])
-for (fmt, b, c, tag), v in sorted(ratios.items()):
-    print(f"ratio {fmt}/bf16 {b}x{c} {tag}: median {statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})")
-EOF
+[ -s "$OUT/bench.jsonl" ] && python3 crates/cuda/scripts/tag_medians.py auto "$OUT/bench.jsonl" >> "$S"
 if [ "${TESTS:-1}" = 1 ]; then
     step gpu_kernels 240 "$D/gpu_kernels" --test-threads 12
     [ -x "$D/gpu_prefill" ] && step gpu_prefill 120 "$D/gpu_prefill" --test-threads 8

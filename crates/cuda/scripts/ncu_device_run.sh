@@ -75,32 +75,5 @@ for f in "$OUT"/ncu-*.log; do
     grep -E "smsp__average_warps_issue_stalled_.*_per_issue_active.ratio" "$f" | awk '{v=$NF; if (v+0 >= 0.05) print}' | sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//; s/  */ /g' >> "$S"
     grep -E "==PROF==|==ERROR==|ERR_NVGPU" "$f" | head -3 >> "$S"
 done
-[ -s "$OUT/bench.jsonl" ] && python3 - "$OUT/bench.jsonl" >> "$S" <<'EOF'
-# Median over processes of the best decode route per tag, format, case; q8/q4 ÷ bf16 per process.
-import json, statistics, sys
-best = {}
-for line in open(sys.argv[1]):
-    if not line.startswith("{"):
-        continue
-    r = json.loads(line)
-    if r["impl"] not in ("primitive", "partitioned") and r["impl"] != "roofline-paged-h1":
-        continue
-    fam = "roof-h1" if r["impl"].startswith("roofline") else "decode"
-    k = (r["tag"], r["rep"], fam, r["format"], r["batch"], r["context"])
-    if k not in best or r["gbps"] > best[k]["gbps"]:
-        best[k] = r
-agg = {}
-for (tag, rep, fam, fmt, b, c), r in best.items():
-    agg.setdefault((fam, fmt, b, c, tag), []).append((r["gbps"], r["us"]))
-print("| impl | format | case | tag | GB/s median (min-max) | us | n |")
-for (fam, fmt, b, c, tag), v in sorted(agg.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[0][0], kv[0][1], kv[0][4])):
-    g = [x[0] for x in v]
-    print(f"| {fam} | {fmt} | {b}x{c} | {tag} | {statistics.median(g):.0f} ({min(g):.0f}-{max(g):.0f}) | {statistics.median(x[1] for x in v):.1f} | {len(v)} |")
-ratios = {}
-for (tag, rep, fam, fmt, b, c), r in best.items():
-    if fam == "decode" and fmt in ("q8", "q4") and (tag, rep, fam, "bf16", b, c) in best:
-        ratios.setdefault((fmt, b, c, tag), []).append(r["us"] / best[(tag, rep, fam, "bf16", b, c)]["us"])
-for (fmt, b, c, tag), v in sorted(ratios.items()):
-    print(f"ratio {fmt}/bf16 {b}x{c} {tag}: median {statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})")
-EOF
+[ -s "$OUT/bench.jsonl" ] && python3 crates/cuda/scripts/tag_medians.py best "$OUT/bench.jsonl" >> "$S"
 cat "$S"

@@ -250,48 +250,46 @@ unsafe fn run_decode_item(isa: KernelIsa, dec: &decode::Decode, phase: usize, sh
     }
 }
 
-/// One `#[target_feature]` function per ISA and phase (so profiles tell the phases apart).
+/// One `#[target_feature]` function per ISA and phase (so profiles tell the phases apart), and
+/// the ISA's dispatcher `$dispatch(dec, phase, share)` over them, phases in [`decode`]'s order.
 macro_rules! decode_phases {
-    ($features:literal, $v:ty, $max_nv:literal, $($name:ident => $phase:ident),*) => {
-        $(
-            #[target_feature(enable = $features)]
-            unsafe fn $name(dec: &decode::Decode, share: usize) {
-                // SAFETY: forwarded contract; the ISA enabled here (register budget as the
-                // whole tasks').
-                unsafe { decode::$phase::<$v>(dec, share, $max_nv) }
+    ($dispatch:ident, $features:literal, $v:ty, $max_nv:literal,
+     [$scores:ident, $exponentials:ident, $values:ident, $fold:ident]) => {
+        decode_phases!(@phase $features, $v, $max_nv, $scores => scores);
+        decode_phases!(@phase $features, $v, $max_nv, $exponentials => exponentials);
+        decode_phases!(@phase $features, $v, $max_nv, $values => values);
+        decode_phases!(@phase $features, $v, $max_nv, $fold => fold);
+
+        unsafe fn $dispatch(dec: &decode::Decode, phase: usize, share: usize) {
+            // SAFETY: forwarded contract.
+            unsafe {
+                match phase {
+                    0 => $scores(dec, share),
+                    1 => $exponentials(dec, share),
+                    2 => $values(dec, share),
+                    _ => $fold(dec, share),
+                }
             }
-        )*
+        }
+    };
+    (@phase $features:literal, $v:ty, $max_nv:literal, $name:ident => $phase:ident) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name(dec: &decode::Decode, share: usize) {
+            // SAFETY: forwarded contract; the ISA enabled here (register budget as the
+            // whole tasks').
+            unsafe { decode::$phase::<$v>(dec, share, $max_nv) }
+        }
     };
 }
 
-decode_phases!("avx512f,avx512vl,avx2,fma,f16c", Zmm, 4, scores_avx512 => scores, exponentials_avx512 => exponentials,
-    values_avx512 => values, fold_avx512 => fold);
-decode_phases!("avx2,fma,f16c", YmmPair, 1, scores_avx2 => scores, exponentials_avx2 => exponentials,
-    values_avx2 => values, fold_avx2 => fold);
-
-unsafe fn decode_avx512(dec: &decode::Decode, phase: usize, share: usize) {
-    // SAFETY: forwarded contract.
-    unsafe {
-        match phase {
-            0 => scores_avx512(dec, share),
-            1 => exponentials_avx512(dec, share),
-            2 => values_avx512(dec, share),
-            _ => fold_avx512(dec, share),
-        }
-    }
-}
-
-unsafe fn decode_avx2(dec: &decode::Decode, phase: usize, share: usize) {
-    // SAFETY: forwarded contract.
-    unsafe {
-        match phase {
-            0 => scores_avx2(dec, share),
-            1 => exponentials_avx2(dec, share),
-            2 => values_avx2(dec, share),
-            _ => fold_avx2(dec, share),
-        }
-    }
-}
+decode_phases!(
+    decode_avx512,
+    "avx512f,avx512vl,avx2,fma,f16c",
+    Zmm,
+    4,
+    [scores_avx512, exponentials_avx512, values_avx512, fold_avx512]
+);
+decode_phases!(decode_avx2, "avx2,fma,f16c", YmmPair, 1, [scores_avx2, exponentials_avx2, values_avx2, fold_avx2]);
 
 /// Task `task` of a [`Plan::Whole`] call.
 ///
