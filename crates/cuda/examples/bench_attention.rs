@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p pagekv-cuda --features cuda --example bench_attention -- \
-//!     [--formats bf16,q8,q4] [--cases 1x4096,64x16384] [--routes primitive,partitioned] \
+//!     [--formats bf16,q8,q4] [--cases 1x4096,64x16384] [--routes primitive,partitioned,stream-k] \
 //!     [--partition-sizes 256,512] [--kernels auto,simt] [--runs 50] [--warmup 5] [--device 0]
 //!     [--contiguous]   (consecutive block ids per sequence instead of scattered pages)
 //!     [--f32-queries]  (full f32 queries; default: rounded to the pages' mma type, as the GPU
@@ -47,6 +47,7 @@ fn parse_args(args: &[String]) -> Result<(BenchConfig, usize), String> {
                 cfg.routes = list(value, |s| match s {
                     "primitive" => Some("primitive"),
                     "partitioned" => Some("partitioned"),
+                    "stream-k" => Some("stream-k"),
                     _ => None,
                 })?
             }

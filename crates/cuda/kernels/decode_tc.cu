@@ -366,6 +366,217 @@ __device__ __forceinline__ int pv_dim(int mt, int half, int g) {
         return (mt >> 1) * 32 + 4 * g + 2 * (mt & 1) + half;
     }
 }
+
+// One tile of one warp (the stage st holds its 16 K and 16 V rows; tokens t0 … t0 + 15, those
+// at or past end masked): S^T = K·Q^T against the query fragments bq, the online-softmax update
+// of (m, l), and O^T += V^T·P^T. Shared by the partitioned grid (decode_tc_body) and the
+// stream-K grid (decode_tc_sk_body).
+template <bool PACK, bool QX>
+__device__ __forceinline__ void attend_tile(const u8* st, u32 t0, u32 end, int lane,
+                                            const u32 (&bq)[PACK ? 1 : NT][KSTEPS][PACK ? PACKQ : SQ][2],
+                                            bool q_exact, float qk_scale_log2,
+                                            float (&o)[PACK ? 1 : NT][KSTEPS][4], float (&m)[PACK ? 1 : NT][2],
+                                            float (&l)[PACK ? 1 : NT][2]) {
+    constexpr int NS = PACK ? 1 : NT;
+    constexpr int QP = PACK ? PACKQ : SQ;
+    constexpr int PP = PACK ? PACKP : SP;
+    const int quad = lane & 3;
+    // ldmatrix row addresses: K (A, row-major [token][dim]) and V (A = V^T, via .trans).
+    const int k_row = (lane & 7) + ((lane >> 3) & 1) * 8, k_col = (lane >> 4) * 8;
+    const int v_row = (lane & 7) + (lane >> 4) * 8, v_col = ((lane >> 3) & 1) * 8;
+    const int r0 = lane >> 2; // this thread's S^T rows: tokens r0 and r0 + 8 of the tile
+
+    const u8* krows = st;              // K rows (CROW stride)
+    const u8* vrows = st + 16 * CROW;  // V rows
+    const u16* ksc = (const u16*)(st + 32 * CROW); // quantized: [16][D/32] K scales
+    const u16* vsc = ksc + 16 * (SB / 2);          // quantized: [16][D/32] V scales
+
+    // Quantized: the K and V scales of this thread's two tokens (rows r0, r0 + 8).
+    constexpr int NSC = QUANT ? D / 32 : 2;
+    u32 ks0[NSC / 2], ks1[NSC / 2], vs0[NSC / 2], vs1[NSC / 2];
+    if constexpr (QUANT) {
+        load_scales<NSC>(ksc + r0 * (SB / 2), ks0);
+        load_scales<NSC>(ksc + (r0 + 8) * (SB / 2), ks1);
+        load_scales<NSC>(vsc + r0 * (SB / 2), vs0);
+        load_scales<NSC>(vsc + (r0 + 8) * (SB / 2), vs1);
+    }
+
+    // QK: every group of KG k-steps accumulates its parts (smallest first) in a fresh
+    // fragment, added to s (quantized: times the group's K scale of the row's token).
+    float s[NS][4];
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+    const int qparts = q_exact ? 1 : QP; // warp-uniform
+    u32 kraw[4]; // q4: the raw registers of two groups
+#pragma unroll
+    for (int g0 = 0; g0 < KSTEPS; g0 += KG) {
+        float t[NS][4];
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) t[nt][e] = 0.0f;
+        u32 a[KG][4];
+        if constexpr (QUANT) {
+            const int grp = g0 / 2;
+            if constexpr (Q4) {
+                if ((grp & 1) == 0) k_raw(krows, grp * 16, lane, kraw);
+                q4_k_fragments(kraw[2 * (grp & 1)], kraw[2 * (grp & 1) + 1], a);
+            } else {
+                k_raw(krows, grp * 32, lane, kraw);
+                q8_k_fragments(kraw, a);
+            }
+        } else {
+            ldsm_x4(a[0], krows + k_row * FROW + (g0 * 16 + k_col) * 2);
+        }
+#pragma unroll
+        for (int k = 0; k < KG; k++)
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+                for (int j = QP - 1; j >= 0; j--)
+                    if (j < qparts) mma(t[nt], a[k], bq[nt][g0 + k][j][0], bq[nt][g0 + k][j][1]);
+        float sc0 = 1.0f, sc1 = 1.0f;
+        if constexpr (QUANT) {
+            sc0 = scale_at(ks0, g0 / 2);
+            sc1 = scale_at(ks1, g0 / 2);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++) {
+            s[nt][0] = fmaf(sc0, t[nt][0], s[nt][0]);
+            s[nt][1] = fmaf(sc0, t[nt][1], s[nt][1]);
+            s[nt][2] = fmaf(sc1, t[nt][2], s[nt][2]);
+            s[nt][3] = fmaf(sc1, t[nt][3], s[nt][3]);
+        }
+    }
+    // PACK: the parts of each head summed over the quad; QX: the scale applied here.
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            if constexpr (PACK) s[nt][e] = sum_parts(s[nt][e]);
+            if constexpr (QX) s[nt][e] *= qk_scale_log2;
+        }
+    // Rows of S^T: tokens t0 + r0 (e = 0, 1) and t0 + r0 + 8 (e = 2, 3).
+    const bool ok0 = t0 + r0 < end, ok1 = t0 + r0 + 8 < end;
+    float corr[NS][2];
+    bool rescale = false;
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++) {
+        if (!ok0) s[nt][0] = s[nt][1] = PK_NEG_INF;
+        if (!ok1) s[nt][2] = s[nt][3] = PK_NEG_INF;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            float mx = fmaxf(s[nt][j], s[nt][2 + j]);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+            const float mn = fmaxf(m[nt][j], mx); // finite: every tile has a visible token
+            corr[nt][j] = exp2f(m[nt][j] - mn);
+            rescale |= mn != m[nt][j];
+            m[nt][j] = mn;
+            const float p0 = exp2f(s[nt][j] - mn), p1 = exp2f(s[nt][2 + j] - mn);
+            l[nt][j] = l[nt][j] * corr[nt][j] + (p0 + p1);
+            s[nt][j] = p0;
+            s[nt][2 + j] = p1;
+        }
+    }
+    // The accumulators change only where a running max moved (corr = 1 elsewhere): once
+    // the maxima settle, whole tiles skip the rescale.
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+            for (int mt = 0; mt < KSTEPS; mt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) o[nt][mt][e] *= corr[nt][e & 1];
+    }
+    // PV, per group of KG m-tiles: P^T (quantized: times the group's V scale of each token)
+    // as B fragments, split into exact parts and transposed by movmatrix.
+    // bp[nt][j]: PACK: part set j (columns of the quad's lanes: part PPT·j + 2·quad / GP).
+    u32 bp[NS][PP][2];
+#pragma unroll
+    for (int g0 = 0; g0 < KSTEPS; g0 += KG) {
+        float sc0 = 1.0f, sc1 = 1.0f;
+        if constexpr (QUANT) {
+            sc0 = scale_at(vs0, g0 / 2);
+            sc1 = scale_at(vs1, g0 / 2);
+        }
+        if (QUANT || g0 == 0) { // float pages: one set of B fragments serves every m-tile
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++) {
+                u32 x0[SP], x1[SP];
+                split2<SP>(s[nt][0] * sc0, s[nt][1] * sc0, x0);
+                split2<SP>(s[nt][2] * sc1, s[nt][3] * sc1, x1);
+#pragma unroll
+                for (int j = 0; j < PP; j++) {
+                    bp[nt][j][0] = movtrans(PACK ? pick<SP>(x0, PPT * j + 2 * quad / GP) : x0[j]);
+                    bp[nt][j][1] = movtrans(PACK ? pick<SP>(x1, PPT * j + 2 * quad / GP) : x1[j]);
+                }
+            }
+        }
+        u32 a[KG][4];
+        if constexpr (QUANT) {
+            pv_fragments(vrows, g0 / 2, lane, a);
+        } else {
+            ldsm_x4_trans(a[0], vrows + v_row * FROW + (g0 * 16 + v_col) * 2);
+        }
+#pragma unroll
+        for (int k = 0; k < KG; k++) {
+            const int mt = g0 + k;
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++) {
+                float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int j = PP - 1; j >= 0; j--) mma(t, a[k], bp[nt][j][0], bp[nt][j][1]);
+#pragma unroll
+                for (int e = 0; e < 4; e++) o[nt][mt][e] += t[e];
+            }
+        }
+    }
+}
+
+// The query of one kv head (qw: [PK_G][D]) as the B fragments of QK for this lane: heads
+// nt·8 + lane/4 (PACK: the packed columns), the dims qk_dim gives, scaled by scale·log2 e (QX: not
+// scaled) and split into exact parts. Returns (QX) whether every part past the first is zero for
+// the whole warp, so that the QK mma of those parts may be skipped.
+template <bool PACK, bool QX>
+__device__ __forceinline__ bool query_fragments(const float* qw, int lane, float qk_scale_log2,
+                                                u32 (&bq)[PACK ? 1 : NT][KSTEPS][PACK ? PACKQ : SQ][2]) {
+    constexpr int NS = PACK ? 1 : NT;
+    constexpr int QP = PACK ? PACKQ : SQ;
+    const float qs = QX ? 1.0f : qk_scale_log2;
+    bool exact = true;
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++) {
+        const int n = lane >> 2;
+        const int g = PACK ? n % GP : nt * 8 + n;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; kk++) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                float2 v = make_float2(0.0f, 0.0f);
+                if (g < PK_G) {
+                    const float* qh = qw + g * D;
+                    if constexpr (QUANT) {
+                        v.x = qh[qk_dim(kk, half, 0, lane & 3)];
+                        v.y = qh[qk_dim(kk, half, 1, lane & 3)];
+                    } else {
+                        v = *(const float2*)(qh + qk_dim(kk, half, 0, lane & 3));
+                    }
+                }
+                u32 parts[SQ];
+                split2<SQ>(v.x * qs, v.y * qs, parts);
+#pragma unroll
+                for (int j = 1; j < SQ; j++) exact &= (parts[j] & 0x7fff7fffu) == 0;
+#pragma unroll
+                for (int j = 0; j < QP; j++) bq[nt][kk][j][half] = PACK ? pick<SQ>(parts, PPT * j + n / GP) : parts[j];
+            }
+        }
+    }
+    return QX && __all_sync(0xffffffffu, exact);
+}
 } // namespace tc
 
 // The kernel body (pk_decode_tc below). PACK (groups of at most 4 heads): the split parts share
@@ -446,36 +657,7 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
     u32 bq[NS][KSTEPS][QP][2];
     bool q_exact = false; // QX: every part past the first is zero for this warp's queries
     auto build_bq = [&](const float* qw) { // qw: [PK_G][D], this warp's kv head
-        const float qs = QX ? 1.0f : qk_scale_log2;
-        bool exact = true;
-#pragma unroll
-        for (int nt = 0; nt < NS; nt++) {
-            const int n = lane >> 2;
-            const int g = PACK ? n % GP : nt * 8 + n;
-#pragma unroll
-            for (int kk = 0; kk < KSTEPS; kk++) {
-#pragma unroll
-                for (int half = 0; half < 2; half++) {
-                    float2 v = make_float2(0.0f, 0.0f);
-                    if (g < PK_G) {
-                        const float* qh = qw + g * D;
-                        if constexpr (QUANT) {
-                            v.x = qh[qk_dim(kk, half, 0, lane & 3)];
-                            v.y = qh[qk_dim(kk, half, 1, lane & 3)];
-                        } else {
-                            v = *(const float2*)(qh + qk_dim(kk, half, 0, lane & 3));
-                        }
-                    }
-                    u32 parts[SQ];
-                    split2<SQ>(v.x * qs, v.y * qs, parts);
-#pragma unroll
-                    for (int j = 1; j < SQ; j++) exact &= (parts[j] & 0x7fff7fffu) == 0;
-#pragma unroll
-                    for (int j = 0; j < QP; j++) bq[nt][kk][j][half] = PACK ? pick<SQ>(parts, PPT * j + n / GP) : parts[j];
-                }
-            }
-        }
-        q_exact = QX && __all_sync(0xffffffffu, exact);
+        q_exact = query_fragments<PACK, QX>(qw, lane, qk_scale_log2, bq);
     };
     if (rotated) {
         float* qs = (float*)smem;
@@ -563,11 +745,6 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
 #pragma unroll
             for (int e = 0; e < 4; e++) o[nt][mt][e] = 0.0f;
     }
-    // ldmatrix row addresses: K (A, row-major [token][dim]) and V (A = V^T, via .trans).
-    const int k_row = (lane & 7) + ((lane >> 3) & 1) * 8, k_col = (lane >> 4) * 8;
-    const int v_row = (lane & 7) + (lane >> 4) * 8, v_col = ((lane >> 3) & 1) * 8;
-    const int r0 = lane >> 2; // this thread's S^T rows: tokens r0 and r0 + 8 of the tile
-
     for (int i = 0; i < my_n; i++) {
         if (eager) {
             cp_async_wait_n(my_n - 1 - i); // tiles i + 1 … my_n − 1 may still be in flight
@@ -583,156 +760,7 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
             cp_async_commit();
         }
         const u8* st = wst + (i % ST) * STAGE;
-        const u32 t0 = tile_start(i);
-        const u8* krows = st;              // K rows (CROW stride)
-        const u8* vrows = st + 16 * CROW;  // V rows
-        const u16* ksc = (const u16*)(st + 32 * CROW); // quantized: [16][D/32] K scales
-        const u16* vsc = ksc + 16 * (SB / 2);          // quantized: [16][D/32] V scales
-
-        // Quantized: the K and V scales of this thread's two tokens (rows r0, r0 + 8).
-        constexpr int NSC = QUANT ? D / 32 : 2;
-        u32 ks0[NSC / 2], ks1[NSC / 2], vs0[NSC / 2], vs1[NSC / 2];
-        if constexpr (QUANT) {
-            load_scales<NSC>(ksc + r0 * (SB / 2), ks0);
-            load_scales<NSC>(ksc + (r0 + 8) * (SB / 2), ks1);
-            load_scales<NSC>(vsc + r0 * (SB / 2), vs0);
-            load_scales<NSC>(vsc + (r0 + 8) * (SB / 2), vs1);
-        }
-
-        // QK: every group of KG k-steps accumulates its parts (smallest first) in a fresh
-        // fragment, added to s (quantized: times the group's K scale of the row's token).
-        float s[NS][4];
-#pragma unroll
-        for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
-        const int qparts = q_exact ? 1 : QP; // warp-uniform
-        u32 kraw[4]; // q4: the raw registers of two groups
-#pragma unroll
-        for (int g0 = 0; g0 < KSTEPS; g0 += KG) {
-            float t[NS][4];
-#pragma unroll
-            for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) t[nt][e] = 0.0f;
-            u32 a[KG][4];
-            if constexpr (QUANT) {
-                const int grp = g0 / 2;
-                if constexpr (Q4) {
-                    if ((grp & 1) == 0) k_raw(krows, grp * 16, lane, kraw);
-                    q4_k_fragments(kraw[2 * (grp & 1)], kraw[2 * (grp & 1) + 1], a);
-                } else {
-                    k_raw(krows, grp * 32, lane, kraw);
-                    q8_k_fragments(kraw, a);
-                }
-            } else {
-                ldsm_x4(a[0], krows + k_row * FROW + (g0 * 16 + k_col) * 2);
-            }
-#pragma unroll
-            for (int k = 0; k < KG; k++)
-#pragma unroll
-                for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-                    for (int j = QP - 1; j >= 0; j--)
-                        if (j < qparts) mma(t[nt], a[k], bq[nt][g0 + k][j][0], bq[nt][g0 + k][j][1]);
-            float sc0 = 1.0f, sc1 = 1.0f;
-            if constexpr (QUANT) {
-                sc0 = scale_at(ks0, g0 / 2);
-                sc1 = scale_at(ks1, g0 / 2);
-            }
-#pragma unroll
-            for (int nt = 0; nt < NS; nt++) {
-                s[nt][0] = fmaf(sc0, t[nt][0], s[nt][0]);
-                s[nt][1] = fmaf(sc0, t[nt][1], s[nt][1]);
-                s[nt][2] = fmaf(sc1, t[nt][2], s[nt][2]);
-                s[nt][3] = fmaf(sc1, t[nt][3], s[nt][3]);
-            }
-        }
-        // PACK: the parts of each head summed over the quad; QX: the scale applied here.
-#pragma unroll
-        for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                if constexpr (PACK) s[nt][e] = sum_parts(s[nt][e]);
-                if constexpr (QX) s[nt][e] *= qk_scale_log2;
-            }
-        // Rows of S^T: tokens t0 + r0 (e = 0, 1) and t0 + r0 + 8 (e = 2, 3).
-        const bool ok0 = t0 + r0 < end, ok1 = t0 + r0 + 8 < end;
-        float corr[NS][2];
-        bool rescale = false;
-#pragma unroll
-        for (int nt = 0; nt < NS; nt++) {
-            if (!ok0) s[nt][0] = s[nt][1] = PK_NEG_INF;
-            if (!ok1) s[nt][2] = s[nt][3] = PK_NEG_INF;
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                float mx = fmaxf(s[nt][j], s[nt][2 + j]);
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-                const float mn = fmaxf(m[nt][j], mx); // finite: every tile has a visible token
-                corr[nt][j] = exp2f(m[nt][j] - mn);
-                rescale |= mn != m[nt][j];
-                m[nt][j] = mn;
-                const float p0 = exp2f(s[nt][j] - mn), p1 = exp2f(s[nt][2 + j] - mn);
-                l[nt][j] = l[nt][j] * corr[nt][j] + (p0 + p1);
-                s[nt][j] = p0;
-                s[nt][2 + j] = p1;
-            }
-        }
-        // The accumulators change only where a running max moved (corr = 1 elsewhere): once
-        // the maxima settle, whole tiles skip the rescale.
-        if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-            for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-                for (int mt = 0; mt < KSTEPS; mt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) o[nt][mt][e] *= corr[nt][e & 1];
-        }
-        // PV, per group of KG m-tiles: P^T (quantized: times the group's V scale of each token)
-        // as B fragments, split into exact parts and transposed by movmatrix.
-        // bp[nt][j]: PACK: part set j (columns of the quad's lanes: part PPT·j + 2·quad / GP).
-        u32 bp[NS][PP][2];
-#pragma unroll
-        for (int g0 = 0; g0 < KSTEPS; g0 += KG) {
-            float sc0 = 1.0f, sc1 = 1.0f;
-            if constexpr (QUANT) {
-                sc0 = scale_at(vs0, g0 / 2);
-                sc1 = scale_at(vs1, g0 / 2);
-            }
-            if (QUANT || g0 == 0) { // float pages: one set of B fragments serves every m-tile
-#pragma unroll
-                for (int nt = 0; nt < NS; nt++) {
-                    u32 x0[SP], x1[SP];
-                    split2<SP>(s[nt][0] * sc0, s[nt][1] * sc0, x0);
-                    split2<SP>(s[nt][2] * sc1, s[nt][3] * sc1, x1);
-#pragma unroll
-                    for (int j = 0; j < PP; j++) {
-                        bp[nt][j][0] = movtrans(PACK ? pick<SP>(x0, PPT * j + 2 * quad / GP) : x0[j]);
-                        bp[nt][j][1] = movtrans(PACK ? pick<SP>(x1, PPT * j + 2 * quad / GP) : x1[j]);
-                    }
-                }
-            }
-            u32 a[KG][4];
-            if constexpr (QUANT) {
-                pv_fragments(vrows, g0 / 2, lane, a);
-            } else {
-                ldsm_x4_trans(a[0], vrows + v_row * FROW + (g0 * 16 + v_col) * 2);
-            }
-#pragma unroll
-            for (int k = 0; k < KG; k++) {
-                const int mt = g0 + k;
-#pragma unroll
-                for (int nt = 0; nt < NS; nt++) {
-                    float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                    for (int j = PP - 1; j >= 0; j--) mma(t, a[k], bp[nt][j][0], bp[nt][j][1]);
-#pragma unroll
-                    for (int e = 0; e < 4; e++) o[nt][mt][e] += t[e];
-                }
-            }
-        }
+        attend_tile<PACK, QX>(st, tile_start(i), end, lane, bq, q_exact, qk_scale_log2, o, m, l);
     }
     cp_async_wait<0>();
 #pragma unroll
@@ -905,6 +933,386 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
     __syncthreads();
     if (signs != nullptr) rotate_smem(res, heads, signs, rot_norm, true);
     for (int idx = threadIdx.x; idx < heads * D; idx += blockDim.x) out[qcta + idx] = res[idx];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stream-K grid (pk_decode_tc_sk): a persistent grid of about one CTA per SM walks the flattened
+// work of the call — units (sequence, kv head) in order, each cut into tiles of 16 visible tokens —
+// in balanced contiguous shares: CTA c takes flat tiles [c·T/G, (c + 1)·T/G) of the T in all (G =
+// min(gridDim.x, T): every CTA has at least one tile). Inside the CTA, tile r of its share goes to
+// warp r % NW, and each warp runs one cp.async pipeline over all of its tiles, across unit
+// boundaries: the copies of the next unit's first tile are in flight while the warps finish and
+// merge the current one. Per unit segment (the part of a unit inside the share), the warps' states
+// are merged in shared memory; a unit the CTA holds whole is written to out, a split one as a
+// partial (m, l, acc) in slot unit + c, and the last of its CTAs to arrive (a counter per unit)
+// merges the partials of all of them and writes out.
+namespace sk {
+using namespace tc;
+// Merge scratch after the stages: mw, lw [NW][PK_G], ow [NW][PK_G][D] (floats); then the
+// per-sequence tables: tiles prefix [num_seqs + 1], context lengths [num_seqs] (u32). The host
+// mirror is compile::decode_tc_sk_smem_bytes.
+constexpr int SCRATCH_FLOATS = NW * PK_G * (D + 2);
+constexpr int FIXED_BYTES = NW * WARP_BYTES + 4 * SCRATCH_FLOATS;
+
+// The CTA of a G-CTA grid whose share holds flat tile x (of T): the largest c with c·T/G ≤ x.
+__device__ __forceinline__ u32 cta_of(u32 x, u32 T, u32 G) {
+    return (u32)((((u64)x + 1) * G + T - 1) / T) - 1;
+}
+
+// Walks the units of the flat tile space forward: the sequence holding a flat tile, the first
+// flat tile of that sequence (its kv heads' tiles follow one another) and its tiles per head.
+struct Cursor {
+    u32 seq, base, nt;
+    __device__ __forceinline__ void seek(const u32* prefix, u32 num_seqs, u32 kvh, u32 x) {
+        u32 lo = 0, hi = num_seqs; // the last sequence whose first tile is ≤ x
+        while (hi - lo > 1) {
+            const u32 mid = (lo + hi) / 2;
+            if (prefix[mid] * kvh <= x) lo = mid; else hi = mid;
+        }
+        seq = lo;
+        base = prefix[lo] * kvh;
+        nt = prefix[lo + 1] - prefix[lo];
+    }
+    __device__ __forceinline__ void advance(const u32* prefix, u32 kvh, u32 x) {
+        while (x >= base + nt * kvh) {
+            seq++;
+            base = prefix[seq] * kvh;
+            nt = prefix[seq + 1] - prefix[seq];
+        }
+    }
+};
+
+// Merges the n partials of one unit (slots slot0 … slot0 + n − 1: part_ml [slot][PK_G][2],
+// part_acc [slot][PK_G][D]) into out_u [PK_G][D], with the whole CTA; scratch: SCRATCH_FLOATS.
+__device__ __forceinline__ void merge_partials(float* __restrict__ out_u, const float* __restrict__ part_acc,
+                                               const float* __restrict__ part_ml, u32 slot0, u32 n,
+                                               float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float* hm = scratch;        // [PK_G] max over the partials
+    float* hs = hm + PK_G;      // [PK_G] denominator
+    float* wts = hs + PK_G;     // [PK_G][chunk] weights 2^(m_p − max)
+    constexpr u32 CHUNK = (SCRATCH_FLOATS - 2 * PK_G) / PK_G;
+    auto row = [&](int g, u32 p) -> u64 { return (u64)(slot0 + p) * PK_G + g; };
+    for (int g = warp; g < PK_G; g += NW) {
+        float mx = PK_NEG_INF;
+        for (u32 p = lane; p < n; p += 32) mx = fmaxf(mx, __ldcg(part_ml + row(g, p) * 2));
+        mx = warp_max(mx);
+        float den = 0.0f;
+        for (u32 p = lane; p < n; p += 32) den = fmaf(exp2f(__ldcg(part_ml + row(g, p) * 2) - mx), __ldcg(part_ml + row(g, p) * 2 + 1), den);
+        den = warp_sum(den);
+        if (lane == 0) {
+            hm[g] = mx;
+            hs[g] = den;
+        }
+    }
+    constexpr int PER = (PK_G * D + 32 * NW - 1) / (32 * NW);
+    float acc[PER];
+#pragma unroll
+    for (int k = 0; k < PER; k++) acc[k] = 0.0f;
+    for (u32 p0 = 0; p0 < n; p0 += CHUNK) {
+        const u32 np = min(CHUNK, n - p0);
+        __syncthreads();
+        for (u32 j = threadIdx.x; j < PK_G * np; j += blockDim.x) {
+            const int g = j / np;
+            const u32 p = j % np;
+            wts[g * CHUNK + p] = exp2f(__ldcg(part_ml + row(g, p0 + p) * 2) - hm[g]);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            const int idx = threadIdx.x + k * blockDim.x;
+            if (idx >= PK_G * D) break;
+            const int g = idx / D, dim = idx % D;
+            const float* w = wts + g * CHUNK;
+            const float* src = part_acc + row(g, p0) * D + dim;
+            constexpr u64 STEP = (u64)PK_G * D; // one slot further
+            float a = acc[k];
+            u32 p = 0;
+            for (; p + 4 <= np; p += 4) {
+                const float x0 = __ldcg(src + p * STEP), x1 = __ldcg(src + (p + 1) * STEP);
+                const float x2 = __ldcg(src + (p + 2) * STEP), x3 = __ldcg(src + (p + 3) * STEP);
+                a = fmaf(w[p], x0, a);
+                a = fmaf(w[p + 1], x1, a);
+                a = fmaf(w[p + 2], x2, a);
+                a = fmaf(w[p + 3], x3, a);
+            }
+            for (; p < np; p++) a = fmaf(w[p], __ldcg(src + p * STEP), a);
+            acc[k] = a;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int idx = threadIdx.x + k * blockDim.x;
+        if (idx < PK_G * D) out_u[idx] = acc[k] / hs[idx / D];
+    }
+}
+} // namespace sk
+
+// The stream-K kernel body (pk_decode_tc_sk below); PACK, QX, EF as for decode_tc_body.
+// Unrotated formats only (the host routes rotated ones to the partitioned grid).
+template <bool PACK, bool QX, bool EF>
+__device__ __forceinline__ void decode_tc_sk_body(float* __restrict__ out,          // [num_seqs, num_heads, D]
+                                                  float* __restrict__ part_acc,     // [units + G, PK_G, D]
+                                                  float* __restrict__ part_ml,      // [units + G, PK_G, 2]
+                                                  const float* __restrict__ q,      // [num_seqs, num_heads, D]
+                                                  const u8* __restrict__ kc, const u8* __restrict__ ks,
+                                                  const u8* __restrict__ vc, const u8* __restrict__ vs,
+                                                  const u32* __restrict__ tables,   // [num_seqs, max_blocks]
+                                                  u32 max_blocks,
+                                                  const u32* __restrict__ ctx_lens, // [num_seqs]
+                                                  u32 num_seqs, float qk_scale_log2, u32 window, u32 log2_bs,
+                                                  u32 num_kv_heads,
+                                                  u32* __restrict__ counters) {     // [units] zeros
+    using namespace tc;
+    constexpr int NS = PACK ? 1 : NT;
+    constexpr int QP = PACK ? PACKQ : SQ;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int quad = lane & 3;
+    const u32 kvh = num_kv_heads;
+    const int num_heads = (int)kvh * PK_G;
+    extern __shared__ __align__(16) u8 smem[];
+    float* mw = (float*)(smem + NW * WARP_BYTES); // [NW][PK_G]
+    float* lw = mw + NW * PK_G;                   // [NW][PK_G]
+    float* ow = lw + NW * PK_G;                   // [NW][PK_G][D]
+    u32* prefix = (u32*)(smem + sk::FIXED_BYTES); // [num_seqs + 1] visible tiles before each sequence
+    u32* ctxs = prefix + num_seqs + 1;            // [num_seqs]
+    {
+        u32 dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < (u32)sk::FIXED_BYTES + 4u * (2u * num_seqs + 1u)) __trap(); // host/kernel layout mismatch
+    }
+    // The per-sequence tables (context lengths only: allowed before pdl_wait), by a block-wide
+    // scan in chunks of blockDim.x sequences.
+    __shared__ u32 wsum[NW];
+    __shared__ u32 flag_s;
+    u32 carry = 0;
+    for (u32 b0 = 0; b0 < num_seqs; b0 += blockDim.x) {
+        const u32 s = b0 + threadIdx.x;
+        const u32 c = s < num_seqs ? ctx_lens[s] : 0u;
+        const u32 vis = (window != 0 && c > window) ? window : c;
+        u32 x = (vis + 15) / 16;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const u32 y = __shfl_up_sync(0xffffffffu, x, off);
+            if (lane >= off) x += y;
+        }
+        if (lane == 31) wsum[warp] = x;
+        __syncthreads();
+        u32 before = 0, total = 0;
+        for (int w = 0; w < NW; w++) {
+            before += w < warp ? wsum[w] : 0u;
+            total += wsum[w];
+        }
+        if (s < num_seqs) {
+            ctxs[s] = c;
+            prefix[s + 1] = carry + before + x;
+        }
+        carry += total;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) prefix[0] = 0;
+    __syncthreads();
+    const u32 T = prefix[num_seqs] * kvh; // flat tiles in all
+    const u32 G = min((u32)gridDim.x, T);
+    pdl_trigger();
+    pdl_wait(); // as in decode_tc_body: pages and queries only after this
+    if (blockIdx.x >= G) return;
+    const u32 xb = (u32)((u64)blockIdx.x * T / G), xe = (u32)((u64)(blockIdx.x + 1) * T / G);
+
+    // This warp's tiles: flat xb + warp + i·NW, i < my_n.
+    const u32 span = xe - xb;
+    const int my_n = span > (u32)warp ? (int)((span - warp + NW - 1) / NW) : 0;
+    u8* wst = smem + warp * WARP_BYTES;
+    const u32 bs_mask = (1u << log2_bs) - 1;
+    const u64 pol = EF ? l2_evict_first() : 0;
+    // The copy side's cursor and its next tile (index nxt): token position of this lane's row,
+    // the context end, the kv head, the block id (looked up one tile before it is issued).
+    sk::Cursor ic;
+    ic.seek(prefix, num_seqs, kvh, xb);
+    int nxt = 0;
+    u32 n_pos = 0, n_end = 0, n_h = 0, n_blk = 0;
+    auto look_up = [&]() {
+        if (nxt >= my_n) return;
+        const u32 x = xb + (u32)warp + (u32)nxt * NW;
+        ic.advance(prefix, kvh, x);
+        const u32 off = x - ic.base, h = off / ic.nt, t = off - h * ic.nt;
+        const u32 c = ctxs[ic.seq];
+        const u32 lo = (window != 0 && c > window) ? c - window : 0u;
+        n_pos = lo + t * 16 + (lane & 15);
+        n_end = c;
+        n_h = h;
+        n_blk = n_pos < c ? tables[(u64)ic.seq * max_blocks + (n_pos >> log2_bs)] : 0u;
+    };
+    auto issue_next = [&]() { // copies of tile nxt into its stage, then the next look-up
+        if (nxt >= my_n) return;
+        u8* st = wst + (nxt % ST) * STAGE;
+        const bool ok = n_pos < n_end;
+        const u64 slot = ((u64)n_blk << log2_bs) | (n_pos & bs_mask);
+        const u64 my_sh = ok ? slot * kvh + n_h : 0;
+        const u32 my_bytes = ok ? 16u : 0u;
+        const int r = lane / CPR, c = lane % CPR;
+#pragma unroll
+        for (int j = 0; j < 16 / RPI; j++) {
+            const int t = j * RPI + r;
+            const u64 sh = __shfl_sync(0xffffffffu, my_sh, t);
+            const u32 n = __shfl_sync(0xffffffffu, my_bytes, t);
+            cp_async_zfill<16, EF>(st + t * CROW + c * 16, kc + sh * CB + c * 16, n, pol);
+            cp_async_zfill<16, EF>(st + (16 + t) * CROW + c * 16, vc + sh * CB + c * 16, n, pol);
+        }
+        if constexpr (QUANT) {
+            const u8* src = (lane < 16 ? ks : vs) + my_sh * SB;
+            cp_async_zfill<SB, EF>(st + 32 * CROW + lane * SB, src, my_bytes == 0 ? 0u : (u32)SB, pol);
+        }
+        nxt++;
+        look_up();
+    };
+    look_up();
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        issue_next();
+        cp_async_commit();
+    }
+
+    u32 bq[NS][KSTEPS][QP][2];
+    float o[NS][KSTEPS][4];
+    float m[NS][2], l[NS][2];
+    const bool writer = !PACK || 2 * quad < GP; // lanes whose columns hold heads
+    // The units of the share, in order (CTA-uniform): segment [x0, x1) of unit (seq, h).
+    sk::Cursor uc;
+    uc.seek(prefix, num_seqs, kvh, xb);
+    int i = 0; // this warp's next tile
+    for (u32 x0 = xb; x0 < xe;) {
+        uc.advance(prefix, kvh, x0);
+        const u32 seq = uc.seq, h = (x0 - uc.base) / uc.nt;
+        const u32 u0 = uc.base + h * uc.nt, u1 = u0 + uc.nt; // the unit's flat tiles
+        const u32 x1 = min(u1, xe);
+        const u32 c = ctxs[seq];
+        const u32 lo = (window != 0 && c > window) ? c - window : 0u;
+        // This warp's tiles of the segment: i … i_end − 1.
+        const u32 rel_end = x1 - xb;
+        const int i_end = rel_end > (u32)warp ? (int)((rel_end - warp + NW - 1) / NW) : 0;
+        if (i < i_end) {
+            const bool q_exact = query_fragments<PACK, QX>(q + ((u64)seq * num_heads + h * PK_G) * D, lane, qk_scale_log2, bq);
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    m[nt][j] = PK_NEG_INF;
+                    l[nt][j] = 0.0f;
+                }
+#pragma unroll
+                for (int mt = 0; mt < KSTEPS; mt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) o[nt][mt][e] = 0.0f;
+            }
+            for (; i < i_end; i++) {
+                cp_async_wait<ST - 2>();
+                __syncwarp(); // tile i landed for every lane; every lane is done with tile i − 1
+                issue_next();
+                cp_async_commit();
+                const u32 t0 = lo + (xb + (u32)warp + (u32)i * NW - u0) * 16;
+                attend_tile<PACK, QX>(wst + (i % ST) * STAGE, t0, c, lane, bq, q_exact, qk_scale_log2, o, m, l);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    l[nt][j] += __shfl_xor_sync(0xffffffffu, l[nt][j], 4);
+                    l[nt][j] += __shfl_xor_sync(0xffffffffu, l[nt][j], 8);
+                    l[nt][j] += __shfl_xor_sync(0xffffffffu, l[nt][j], 16);
+                }
+            if constexpr (PACK) {
+#pragma unroll
+                for (int mt = 0; mt < KSTEPS; mt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) o[0][mt][e] = sum_parts(o[0][mt][e]);
+            }
+            if (lane < 4 && writer) {
+#pragma unroll
+                for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        const int g = nt * 8 + lane * 2 + j;
+                        if (g < PK_G) {
+                            mw[warp * PK_G + g] = m[nt][j];
+                            lw[warp * PK_G + g] = l[nt][j];
+                        }
+                    }
+            }
+            if (writer) {
+#pragma unroll
+                for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+                    for (int mt = 0; mt < KSTEPS; mt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int g = nt * 8 + quad * 2 + (e & 1);
+                            if (g < PK_G) ow[(warp * PK_G + g) * D + pv_dim(mt, e >> 1, lane >> 2)] = o[nt][mt][e];
+                        }
+            }
+        } else if (lane < PK_G) { // no tile of this segment: an empty state
+            mw[warp * PK_G + lane] = PK_NEG_INF;
+            lw[warp * PK_G + lane] = 0.0f;
+        }
+        __syncthreads();
+        // The segment's result from the warps' states: out (the whole unit is here) or the
+        // partial of slot unit + blockIdx.x.
+        const bool whole = u0 >= xb && u1 <= xe;
+        const u32 unit = seq * kvh + h;
+        for (int idx = threadIdx.x; idx < PK_G * D; idx += blockDim.x) {
+            const int g = idx / D, dim = idx % D;
+            float mx = PK_NEG_INF;
+            for (int w = 0; w < NW; w++) mx = fmaxf(mx, mw[w * PK_G + g]);
+            float acc = 0.0f, sum = 0.0f;
+            for (int w = 0; w < NW; w++) {
+                const float mwv = mw[w * PK_G + g];
+                if (mwv == PK_NEG_INF) continue; // a warp without tiles here (its ow is stale)
+                const float f = exp2f(mwv - mx);
+                acc = fmaf(f, ow[(w * PK_G + g) * D + dim], acc);
+                sum = fmaf(f, lw[w * PK_G + g], sum);
+            }
+            if (whole) {
+                out[((u64)seq * num_heads + h * PK_G) * D + idx] = acc / sum;
+            } else {
+                const u64 r = (u64)(unit + blockIdx.x) * PK_G + g;
+                part_acc[r * D + dim] = acc;
+                if (dim == 0) {
+                    part_ml[r * 2] = mx;
+                    part_ml[r * 2 + 1] = sum;
+                }
+            }
+        }
+        if (!whole) {
+            // Fixup: the last CTA of the unit to publish its partial merges all of them.
+            __threadfence();
+            __syncthreads();
+            const u32 c0 = sk::cta_of(u0, T, G), n = sk::cta_of(u1 - 1, T, G) - c0 + 1;
+            if (threadIdx.x == 0) {
+                const u32 prev = atomicAdd(counters + unit, 1u);
+                flag_s = prev + 1 == n;
+                if (prev + 1 == n) counters[unit] = 0; // every other CTA of the unit has counted
+            }
+            __syncthreads();
+            if (flag_s) {
+                __threadfence();
+                sk::merge_partials(out + ((u64)seq * num_heads + h * PK_G) * D, part_acc, part_ml, unit + c0, n, mw);
+            }
+        }
+        __syncthreads(); // the scratch is free for the next segment
+        x0 = x1;
+    }
+    cp_async_wait<0>();
+}
+
+extern "C" __global__ void PK_TC_BOUNDS
+pk_decode_tc_sk(float* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
+                const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ ks,
+                const u8* __restrict__ vc, const u8* __restrict__ vs, const u32* __restrict__ tables,
+                u32 max_blocks, const u32* __restrict__ ctx_lens, u32 num_seqs, float qk_scale_log2,
+                u32 window, u32 log2_bs, u32 num_kv_heads, u32* __restrict__ counters) {
+    decode_tc_sk_body<PK_G <= 4, true, PK_TC_EF != 0>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks,
+                                                     ctx_lens, num_seqs, qk_scale_log2, window, log2_bs, num_kv_heads,
+                                                     counters);
 }
 
 // grid (num_kv_heads / HPC, num_seqs, num_partitions), block 32·NW, dynamic smem

@@ -2,7 +2,8 @@
 (tag, rep)), per tag, format and case, and q8/q4 time ÷ bf16 time of the same process (median).
 Prints a markdown table and the ratio lines. Usage: tag_medians.py MODE FILE, where MODE picks
 the rows:
-  auto  the decode rows are the `partitioned` rows (the route `auto` takes), best per process;
+  auto  the decode rows are the `partitioned` rows (the route `auto` takes), best per process,
+        and `stream-k` rows (the stream-K grid) a family of their own;
         every roofline but roofline-copy / roofline-paged-h8, from the tags "new" and "ref" only
         (attn_device_run.sh);
   best  the decode rows are the better of `primitive` and `partitioned` per process, beside
@@ -47,7 +48,8 @@ for (fam, fmt, b, c, tag), v in sorted(agg.items(), key=lambda kv: (kv[0][2], kv
     print(f"| {fam} | {fmt} | {b}x{c} | {tag} | {statistics.median(g):.0f} ({min(g):.0f}-{max(g):.0f}) | {statistics.median(x[1] for x in v):.1f} | {len(v)} |")
 ratios = {}
 for (tag, rep, fam, fmt, b, c), r in best.items():
-    if fam == "decode" and fmt in ("q8", "q4") and (tag, rep, fam, "bf16", b, c) in best:
-        ratios.setdefault((fmt, b, c, tag), []).append(r["us"] / best[(tag, rep, fam, "bf16", b, c)]["us"])
-for (fmt, b, c, tag), v in sorted(ratios.items()):
-    print(f"ratio {fmt}/bf16 {b}x{c} {tag}: median {statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})")
+    if fam in ("decode", "stream-k") and fmt in ("q8", "q4") and (tag, rep, fam, "bf16", b, c) in best:
+        ratios.setdefault((fmt, b, c, tag, fam), []).append(r["us"] / best[(tag, rep, fam, "bf16", b, c)]["us"])
+for (fmt, b, c, tag, fam), v in sorted(ratios.items()):
+    name = tag if fam == "decode" else f"{tag} {fam}"
+    print(f"ratio {fmt}/bf16 {b}x{c} {name}: median {statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})")

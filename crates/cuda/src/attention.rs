@@ -71,6 +71,37 @@ impl DecodeRoute {
     }
 }
 
+/// The grid of the tensor-core decode kernel ([`DecodeAttention::set_grid`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecodeGrid {
+    /// `PAGEKV_CUDA_TC_GRID` (default `partitioned`).
+    #[default]
+    Auto,
+    /// One CTA per (kv head, sequence, partition) of the route (`pk_decode_tc`).
+    Partitioned,
+    /// A persistent grid of about one CTA per SM, each over a balanced contiguous share of the
+    /// call's (sequence, kv head, tile) space, split units merged in the same launch
+    /// (`pk_decode_tc_sk`). Serves the tensor-core kernel's unrotated formats (f16, bf16, q8,
+    /// q4) where its shared memory fits; a call it does not serve takes the route as given. The
+    /// route's partition size is not used.
+    StreamK,
+}
+
+impl DecodeGrid {
+    /// `Auto` resolved through `PAGEKV_CUDA_TC_GRID` (checked by [`crate::knobs::check_environment`];
+    /// read once per process).
+    pub fn resolve(self) -> DecodeGrid {
+        static ENV: std::sync::OnceLock<DecodeGrid> = std::sync::OnceLock::new();
+        match self {
+            DecodeGrid::Auto => *ENV.get_or_init(|| match crate::knobs::decode_grid() {
+                Ok("stream-k") => DecodeGrid::StreamK,
+                _ => DecodeGrid::Partitioned,
+            }),
+            g => g,
+        }
+    }
+}
+
 /// Partition size (tokens, a multiple of 32) that gives at least `4 × sm_count` CTAs (or
 /// partitions of one tile when the context is too short for that).
 pub fn auto_partition_size(num_seqs: usize, num_kv_heads: usize, max_context: usize, sm_count: usize) -> usize {
@@ -180,6 +211,15 @@ pub struct DecodeAttention {
     generation: u64,
     /// The tensor-core kernel is a programmatic dependent launch ([`Self::set_programmatic`]).
     programmatic: bool,
+    /// The tensor-core kernel's grid ([`Self::set_grid`]).
+    grid: DecodeGrid,
+    /// `[units + ctas, group, head_dim]` / `[units + ctas, group, 2]` partials and `[units]`
+    /// arrival counters of the stream-K grid (zero between launches).
+    sk_acc: Option<CudaSlice<f32>>,
+    sk_ml: Option<CudaSlice<f32>>,
+    sk_counters: Option<CudaSlice<u32>>,
+    /// Stream-K CTAs per SM by (function, dynamic shared memory), from the occupancy API.
+    sk_occupancy: Vec<(usize, usize, usize)>,
 }
 
 impl DecodeAttention {
@@ -192,7 +232,46 @@ impl DecodeAttention {
             counters: None,
             generation: 0,
             programmatic: false,
+            grid: DecodeGrid::Auto,
+            sk_acc: None,
+            sk_ml: None,
+            sk_counters: None,
+            sk_occupancy: Vec::new(),
         }
+    }
+
+    /// Chooses the tensor-core kernel's grid (default [`DecodeGrid::Auto`]).
+    pub fn set_grid(&mut self, grid: DecodeGrid) {
+        self.grid = grid;
+    }
+
+    pub fn grid(&self) -> DecodeGrid {
+        self.grid
+    }
+
+    /// Whether a call of `num_seqs` sequences with `num_heads` query heads over `pages` runs on
+    /// the stream-K grid: the grid chosen ([`Self::set_grid`]) is stream-K and it serves the call.
+    pub fn takes_stream_k(&self, pages: &DevicePages, num_heads: usize, num_seqs: usize, max_context: usize) -> bool {
+        use kvcache::PageStore;
+        let group = num_heads / pages.geometry().num_kv_heads.max(1);
+        self.stream_k_smem(pages, group, num_seqs, max_context).is_some()
+    }
+
+    /// Whether the stream-K grid serves a call of `num_seqs` sequences over `pages` (the
+    /// tensor-core kernel, an unrotated format, shared memory within the device's limit, and
+    /// fewer than 2^31 tiles in all); `None` when it does not, else its dynamic shared memory.
+    fn stream_k_smem(&self, pages: &DevicePages, group: usize, num_seqs: usize, max_context: usize) -> Option<usize> {
+        use kvcache::PageStore;
+        let g = pages.geometry();
+        if self.grid.resolve() != DecodeGrid::StreamK
+            || self.kernel.resolve(&self.device, g.format, g.head_dim, group) != "tc"
+            || pages.rotation_args().0 != 0
+            || num_seqs * g.num_kv_heads * max_context.div_ceil(16) >= 1 << 31
+        {
+            return None;
+        }
+        let bytes = crate::compile::decode_tc_sk_smem_bytes(g.format, g.head_dim, group, num_seqs);
+        (bytes <= self.device.smem_optin()).then_some(bytes)
     }
 
     /// Launches the tensor-core kernel (`pk_decode_tc`, `pk_decode_tc_base`) as a programmatic
@@ -294,6 +373,9 @@ impl DecodeAttention {
     ) -> Result<(), CudaError> {
         use kvcache::PageStore;
         let group = self.check(pages, layer, b, out.len())?;
+        if let Some(smem) = self.stream_k_smem(pages, group, b.num_seqs, b.max_context_len) {
+            return self.forward_stream_k(pages, layer, b, group, smem, out);
+        }
         let g = pages.geometry().clone();
         let d = g.head_dim;
         let module = self.device.module(&ModuleSpec::Kv { format: g.format, head_dim: d, group })?;
@@ -446,6 +528,117 @@ impl DecodeAttention {
             }
         }
         Ok(())
+    }
+}
+
+impl DecodeAttention {
+    /// The stream-K grid (`pk_decode_tc_sk`): as many CTAs as fit on the device at once (the
+    /// occupancy of the function at `smem` bytes, times the SMs); the kernel takes at most one
+    /// per tile.
+    fn forward_stream_k(
+        &mut self,
+        pages: &DevicePages,
+        layer: usize,
+        b: &DecodeBatch,
+        group: usize,
+        smem: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        use kvcache::PageStore;
+        let g = pages.geometry().clone();
+        let d = g.head_dim;
+        let module = self.device.module(&ModuleSpec::Kv { format: g.format, head_dim: d, group })?;
+        let f = module.function("pk_decode_tc_sk")?;
+        let threads = 32 * tc_shape(g.format, d).0;
+        let key = (f.cu_function() as usize, smem);
+        let per_sm = match self.sk_occupancy.iter().find(|e| (e.0, e.1) == key) {
+            Some(e) => e.2,
+            None => {
+                self.device.bind()?;
+                let n = f
+                    .occupancy_max_active_blocks_per_multiprocessor(threads as u32, smem, None)
+                    .map_err(|e| CudaError::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?
+                    as usize;
+                self.sk_occupancy.push((key.0, key.1, n.max(1)));
+                n.max(1)
+            }
+        };
+        let ctas = per_sm * self.device.sm_count().max(1);
+        let units = b.num_seqs * g.num_kv_heads;
+        let dev = self.device.clone();
+        let stream = dev.stream();
+        let alloc = |e| CudaError::driver("cuMemAlloc", e);
+        let need_acc = (units + ctas) * group * d;
+        if self.sk_acc.as_ref().is_none_or(|s| s.len() < need_acc) {
+            self.generation += 1;
+            self.sk_acc = Some(stream.alloc_zeros::<f32>(need_acc).map_err(alloc)?);
+        }
+        if self.sk_ml.as_ref().is_none_or(|s| s.len() < (units + ctas) * group * 2) {
+            self.generation += 1;
+            self.sk_ml = Some(stream.alloc_zeros::<f32>((units + ctas) * group * 2).map_err(alloc)?);
+        }
+        if self.sk_counters.as_ref().is_none_or(|s| s.len() < units) {
+            self.generation += 1;
+            self.sk_counters = Some(stream.alloc_zeros::<u32>(units).map_err(alloc)?);
+        }
+        let p = pages.layer_ptrs(layer)?;
+        let out_p = dptr(out, &dev);
+        let acc_p = self.sk_acc.as_ref().map_or(0, |s| dptr(s, &dev));
+        let ml_p = self.sk_ml.as_ref().map_or(0, |s| dptr(s, &dev));
+        let counters_p = self.sk_counters.as_ref().map_or(0, |s| dptr(s, &dev));
+        let q_p = dptr(b.queries, &dev);
+        let tables = dptr(b.block_tables, &dev);
+        let ctx = dptr(b.context_lens, &dev);
+        let max_blocks = b.max_blocks_per_seq as u32;
+        let num_seqs = b.num_seqs as u32;
+        let scale_log2 = b.scale * std::f32::consts::LOG2_E;
+        let window = b.sliding_window.unwrap_or(0) as u32;
+        let log2_bs = g.block_size.trailing_zeros();
+        let num_kv_heads = g.num_kv_heads as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (ctas as u32, 1, 1),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let launched = if self.programmatic {
+            let mut args = [
+                arg(&out_p),
+                arg(&acc_p),
+                arg(&ml_p),
+                arg(&q_p),
+                arg(&p.k_codes),
+                arg(&p.k_scales),
+                arg(&p.v_codes),
+                arg(&p.v_scales),
+                arg(&tables),
+                arg(&max_blocks),
+                arg(&ctx),
+                arg(&num_seqs),
+                arg(&scale_log2),
+                arg(&window),
+                arg(&log2_bs),
+                arg(&num_kv_heads),
+                arg(&counters_p),
+            ];
+            // SAFETY: `args` points at values of pk_decode_tc_sk's parameter types, in order,
+            // alive for the call; the partials hold (units + ctas) slots, the counters `units`;
+            // the kernel reads only tables and context lengths before its pdl_wait.
+            unsafe { launch_programmatic(&dev, &f, cfg, &mut args) }
+                .map_err(|e| CudaError::driver("cuLaunchKernelEx(pk_decode_tc_sk)", e))
+        } else {
+            let mut l = stream.launch_builder(&f);
+            l.arg(&out_p).arg(&acc_p).arg(&ml_p).arg(&q_p);
+            l.arg(&p.k_codes).arg(&p.k_scales).arg(&p.v_codes).arg(&p.v_scales);
+            l.arg(&tables).arg(&max_blocks).arg(&ctx).arg(&num_seqs);
+            l.arg(&scale_log2).arg(&window).arg(&log2_bs).arg(&num_kv_heads).arg(&counters_p);
+            // SAFETY: as above; buffer sizes were checked by `check`, and the caller guarantees
+            // context_lens in 1..=max_context_len and valid block ids for visible positions.
+            unsafe { l.launch(cfg) }.map(|_| ()).map_err(|e| CudaError::driver("cuLaunchKernel(pk_decode_tc_sk)", e))
+        };
+        if launched.is_err() {
+            self.sk_counters = None; // a failed launch may leave counts behind: start from zeros
+        }
+        launched
     }
 }
 

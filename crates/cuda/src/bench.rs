@@ -20,7 +20,7 @@ use kvcache::{KvFormat, PageGeometry, PageStore};
 
 use crate::compile::ModuleSpec;
 use crate::pages::dptr;
-use crate::{CudaDevice, CudaError, DecodeAttention, DecodeBatch, DecodeKernel, DecodeRoute, DevicePages};
+use crate::{CudaDevice, CudaError, DecodeAttention, DecodeBatch, DecodeGrid, DecodeKernel, DecodeRoute, DevicePages};
 
 /// One measured configuration.
 #[derive(Clone, Debug, PartialEq)]
@@ -281,7 +281,13 @@ pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<R
                             runs.push(("partitioned", DecodeRoute::Partitioned { partition_size: ps }, ps));
                         }
                     }
-                    other => return Err(CudaError::Invalid(format!("bench route {other:?} (primitive, partitioned)"))),
+                    // The stream-K grid (its route argument is not used).
+                    "stream-k" => runs.push(("stream-k", DecodeRoute::Primitive, 0)),
+                    other => {
+                        return Err(CudaError::Invalid(format!(
+                            "bench route {other:?} (primitive, partitioned, stream-k)"
+                        )))
+                    }
                 }
             }
             let runs: Vec<(String, DecodeKernel, DecodeRoute, usize)> = cfg
@@ -296,6 +302,12 @@ pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<R
                 .collect();
             for (route_name, kernel, route, ps) in runs {
                 attn.set_kernel(kernel);
+                // Rows name their grid explicitly, whatever PAGEKV_CUDA_TC_GRID says.
+                attn.set_grid(if route_name.starts_with("stream-k") {
+                    DecodeGrid::StreamK
+                } else {
+                    DecodeGrid::Partitioned
+                });
                 let ms = time_ms(dev, cfg.warmup, cfg.runs, |i| {
                     let b = DecodeBatch {
                         queries: &queries,

@@ -80,6 +80,14 @@ pub fn attention_pdl() -> Result<bool, CudaError> {
     switch("PAGEKV_CUDA_ATTN_PDL", true)
 }
 
+/// `PAGEKV_CUDA_TC_GRID` (default `partitioned`): the grid of the tensor-core decode kernel when
+/// the caller leaves it to the launcher ([`crate::DecodeGrid::Auto`]) — `partitioned` (one CTA per
+/// (kv head, sequence, partition), the route's partitions) or `stream-k` (a persistent grid of
+/// about one CTA per SM over balanced shares of all tiles, `pk_decode_tc_sk`).
+pub fn decode_grid() -> Result<&'static str, CudaError> {
+    choice("PAGEKV_CUDA_TC_GRID", "partitioned", &["partitioned", "stream-k"])
+}
+
 /// Parses every `PAGEKV_CUDA_*` switch the backend reads; the first bad one is the error.
 pub fn check_environment() -> Result<(), CudaError> {
     graphs_enabled()?;
@@ -90,6 +98,7 @@ pub fn check_environment() -> Result<(), CudaError> {
     crate::compile::TcTuning::from_env()?;
     crate::topk::forced_chunk_from_env()?;
     crate::attention::tc_base_from_env()?;
+    decode_grid()?;
     Ok(())
 }
 

@@ -50,7 +50,8 @@ mod topk;
 
 #[cfg(feature = "cuda")]
 pub use attention::{
-    auto_partition_size, tc_partition_size, DecodeAttention, DecodeBatch, DecodeKernel, DecodeRoute, MAX_GROUP,
+    auto_partition_size, tc_partition_size, DecodeAttention, DecodeBatch, DecodeGrid, DecodeKernel, DecodeRoute,
+    MAX_GROUP,
 };
 /// A typed device buffer (cudarc's `CudaSlice`), named here so crates above need no cudarc.
 #[cfg(feature = "cuda")]

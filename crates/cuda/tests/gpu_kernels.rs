@@ -27,7 +27,9 @@ mod gpu {
     use std::sync::Arc;
 
     use kvcache::{HostPages, KvFormat, LayerView, PageGeometry, PageStore, NULL_BLOCK};
-    use pagekv_cuda::{CudaDevice, CudaError, DecodeAttention, DecodeBatch, DecodeKernel, DecodeRoute, DevicePages};
+    use pagekv_cuda::{
+        CudaDevice, CudaError, DecodeAttention, DecodeBatch, DecodeGrid, DecodeKernel, DecodeRoute, DevicePages,
+    };
     use rand::rngs::StdRng;
     use rand::seq::SliceRandom;
     use rand::{Rng, SeedableRng};
@@ -382,8 +384,10 @@ mod gpu {
     }
 
     /// Runs `case` through the reference and the given routes, on every kernel that serves the
-    /// format (tensor-core and SIMT for f16/bf16); returns (kernel, route, error) triples.
-    fn run_case(dev: &Arc<CudaDevice>, case: &Case, routes: &[DecodeRoute]) -> Vec<(&'static str, DecodeRoute, f32)> {
+    /// format (tensor-core and SIMT for f16/bf16), the routes on the default grid
+    /// (`PAGEKV_CUDA_TC_GRID`), then once on the stream-K grid where it serves the case; returns
+    /// (kernel, route or "stream-k", error) triples.
+    fn run_case(dev: &Arc<CudaDevice>, case: &Case, routes: &[DecodeRoute]) -> Vec<(&'static str, &'static str, f32)> {
         let built = build(dev, case);
         let n_seqs = case.contexts.len();
         let d = case.head_dim;
@@ -412,8 +416,17 @@ mod gpu {
         if DecodeKernel::Auto.resolve(dev, case.format, d, case.group) != "simt" {
             kernels.push(DecodeKernel::Auto);
         }
-        for (kernel, &route) in kernels.iter().flat_map(|k| routes.iter().map(move |r| (*k, r))) {
+        let mut runs: Vec<(DecodeKernel, DecodeGrid, DecodeRoute)> =
+            kernels.iter().flat_map(|&k| routes.iter().map(move |&r| (k, DecodeGrid::Auto, r))).collect();
+        attn.set_grid(DecodeGrid::StreamK);
+        let max_context = *case.contexts.iter().max().expect("contexts");
+        if attn.takes_stream_k(&built.pages, built.num_heads, n_seqs, max_context) {
+            runs.push((DecodeKernel::Auto, DecodeGrid::StreamK, DecodeRoute::Primitive));
+        }
+        for (kernel, grid, route) in runs {
             attn.set_kernel(kernel);
+            attn.set_grid(grid);
+            let label = if grid == DecodeGrid::StreamK { "stream-k" } else { route.name() };
             let kname = kernel.resolve(dev, case.format, d, case.group);
             dev.stream().memcpy_htod(&poison, &mut out).expect("poison");
             let b = DecodeBatch {
@@ -428,10 +441,10 @@ mod gpu {
                 sliding_window: case.window,
             };
             attn.forward(&built.pages, 0, &b, route, &mut out)
-                .unwrap_or_else(|e| panic!("{case:?} {kname} {route:?}: {e}"));
-            dev.synchronize().unwrap_or_else(|e| panic!("{case:?} {kname} {route:?}: {e}"));
+                .unwrap_or_else(|e| panic!("{case:?} {kname} {label} {route:?}: {e}"));
+            dev.synchronize().unwrap_or_else(|e| panic!("{case:?} {kname} {label} {route:?}: {e}"));
             let got = down(dev, &out);
-            results.push((kname, route, rel_error(&got, &want, d)));
+            results.push((kname, label, rel_error(&got, &want, d)));
         }
         results
     }
@@ -446,14 +459,12 @@ mod gpu {
         let mut failures = Vec::new();
         let mut worst = std::collections::BTreeMap::<String, f32>::new();
         for case in cases {
-            for (kernel, route, err) in run_case(dev, case, routes) {
-                let w = worst.entry(format!("{} {kernel} {}", case.format, route.name())).or_insert(0.0);
+            for (kernel, label, err) in run_case(dev, case, routes) {
+                let w = worst.entry(format!("{} {kernel} {label}", case.format)).or_insert(0.0);
                 *w = w.max(err);
                 if !(err <= bound(case.format)) {
-                    failures.push(format!(
-                        "{case:?} {kernel} {route:?}: relative error {err:e} > {:e}",
-                        bound(case.format)
-                    ));
+                    failures
+                        .push(format!("{case:?} {kernel} {label}: relative error {err:e} > {:e}", bound(case.format)));
                 }
             }
         }
@@ -612,6 +623,47 @@ mod gpu {
         check_all("decode_auto_partitioning", &dev, &cases, &[DecodeRoute::Primitive, PART(ps)]);
     }
 
+    /// The stream-K grid where its shares cut units apart: a batch of very different lengths
+    /// (units of 1 to 313 tiles, so a CTA's share holds many short units and the long ones are
+    /// split across several CTAs), one sequence whose 8 units are each split across ~17 CTAs,
+    /// a batch of 150 short sequences (many units per CTA), windows, block sizes 8 and 32,
+    /// groups 1 to 16, every format it serves. run_case compares both grids with the reference.
+    #[test]
+    fn decode_stream_k_splits_units_across_ctas() {
+        let Some(dev) = device("decode_stream_k_splits_units_across_ctas") else { return };
+        let mut rng = StdRng::seed_from_u64(77);
+        let short: Vec<usize> = (0..150).map(|_| rng.gen_range(1..600)).collect();
+        let mixed = vec![1usize, 5000, 17, 16, 3001, 33, 2, 900];
+        let mut cases = Vec::new();
+        let mut seed = 8000;
+        let shapes: [(KvFormat, usize, usize, Vec<usize>, Option<usize>, usize); 9] = [
+            (KvFormat::Bf16, 128, 4, mixed.clone(), None, 16),
+            (KvFormat::Bf16, 128, 4, vec![4096], None, 16),
+            (KvFormat::F16, 128, 1, short.clone(), None, 8),
+            (KvFormat::Q8, 128, 4, mixed.clone(), Some(700), 16),
+            (KvFormat::Q4 { rotate: false }, 128, 4, mixed.clone(), None, 32),
+            (KvFormat::Q4 { rotate: false }, 64, 3, short.clone(), Some(37), 16),
+            (KvFormat::Bf16, 64, 8, short, Some(1), 16),
+            (KvFormat::Bf16, 128, 16, mixed.clone(), Some(300), 16),
+            (KvFormat::Bf16, 256, 16, mixed, None, 16),
+        ];
+        for (format, head_dim, group, contexts, window, block_size) in shapes {
+            seed += 1;
+            cases.push(Case {
+                format,
+                head_dim,
+                num_kv_heads: 8,
+                group,
+                contexts,
+                window,
+                block_size,
+                seed,
+                rounded_queries: seed % 2 == 0,
+            });
+        }
+        check_all("decode_stream_k", &dev, &cases, &[DecodeRoute::Primitive, PART(256)]);
+    }
+
     /// The partitioned route captured in a CUDA graph (as the model runtime does) and replayed:
     /// `pk_merge` is a programmatic dependent launch, which the capture must keep as an edge
     /// that still waits for the decode kernel. Its own device: a capture on the shared stream
@@ -661,21 +713,25 @@ mod gpu {
                 scale,
                 sliding_window: None,
             };
-            let mut attn = DecodeAttention::new(dev.clone());
-            let route = PART(128);
-            // Once outside the capture: allocates the partial buffers.
-            attn.forward(&built.pages, 0, &b, route, &mut out).expect("forward");
-            dev.synchronize().expect("sync");
-            let graph = dev
-                .capture_graph(|| attn.forward(&built.pages, 0, &b, route, &mut out))
-                .expect("capture")
-                .expect("forward in capture");
-            for round in 0..3 {
-                dev.stream().memcpy_htod(&poison, &mut out).expect("poison");
-                graph.launch().expect("graph launch");
+            // Both grids (stream-K: its arrival counters must be back at zero after each replay).
+            for grid in [DecodeGrid::Partitioned, DecodeGrid::StreamK] {
+                let mut attn = DecodeAttention::new(dev.clone());
+                attn.set_grid(grid);
+                let route = PART(128);
+                // Once outside the capture: allocates the partial buffers.
+                attn.forward(&built.pages, 0, &b, route, &mut out).expect("forward");
                 dev.synchronize().expect("sync");
-                let err = rel_error(&down(&dev, &out), &want, d);
-                assert!(err <= bound(format), "{format} replay {round}: relative error {err:e}");
+                let graph = dev
+                    .capture_graph(|| attn.forward(&built.pages, 0, &b, route, &mut out))
+                    .expect("capture")
+                    .expect("forward in capture");
+                for round in 0..3 {
+                    dev.stream().memcpy_htod(&poison, &mut out).expect("poison");
+                    graph.launch().expect("graph launch");
+                    dev.synchronize().expect("sync");
+                    let err = rel_error(&down(&dev, &out), &want, d);
+                    assert!(err <= bound(format), "{format} {grid:?} replay {round}: relative error {err:e}");
+                }
             }
         }
     }
