@@ -948,11 +948,15 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
 // merges the partials of all of them and writes out.
 namespace sk {
 using namespace tc;
-// Merge scratch after the stages: mw, lw [NW][PK_G], ow [NW][PK_G][D] (floats); then the
-// per-sequence tables: tiles prefix [num_seqs + 1], context lengths [num_seqs] (u32). The host
-// mirror is compile::decode_tc_sk_smem_bytes.
+// Merge scratch after the stages: mw, lw [NW][PK_G], ow [NW][PK_G][D] (floats); then CTL_WORDS
+// control words (the scan's warp sums, the fixup's flag); then the per-sequence tables: tiles
+// prefix [num_seqs + 1], context lengths [num_seqs] (u32). All of it dynamic (no static shared
+// memory: the host sets the function's limit to the device's). The host mirror is
+// compile::decode_tc_sk_smem_bytes.
 constexpr int SCRATCH_FLOATS = NW * PK_G * (D + 2);
-constexpr int FIXED_BYTES = NW * WARP_BYTES + 4 * SCRATCH_FLOATS;
+constexpr int CTL_WORDS = 64;
+static_assert(NW + 1 <= CTL_WORDS, "warp sums and the flag");
+constexpr int FIXED_BYTES = NW * WARP_BYTES + 4 * SCRATCH_FLOATS + 4 * CTL_WORDS;
 
 // The CTA of a G-CTA grid whose share holds flat tile x (of T): the largest c with c·T/G ≤ x.
 __device__ __forceinline__ u32 cta_of(u32 x, u32 T, u32 G) {
@@ -1074,6 +1078,8 @@ __device__ __forceinline__ void decode_tc_sk_body(float* __restrict__ out,      
     float* mw = (float*)(smem + NW * WARP_BYTES); // [NW][PK_G]
     float* lw = mw + NW * PK_G;                   // [NW][PK_G]
     float* ow = lw + NW * PK_G;                   // [NW][PK_G][D]
+    u32* wsum = (u32*)(ow + NW * PK_G * D);      // [NW] the scan's warp sums
+    u32& flag_s = wsum[NW];                       // the fixup: this CTA merges the unit
     u32* prefix = (u32*)(smem + sk::FIXED_BYTES); // [num_seqs + 1] visible tiles before each sequence
     u32* ctxs = prefix + num_seqs + 1;            // [num_seqs]
     {
@@ -1083,8 +1089,6 @@ __device__ __forceinline__ void decode_tc_sk_body(float* __restrict__ out,      
     }
     // The per-sequence tables (context lengths only: allowed before pdl_wait), by a block-wide
     // scan in chunks of blockDim.x sequences.
-    __shared__ u32 wsum[NW];
-    __shared__ u32 flag_s;
     u32 carry = 0;
     for (u32 b0 = 0; b0 < num_seqs; b0 += blockDim.x) {
         const u32 s = b0 + threadIdx.x;

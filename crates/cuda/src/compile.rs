@@ -485,12 +485,15 @@ pub(crate) fn decode_tc_smem_bytes_for(format: KvFormat, head_dim: usize, group:
 
 /// Bytes of dynamic shared memory the stream-K kernel `pk_decode_tc_sk` needs for a call over
 /// `num_seqs` sequences — the host mirror of its layout (`sk::FIXED_BYTES` + the per-sequence
-/// tables): the warps' stages, the merge scratch `[warps][group][head_dim + 2]` floats, then a
-/// tiles prefix `[num_seqs + 1]` and the context lengths `[num_seqs]` (u32). The kernel traps if it
-/// gets less.
+/// tables): the warps' stages, the merge scratch `[warps][group][head_dim + 2]` floats, 64
+/// control words, then a tiles prefix `[num_seqs + 1]` and the context lengths `[num_seqs]` (u32).
+/// The kernel traps if it gets less.
 pub(crate) fn decode_tc_sk_smem_bytes(format: KvFormat, head_dim: usize, group: usize, num_seqs: usize) -> usize {
     let (warps, stages) = tc_shape(format, head_dim);
-    warps * stages * tc_stage_bytes(format, head_dim) + 4 * warps * group * (head_dim + 2) + 4 * (2 * num_seqs + 1)
+    warps * stages * tc_stage_bytes(format, head_dim)
+        + 4 * warps * group * (head_dim + 2)
+        + 4 * 64
+        + 4 * (2 * num_seqs + 1)
 }
 
 /// The most `pk_decode_tc` needs for any group it serves (≤ 16): the bound the module's

@@ -636,7 +636,9 @@ mod gpu {
         let mixed = vec![1usize, 5000, 17, 16, 3001, 33, 2, 900];
         let mut cases = Vec::new();
         let mut seed = 8000;
-        let shapes: [(KvFormat, usize, usize, Vec<usize>, Option<usize>, usize); 9] = [
+        // (format, head_dim, group, contexts, window, block_size)
+        type Shape = (KvFormat, usize, usize, Vec<usize>, Option<usize>, usize);
+        let shapes: [Shape; 9] = [
             (KvFormat::Bf16, 128, 4, mixed.clone(), None, 16),
             (KvFormat::Bf16, 128, 4, vec![4096], None, 16),
             (KvFormat::F16, 128, 1, short.clone(), None, 8),
