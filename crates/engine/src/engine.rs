@@ -47,7 +47,9 @@ pub struct EngineHandle {
 }
 
 impl Engine {
-    /// Starts the scheduler thread over `model` with a pool built from `config`.
+    /// Starts the scheduler thread over `model` with a pool built from `config`. The model is
+    /// asked for path-invariant numerics first ([`Forward::ensure_path_invariance`]): batching,
+    /// the session bank and preemption rely on a token's K/V not depending on how it was computed.
     pub fn start<M>(model: M, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine, EngineError>
     where
         M: Forward + Send + 'static,
@@ -75,8 +77,12 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("pagekv-scheduler".into())
             .spawn(move || {
+                // Batching, the session bank and preemption must not change a request's tokens.
                 let model = match build() {
-                    Ok(m) => m,
+                    Ok(mut m) => {
+                        m.ensure_path_invariance();
+                        m
+                    }
                     Err(e) => {
                         let _ = ready_tx.send(Err(EngineError::Model(e.to_string())));
                         return;

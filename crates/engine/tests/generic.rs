@@ -77,6 +77,8 @@ struct OffHost {
     own: Option<KvPool<HostPages>>,
     log: Arc<Mutex<PageLog>>,
     forwards: Arc<AtomicUsize>,
+    /// Calls of `ensure_path_invariance` (the engine makes one, before its first step).
+    invariance_asked: Arc<AtomicUsize>,
     fail_at: Option<usize>,
 }
 
@@ -111,6 +113,12 @@ impl Forward for OffHost {
         self.model.last_logits()
     }
 
+    fn ensure_path_invariance(&mut self) {
+        assert_eq!(self.forwards.load(Ordering::Relaxed), 0, "asked before the first step");
+        self.invariance_asked.fetch_add(1, Ordering::Relaxed);
+        self.model.ensure_path_invariance();
+    }
+
     fn weight_bytes_per_token(&self) -> usize {
         self.model.weight_bytes_per_token()
     }
@@ -123,6 +131,7 @@ impl Forward for OffHost {
 struct Handles {
     log: Arc<Mutex<PageLog>>,
     forwards: Arc<AtomicUsize>,
+    invariance_asked: Arc<AtomicUsize>,
 }
 
 fn config(num_blocks: usize, bank: bool) -> EngineConfig {
@@ -141,9 +150,11 @@ fn config(num_blocks: usize, bank: bool) -> EngineConfig {
 fn off_host_engine(config: EngineConfig, fail_at: Option<usize>) -> (Engine, Handles) {
     let log = Arc::new(Mutex::new(PageLog::default()));
     let forwards = Arc::new(AtomicUsize::new(0));
-    let (l, f) = (log.clone(), forwards.clone());
-    let build = move || Ok(OffHost { model: tiny_model(), own: None, log: l, forwards: f, fail_at });
-    (Engine::start_with(build, tokenizer(), config).unwrap(), Handles { log, forwards })
+    let invariance_asked = Arc::new(AtomicUsize::new(0));
+    let (l, f, i) = (log.clone(), forwards.clone(), invariance_asked.clone());
+    let build =
+        move || Ok(OffHost { model: tiny_model(), own: None, log: l, forwards: f, invariance_asked: i, fail_at });
+    (Engine::start_with(build, tokenizer(), config).unwrap(), Handles { log, forwards, invariance_asked })
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -221,6 +232,8 @@ fn the_engine_over_an_off_host_backend_matches_the_cpu_model() {
         assert!(x.bank_hits > 0 && x.preemptions > 0, "the run exercised the bank and preemption: {x:?}");
     }
     assert!(handles.forwards.load(Ordering::Relaxed) as u64 >= m.steps);
+    // The engine asked for path-invariant numerics once, before its first step.
+    assert_eq!(handles.invariance_asked.load(Ordering::Relaxed), 1);
     let log = handles.log.lock().unwrap();
     assert_eq!((log.writes, log.reads.load(Ordering::Relaxed)), (0, 0), "the engine touched pages on the host");
     assert_eq!(m.blocks_used, 0, "every block went back to the pool or the bank");

@@ -6,6 +6,7 @@
 //! pages) implement it; `pagekv_engine::Generator` runs over either.
 
 use kvcache::{CacheConfig, HostPages, KvPool, PageStore};
+use pagekv_cpu::attention::ggml::AttnNumerics;
 
 use crate::batch::Batch;
 use crate::error::ModelError;
@@ -72,6 +73,13 @@ pub trait Forward {
     fn fetch_logits(&mut self) -> Result<&[f32], ModelError> {
         Ok(self.last_logits())
     }
+
+    /// Asks for numerics under which a sequence's results do not depend on how its tokens were
+    /// batched, chunked, cached or recomputed: what a serving engine's batching, session bank
+    /// and preemption promise. A backend whose default numerics depend on a call's shape (the
+    /// CPU's `auto`, which follows llama.cpp: one summation order for a prefill chunk, another
+    /// for a decode step) switches to ones that do not; a choice made explicitly stays.
+    fn ensure_path_invariance(&mut self) {}
 
     /// Bytes one decode step reads from the weights.
     fn weight_bytes_per_token(&self) -> usize;
@@ -144,6 +152,14 @@ impl Forward for Model {
 
     fn last_logits(&self) -> &[f32] {
         Model::last_logits(self)
+    }
+
+    /// `auto` becomes `fast`: ggml's summation order differs between a prefill chunk and a
+    /// decode step, so a token's K/V would depend on which of the two computed it.
+    fn ensure_path_invariance(&mut self) {
+        if self.attn_numerics() == AttnNumerics::Auto {
+            self.set_attn_numerics(AttnNumerics::Fast);
+        }
     }
 
     fn weight_bytes_per_token(&self) -> usize {

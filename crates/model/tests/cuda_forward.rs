@@ -21,6 +21,10 @@
 //!   against `backend::top_k`. `PAGEKV_TOPK_BENCH=1` times decode steps of synthetic SmolLM2 and
 //!   Llama 3 8B with each way of sampling (a measurement, not a check).
 //!
+//! The CPU side runs the `fast` attention numerics (f32 sums and probabilities, as the GPU's
+//! kernels round), the numerics every bound here was measured against; the CPU's default `auto`
+//! rounds f16 caches as llama.cpp does instead (crates/model/tests/model_golden.rs).
+//!
 //! Without a CUDA device (or without the `cuda` feature) every test prints
 //! `SKIPPED <test>: <reason>` on stderr (uncaptured) and passes.
 
@@ -42,6 +46,7 @@ mod gpu {
     use std::sync::Arc;
 
     use kvcache::{CacheConfig, KvFormat, KvPool, SequenceCache, SequencePolicy};
+    use pagekv_cpu::attention::ggml::AttnNumerics;
     use pagekv_cpu::attention::AttentionConfig;
     use pagekv_cuda::{CudaDevice, DType, ModelOps, QkvRope, RopeParams};
     use pagekv_model::backend::{argmax, top_k};
@@ -55,6 +60,13 @@ mod gpu {
     use rand_distr::StandardNormal;
 
     use super::skip;
+
+    /// The CPU reference over `file`, on the fast attention numerics (see the module docs).
+    fn cpu_model(file: Arc<GgufFile>) -> Model {
+        let mut m = Model::from_file(file, AttentionConfig::default()).unwrap();
+        m.set_attn_numerics(AttnNumerics::Fast);
+        m
+    }
 
     /// Device 0 with a stream of this test's own (tests run in parallel threads, and a model
     /// captures its steps as CUDA graphs: its stream must be its thread's alone), or `None`
@@ -242,7 +254,7 @@ mod gpu {
         let mut rng = StdRng::seed_from_u64(12);
         for (i, arch) in ["llama", "qwen2", "qwen3"].into_iter().enumerate() {
             let file = tiny_model(arch, 100 + i as u64);
-            let mut cpu = Model::from_file(file, AttentionConfig::default()).unwrap();
+            let mut cpu = cpu_model(file);
             let prompt: Vec<u32> = (0..23).map(|_| rng.gen_range(0..512)).collect();
             for format in [KvFormat::F16, KvFormat::Q8] {
                 let cache = cache_config(&cpu, format);
@@ -269,7 +281,7 @@ mod gpu {
     #[test]
     fn batches_that_do_not_fit_the_model_are_errors() {
         let Some(dev) = device("batches_that_do_not_fit_the_model_are_errors") else { return };
-        let cpu = Model::from_file(tiny_model("llama", 5), AttentionConfig::default()).unwrap();
+        let cpu = cpu_model(tiny_model("llama", 5));
         let mut gpu = CudaModel::from_model(&cpu, dev, DType::F32).unwrap();
         let cache = cache_config(&cpu, KvFormat::F16);
         let mut pool = gpu.new_pool(cache.clone()).unwrap();
@@ -311,7 +323,7 @@ mod gpu {
     #[test]
     fn each_new_pool_runs_its_own_format() {
         let Some(dev) = device("each_new_pool_runs_its_own_format") else { return };
-        let cpu = Model::from_file(tiny_model("llama", 21), AttentionConfig::default()).unwrap();
+        let cpu = cpu_model(tiny_model("llama", 21));
         let prompt: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 512).collect();
         let formats = [KvFormat::Q4 { rotate: false }, KvFormat::Q4 { rotate: true }, KvFormat::TURBO_DEFAULT];
         // One model; each format twice (the second run replays what the first captured).
@@ -384,7 +396,7 @@ mod gpu {
         let built = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel);
         let golden_path = if built.is_file() { built } else { std::path::PathBuf::from("crates/model").join(rel) };
         let golden: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(golden_path).unwrap()).unwrap();
-        let mut cpu = Model::load(&path, AttentionConfig::default()).unwrap();
+        let mut cpu = cpu_model(Arc::new(GgufFile::open(&path).unwrap()));
         let c = cpu.config.clone();
         let mut cache = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
         cache.format = KvFormat::F16;
@@ -487,7 +499,7 @@ mod gpu {
         let Some(dev) = device("forward_top_k_follows_the_cpu_and_leaves_the_rows_to_fetch") else { return };
         let mut rng = StdRng::seed_from_u64(31);
         for (i, arch) in ["llama", "qwen3"].into_iter().enumerate() {
-            let mut cpu = Model::from_file(tiny_model(arch, 300 + i as u64), AttentionConfig::default()).unwrap();
+            let mut cpu = cpu_model(tiny_model(arch, 300 + i as u64));
             let v = cpu.config.vocab_size;
             let cache = cache_config(&cpu, KvFormat::F16);
             let mut gpu = CudaModel::from_model(&cpu, dev.clone(), DType::F32).unwrap();

@@ -72,9 +72,11 @@ pub struct RuntimeArgs {
     /// Attention path [env: PAGEKV_ATTN_IMPL].
     #[arg(long, value_name = "IMPL", value_parser = ["auto", "reference", "primitive", "partitioned"])]
     pub attn_impl: Option<String>,
-    /// Attention numerics: fast (the kernels' own rounding) or ggml (llama.cpp's, step by step;
-    /// f16 KV cache only; SIMD, about as fast as fast) [env: PAGEKV_ATTN_NUMERICS].
-    #[arg(long, value_name = "NUMERICS", value_parser = ["fast", "ggml"])]
+    /// Attention numerics on the CPU: auto (ggml for an f16 KV cache, fast for the other formats
+    /// and in the server), fast (the kernels' own rounding, the same however a token was
+    /// batched or cached) or ggml (llama.cpp's, step by step; f16 KV cache only)
+    /// [env: PAGEKV_ATTN_NUMERICS; default auto].
+    #[arg(long, value_name = "NUMERICS", value_parser = ["auto", "fast", "ggml"])]
     pub attn_numerics: Option<String>,
     /// Tokens per partition of the partitioned attention path [env: PAGEKV_PARTITION_SIZE].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]

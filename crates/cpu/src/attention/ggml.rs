@@ -1,6 +1,7 @@
-//! ggml-compatible attention numerics (opt-in, `PAGEKV_ATTN_NUMERICS=ggml`): attention over an
-//! f16 KV cache rounded step by step as llama.cpp's CPU backend rounds it, so a model run here
-//! can agree with llama.cpp to the last bit instead of to the last few tenths of a logit.
+//! ggml-compatible attention numerics (`PAGEKV_ATTN_NUMERICS=ggml`, and what the default `auto`
+//! picks for f16 caches the SIMD kernel serves): attention over an f16 KV cache rounded step by
+//! step as llama.cpp's CPU backend rounds it, so a model run here can agree with llama.cpp to
+//! the last bit instead of to the last few tenths of a logit.
 //!
 //! What llama.cpp computes (llama-cpp-python 0.3.36 as the golden data in ../shared/reference
 //! was made: `flash_attn` off, an f16 cache with V stored transposed, ggml-cpu built with GCC for
@@ -57,7 +58,7 @@ use super::{AttentionError, AttentionParams, KernelIsa, PoolHandle};
 /// Environment variable choosing the attention numerics.
 pub const ATTN_NUMERICS_ENV: &str = "PAGEKV_ATTN_NUMERICS";
 /// Accepted values of [`ATTN_NUMERICS_ENV`].
-pub const ATTN_NUMERICS_VALUES: &str = "fast, ggml";
+pub const ATTN_NUMERICS_VALUES: &str = "auto, fast, ggml";
 
 /// Which rounding steps of llama.cpp's attention to reproduce; see the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -103,13 +104,19 @@ impl GgmlSteps {
     }
 }
 
-/// How attention rounds: the fast kernels' own numerics, or llama.cpp's.
+/// How attention rounds: the fast kernels' own numerics, llama.cpp's, or whichever of the two
+/// suits the cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum AttnNumerics {
-    /// The router's kernels (`PAGEKV_ATTN_IMPL`).
+    /// llama.cpp's rounding where the SIMD ggml kernel serves the cache (f16, unrotated, head_dim
+    /// a multiple of 16 up to 512, a CPU with AVX2), at about the fast kernels' speed; the fast
+    /// kernels for every other cache (see [`GgmlAttention::serves_fast`]).
     #[default]
+    Auto,
+    /// The router's kernels (`PAGEKV_ATTN_IMPL`).
     Fast,
-    /// llama.cpp's rounding with these steps ([`GgmlSteps::ALL`] for `ggml`; see [`GgmlAttention`]).
+    /// llama.cpp's rounding with these steps ([`GgmlSteps::ALL`] for `ggml`; see [`GgmlAttention`]),
+    /// for every call: a cache of another format is an error.
     Ggml(GgmlSteps),
 }
 
@@ -117,6 +124,7 @@ impl AttnNumerics {
     /// Parses a `PAGEKV_ATTN_NUMERICS` / `--attn-numerics` value.
     pub fn parse(value: &str) -> Result<AttnNumerics, AttentionError> {
         match value.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(AttnNumerics::Auto),
             "fast" => Ok(AttnNumerics::Fast),
             "ggml" => Ok(AttnNumerics::Ggml(GgmlSteps::ALL)),
             _ => Err(AttentionError::Config {
@@ -127,7 +135,7 @@ impl AttnNumerics {
         }
     }
 
-    /// Reads `PAGEKV_ATTN_NUMERICS` (default [`AttnNumerics::Fast`]).
+    /// Reads `PAGEKV_ATTN_NUMERICS` (default [`AttnNumerics::Auto`]).
     pub fn from_env() -> Result<AttnNumerics, AttentionError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -136,12 +144,13 @@ impl AttnNumerics {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<AttnNumerics, AttentionError> {
         match lookup(ATTN_NUMERICS_ENV) {
             Some(v) => AttnNumerics::parse(&v),
-            None => Ok(AttnNumerics::Fast),
+            None => Ok(AttnNumerics::Auto),
         }
     }
 
     pub fn name(&self) -> &'static str {
         match self {
+            AttnNumerics::Auto => "auto",
             AttnNumerics::Fast => "fast",
             AttnNumerics::Ggml(_) => "ggml",
         }
@@ -184,6 +193,26 @@ impl GgmlAttention {
     /// The SIMD kernel's instruction set, if calls with every step on use one.
     pub fn isa(&self) -> Option<KernelIsa> {
         self.isa
+    }
+
+    /// Whether calls over a cache of `format` with heads of `head_dim` run the SIMD kernel: every
+    /// step on, an instruction set for it, an f16 cache (unrotated, as f16 always is) and a head
+    /// size it takes (a multiple of 16 up to 512). Where not, [`Self::forward`] falls to the
+    /// scalar kernel (or, for another format, an error), and [`AttnNumerics::Auto`] takes the
+    /// fast kernels instead.
+    pub fn serves_fast(&self, format: KvFormat, head_dim: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.isa.is_some()
+                && self.steps == GgmlSteps::ALL
+                && format == KvFormat::F16
+                && super::ggml_simd::serves_head_dim(head_dim)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (format, head_dim);
+            false
+        }
     }
 
     /// Computes attention for every query of `p` over `layer` (an f16 cache) into `out`
@@ -703,9 +732,63 @@ mod tests {
     fn numerics_parse_and_bad_values_list_the_accepted_ones() {
         assert_eq!(AttnNumerics::parse("fast").unwrap(), AttnNumerics::Fast);
         assert_eq!(AttnNumerics::parse(" GGML ").unwrap(), AttnNumerics::Ggml(GgmlSteps::ALL));
-        assert_eq!(AttnNumerics::from_lookup(|_| None).unwrap(), AttnNumerics::Fast);
+        assert_eq!(AttnNumerics::parse("Auto").unwrap(), AttnNumerics::Auto);
+        assert_eq!(AttnNumerics::from_lookup(|_| None).unwrap(), AttnNumerics::Auto);
+        for n in [AttnNumerics::Auto, AttnNumerics::Fast, AttnNumerics::Ggml(GgmlSteps::ALL)] {
+            assert_eq!(AttnNumerics::parse(n.name()).unwrap(), n);
+        }
         let e = AttnNumerics::from_lookup(|_| Some("exact".into())).unwrap_err().to_string();
-        assert!(e.contains(ATTN_NUMERICS_ENV) && e.contains("\"exact\"") && e.contains("fast, ggml"), "{e}");
+        assert!(e.contains(ATTN_NUMERICS_ENV) && e.contains("\"exact\"") && e.contains("auto, fast, ggml"), "{e}");
+        assert!(AttnNumerics::parse("").is_err());
+    }
+
+    /// `serves_fast` (what `auto` follows) holds exactly for unrotated f16 caches of a head size
+    /// the SIMD kernel takes, with every step on and an instruction set for it.
+    #[test]
+    fn serves_fast_needs_f16_a_simd_head_size_every_step_and_an_isa() {
+        let pool = crate::threadpool::ThreadPool::global().unwrap();
+        let g = GgmlAttention::new(GgmlSteps::ALL, pool);
+        let simd = g.isa().is_some();
+        assert_eq!(g.serves_fast(KvFormat::F16, 64), simd);
+        assert_eq!(g.serves_fast(KvFormat::F16, 128), simd);
+        assert_eq!(g.serves_fast(KvFormat::F16, 512), simd);
+        for (format, head_dim) in [(KvFormat::F16, 40), (KvFormat::F16, 528), (KvFormat::Q8, 64), (KvFormat::F32, 64)] {
+            assert!(!g.serves_fast(format, head_dim), "{format:?} head_dim {head_dim}");
+        }
+        // What it promises holds: the SIMD kernel serves such a cache (it counts its routes as
+        // primitive or partitioned, the scalar kernel as the reference).
+        if simd {
+            let c = Case {
+                head_dim: 64,
+                hkv: 1,
+                group: 2,
+                q_len: 1,
+                contexts: vec![40],
+                causal: false,
+                window: None,
+                format: KvFormat::F16,
+            };
+            let b = build(&c, 3);
+            let tables: Vec<&[u32]> = b.tables.iter().map(|t| t.as_slice()).collect();
+            let p = AttentionParams {
+                queries: &b.queries,
+                num_seqs: 1,
+                q_len: 1,
+                num_heads: 2,
+                block_tables: &tables,
+                context_lens: &c.contexts,
+                scale: 0.125,
+                sliding_window: None,
+                causal: false,
+            };
+            let mut out = vec![0f32; 128];
+            let route = g.forward(&b.pages.layer(0), &p, &CacheCounters::default(), &mut out).unwrap();
+            assert_ne!(route, AttentionRoute::Reference);
+        }
+        let scalar = GgmlAttention::new(GgmlSteps::ALL, pool).with_isa(None);
+        assert!(!scalar.serves_fast(KvFormat::F16, 64));
+        let ablated = GgmlAttention::new(GgmlSteps::NONE, pool);
+        assert!(!ablated.serves_fast(KvFormat::F16, 64));
     }
 
     #[test]

@@ -6,15 +6,16 @@
 //! is allocated up front in [`Scratch`] and grows only when a larger batch arrives, so a
 //! decode step allocates nothing.
 //!
-//! Attention runs on the router's fast kernels, or, with `PAGEKV_ATTN_NUMERICS=ggml`
-//! ([`Model::set_attn_numerics`]), on the scalar kernel that rounds as llama.cpp does
-//! (`pagekv_cpu::attention::ggml`): slower, for agreement with llama.cpp to the bit.
+//! Attention runs on the kernels that round as llama.cpp does (`pagekv_cpu::attention::ggml`,
+//! for agreement with llama.cpp to the bit) where their SIMD form serves the cache (f16), and on
+//! the router's fast kernels for every other format: `PAGEKV_ATTN_NUMERICS` (default `auto`),
+//! [`Model::set_attn_numerics`].
 
 use std::path::Path;
 use std::sync::Arc;
 
-use kvcache::{KvPool, LayerView, PageStore};
-use pagekv_cpu::attention::ggml::{AttnNumerics, GgmlAttention};
+use kvcache::{KvFormat, KvPool, LayerView, PageStore};
+use pagekv_cpu::attention::ggml::{AttnNumerics, GgmlAttention, GgmlSteps};
 use pagekv_cpu::attention::{Attention, AttentionConfig, AttentionParams};
 use pagekv_cpu::quant::{dequantize_row, fusable, matmul, matmul_fused, MatmulPart, QuantScratch};
 use pagekv_cpu::threadpool::ThreadPool;
@@ -80,7 +81,9 @@ pub struct Model {
     pub weights: Weights,
     rope: Rope,
     attention: Attention,
-    /// The ggml-numerics kernel, when `PAGEKV_ATTN_NUMERICS=ggml` chose it.
+    /// How attention rounds (`PAGEKV_ATTN_NUMERICS`).
+    numerics: AttnNumerics,
+    /// The ggml-numerics kernel, unless `numerics` is `Fast`.
     ggml: Option<GgmlAttention>,
     threads: &'static ThreadPool,
     scratch: Scratch,
@@ -88,7 +91,7 @@ pub struct Model {
 
 impl Model {
     /// Loads a GGUF file (mapped, not read) with the attention configuration given; the
-    /// attention numerics come from `PAGEKV_ATTN_NUMERICS` (default `fast`).
+    /// attention numerics come from `PAGEKV_ATTN_NUMERICS` (default `auto`).
     pub fn load(path: &Path, attention: AttentionConfig) -> Result<Model, ModelError> {
         let file = GgufFile::open(path)?;
         Model::from_file(Arc::new(file), attention)
@@ -111,6 +114,7 @@ impl Model {
         Ok(Model {
             rope,
             attention: Attention::new(attention, threads),
+            numerics,
             ggml: ggml_kernel(numerics, threads),
             threads,
             scratch: Scratch::default(),
@@ -119,14 +123,24 @@ impl Model {
         })
     }
 
-    /// Chooses how attention rounds: the fast kernels, or llama.cpp's numerics (f16 caches only;
-    /// a forward over another format is then an error).
+    /// Chooses how attention rounds: the fast kernels, llama.cpp's numerics (f16 caches only; a
+    /// forward over another format is then an error), or `auto` (llama.cpp's where the SIMD ggml
+    /// kernel serves the cache, the fast kernels elsewhere).
     pub fn set_attn_numerics(&mut self, numerics: AttnNumerics) {
+        self.numerics = numerics;
         self.ggml = ggml_kernel(numerics, self.threads);
     }
 
     pub fn attn_numerics(&self) -> AttnNumerics {
-        self.ggml.as_ref().map_or(AttnNumerics::Fast, |g| AttnNumerics::Ggml(g.steps()))
+        self.numerics
+    }
+
+    /// The numerics a forward over a cache of `format` runs: `Fast` or `Ggml`, never `Auto`.
+    pub fn attn_numerics_for(&self, format: KvFormat) -> AttnNumerics {
+        match ggml_for(self.numerics, self.ggml.as_ref(), format, self.config.head_dim) {
+            Some(g) => AttnNumerics::Ggml(g.steps()),
+            None => AttnNumerics::Fast,
+        }
     }
 
     /// Runs one step: writes the batch's K/V into `pool` (every layer) and returns the logits
@@ -138,6 +152,7 @@ impl Model {
         let n_logits = batch.num_logit_rows();
         self.scratch.ensure(c, n, n_logits);
         let counters = pool.counters().clone();
+        let ggml = ggml_for(self.numerics, self.ggml.as_ref(), pool.config().format, c.head_dim);
         let s = &mut self.scratch;
         let w = &self.weights;
         let (h, qd, kvd, f) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn);
@@ -184,14 +199,14 @@ impl Model {
             }
             // As ggml: the K·Q product sees Q at the K cache's precision (the ggml kernel rounds
             // its queries itself, as its steps say).
-            if self.ggml.is_none() {
+            if ggml.is_none() {
                 round_queries_for(pool.config().format, &mut s.q[..n * qd]);
             }
             pool.pages_mut().write(li, &batch.slots, &s.k[..n * kvd], &s.v[..n * kvd]);
             let layer = pool.layer(li);
             attend(
                 &mut self.attention,
-                self.ggml.as_ref(),
+                ggml,
                 &layer,
                 batch,
                 c,
@@ -359,10 +374,27 @@ fn attend(
     Ok(())
 }
 
+/// The ggml kernel that serves calls over a cache of `format` with heads of `head_dim`, if
+/// `numerics` asks for one there.
+fn ggml_for(
+    numerics: AttnNumerics,
+    ggml: Option<&GgmlAttention>,
+    format: KvFormat,
+    head_dim: usize,
+) -> Option<&GgmlAttention> {
+    let g = ggml?;
+    match numerics {
+        AttnNumerics::Fast => None,
+        AttnNumerics::Ggml(_) => Some(g),
+        AttnNumerics::Auto => g.serves_fast(format, head_dim).then_some(g),
+    }
+}
+
 /// The ggml-numerics kernel `numerics` asks for, if any.
 fn ggml_kernel(numerics: AttnNumerics, threads: &'static ThreadPool) -> Option<GgmlAttention> {
     match numerics {
         AttnNumerics::Fast => None,
+        AttnNumerics::Auto => Some(GgmlAttention::new(GgmlSteps::ALL, threads)),
         AttnNumerics::Ggml(steps) => Some(GgmlAttention::new(steps, threads)),
     }
 }

@@ -166,6 +166,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
         cfg.format = format;
         cfg.dynamic_growth = true;
         cfg.num_blocks = cfg.num_blocks.max((max_ctx + a.decode_tokens).div_ceil(cfg.block_size) + 1);
+        let numerics = model.attn_numerics_for(format).name();
         let mut g = Generator::new(model, cfg)?;
         if i == 0 {
             // Untimed warm-up: the process's first forward steps touch the weights, the
@@ -195,7 +196,15 @@ pub fn run(a: DecodeArgs) -> Result<()> {
                 g.prefill(&prompt[..ctx])?;
             }
             tg.sort_by(f64::total_cmp);
-            print_row(a.json, "pagekv", &format.name(), ctx, pp, tg[tg.len() / 2], threads, &model_name);
+            let row = Row {
+                engine: "pagekv",
+                format: &format.name(),
+                numerics: Some(numerics),
+                ctx,
+                pp,
+                tg: tg[tg.len() / 2],
+            };
+            print_row(a.json, &row, threads, &model_name);
         }
         model = g.into_model();
     }
@@ -203,20 +212,33 @@ pub fn run(a: DecodeArgs) -> Result<()> {
         let path = crate::default_model::resolve(a.model.model.as_deref())?;
         let kv: Vec<_> = a.llama_cpp_kv.iter().map(|k| k.spec()).collect();
         for row in llama_cpp(python, &path, &prompt, &contexts, &kv, a.decode_tokens, a.runs, threads)? {
-            print_row(a.json, "llama.cpp", &row.kv, row.context, row.pp, row.tg, threads, &model_name);
+            let row =
+                Row { engine: "llama.cpp", format: &row.kv, numerics: None, ctx: row.context, pp: row.pp, tg: row.tg };
+            print_row(a.json, &row, threads, &model_name);
         }
     }
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn print_row(json_out: bool, engine: &str, format: &str, ctx: usize, pp: f64, tg: f64, threads: usize, model: &str) {
+/// One measured row: engine, KV format, the CPU attention numerics it ran (pagekv only),
+/// context, prompt and decode tokens/s.
+struct Row<'a> {
+    engine: &'a str,
+    format: &'a str,
+    numerics: Option<&'a str>,
+    ctx: usize,
+    pp: f64,
+    tg: f64,
+}
+
+fn print_row(json_out: bool, r: &Row, threads: usize, model: &str) {
     if json_out {
         println!(
             "{}",
-            json!({"engine": engine, "format": format, "context": ctx, "pp_tokens_per_s": round(pp, 1), "tg_tokens_per_s": round(tg, 1), "threads": threads, "model": model})
+            json!({"engine": r.engine, "format": r.format, "attn_numerics": r.numerics, "context": r.ctx, "pp_tokens_per_s": round(r.pp, 1), "tg_tokens_per_s": round(r.tg, 1), "threads": threads, "model": model})
         );
     } else {
+        let (engine, format, ctx, pp, tg) = (r.engine, r.format, r.ctx, r.pp, r.tg);
         println!("{engine:<12} {format:<12} {ctx:>8} {pp:>10.1} {tg:>10.1}");
     }
 }

@@ -8,6 +8,10 @@
 //! differ by about KL 5e-3 on SmolLM2 (f32 vs f16 KV included), which hides the format's own
 //! error; without it the figures are those of the engine as it runs.
 //!
+//! On the CPU every row runs one attention numerics, so the rows differ in the KV format alone:
+//! the default `auto` (llama.cpp's rounding for an f16 cache, the fast kernels' for the others)
+//! is scored as `fast`; `--attn-numerics ggml` scores llama.cpp's (f16 rows only).
+//!
 //! `--device cuda[:N]` (feature `cuda`) scores on the GPU model: the same chunks and formats,
 //! the f16 reference run on the GPU too; `--exact-weights` there means f32 weights (and f32
 //! activations) instead of bf16.
@@ -18,6 +22,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use kvcache::KvFormat;
+use pagekv_cpu::attention::ggml::AttnNumerics;
 use pagekv_engine::sampling::argmax;
 use pagekv_engine::Generator;
 use pagekv_model::Forward;
@@ -80,16 +85,23 @@ pub fn run(a: EvalArgs) -> Result<()> {
             if a.exact_weights {
                 model.weights.dequantize_to_f32().context("--exact-weights")?;
             }
-            evaluate(model, &a, &ids, &base_cfg, chunk, formats)
+            // One numerics for every row (`auto` would round the f16 reference as llama.cpp
+            // does and the other formats as the fast kernels do).
+            if model.attn_numerics() == AttnNumerics::Auto {
+                model.set_attn_numerics(AttnNumerics::Fast);
+            }
+            let numerics = model.attn_numerics().name();
+            evaluate(model, &a, &ids, &base_cfg, chunk, formats, Some(numerics))
         }
         // On the GPU `--exact-weights` means f32 weights (products with f32 activations).
         Device::Cuda(n) => {
-            evaluate(super::cuda::gpu_model(n, model, a.exact_weights)?, &a, &ids, &base_cfg, chunk, formats)
+            evaluate(super::cuda::gpu_model(n, model, a.exact_weights)?, &a, &ids, &base_cfg, chunk, formats, None)
         }
     }
 }
 
 /// Scores `ids` with every format in `formats` against the f16 reference, and prints the table.
+/// `numerics` names the CPU attention numerics (none on the GPU).
 fn evaluate<M: Forward>(
     mut model: M,
     a: &EvalArgs,
@@ -97,6 +109,7 @@ fn evaluate<M: Forward>(
     base_cfg: &kvcache::CacheConfig,
     chunk: usize,
     formats: Vec<KvFormat>,
+    numerics: Option<&str>,
 ) -> Result<()> {
     let vocab = model.config().vocab_size;
     // The f16 reference: log-softmax of every scored position, [positions, vocab].
@@ -105,10 +118,11 @@ fn evaluate<M: Forward>(
     let positions = base.len() / vocab;
     if !a.json {
         println!(
-            "{} tokens of {}, chunks of {chunk}{}; reference f16 KV perplexity {base_ppl:.4}",
+            "{} tokens of {}, chunks of {chunk}{}{}; reference f16 KV perplexity {base_ppl:.4}",
             ids.len(),
             a.text.display(),
-            if a.exact_weights { ", f32 weights and activations" } else { "" }
+            if a.exact_weights { ", f32 weights and activations" } else { "" },
+            numerics.map(|n| format!(", {n} attention numerics")).unwrap_or_default()
         );
         println!(
             "{:<12} {:>11} {:>9} {:>12} {:>9} {:>8}",
@@ -134,7 +148,7 @@ fn evaluate<M: Forward>(
                 "perplexity": round(ppl, 4), "perplexity_f16": round(base_ppl, 4),
                 "delta_ppl_pct": round(dppl * 100.0, 3), "kl_mean": kl, "top1_agreement": round(top1, 5),
                 "tokens_per_s": round(tok_s, 1), "text": a.text.display().to_string(),
-                "exact_weights": a.exact_weights,
+                "exact_weights": a.exact_weights, "attn_numerics": numerics,
             });
             println!("{v}");
         } else {

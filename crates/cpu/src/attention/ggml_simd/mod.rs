@@ -61,7 +61,12 @@ const POSITION_ACC_FLOATS: usize = 6144;
 
 /// Whether this module serves `layer` (the caller checked format and steps).
 pub(crate) fn serves(layer: &LayerView) -> bool {
-    layer.head_dim.is_multiple_of(16) && layer.head_dim <= MAX_FAST_HEAD_DIM
+    serves_head_dim(layer.head_dim)
+}
+
+/// Whether this module serves heads of `head_dim`.
+pub(crate) fn serves_head_dim(head_dim: usize) -> bool {
+    head_dim.is_multiple_of(16) && head_dim <= MAX_FAST_HEAD_DIM
 }
 
 /// Buffers of one pool thread.
