@@ -369,8 +369,8 @@ __device__ __forceinline__ int pv_dim(int mt, int half, int g) {
 
 // One tile of one warp (the stage st holds its 16 K and 16 V rows; tokens t0 … t0 + 15, those
 // at or past end masked): S^T = K·Q^T against the query fragments bq, the online-softmax update
-// of (m, l), and O^T += V^T·P^T. Shared by the partitioned grid (decode_tc_body) and the
-// stream-K grid (decode_tc_sk_body).
+// of (m, l), and O^T += V^T·P^T. The stream-K kernel's tile step: the same code as the loop
+// body of decode_tc_body, which keeps its own inline copy (see the note there).
 template <bool PACK, bool QX>
 __device__ __forceinline__ void attend_tile(const u8* st, u32 t0, u32 end, int lane,
                                             const u32 (&bq)[PACK ? 1 : NT][KSTEPS][PACK ? PACKQ : SQ][2],
@@ -537,7 +537,8 @@ __device__ __forceinline__ void attend_tile(const u8* st, u32 t0, u32 end, int l
     }
 }
 
-// The query of one kv head (qw: [PK_G][D]) as the B fragments of QK for this lane: heads
+// (The stream-K kernel's copy of decode_tc_body's build_bq.) The query of one kv head (qw:
+// [PK_G][D]) as the B fragments of QK for this lane: heads
 // nt·8 + lane/4 (PACK: the packed columns), the dims qk_dim gives, scaled by scale·log2 e (QX: not
 // scaled) and split into exact parts. Returns (QX) whether every part past the first is zero for
 // the whole warp, so that the QK mma of those parts may be skipped.
@@ -579,6 +580,10 @@ __device__ __forceinline__ bool query_fragments(const float* qw, int lane, float
 }
 } // namespace tc
 
+// (The partitioned kernel keeps its tile loop and query fragments inline, as measured: the q4
+// kernel is sensitive to ptxas's scheduling, and the same code through tc::attend_tile /
+// tc::query_fragments measured q4 64 × 16384 about 10 % slower — RESULTS.md, 2026-12-02. The
+// stream-K kernel below uses those functions.)
 // The kernel body (pk_decode_tc below). PACK (groups of at most 4 heads): the split parts share
 // the mma columns with the heads (tc::GP, tc::PPT), one n-tile per set of PPT parts instead of one
 // per part: bf16 QK 24 → 16 mma per tile, PV 24 → 16 (f16 and quantized pages 16 → 8 each). QX:
@@ -657,7 +662,36 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
     u32 bq[NS][KSTEPS][QP][2];
     bool q_exact = false; // QX: every part past the first is zero for this warp's queries
     auto build_bq = [&](const float* qw) { // qw: [PK_G][D], this warp's kv head
-        q_exact = query_fragments<PACK, QX>(qw, lane, qk_scale_log2, bq);
+        const float qs = QX ? 1.0f : qk_scale_log2;
+        bool exact = true;
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++) {
+            const int n = lane >> 2;
+            const int g = PACK ? n % GP : nt * 8 + n;
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; kk++) {
+#pragma unroll
+                for (int half = 0; half < 2; half++) {
+                    float2 v = make_float2(0.0f, 0.0f);
+                    if (g < PK_G) {
+                        const float* qh = qw + g * D;
+                        if constexpr (QUANT) {
+                            v.x = qh[qk_dim(kk, half, 0, lane & 3)];
+                            v.y = qh[qk_dim(kk, half, 1, lane & 3)];
+                        } else {
+                            v = *(const float2*)(qh + qk_dim(kk, half, 0, lane & 3));
+                        }
+                    }
+                    u32 parts[SQ];
+                    split2<SQ>(v.x * qs, v.y * qs, parts);
+#pragma unroll
+                    for (int j = 1; j < SQ; j++) exact &= (parts[j] & 0x7fff7fffu) == 0;
+#pragma unroll
+                    for (int j = 0; j < QP; j++) bq[nt][kk][j][half] = PACK ? pick<SQ>(parts, PPT * j + n / GP) : parts[j];
+                }
+            }
+        }
+        q_exact = QX && __all_sync(0xffffffffu, exact);
     };
     if (rotated) {
         float* qs = (float*)smem;
@@ -745,6 +779,11 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
 #pragma unroll
             for (int e = 0; e < 4; e++) o[nt][mt][e] = 0.0f;
     }
+    // ldmatrix row addresses: K (A, row-major [token][dim]) and V (A = V^T, via .trans).
+    const int k_row = (lane & 7) + ((lane >> 3) & 1) * 8, k_col = (lane >> 4) * 8;
+    const int v_row = (lane & 7) + (lane >> 4) * 8, v_col = ((lane >> 3) & 1) * 8;
+    const int r0 = lane >> 2; // this thread's S^T rows: tokens r0 and r0 + 8 of the tile
+
     for (int i = 0; i < my_n; i++) {
         if (eager) {
             cp_async_wait_n(my_n - 1 - i); // tiles i + 1 … my_n − 1 may still be in flight
@@ -760,7 +799,156 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
             cp_async_commit();
         }
         const u8* st = wst + (i % ST) * STAGE;
-        attend_tile<PACK, QX>(st, tile_start(i), end, lane, bq, q_exact, qk_scale_log2, o, m, l);
+        const u32 t0 = tile_start(i);
+        const u8* krows = st;              // K rows (CROW stride)
+        const u8* vrows = st + 16 * CROW;  // V rows
+        const u16* ksc = (const u16*)(st + 32 * CROW); // quantized: [16][D/32] K scales
+        const u16* vsc = ksc + 16 * (SB / 2);          // quantized: [16][D/32] V scales
+
+        // Quantized: the K and V scales of this thread's two tokens (rows r0, r0 + 8).
+        constexpr int NSC = QUANT ? D / 32 : 2;
+        u32 ks0[NSC / 2], ks1[NSC / 2], vs0[NSC / 2], vs1[NSC / 2];
+        if constexpr (QUANT) {
+            load_scales<NSC>(ksc + r0 * (SB / 2), ks0);
+            load_scales<NSC>(ksc + (r0 + 8) * (SB / 2), ks1);
+            load_scales<NSC>(vsc + r0 * (SB / 2), vs0);
+            load_scales<NSC>(vsc + (r0 + 8) * (SB / 2), vs1);
+        }
+
+        // QK: every group of KG k-steps accumulates its parts (smallest first) in a fresh
+        // fragment, added to s (quantized: times the group's K scale of the row's token).
+        float s[NS][4];
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+        const int qparts = q_exact ? 1 : QP; // warp-uniform
+        u32 kraw[4]; // q4: the raw registers of two groups
+#pragma unroll
+        for (int g0 = 0; g0 < KSTEPS; g0 += KG) {
+            float t[NS][4];
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) t[nt][e] = 0.0f;
+            u32 a[KG][4];
+            if constexpr (QUANT) {
+                const int grp = g0 / 2;
+                if constexpr (Q4) {
+                    if ((grp & 1) == 0) k_raw(krows, grp * 16, lane, kraw);
+                    q4_k_fragments(kraw[2 * (grp & 1)], kraw[2 * (grp & 1) + 1], a);
+                } else {
+                    k_raw(krows, grp * 32, lane, kraw);
+                    q8_k_fragments(kraw, a);
+                }
+            } else {
+                ldsm_x4(a[0], krows + k_row * FROW + (g0 * 16 + k_col) * 2);
+            }
+#pragma unroll
+            for (int k = 0; k < KG; k++)
+#pragma unroll
+                for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+                    for (int j = QP - 1; j >= 0; j--)
+                        if (j < qparts) mma(t[nt], a[k], bq[nt][g0 + k][j][0], bq[nt][g0 + k][j][1]);
+            float sc0 = 1.0f, sc1 = 1.0f;
+            if constexpr (QUANT) {
+                sc0 = scale_at(ks0, g0 / 2);
+                sc1 = scale_at(ks1, g0 / 2);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++) {
+                s[nt][0] = fmaf(sc0, t[nt][0], s[nt][0]);
+                s[nt][1] = fmaf(sc0, t[nt][1], s[nt][1]);
+                s[nt][2] = fmaf(sc1, t[nt][2], s[nt][2]);
+                s[nt][3] = fmaf(sc1, t[nt][3], s[nt][3]);
+            }
+        }
+        // PACK: the parts of each head summed over the quad; QX: the scale applied here.
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if constexpr (PACK) s[nt][e] = sum_parts(s[nt][e]);
+                if constexpr (QX) s[nt][e] *= qk_scale_log2;
+            }
+        // Rows of S^T: tokens t0 + r0 (e = 0, 1) and t0 + r0 + 8 (e = 2, 3).
+        const bool ok0 = t0 + r0 < end, ok1 = t0 + r0 + 8 < end;
+        float corr[NS][2];
+        bool rescale = false;
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++) {
+            if (!ok0) s[nt][0] = s[nt][1] = PK_NEG_INF;
+            if (!ok1) s[nt][2] = s[nt][3] = PK_NEG_INF;
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                float mx = fmaxf(s[nt][j], s[nt][2 + j]);
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+                const float mn = fmaxf(m[nt][j], mx); // finite: every tile has a visible token
+                corr[nt][j] = exp2f(m[nt][j] - mn);
+                rescale |= mn != m[nt][j];
+                m[nt][j] = mn;
+                const float p0 = exp2f(s[nt][j] - mn), p1 = exp2f(s[nt][2 + j] - mn);
+                l[nt][j] = l[nt][j] * corr[nt][j] + (p0 + p1);
+                s[nt][j] = p0;
+                s[nt][2 + j] = p1;
+            }
+        }
+        // The accumulators change only where a running max moved (corr = 1 elsewhere): once
+        // the maxima settle, whole tiles skip the rescale.
+        if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+            for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+                for (int mt = 0; mt < KSTEPS; mt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) o[nt][mt][e] *= corr[nt][e & 1];
+        }
+        // PV, per group of KG m-tiles: P^T (quantized: times the group's V scale of each token)
+        // as B fragments, split into exact parts and transposed by movmatrix.
+        // bp[nt][j]: PACK: part set j (columns of the quad's lanes: part PPT·j + 2·quad / GP).
+        u32 bp[NS][PP][2];
+#pragma unroll
+        for (int g0 = 0; g0 < KSTEPS; g0 += KG) {
+            float sc0 = 1.0f, sc1 = 1.0f;
+            if constexpr (QUANT) {
+                sc0 = scale_at(vs0, g0 / 2);
+                sc1 = scale_at(vs1, g0 / 2);
+            }
+            if (QUANT || g0 == 0) { // float pages: one set of B fragments serves every m-tile
+#pragma unroll
+                for (int nt = 0; nt < NS; nt++) {
+                    u32 x0[SP], x1[SP];
+                    split2<SP>(s[nt][0] * sc0, s[nt][1] * sc0, x0);
+                    split2<SP>(s[nt][2] * sc1, s[nt][3] * sc1, x1);
+#pragma unroll
+                    for (int j = 0; j < PP; j++) {
+                        bp[nt][j][0] = movtrans(PACK ? pick<SP>(x0, PPT * j + 2 * quad / GP) : x0[j]);
+                        bp[nt][j][1] = movtrans(PACK ? pick<SP>(x1, PPT * j + 2 * quad / GP) : x1[j]);
+                    }
+                }
+            }
+            u32 a[KG][4];
+            if constexpr (QUANT) {
+                pv_fragments(vrows, g0 / 2, lane, a);
+            } else {
+                ldsm_x4_trans(a[0], vrows + v_row * FROW + (g0 * 16 + v_col) * 2);
+            }
+#pragma unroll
+            for (int k = 0; k < KG; k++) {
+                const int mt = g0 + k;
+#pragma unroll
+                for (int nt = 0; nt < NS; nt++) {
+                    float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int j = PP - 1; j >= 0; j--) mma(t, a[k], bp[nt][j][0], bp[nt][j][1]);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) o[nt][mt][e] += t[e];
+                }
+            }
+        }
     }
     cp_async_wait<0>();
 #pragma unroll
@@ -939,7 +1127,7 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
 // Stream-K grid (pk_decode_tc_sk): a persistent grid of about one CTA per SM walks the flattened
 // work of the call — units (sequence, kv head) in order, each cut into tiles of 16 visible tokens —
 // in balanced contiguous shares: CTA c takes flat tiles [c·T/G, (c + 1)·T/G) of the T in all (G =
-// min(gridDim.x, T): every CTA has at least one tile). Inside the CTA, tile r of its share goes to
+// min(gridDim.x, T / (2·NW)), at least 1: every CTA has at least one tile). Inside the CTA, tile r of its share goes to
 // warp r % NW, and each warp runs one cp.async pipeline over all of its tiles, across unit
 // boundaries: the copies of the next unit's first tile are in flight while the warps finish and
 // merge the current one. Per unit segment (the part of a unit inside the share), the warps' states
@@ -1117,7 +1305,9 @@ __device__ __forceinline__ void decode_tc_sk_body(float* __restrict__ out,      
     if (threadIdx.x == 0) prefix[0] = 0;
     __syncthreads();
     const u32 T = prefix[num_seqs] * kvh; // flat tiles in all
-    const u32 G = min((u32)gridDim.x, T);
+    // CTAs used: at most one per 2·NW tiles (each warp two tiles or more on average), so that
+    // a small call does not split its units into more partials than it has tiles to amortise.
+    const u32 G = max(1u, min((u32)gridDim.x, T / (2 * NW)));
     pdl_trigger();
     pdl_wait(); // as in decode_tc_body: pages and queries only after this
     if (blockIdx.x >= G) return;

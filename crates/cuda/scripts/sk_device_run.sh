@@ -19,15 +19,19 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 S=$OUT/summary.txt
 t0=$SECONDS
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader >> "$S" 2>&1
-tests() { # "tag:VAR=V,...@filter" ...
+test_one() { # "tag:VAR=V,...@filter"
+    local t=$1 tag=${1%%:*} rest=${1#*:}; local envs=${rest%%@*} filt=${rest#*@}; [ "$filt" = "$rest" ] && filt=""
+    local st=$SECONDS
+    env PAGEKV_HOME=$PWD/$D/home $(echo "$envs" | tr ',' ' ') timeout "${TEST_TIMEOUT:-280}" \
+        $D/gpu_kernels $filt --test-threads "${TEST_THREADS:-12}" > "$OUT/tests-$tag.log" 2>&1
+    echo "gpu_kernels [$tag: $envs $filt] rc=$? ($((SECONDS - st)) s): $(grep -E '^test result' "$OUT/tests-$tag.log" | tail -1 | cut -c1-60)" >> "$S"
+    grep -hE "panicked|FAILED|failures" "$OUT/tests-$tag.log" | head -5 >> "$S"
+}
+tests() { # each argument one gpu_kernels run, in turn; PAR_TESTS=1: all at once
     for t in "$@"; do
-        local tag=${t%%:*} rest=${t#*:}; local envs=${rest%%@*} filt=${rest#*@}; [ "$filt" = "$rest" ] && filt=""
-        local st=$SECONDS
-        env PAGEKV_HOME=$PWD/$D/home $(echo "$envs" | tr ',' ' ') timeout "${TEST_TIMEOUT:-280}" \
-            $D/gpu_kernels $filt --test-threads 12 > "$OUT/tests-$tag.log" 2>&1
-        echo "gpu_kernels [$tag: $envs $filt] rc=$? ($((SECONDS - st)) s): $(grep -E '^test result' "$OUT/tests-$tag.log" | tail -1 | cut -c1-60)" >> "$S"
-        grep -hE "panicked|FAILED|failures" "$OUT/tests-$tag.log" | head -5 >> "$S"
+        if [ "${PAR_TESTS:-0}" = 1 ]; then test_one "$t" & else test_one "$t"; fi
     done
+    wait
 }
 tests ${TESTS:-}
 B="--formats ${FORMATS:-bf16,q8,q4} --warmup 10 --runs ${RUNS:-50} ${VARGS:-}"

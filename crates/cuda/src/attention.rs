@@ -373,6 +373,9 @@ impl DecodeAttention {
     ) -> Result<(), CudaError> {
         use kvcache::PageStore;
         let group = self.check(pages, layer, b, out.len())?;
+        if route == (DecodeRoute::Partitioned { partition_size: 0 }) {
+            return Err(CudaError::Invalid("partition_size 0".into())); // on either grid
+        }
         if let Some(smem) = self.stream_k_smem(pages, group, b.num_seqs, b.max_context_len) {
             return self.forward_stream_k(pages, layer, b, group, smem, out);
         }
@@ -533,8 +536,8 @@ impl DecodeAttention {
 
 impl DecodeAttention {
     /// The stream-K grid (`pk_decode_tc_sk`): as many CTAs as fit on the device at once (the
-    /// occupancy of the function at `smem` bytes, times the SMs); the kernel takes at most one
-    /// per tile.
+    /// occupancy of the function at `smem` bytes, or `PAGEKV_CUDA_TC_SK_CTAS` if fewer, times the
+    /// SMs); the kernel uses at most one per 2 × warps tiles.
     fn forward_stream_k(
         &mut self,
         pages: &DevicePages,
@@ -562,6 +565,10 @@ impl DecodeAttention {
                 self.sk_occupancy.push((key.0, key.1, n.max(1)));
                 n.max(1)
             }
+        };
+        let per_sm = match crate::knobs::stream_k_ctas_per_sm().unwrap_or(0) {
+            0 => per_sm,
+            n => n.min(per_sm),
         };
         let ctas = per_sm * self.device.sm_count().max(1);
         let units = b.num_seqs * g.num_kv_heads;

@@ -88,6 +88,12 @@ pub fn decode_grid() -> Result<&'static str, CudaError> {
     choice("PAGEKV_CUDA_TC_GRID", "partitioned", &["partitioned", "stream-k"])
 }
 
+/// `PAGEKV_CUDA_TC_SK_CTAS` (default 0): CTAs per SM of the stream-K grid — 0 as many as fit
+/// (the occupancy of `pk_decode_tc_sk`), else at most that many.
+pub fn stream_k_ctas_per_sm() -> Result<usize, CudaError> {
+    count("PAGEKV_CUDA_TC_SK_CTAS", 0, |n| n <= 32, "0 (as many as fit) or 1..=32")
+}
+
 /// Parses every `PAGEKV_CUDA_*` switch the backend reads; the first bad one is the error.
 pub fn check_environment() -> Result<(), CudaError> {
     graphs_enabled()?;
@@ -99,6 +105,7 @@ pub fn check_environment() -> Result<(), CudaError> {
     crate::topk::forced_chunk_from_env()?;
     crate::attention::tc_base_from_env()?;
     decode_grid()?;
+    stream_k_ctas_per_sm()?;
     Ok(())
 }
 
