@@ -31,7 +31,7 @@ use std::path::PathBuf;
 
 use kvcache::{CacheConfig, KvFormat, KvPool, SequenceCache, SequencePolicy};
 use pagekv_cpu::attention::ggml::{AttnNumerics, GgmlSteps};
-use pagekv_cpu::attention::AttentionConfig;
+use pagekv_cpu::attention::{AttentionConfig, AttnImpl};
 use pagekv_model::{Batch, Forward, Logits, Model};
 use serde_json::Value;
 
@@ -308,6 +308,13 @@ fn default_numerics_meet_the_issues_targets() {
     let mut seq = q8.sequence();
     let logits = q8.step(&mut seq, &[1, 2, 3], Logits::Last);
     assert!(logits.iter().all(|x| x.is_finite()), "q8 cache under auto");
+
+    // An attention setting that picks among the fast kernels (here the path) is honoured:
+    // `auto` then runs them, not the ggml kernel.
+    let picked = AttentionConfig { impl_: AttnImpl::Partitioned, ..AttentionConfig::default() };
+    let mut m = Model::load(&model_path().unwrap(), picked).unwrap();
+    m.set_attn_numerics(AttnNumerics::Auto);
+    assert_eq!(m.attn_numerics_for(KvFormat::F16), AttnNumerics::Fast);
 
     // The serving engine asks for numerics that do not depend on a call's shape: `auto` turns
     // to `fast` there, an explicit `ggml` stays.

@@ -255,6 +255,13 @@ impl Default for AttentionConfig {
 }
 
 impl AttentionConfig {
+    /// Whether a setting chooses among the fast kernels (a path, an instruction set or router
+    /// thresholds other than the defaults): the default numerics (`auto`) then run those
+    /// kernels rather than the ggml ones, so the choice is not silently ignored.
+    pub fn picks_fast_kernels(&self) -> bool {
+        *self != AttentionConfig::default()
+    }
+
     /// Reads `PAGEKV_ATTN_IMPL`, `PAGEKV_PARTITION_SIZE`, `PAGEKV_PARTITION_THRESHOLD`,
     /// `PAGEKV_ATTN_ISA`.
     pub fn from_env() -> Result<AttentionConfig, AttentionError> {

@@ -83,6 +83,9 @@ pub struct Model {
     attention: Attention,
     /// How attention rounds (`PAGEKV_ATTN_NUMERICS`).
     numerics: AttnNumerics,
+    /// The attention configuration picks among the fast kernels (`PAGEKV_ATTN_IMPL` and the
+    /// like): `auto` numerics then run them ([`AttentionConfig::picks_fast_kernels`]).
+    fast_picked: bool,
     /// The ggml-numerics kernel, unless `numerics` is `Fast`.
     ggml: Option<GgmlAttention>,
     threads: &'static ThreadPool,
@@ -115,6 +118,7 @@ impl Model {
             rope,
             attention: Attention::new(attention, threads),
             numerics,
+            fast_picked: attention.picks_fast_kernels(),
             ggml: ggml_kernel(numerics, threads),
             threads,
             scratch: Scratch::default(),
@@ -125,7 +129,8 @@ impl Model {
 
     /// Chooses how attention rounds: the fast kernels, llama.cpp's numerics (f16 caches only; a
     /// forward over another format is then an error), or `auto` (llama.cpp's where the SIMD ggml
-    /// kernel serves the cache, the fast kernels elsewhere).
+    /// kernel serves the cache and no attention setting picks among the fast kernels, the fast
+    /// kernels elsewhere).
     pub fn set_attn_numerics(&mut self, numerics: AttnNumerics) {
         self.numerics = numerics;
         self.ggml = ggml_kernel(numerics, self.threads);
@@ -137,9 +142,18 @@ impl Model {
 
     /// The numerics a forward over a cache of `format` runs: `Fast` or `Ggml`, never `Auto`.
     pub fn attn_numerics_for(&self, format: KvFormat) -> AttnNumerics {
-        match ggml_for(self.numerics, self.ggml.as_ref(), format, self.config.head_dim) {
+        match ggml_for(self.auto_numerics(), self.ggml.as_ref(), format, self.config.head_dim) {
             Some(g) => AttnNumerics::Ggml(g.steps()),
             None => AttnNumerics::Fast,
+        }
+    }
+
+    /// The numerics with `auto` resolved against the attention configuration: `auto` stays
+    /// (ggml where it serves the cache) unless a setting picked among the fast kernels.
+    fn auto_numerics(&self) -> AttnNumerics {
+        match self.numerics {
+            AttnNumerics::Auto if self.fast_picked => AttnNumerics::Fast,
+            n => n,
         }
     }
 
@@ -152,7 +166,7 @@ impl Model {
         let n_logits = batch.num_logit_rows();
         self.scratch.ensure(c, n, n_logits);
         let counters = pool.counters().clone();
-        let ggml = ggml_for(self.numerics, self.ggml.as_ref(), pool.config().format, c.head_dim);
+        let ggml = ggml_for(self.auto_numerics(), self.ggml.as_ref(), pool.config().format, c.head_dim);
         let s = &mut self.scratch;
         let w = &self.weights;
         let (h, qd, kvd, f) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn);
