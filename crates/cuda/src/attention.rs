@@ -33,6 +33,11 @@
 //!   measurements ([`tc_partition_size`] for the tensor-core kernel,
 //!   [`auto_partition_size`] for the SIMT kernel).
 //!
+//! Grids of the tensor-core kernel ([`DecodeGrid`], `PAGEKV_CUDA_TC_GRID`): the partitioned one
+//! above (default), or stream-K (`pk_decode_tc_sk`): about one CTA per SM, each over a balanced
+//! contiguous share of all (sequence, kv head, 16-token tile) work, its warps' copy pipelines
+//! running on across unit boundaries, units split between CTAs merged by the last of them.
+//!
 //! In the model step the tensor-core kernel itself is a programmatic dependent launch after the
 //! cache write ([`DecodeAttention::set_programmatic`], `PAGEKV_CUDA_ATTN_PDL`).
 //!
@@ -81,9 +86,10 @@ pub enum DecodeGrid {
     Partitioned,
     /// A persistent grid of about one CTA per SM, each over a balanced contiguous share of the
     /// call's (sequence, kv head, tile) space, split units merged in the same launch
-    /// (`pk_decode_tc_sk`). Serves the tensor-core kernel's unrotated formats (f16, bf16, q8,
-    /// q4) where its shared memory fits; a call it does not serve takes the route as given. The
-    /// route's partition size is not used.
+    /// (`pk_decode_tc_sk`). Serves the tensor-core kernel's unrotated formats (f16, bf16, q4 —
+    /// not q8 or q4r, whose pages are rotated) where its shared memory fits; a call it does not
+    /// serve takes the route as given. The route's partition size is not used. Measured on the
+    /// H200 no faster than the partitioned grid (RESULTS.md, 2026-12-02), so not the default.
     StreamK,
 }
 

@@ -281,8 +281,14 @@ pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<R
                             runs.push(("partitioned", DecodeRoute::Partitioned { partition_size: ps }, ps));
                         }
                     }
-                    // The stream-K grid (its route argument is not used).
-                    "stream-k" => runs.push(("stream-k", DecodeRoute::Primitive, 0)),
+                    // The stream-K grid (its route argument is not used), where it serves the
+                    // format: a rotated one (q8, q4r) would fall back to the primitive route.
+                    "stream-k" => {
+                        attn.set_grid(DecodeGrid::StreamK);
+                        if attn.takes_stream_k(&pages, cfg.num_heads, batch, ctx) {
+                            runs.push(("stream-k", DecodeRoute::Primitive, 0));
+                        }
+                    }
                     other => {
                         return Err(CudaError::Invalid(format!(
                             "bench route {other:?} (primitive, partitioned, stream-k)"
