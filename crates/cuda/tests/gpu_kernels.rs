@@ -627,7 +627,8 @@ mod gpu {
     /// (units of 1 to 313 tiles, so a CTA's share holds many short units and the long ones are
     /// split across several CTAs), one sequence whose 8 units are each split across ~17 CTAs,
     /// a batch of 150 short sequences (many units per CTA), windows, block sizes 8 and 32,
-    /// groups 1 to 16, every format it serves. run_case compares both grids with the reference.
+    /// groups 1 to 16, f16, bf16 and q4 (q8, whose pages are rotated, runs on the partitioned
+    /// grid only). run_case compares both grids with the reference.
     #[test]
     fn decode_stream_k_splits_units_across_ctas() {
         let Some(dev) = device("decode_stream_k_splits_units_across_ctas") else { return };
