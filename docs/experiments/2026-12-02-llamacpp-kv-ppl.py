@@ -7,6 +7,9 @@
 # type_k/type_v/flash_attn setup: perplexity, Δppl against f16/f16 (flash_attn off, the setup of
 # the golden data) and against f16/f16 with flash_attn on, mean KL(f16 ‖ setup) and top-1
 # agreement against f16/f16 (flash_attn off). 2 threads.
+# A quantized type_k/type_v is rotated by llama.cpp (ggml-org/llama.cpp#21038: Q, K, V times the
+# normalized Hadamard matrix before the store, the output back after): its q4_0 is pagekv's q4r,
+# not q4. LLAMA_ATTN_ROT_DISABLE=1 in the environment turns the rotation off (docs/results.md).
 import sys
 import time
 
