@@ -190,6 +190,8 @@ fn eval_scores_formats_against_f16_with_and_without_exact_weights() {
         let by = |f: &str| r.iter().find(|x| x["format"] == f).unwrap_or_else(|| panic!("no {f}: {r:?}"));
         for x in &r {
             assert_eq!((x["scored"].as_u64(), x["exact_weights"].as_bool()), (Some(95), Some(exact)), "{x}");
+            // Every row on one numerics: the default `auto` is scored as `fast`.
+            assert_eq!(x["attn_numerics"], "fast", "{x}");
             let top1 = x["top1_agreement"].as_f64().unwrap();
             assert!((0.0..=1.0).contains(&top1) && x["kl_mean"].as_f64().unwrap() >= 0.0, "{x}");
         }
@@ -199,6 +201,16 @@ fn eval_scores_formats_against_f16_with_and_without_exact_weights() {
     }
     let o = pagekv(&["eval", "--formats", "q5"], &[]);
     assert!(!o.status.success() && stderr(&o).contains("q8"), "{}", stderr(&o));
+    // An explicit `ggml` scores llama.cpp's numerics on f16, and refuses another format.
+    let o = pagekv(&["eval", "--json", "--max-tokens", "32", "--formats", "f16", "--attn-numerics", "ggml"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(r#""attn_numerics":"ggml""#),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let o = pagekv(&["eval", "--max-tokens", "32", "--formats", "q8", "--attn-numerics", "ggml"], &[]);
+    assert!(!o.status.success() && stderr(&o).contains("f16 KV cache"), "{}", stderr(&o));
 }
 
 /// `bench decode --llama-cpp PYTHON --llama-cpp-kv …` hands every KV setup to the Python side
