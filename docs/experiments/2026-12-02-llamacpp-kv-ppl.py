@@ -23,6 +23,8 @@ SETUPS = [  # name, type_k, type_v, flash_attn
     ("q8_0/q8_0 fa", Q8_0, Q8_0, True),
     ("q8_0/q4_0 fa", Q8_0, Q4_0, True),
     ("q4_0/q4_0 fa", Q4_0, Q4_0, True),
+    ("q4_0/f16", Q4_0, F16, False),  # each side alone (a quantized V needs flash attention)
+    ("f16/q4_0 fa", F16, Q4_0, True),
 ]
 
 

@@ -83,9 +83,6 @@ pub struct Model {
     attention: Attention,
     /// How attention rounds (`PAGEKV_ATTN_NUMERICS`).
     numerics: AttnNumerics,
-    /// The attention configuration picks among the fast kernels (`PAGEKV_ATTN_IMPL` and the
-    /// like): `auto` numerics then run them ([`AttentionConfig::picks_fast_kernels`]).
-    fast_picked: bool,
     /// The ggml-numerics kernel, unless `numerics` is `Fast`.
     ggml: Option<GgmlAttention>,
     threads: &'static ThreadPool,
@@ -118,7 +115,6 @@ impl Model {
             rope,
             attention: Attention::new(attention, threads),
             numerics,
-            fast_picked: attention.picks_fast_kernels(),
             ggml: ggml_kernel(numerics, threads),
             threads,
             scratch: Scratch::default(),
@@ -149,10 +145,11 @@ impl Model {
     }
 
     /// The numerics with `auto` resolved against the attention configuration: `auto` stays
-    /// (ggml where it serves the cache) unless a setting picked among the fast kernels.
+    /// (ggml where it serves the cache) unless a setting picked among the fast kernels
+    /// ([`AttentionConfig::picks_fast_kernels`]: `PAGEKV_ATTN_IMPL` and the like).
     fn auto_numerics(&self) -> AttnNumerics {
         match self.numerics {
-            AttnNumerics::Auto if self.fast_picked => AttnNumerics::Fast,
+            AttnNumerics::Auto if self.attention.config().picks_fast_kernels() => AttnNumerics::Fast,
             n => n,
         }
     }

@@ -431,6 +431,18 @@ unsafe fn lane_tile<V: Lanes16, const NH: usize, const NV: usize>(
     }
 }
 
+/// 16-float vectors of output dimensions one tile pass takes: 4 or 2 where the register budget
+/// (`max_nv`) and the `left` vectors still to do allow, else 1.
+fn vectors_per_pass(max_nv: usize, left: usize) -> usize {
+    if max_nv >= 4 && left >= 4 {
+        4
+    } else if max_nv >= 2 && left >= 2 {
+        2
+    } else {
+        1
+    }
+}
+
 /// [`lane_tile`] for `heads` heads and `16·nvec` dimensions, in passes of at most 4 heads ×
 /// `max_nv` vectors.
 #[inline(always)]
@@ -454,13 +466,7 @@ unsafe fn lane_tiles<V: Lanes16>(
         let nh = (heads - h0).min(4);
         let mut c0 = 0;
         while c0 < nvec {
-            let nv = if max_nv >= 4 && c0 + 4 <= nvec {
-                4
-            } else if max_nv >= 2 && c0 + 2 <= nvec {
-                2
-            } else {
-                1
-            };
+            let nv = vectors_per_pass(max_nv, nvec - c0);
             // SAFETY: forwarded contract.
             unsafe {
                 let (off, p, acc) = (off + 16 * c0, p.add(h0 * pstride), acc.add(h0 * astride + 16 * c0));
@@ -540,13 +546,7 @@ unsafe fn lane_pairs<V: Lanes16>(
         let nh = (heads - h0).min(if max_nv >= 4 { 3 } else { 4 });
         let mut c0 = 0;
         while c0 < nvec {
-            let nv = if max_nv >= 4 && c0 + 4 <= nvec {
-                4
-            } else if max_nv >= 2 && c0 + 2 <= nvec {
-                2
-            } else {
-                1
-            };
+            let nv = vectors_per_pass(max_nv, nvec - c0);
             // SAFETY: forwarded contract.
             unsafe {
                 let off = off + 16 * c0;
