@@ -35,6 +35,9 @@ pub const TILE: usize = 32;
 /// Most scale groups per head vector.
 pub const MAX_GROUPS: usize = super::MAX_FAST_HEAD_DIM / 32;
 
+/// Most value scales per head vector: sub-scaled values have one per 8.
+pub const MAX_VALUE_GROUPS: usize = super::MAX_FAST_HEAD_DIM / kvcache::format::turbo_sub::SUB;
+
 /// Floats of a `sc` buffer: `[TILE + 4][4]` (kernels may compute up to three tokens past a
 /// tile's end, in whole vectors).
 pub const SC_LEN: usize = (TILE + 4) * 4;
@@ -61,15 +64,17 @@ pub(crate) struct TileScratch<'a> {
     pub p: &'a mut [f32],
     /// `[TILE, MAX_GROUPS]` key group scales of the tile.
     pub kscale: &'a mut [f32],
-    /// `[TILE, MAX_GROUPS]` value group scales of the tile.
+    /// `[TILE, MAX_VALUE_GROUPS]` value group scales of the tile (of 32 values, or of 8 for
+    /// sub-scaled values).
     pub vscale: &'a mut [f32],
-    /// `[TILE, MAX_GROUPS, 4]` probabilities × value scales.
+    /// `[TILE, value groups, 4]` probabilities × value scales.
     pub w: &'a mut [f32],
 }
 
 impl TileScratch<'_> {
     /// Floats each buffer needs, in field order.
-    pub const LENS: [usize; 5] = [SC_LEN, SC_LEN, TILE * MAX_GROUPS, TILE * MAX_GROUPS, TILE * MAX_GROUPS * 4];
+    pub const LENS: [usize; 5] =
+        [SC_LEN, SC_LEN, TILE * MAX_GROUPS, TILE * MAX_VALUE_GROUPS, TILE * MAX_VALUE_GROUPS * 4];
 }
 
 /// Per-row visible token range `[a, b)` inside a tile for the four rows of a block (empty,
@@ -86,6 +91,8 @@ pub(crate) trait TileOps {
     const K_SCALED: bool;
     /// Values carry per-group scales: `accumulate` reads weights per group.
     const V_SCALED: bool;
+    /// Those groups are of 8 values, their scales `D · q` (`kvcache::format::turbo_sub`).
+    const V_SUB_SCALED: bool;
 
     /// `sc[t][r] = q_r · k_t` for tokens `t0 .. t1` and `rows ≤ 4` rows (`q`: `[rows, d]`),
     /// computed in whole vectors from `t0`, so up to three tokens past `t1` may be written
@@ -110,8 +117,8 @@ pub(crate) trait TileOps {
     );
 
     /// `acc[r] = acc[r]·corr[r] + Σ_t w_t[r]·v_t` over tokens `t0 .. t1` for `rows ≤ 4` rows
-    /// (`acc`: `[rows, d]`). Weight of token `t`, row `r`, value group `g`: `w[t·wt + 4g + r]`
-    /// for scaled codecs, `w[t·wt + r]` otherwise. Prefetches `next`'s rows at the same
+    /// (`acc`: `[rows, d]`). Weight of token `t`, row `r`, value group `g` (of 32 values, or of 8
+    /// when [`Self::V_SUB_SCALED`]): `w[t·wt + 4g + r]` for scaled codecs, `w[t·wt + r]` otherwise. Prefetches `next`'s rows at the same
     /// positions, pass by pass.
     ///
     /// # Safety
@@ -247,6 +254,30 @@ unsafe fn convert_scales(rows: &[*const f16], ns: usize, out: &mut [f32]) {
     }
 }
 
+/// `out[t · MAX_VALUE_GROUPS + j] = D · q_j` of the sub-scaled head vector whose scale slots
+/// start at `rows[t]`, for its `subs` sub-groups (`kvcache::format::turbo_sub`: slot 0 is `D`,
+/// slot `1 + j/4` holds `q_j` at bits `4·(j % 4)`); the products are exact.
+///
+/// # Safety
+/// F16C available; each `rows[t]` points to `1 + ceil(subs/4)` readable slots; `out` holds
+/// `rows.len() · MAX_VALUE_GROUPS` floats and `subs ≤ MAX_VALUE_GROUPS`.
+#[inline(always)]
+unsafe fn expand_sub_scales(rows: &[*const f16], subs: usize, out: &mut [f32]) {
+    debug_assert!(subs <= MAX_VALUE_GROUPS && out.len() >= rows.len() * MAX_VALUE_GROUPS);
+    let o = out.as_mut_ptr();
+    // SAFETY: reads stay inside each row's slots, writes inside `out` (caller's contract).
+    unsafe {
+        for (t, &r) in rows.iter().enumerate() {
+            let dv = f16_to_f32(*r);
+            let qs = r.add(1).cast::<u8>();
+            for j in 0..subs {
+                let q = (*qs.add(j / 2) >> (4 * (j % 2))) & 0xF;
+                *o.add(t * MAX_VALUE_GROUPS + j) = dv * q as f32;
+            }
+        }
+    }
+}
+
 /// The next tile's stored rows of one kv head and plane, for the kernels to prefetch into L2
 /// as they consume the current tile's: QK prefetches each next row whole when it reads the
 /// row at the same position, PV the part of it matching the pass it is in. Spread like this,
@@ -345,7 +376,8 @@ pub(crate) unsafe fn run<T: TileOps>(
     debug_assert!(d % 16 == 0 && d <= super::MAX_FAST_HEAD_DIM);
     let rows_per_head = inp.bounds.q_len * g;
     debug_assert_eq!(states.rows, rows_per_head);
-    let ng = d.div_ceil(32);
+    // Value scale groups per head vector and their stride in `vscale`.
+    let (ng, ngp) = if T::V_SUB_SCALED { (d / 8, MAX_VALUE_GROUPS) } else { (d.div_ceil(32), MAX_GROUPS) };
     let keys = PlaneRows { plane: &layer.keys };
     let values = PlaneRows { plane: &layer.values };
     let mut krows = [std::ptr::null::<u8>(); TILE];
@@ -422,7 +454,9 @@ pub(crate) unsafe fn run<T: TileOps>(
                 if T::K_SCALED {
                     convert_scales(&ksrows[..n], kns, scratch.kscale);
                 }
-                if T::V_SCALED {
+                if T::V_SUB_SCALED {
+                    expand_sub_scales(&vsrows[..n], ng, scratch.vscale);
+                } else if T::V_SCALED {
                     convert_scales(&vsrows[..n], vns, scratch.vscale);
                 }
                 let state = states.head(hi);
@@ -469,7 +503,7 @@ pub(crate) unsafe fn run<T: TileOps>(
                         state.l[rows.start + j] = l[j];
                     }
                     let (w, wt) = if T::V_SCALED {
-                        softmax::scale_weights(pr, scratch.vscale, MAX_GROUPS, ng, lo, hi, scratch.w);
+                        softmax::scale_weights(pr, scratch.vscale, ngp, ng, lo, hi, scratch.w);
                         (scratch.w.as_ptr(), ng * 4)
                     } else {
                         (pr.cast_const(), 4)

@@ -5,7 +5,7 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-use super::{group_len, groups, q4, q8, turbo, GROUP};
+use super::{group_len, groups, q4, q8, turbo, turbo_sub, GROUP};
 
 /// The element codec of one side of a [`super::KvFormat`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -19,6 +19,11 @@ pub enum Codec {
     LloydMax {
         bits: u8,
     },
+    /// Lloyd–Max codes, `bits` ∈ {2, 3, 4}, scaled per 8 values by one f16 per head vector
+    /// times a 4-bit multiplier (turbo's value side; [`turbo_sub`]).
+    LloydMaxSub {
+        bits: u8,
+    },
 }
 
 impl Codec {
@@ -29,15 +34,25 @@ impl Codec {
             Codec::F16 | Codec::Bf16 => 2 * head_dim,
             Codec::Q8 => head_dim,
             Codec::Q4 => head_dim / 2,
-            Codec::LloydMax { bits } => head_dim * bits as usize / 8,
+            Codec::LloydMax { bits } | Codec::LloydMaxSub { bits } => head_dim * bits as usize / 8,
         }
     }
 
-    /// f16 scales of one head vector (0 for the float formats).
+    /// f16 scale slots of one head vector (0 for the float formats; for [`Codec::LloydMaxSub`]
+    /// the head's scale and the packed 4-bit multipliers).
     pub fn scales(&self, head_dim: usize) -> usize {
         match self {
             Codec::F32 | Codec::F16 | Codec::Bf16 => 0,
+            Codec::LloydMaxSub { .. } => turbo_sub::scale_slots(head_dim),
             _ => groups(head_dim),
+        }
+    }
+
+    /// Values per scale of this codec (32, or [`turbo_sub::SUB`] for sub-scaled codes).
+    pub fn scale_group(&self) -> usize {
+        match self {
+            Codec::LloydMaxSub { .. } => turbo_sub::SUB,
+            _ => GROUP,
         }
     }
 
@@ -87,6 +102,7 @@ impl Codec {
                     scales[g] = turbo::encode_group(&x[start..start + n], bits, start, codes);
                 }
             }
+            Codec::LloydMaxSub { bits } => turbo_sub::encode(x, bits, codes, scales),
         }
     }
 
@@ -131,6 +147,7 @@ impl Codec {
                     turbo::decode_group(codes, bits, start, scales[g], &mut out[start..start + n]);
                 }
             }
+            Codec::LloydMaxSub { bits } => turbo_sub::decode(codes, scales, bits, out),
         }
     }
 }

@@ -10,9 +10,12 @@
 //! | `f16`, `bf16` | 2·D | 2·D | 0 |
 //! | `q8` | D (int8) | D | ceil(D/32) each for K and V |
 //! | `q4` | D/2 (packed int4) | D/2 | ceil(D/32) each |
-//! | `turbo` Kb/Vb | D·Kb/8 | D·Vb/8 | ceil(D/32) each |
+//! | `turbo` Kb/Vb | D·Kb/8 | D·Vb/8 | K: ceil(D/32); V: 1 + ceil(D/32) at Vb ≤ 4, else ceil(D/32) |
 //!
-//! Bytes per token per layer = `num_kv_heads × (K codes + V codes + 2 × 2 × groups)`; see
+//! Turbo's values at 2–4 bits are scaled per 8 values: one f16 per head vector and 4-bit
+//! multipliers packed four to a slot ([`turbo_sub`], [`Codec::LloydMaxSub`]).
+//!
+//! Bytes per token per layer = `num_kv_heads × (K codes + V codes + 2 × (K slots + V slots))`; see
 //! [`KvFormat::bytes_per_token`]. The reference encoder/decoder for each codec lives in the
 //! submodules and is the oracle for every fast kernel (CPU SIMD, CUDA).
 
@@ -22,6 +25,7 @@ mod q4;
 mod q8;
 pub mod rotation;
 mod turbo;
+pub mod turbo_sub;
 
 pub use codec::{lloyd_max_code, Codec};
 pub use q4::Q4Group;
@@ -53,8 +57,9 @@ pub enum KvFormat {
     Q4 {
         rotate: bool,
     },
-    /// TurboQuant: randomized Hadamard rotation, then Lloyd–Max codes for N(0,1) scaled per
-    /// group; `k_bits`/`v_bits` ∈ {2, 3, 4, 8}.
+    /// TurboQuant: randomized Hadamard rotation, then Lloyd–Max codes for N(0,1); keys scaled
+    /// per 32 values, values at 2–4 bits per 8 ([`Codec::LloydMaxSub`]), at 8 bits per 32;
+    /// `k_bits`/`v_bits` ∈ {2, 3, 4, 8}.
     Turbo {
         k_bits: u8,
         v_bits: u8,
@@ -130,7 +135,8 @@ impl KvFormat {
     /// Codec of the V side.
     pub fn value_codec(&self) -> Codec {
         match *self {
-            KvFormat::Turbo { v_bits, .. } => Codec::LloydMax { bits: v_bits },
+            KvFormat::Turbo { v_bits: 8, .. } => Codec::LloydMax { bits: 8 },
+            KvFormat::Turbo { v_bits, .. } => Codec::LloydMaxSub { bits: v_bits },
             _ => self.key_codec(),
         }
     }
@@ -147,7 +153,7 @@ impl KvFormat {
     }
 
     /// Exact bytes one token occupies in one layer (K and V, codes and scales):
-    /// `num_kv_heads × (key_codes + value_codes + 2 bytes × (key_scales + value_scales))`.
+    /// `num_kv_heads × (key_codes + value_codes + 2 bytes × (key_slots + value_slots))`.
     pub fn bytes_per_token(&self, num_kv_heads: usize, head_dim: usize) -> usize {
         let k = self.key_codec();
         let v = self.value_codec();
@@ -183,7 +189,10 @@ mod tests {
         assert_eq!(KvFormat::Bf16.bytes_per_token(8, 128), 4096);
         assert_eq!(KvFormat::Q8.bytes_per_token(8, 128), 8 * (128 + 128 + 2 * 8));
         assert_eq!(KvFormat::Q4 { rotate: true }.bytes_per_token(8, 128), 8 * (64 + 64 + 2 * 8));
-        assert_eq!(KvFormat::TURBO_DEFAULT.bytes_per_token(8, 128), 8 * (128 + 48 + 2 * 8));
+        // turbo K8/V3: K one scale per 32; V one f16 + 16 4-bit multipliers (4 slots).
+        assert_eq!(KvFormat::TURBO_DEFAULT.bytes_per_token(8, 128), 8 * (128 + 48 + 2 * (4 + 5)));
+        assert_eq!(KvFormat::TURBO_DEFAULT.bytes_per_token(3, 64), 3 * (64 + 24 + 2 * (2 + 3)));
+        assert_eq!(KvFormat::Turbo { k_bits: 8, v_bits: 8 }.bytes_per_token(1, 64), 64 + 64 + 2 * (2 + 2));
         // head_dim 80: groups of 32, 32, 16.
         assert_eq!(KvFormat::Q8.bytes_per_token(1, 80), 80 + 80 + 2 * 6);
     }

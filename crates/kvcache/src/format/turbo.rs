@@ -116,7 +116,7 @@ pub fn get_bits(stream: &[u8], at: usize, bits: u8) -> u8 {
     (((lo | (hi << 8)) >> shift) & ((1u16 << bits) - 1)) as u8
 }
 
-fn put_bits(stream: &mut [u8], at: usize, bits: u8, code: u8) {
+pub(crate) fn put_bits(stream: &mut [u8], at: usize, bits: u8, code: u8) {
     let byte = at / 8;
     let shift = at % 8;
     let word = (code as u16) << shift;

@@ -29,6 +29,10 @@ pub(crate) trait RowCodec: Copy {
     /// once per token and group) instead of multiplying each decoded chunk by the scale.
     const FOLDS_SCALE: bool = false;
 
+    /// Values carry one scale per 8 (sub-scaled Lloyd–Max, [`SubScaled`]) instead of per 32:
+    /// the two halves of a chunk take different weights.
+    const SUB_SCALED: bool = false;
+
     /// Head dimensions `(a, b)` of the two 8-value halves of chunk `k`.
     #[inline(always)]
     fn dims(k: usize, _d: usize) -> (usize, usize) {
@@ -320,6 +324,28 @@ impl<const B: usize> RowCodec for LloydMaxRow<B> {
     }
 }
 
+/// A reader whose rows carry one scale per 8 values (`kvcache::Codec::LloydMaxSub`): the same
+/// codes as `R`'s, only the scale plane differs, which the tile driver expands (the scale of the
+/// 8 values at `a` is `D · q` of sub-group `a / 8`).
+#[derive(Clone, Copy)]
+pub(crate) struct SubScaled<R>(pub R);
+
+impl<R: RowCodec> RowCodec for SubScaled<R> {
+    const SCALED: bool = true;
+    const SUB_SCALED: bool = true;
+
+    #[inline(always)]
+    fn dims(k: usize, d: usize) -> (usize, usize) {
+        R::dims(k, d)
+    }
+
+    #[inline(always)]
+    unsafe fn chunk(&self, row: *const u8, k: usize) -> (__m256, __m256) {
+        // SAFETY: forwarded contract.
+        unsafe { self.0.chunk(row, k) }
+    }
+}
+
 /// 8-bit Lloyd–Max codes: one byte per value, levels gathered from the 256-entry table.
 #[derive(Clone, Copy)]
 pub(crate) struct LloydMax8Row {
@@ -374,12 +400,14 @@ mod tests {
                 _mm256_storeu_ps(t.as_mut_ptr(), x0);
                 _mm256_storeu_ps(t.as_mut_ptr().add(8), x1);
             }
+            let group = if K::SUB_SCALED { 8 } else { 32 };
             for i in 0..8 {
-                let (sa, sb) = if K::SCALED { (scales[(a + i) / 32], scales[(b + i) / 32]) } else { (1.0, 1.0) };
+                let (sa, sb) = if K::SCALED { (scales[(a + i) / group], scales[(b + i) / group]) } else { (1.0, 1.0) };
                 out[a + i] = t[i] * sa;
                 out[b + i] = t[8 + i] * sb;
             }
-            if K::SCALED {
+            // The scaled reader serves keys, which are never sub-scaled.
+            if K::SCALED && !K::SUB_SCALED {
                 // The scaled reader gives the same products bit for bit.
                 let mut u = [0f32; 16];
                 // SAFETY: as above; the group's scale is readable.
@@ -412,6 +440,15 @@ mod tests {
                         Codec::LloydMax { bits: 3 } => decode_row(&LloydMaxRow::<3>::new(d), row, scales, d, out),
                         Codec::LloydMax { bits: 4 } => decode_row(&LloydMaxRow::<4>::new(d), row, scales, d, out),
                         Codec::LloydMax { .. } => decode_row(&LloydMax8Row::new(), row, scales, d, out),
+                        Codec::LloydMaxSub { bits: 2 } => {
+                            decode_row(&SubScaled(LloydMaxRow::<2>::new(d)), row, scales, d, out)
+                        }
+                        Codec::LloydMaxSub { bits: 3 } => {
+                            decode_row(&SubScaled(LloydMaxRow::<3>::new(d)), row, scales, d, out)
+                        }
+                        Codec::LloydMaxSub { .. } => {
+                            decode_row(&SubScaled(LloydMaxRow::<4>::new(d)), row, scales, d, out)
+                        }
                     }
                 }
             }
@@ -437,6 +474,9 @@ mod tests {
             Codec::LloydMax { bits: 3 },
             Codec::LloydMax { bits: 4 },
             Codec::LloydMax { bits: 8 },
+            Codec::LloydMaxSub { bits: 2 },
+            Codec::LloydMaxSub { bits: 3 },
+            Codec::LloydMaxSub { bits: 4 },
         ];
         let mut rng = StdRng::seed_from_u64(0xc0dec);
         for d in [16, 64, 80, 96, 128, 256] {
@@ -449,7 +489,13 @@ mod tests {
                     codec.encode(&x, &mut codes, &mut scales);
                     let mut want = vec![0f32; d];
                     codec.decode(&codes, &scales, &mut want);
-                    let fscales: Vec<f32> = scales.iter().map(|s| s.to_f32()).collect();
+                    // f32 scales as the tile driver expands them: per 32 values, or `D · q`
+                    // per 8 for sub-scaled codes.
+                    let fscales: Vec<f32> = if let Codec::LloydMaxSub { .. } = codec {
+                        (0..d / 8).map(|j| kvcache::format::turbo_sub::sub_scale(&scales, j)).collect()
+                    } else {
+                        scales.iter().map(|s| s.to_f32()).collect()
+                    };
                     let mut got = vec![f32::NAN; d];
                     // SAFETY: AVX2/FMA/F16C checked above; the row is one whole head vector.
                     unsafe { decode_avx2(codec, &codes, &fscales, d, &mut got) };

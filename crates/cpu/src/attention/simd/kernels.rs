@@ -138,7 +138,12 @@ unsafe fn accumulate_chunks<V: RowCodec, const R: usize, const N: usize>(
         for (c, dims) in dims.iter_mut().enumerate() {
             *dims = V::dims(k0 + c, d);
         }
-        let wg = if V::SCALED { w.add(4 * (dims[0].0 / 32)) } else { w };
+        let wg = if V::SCALED && !V::SUB_SCALED { w.add(4 * (dims[0].0 / 32)) } else { w };
+        // Sub-scaled values: each 8-value half has its own weight, at `4 · (dim / 8)`.
+        let mut wsub = [(0usize, 0usize); N];
+        for (o, &(oa, ob)) in wsub.iter_mut().zip(&dims) {
+            *o = (4 * (oa / 8), 4 * (ob / 8));
+        }
         let mut a = [[[_mm256_setzero_ps(); 2]; N]; 4];
         for r in 0..R {
             let c = _mm256_set1_ps(corr[r]);
@@ -156,10 +161,17 @@ unsafe fn accumulate_chunks<V: RowCodec, const R: usize, const N: usize>(
             }
             let wr = wg.add(t * wt);
             for (r, a) in a.iter_mut().enumerate().take(R) {
-                let p = _mm256_broadcast_ss(&*wr.add(r));
-                for (a, x) in a.iter_mut().zip(&x) {
-                    a[0] = _mm256_fmadd_ps(p, x.0, a[0]);
-                    a[1] = _mm256_fmadd_ps(p, x.1, a[1]);
+                if V::SUB_SCALED {
+                    for ((a, x), &(ia, ib)) in a.iter_mut().zip(&x).zip(&wsub) {
+                        a[0] = _mm256_fmadd_ps(_mm256_broadcast_ss(&*wr.add(ia + r)), x.0, a[0]);
+                        a[1] = _mm256_fmadd_ps(_mm256_broadcast_ss(&*wr.add(ib + r)), x.1, a[1]);
+                    }
+                } else {
+                    let p = _mm256_broadcast_ss(&*wr.add(r));
+                    for (a, x) in a.iter_mut().zip(&x) {
+                        a[0] = _mm256_fmadd_ps(p, x.0, a[0]);
+                        a[1] = _mm256_fmadd_ps(p, x.1, a[1]);
+                    }
                 }
             }
         }
@@ -176,7 +188,8 @@ unsafe fn accumulate_chunks<V: RowCodec, const R: usize, const N: usize>(
 /// chunks per pass over the tile.
 ///
 /// `w`: weights, token `t`, row `r`, group `g` at `w[t·wt + 4g + r]` (`g` unused for unscaled
-/// codecs, whose weights are the probabilities `sc`); `acc`: `[R, d]`.
+/// codecs, whose weights are the probabilities `sc`; groups of 8 values for sub-scaled ones);
+/// `acc`: `[R, d]`.
 ///
 /// # Safety
 /// AVX2/FMA/F16C (and the registers `CH` assumes); `vrows[t0..t1]` valid rows of head_dim `d`;

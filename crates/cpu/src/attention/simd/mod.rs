@@ -18,7 +18,7 @@ use std::marker::PhantomData;
 
 use kvcache::Codec;
 
-use self::codecs::{Bf16Row, F16Row, F32Row, LloydMax8Row, LloydMaxRow, Q4LutRow, Q4Row, Q8Row, RowCodec};
+use self::codecs::{Bf16Row, F16Row, F32Row, LloydMax8Row, LloydMaxRow, Q4LutRow, Q4Row, Q8Row, RowCodec, SubScaled};
 use super::group::HeadStates;
 use super::tile::{self, NextRows, RangeInput, TileOps, TileScratch, TILE};
 use super::KernelIsa;
@@ -95,6 +95,7 @@ macro_rules! kernel_fns {
         impl<K: RowCodec, V: RowCodec> TileOps for SimdOps<$name, K, V> {
             const K_SCALED: bool = K::SCALED;
             const V_SCALED: bool = V::SCALED;
+            const V_SUB_SCALED: bool = V::SUB_SCALED;
 
             #[inline(always)]
             unsafe fn scores(
@@ -160,7 +161,7 @@ pub(crate) unsafe fn attend_range(
 
 /// Runs the tile driver with instruction set `$isa`'s kernels for the layer's codec pair: K and
 /// V share the codec except for turbo, whose two sides are Lloyd–Max codes of possibly
-/// different widths (the only pairs a validated layer holds).
+/// different widths, the values sub-scaled below 8 bits (the only pairs a validated layer holds).
 macro_rules! by_codecs {
     ($name:ident, $isa:ty, $feat:literal, $q4:expr) => {
         #[target_feature(enable = $feat)]
@@ -184,13 +185,15 @@ macro_rules! by_codecs {
                     )
                 };
             }
+            // Turbo's values: 8-bit codes scaled per 32, narrower ones per 8.
             macro_rules! lloyd_max_values {
-                ($k:expr, $vb:expr) => {
-                    match $vb {
-                        2 => go!($k, LloydMaxRow::<2>::new(d)),
-                        3 => go!($k, LloydMaxRow::<3>::new(d)),
-                        4 => go!($k, LloydMaxRow::<4>::new(d)),
-                        _ => go!($k, LloydMax8Row::new()),
+                ($k:expr, $v:expr) => {
+                    match $v {
+                        Codec::LloydMaxSub { bits: 2 } => go!($k, SubScaled(LloydMaxRow::<2>::new(d))),
+                        Codec::LloydMaxSub { bits: 3 } => go!($k, SubScaled(LloydMaxRow::<3>::new(d))),
+                        Codec::LloydMaxSub { bits: 4 } => go!($k, SubScaled(LloydMaxRow::<4>::new(d))),
+                        Codec::LloydMax { bits: 8 } => go!($k, LloydMax8Row::new()),
+                        v => unreachable!("validated turbo layers never store values as {v:?}"),
                     }
                 };
             }
@@ -202,11 +205,11 @@ macro_rules! by_codecs {
                     (Codec::Bf16, Codec::Bf16) => go!(Bf16Row, Bf16Row),
                     (Codec::Q8, Codec::Q8) => go!(Q8Row, Q8Row),
                     (Codec::Q4, Codec::Q4) => go!($q4, $q4),
-                    (Codec::LloydMax { bits: kb }, Codec::LloydMax { bits: vb }) => match kb {
-                        2 => lloyd_max_values!(LloydMaxRow::<2>::new(d), vb),
-                        3 => lloyd_max_values!(LloydMaxRow::<3>::new(d), vb),
-                        4 => lloyd_max_values!(LloydMaxRow::<4>::new(d), vb),
-                        _ => lloyd_max_values!(LloydMax8Row::new(), vb),
+                    (Codec::LloydMax { bits: kb }, v) => match kb {
+                        2 => lloyd_max_values!(LloydMaxRow::<2>::new(d), v),
+                        3 => lloyd_max_values!(LloydMaxRow::<3>::new(d), v),
+                        4 => lloyd_max_values!(LloydMaxRow::<4>::new(d), v),
+                        _ => lloyd_max_values!(LloydMax8Row::new(), v),
                     },
                     (k, v) => unreachable!("validated layers never pair codecs {k:?} and {v:?}"),
                 }
