@@ -72,24 +72,50 @@ pub fn sub_scale(scales: &[f16], j: usize) -> f32 {
     scales[0].to_f32() * multiplier(scales, j) as f32
 }
 
-/// Squared reconstruction error of sub-group `y` (`[SUB]`) at scale `s`, in [`sub_sum`] order.
-/// Codes are counted bound by bound over the 8 values (= [`Codebook::encode`]), so the compares
-/// vectorize: the encoder calls this 16 times per sub-group.
+/// Squared reconstruction error of sub-group `y` (`[SUB]`) at scale `s`, in [`sub_sum`] order
+/// (the oracle of [`best_multiplier`]).
+#[cfg(test)]
 fn sub_error(y: &[f32], s: f32, book: &Codebook) -> f32 {
-    debug_assert_eq!(y.len(), SUB);
     let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
-    let x: [f32; SUB] = std::array::from_fn(|i| y[i] * inv);
-    let mut code = [0u32; SUB];
-    for &b in &book.bounds {
-        for (c, &xi) in code.iter_mut().zip(&x) {
-            *c += (b < xi) as u32;
-        }
-    }
     let e2: [f32; SUB] = std::array::from_fn(|i| {
-        let e = y[i] - s * book.levels[code[i] as usize];
+        let e = y[i] - s * book.levels[book.encode(y[i] * inv) as usize];
         e * e
     });
     sub_sum(e2)
+}
+
+/// The multiplier `q` ∈ 0..=15 whose scale `D · q` (`dv = D`) reconstructs sub-group `y`
+/// (`[SUB]`) with least squared error, the first on ties. All 16 candidates are evaluated side
+/// by side (`[16]` lanes, so the compiler vectorizes across them); a value's level is found by
+/// walking the ascending bounds (`level[k + 1]` wherever `bound[k] < x`), which ends on
+/// `level[#bounds below x]` = `level[Codebook::encode(x)]` exactly, and each candidate's errors
+/// are summed in [`sub_sum`] order — the same figures as decoding and comparing one by one.
+fn best_multiplier(y: &[f32], dv: f32, book: &Codebook) -> u32 {
+    const N: usize = Q_MAX as usize + 1;
+    let s: [f32; N] = std::array::from_fn(|q| dv * q as f32);
+    let inv: [f32; N] = std::array::from_fn(|q| if s[q] > 0.0 { 1.0 / s[q] } else { 0.0 });
+    let mut e2 = [[0.0f32; N]; SUB]; // [value][candidate]
+    for (e2, &v) in e2.iter_mut().zip(y) {
+        let x: [f32; N] = std::array::from_fn(|q| v * inv[q]);
+        let mut l = [book.levels[0]; N];
+        for (&b, &lv) in book.bounds.iter().zip(&book.levels[1..]) {
+            for (l, &x) in l.iter_mut().zip(&x) {
+                *l = if b < x { lv } else { *l };
+            }
+        }
+        for q in 0..N {
+            let e = v - s[q] * l[q];
+            e2[q] = e * e;
+        }
+    }
+    let mut best = (f32::INFINITY, 0u32);
+    for q in 0..N {
+        let err = sub_sum(std::array::from_fn(|i| e2[i][q]));
+        if err < best.0 {
+            best = (err, q as u32);
+        }
+    }
+    best.1
 }
 
 /// Encodes the rotated head vector `y` (`[d]`, `d` a multiple of 8) into its code bit stream
@@ -110,16 +136,10 @@ pub(crate) fn encode(y: &[f32], bits: u8, codes: &mut [u8], scales: &mut [f16]) 
     scales[0] = dh;
     codes.fill(0);
     for (j, g) in y.chunks_exact(SUB).enumerate() {
-        let mut best = (f32::INFINITY, 0u32);
-        for q in 0..=Q_MAX {
-            let err = sub_error(g, dv * q as f32, book);
-            if err < best.0 {
-                best = (err, q);
-            }
-        }
+        let q = best_multiplier(g, dv, book);
         let slot = &mut scales[1 + j / 4];
-        *slot = f16::from_bits(slot.to_bits() | ((best.1 as u16) << (4 * (j % 4))));
-        let s = dv * best.1 as f32;
+        *slot = f16::from_bits(slot.to_bits() | ((q as u16) << (4 * (j % 4))));
+        let s = dv * q as f32;
         let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
         for (i, &v) in g.iter().enumerate() {
             put_bits(codes, (j * SUB + i) * bits as usize, bits, book.encode(v * inv));
@@ -200,8 +220,12 @@ mod tests {
                     // other q beats.
                     let chosen = sub_error(g, dv * q as f32, book);
                     assert!((err - chosen).abs() <= 1e-5 * chosen.max(1e-30), "bits {bits}: {err} vs {chosen}");
+                    // No other q beats it, and it is the first of the best (the one-by-one
+                    // search the encoder's side-by-side one stands for).
                     for other in 0..=Q_MAX {
-                        assert!(sub_error(g, dv * other as f32, book) >= chosen, "bits {bits}: q {other} beats {q}");
+                        let e = sub_error(g, dv * other as f32, book);
+                        assert!(e >= chosen, "bits {bits}: q {other} beats {q}");
+                        assert!(other >= q || e > chosen, "bits {bits}: q {other} ties {q} and comes first");
                     }
                 }
                 // Against turbo's one scale per 32 values on the same vector.
