@@ -118,8 +118,8 @@ pub(crate) trait TileOps {
 
     /// `acc[r] = acc[r]·corr[r] + Σ_t w_t[r]·v_t` over tokens `t0 .. t1` for `rows ≤ 4` rows
     /// (`acc`: `[rows, d]`). Weight of token `t`, row `r`, value group `g` (of 32 values, or of 8
-    /// when [`Self::V_SUB_SCALED`]): `w[t·wt + 4g + r]` for scaled codecs, `w[t·wt + r]` otherwise. Prefetches `next`'s rows at the same
-    /// positions, pass by pass.
+    /// when [`Self::V_SUB_SCALED`]): `w[t·wt + 4g + r]` for scaled codecs, `w[t·wt + r]`
+    /// otherwise. Prefetches `next`'s rows at the same positions, pass by pass.
     ///
     /// # Safety
     /// The instruction set is available; `vrows[t0..t1]` are stored value rows of head_dim `d`;
