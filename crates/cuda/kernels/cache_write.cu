@@ -1,6 +1,6 @@
 // cache_write.cu — scatter T new K/V rows into their cache slots, quantizing on the way, and
 // copy blocks (copy-on-write). Each encoder mirrors the scalar reference in
-// crates/kvcache/src/format/{q8,q4,turbo,codec}.rs operation for operation (same rounding,
+// crates/kvcache/src/format/{q8,q4,turbo,turbo_sub,codec}.rs operation for operation (same rounding,
 // same tie-breaks, sums in the same order), so the stored codes equal the host's.
 
 // Index of the Lloyd–Max level nearest to y: the number of bounds below y.
@@ -12,6 +12,31 @@ __device__ __forceinline__ int lm_code(float y, const float* bounds) {
         if (bounds[mid] < y) lo = mid + 1; else hi = mid;
     }
     return lo;
+}
+
+// Sum over the 8 lanes of an aligned octet in the order of kvcache::format::turbo_sub::sub_sum
+// (an xor butterfly, o = 4, 2, 1; every lane ends with the sum). All 32 lanes must call it.
+__device__ __forceinline__ float octet_sum(float v) {
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Packs one code per value (packed[0..PK_D), shared memory) into the Lloyd–Max bit stream
+// `codes` [PK_D·BITS/8]: one thread per output byte gathers the codes whose bits fall in it.
+template <int BITS>
+__device__ __forceinline__ void pack_codes(const u8* packed, u8* __restrict__ codes) {
+    constexpr int NB = PK_D * BITS / 8;
+    for (int b = threadIdx.x; b < NB; b += blockDim.x) {
+        u32 byte = 0;
+        const int first = (8 * b) / BITS, last = (8 * b + 7) / BITS;
+        for (int i = first; i <= last; i++) {
+            const int shift = i * BITS - 8 * b;
+            const u32 c = packed[i];
+            byte |= shift >= 0 ? (c << shift) : (c >> -shift);
+        }
+        codes[b] = (u8)(byte & 0xff);
+    }
 }
 
 // For the f16 scale sh of a group (one lane per value, v = 0 and live = false past its end):
@@ -87,6 +112,51 @@ __device__ void encode_head(const float* x, u8* packed /* smem [PK_D] */, u8* __
         const int hi = __shfl_down_sync(0xffffffffu, q, 16);
         if (lane < 16) codes[g * 16 + lane] = (u8)(q | (hi << 4));
         if (lane == 0) scales[g] = sh;
+    } else if constexpr (C == CODEC_LMS) {
+        // kvcache::format::turbo_sub::encode. Sub-group j = values 8j..8j+7 = an aligned lane
+        // octet; its sums are octet_sum's. rms_j = sqrt(Σ x² / 8); D = f16(min(max_j rms_j · 1.2
+        // / 15, 65504)); per sub-group the q of 0..15 whose scale D·q reconstructs with least
+        // squared error (the first on ties; q = 0 if every error is infinite); code = #bounds <
+        // x · inv, inv = 1 / (D·q) (0 when D·q = 0).
+        // Every lane of the block takes part (lanes past PK_D hold zeros and write nothing).
+        static_assert(C != CODEC_LMS || PK_D % 8 == 0, "sub-scaled codes need head_dim % 8 == 0");
+        __shared__ float warp_top[(PK_D + 31) / 32];
+        const int j = d >> 3;
+        const float rms = __fsqrt_rn(__fdiv_rn(octet_sum(__fmul_rn(v, v)), 8.0f));
+        const float wtop = warp_max(rms);
+        if (lane == 0) warp_top[g] = wtop;
+        __syncthreads();
+        float top = 0.0f;
+        for (int w = 0; w < (PK_D + 31) / 32; w++) top = fmaxf(top, warp_top[w]);
+        const u16 dh = f32_to_f16(fminf(__fdiv_rn(__fmul_rn(top, 1.2f), 15.0f), 65504.0f));
+        const float dv = f16_to_f32(dh);
+        float best_err = __int_as_float(0x7f800000); // +inf
+        int best_q = 0;
+        for (int q = 0; q < 16; q++) {
+            const float s = __fmul_rn(dv, (float)q);
+            const float inv = s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
+            const int code = lm_code<BITS>(__fmul_rn(v, inv), bounds);
+            const float e = __fsub_rn(v, __fmul_rn(s, levels[code]));
+            const float err = octet_sum(__fmul_rn(e, e));
+            if (err < best_err) {
+                best_err = err;
+                best_q = q;
+            }
+        }
+        // The codes at the chosen scale, computed again as the host does.
+        const float s = __fmul_rn(dv, (float)best_q);
+        const float inv = s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
+        const int code = lm_code<BITS>(__fmul_rn(v, inv), bounds);
+        // Slot 1 + g packs the multipliers of the warp's four sub-groups, j % 4 = lane / 8.
+        const int qj = j < PK_D / 8 ? best_q : 0;
+        const int q1 = __shfl_down_sync(0xffffffffu, qj, 8);
+        const int q2 = __shfl_down_sync(0xffffffffu, qj, 16);
+        const int q3 = __shfl_down_sync(0xffffffffu, qj, 24);
+        if (lane == 0) scales[1 + g] = (u16)(qj | (q1 << 4) | (q2 << 8) | (q3 << 12));
+        if (d == 0) scales[0] = dh;
+        if (live) packed[d] = (u8)code;
+        __syncthreads();
+        pack_codes<BITS>(packed, codes);
     } else { // Lloyd–Max: s₀ = sqrt(mean(x²)) of the group (summed in index order); at ≤ 4 bits
              // the scale search of kvcache::format::turbo; code = #bounds < x/s
         __shared__ float group_scale[PK_D / 32];
@@ -131,18 +201,7 @@ __device__ void encode_head(const float* x, u8* packed /* smem [PK_D] */, u8* __
             packed[d] = (u8)lm_code<BITS>(y, bounds);
         }
         __syncthreads();
-        // One thread per output byte gathers the codes whose bits fall in it.
-        constexpr int NB = PK_D * BITS / 8;
-        for (int b = d; b < NB; b += blockDim.x) {
-            u32 byte = 0;
-            const int first = (8 * b) / BITS, last = (8 * b + 7) / BITS;
-            for (int i = first; i <= last; i++) {
-                const int shift = i * BITS - 8 * b;
-                const u32 c = packed[i];
-                byte |= shift >= 0 ? (c << shift) : (c >> -shift);
-            }
-            codes[b] = (u8)(byte & 0xff);
-        }
+        pack_codes<BITS>(packed, codes);
     }
 }
 

@@ -9,7 +9,8 @@
 //   PK_ROT_BLOCK      Hadamard block of the rotation (largest power of two dividing PK_D)
 // Layout of one plane (K or V) of one layer, as in kvcache::pages:
 //   codes  [num_blocks, block_size, num_kv_heads, CODE_BYTES]
-//   scales [num_blocks, block_size, num_kv_heads, NS] f16 (one per 32 values; none for floats)
+//   scales [num_blocks, block_size, num_kv_heads, NS] f16 (one per 32 values; none for floats;
+//          CODEC_LMS: slot 0 the head vector's D, then 4-bit multipliers, four per slot)
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -22,6 +23,7 @@ typedef unsigned long long u64;
 #define CODEC_Q8 3
 #define CODEC_Q4 4
 #define CODEC_LM 5
+#define CODEC_LMS 6 // Lloyd-Max codes scaled per 8 values by D·q (kvcache::format::turbo_sub)
 
 #define PK_NEG_INF (__int_as_float(0xff800000))
 
@@ -64,7 +66,8 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // One side's codec. Head vectors are handled in *units* of 8 values: unit u holds values
 // dim(u, 0..7) — contiguous except for q4, whose nibble packing puts values j and j+16 of a
 // 32-value group in one byte, so unit u = 4g+k holds group g's values 4k..4k+3 and 16+4k..16+4k+3
-// (its 4 code bytes are contiguous either way).
+// (its 4 code bytes are contiguous either way). Every unit lies in one 32-value group (u >> 2);
+// for CODEC_LMS a unit is one sub-group of the scale D·q.
 template <int C, int BITS, int D>
 struct Codec {
     static constexpr int CODE_BYTES = C == CODEC_F32 ? 4 * D
@@ -72,11 +75,13 @@ struct Codec {
                                     : C == CODEC_Q8 ? D
                                     : C == CODEC_Q4 ? D / 2
                                     : D * BITS / 8;
-    static constexpr int NS = (C == CODEC_F32 || C == CODEC_F16 || C == CODEC_BF16) ? 0 : D / 32;
+    static constexpr int NS = (C == CODEC_F32 || C == CODEC_F16 || C == CODEC_BF16) ? 0
+                            : C == CODEC_LMS ? 1 + (D / 8 + 3) / 4 // D, then the multipliers
+                            : D / 32;
     static constexpr int NU = D / 8;                      // units per head vector
     static constexpr int UB = CODE_BYTES / NU;            // code bytes per unit
-    static constexpr bool LEVELS = C == CODEC_LM;         // decodes through a level table
-    static constexpr int NLEVELS = C == CODEC_LM ? (1 << BITS) : 0;
+    static constexpr bool LEVELS = C == CODEC_LM || C == CODEC_LMS; // decodes through a level table
+    static constexpr int NLEVELS = LEVELS ? (1 << BITS) : 0;
 
     __device__ static __forceinline__ int dim(int u, int i) {
         if constexpr (C == CODEC_Q4) {
@@ -152,11 +157,24 @@ struct Codec {
     }
 
     // Scale of group g (1 for the float formats); `scales` points at the head vector's scales.
+    // CODEC_LMS has no group scales: unit_scale.
     __device__ static __forceinline__ float scale(const u8* scales, int g) {
         if constexpr (NS == 0) {
             return 1.0f;
         } else {
             return f16_to_f32(((const u16*)scales)[g]);
+        }
+    }
+
+    // Scale of unit u: for CODEC_LMS D·q of sub-group u (D in slot 0; q bits 4·(u % 4) of slot
+    // 1 + u/4; the product is exact in f32), else the scale of u's group u >> 2.
+    __device__ static __forceinline__ float unit_scale(const u8* scales, int u) {
+        if constexpr (C == CODEC_LMS) {
+            const u16* s = (const u16*)scales;
+            const u32 q = ((u32)s[1 + (u >> 2)] >> (4 * (u & 3))) & 0xfu;
+            return f16_to_f32(s[0]) * (float)q;
+        } else {
+            return scale(scales, u >> 2);
         }
     }
 };

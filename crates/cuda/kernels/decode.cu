@@ -7,7 +7,8 @@
 //   QK  4 lanes per token, each over every 4th unit of 8 values; queries (pre-rotated,
 //       pre-scaled by scale·log2 e) read from shared memory; per-group scales applied once per unit.
 //   softmax  one warp per query head: tile max, exp2, running (m, l) — online softmax in fp32.
-//   PV  NU = D/8 lanes per token row, each owning one unit × PK_G accumulators in registers.
+//   PV  NU = D/8 lanes per token row, each owning one unit × PK_G accumulators in registers;
+//       the unit's scale (its group's, or D·q of its sub-group for sub-scaled values) once per unit.
 // With gridDim.z == 1 (the `primitive` route) the CTA covers the whole visible context and writes
 // the normalized output (un-rotated for rotated formats). Otherwise (`partitioned`, split-K) it
 // writes its unnormalized accumulator and (m, l) and pk_merge combines the partitions exactly.
@@ -41,13 +42,17 @@ constexpr int STAGE_BYTES = TT * (KS + VS);
 // Copy granularity of the code bytes and of the scales of one row.
 __host__ __device__ constexpr int chunk_of(int bytes) { return bytes % 16 == 0 ? 16 : bytes % 8 == 0 ? 8 : bytes % 4 == 0 ? 4 : 2; }
 constexpr int KCC = chunk_of(KCod::CODE_BYTES), VCC = chunk_of(VCod::CODE_BYTES);
-constexpr int KSC = KCod::NS ? chunk_of(2 * KCod::NS) : 16, VSC = VCod::NS ? chunk_of(2 * VCod::NS) : 16;
+// A scale run starts CODE_BYTES into the row, so its chunks divide that offset too (sub-scaled
+// values at head_dim 96: 36 code bytes, then 8 bytes of scales — 4-byte chunks, not 8).
+constexpr int KSC = KCod::NS ? chunk_of(2 * KCod::NS | KCod::CODE_BYTES) : 16;
+constexpr int VSC = VCod::NS ? chunk_of(2 * VCod::NS | VCod::CODE_BYTES) : 16;
 constexpr int KNC = KCod::CODE_BYTES / KCC, VNC = VCod::CODE_BYTES / VCC;          // code chunks per row
 constexpr int KNSC = 2 * KCod::NS / KSC, VNSC = 2 * VCod::NS / VSC;                // scale chunks per row
 // Floats after the stages: queries [G][D], probabilities [G][TT], m, l, corr [G], level tables.
 constexpr int SMEM_FLOATS = PK_G * PK_D + PK_G * TT + 3 * PK_G + KCod::NLEVELS + VCod::NLEVELS;
 constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 4 * SMEM_FLOATS;
 static_assert(NU <= THREADS, "head_dim too large for one CTA");
+static_assert(PK_KC != CODEC_LMS, "keys are never sub-scaled: QK applies per-group scales");
 static_assert(KCC >= 4 && VCC >= 4, "code rows must be a multiple of 4 bytes");
 
 template <int N>
@@ -250,7 +255,7 @@ pk_decode(float* __restrict__ out,          // [num_seqs, num_heads, D]         
                 const u8* row = vrows + t * VS;
                 float v[8];
                 VCod::unit(row, pu, vlev, v);
-                const float sc = VCod::scale(row + VCod::CODE_BYTES, pu >> 2);
+                const float sc = VCod::unit_scale(row + VCod::CODE_BYTES, pu);
 #pragma unroll
                 for (int g = 0; g < PK_G; g++) {
                     const float w = P[g * TT + t] * sc;

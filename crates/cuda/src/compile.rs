@@ -46,6 +46,7 @@ fn codec_id(c: Codec) -> (u32, u32) {
         Codec::Q8 => (3, 8),
         Codec::Q4 => (4, 4),
         Codec::LloydMax { bits } => (5, bits as u32),
+        Codec::LloydMaxSub { bits } => (6, bits as u32),
     }
 }
 
@@ -519,7 +520,10 @@ pub(crate) fn decode_smem_bytes(format: KvFormat, head_dim: usize, group: usize)
         } else {
             row.div_ceil(16) * 16
         };
-        let levels = if let Codec::LloydMax { bits } = c { 1usize << bits } else { 0 };
+        let levels = match c {
+            Codec::LloydMax { bits } | Codec::LloydMaxSub { bits } => 1usize << bits,
+            _ => 0,
+        };
         (stride, levels)
     };
     let (ks, kl) = side(format.key_codec());
@@ -544,6 +548,18 @@ mod tests {
     fn decode_smem_matches_the_kernel_layout_for_bf16() {
         // bf16, D = 128: rows of 256 B padded to 320; 3 stages of 32 tokens × (K + V).
         assert_eq!(decode_smem_bytes(KvFormat::Bf16, 128, 4), 3 * 32 * 640 + 4 * (512 + 128 + 12));
+    }
+
+    #[test]
+    fn decode_smem_matches_the_kernel_layout_for_sub_scaled_turbo_values() {
+        // turbo K8/V3, D = 64: K rows 64 + 2·2 B (unit 8 B) padded to 128 + 32; V rows 24 codes
+        // + 2·3 slots (D, two of multipliers; unit 3 B) padded to 32; levels 256 + 8.
+        let f = KvFormat::Turbo { k_bits: 8, v_bits: 3 };
+        assert_eq!(f.value_codec(), Codec::LloydMaxSub { bits: 3 });
+        assert_eq!(decode_smem_bytes(f, 64, 4), 3 * 32 * (160 + 32) + 4 * (256 + 128 + 12 + 256 + 8));
+        // D = 128: K rows 128 + 2·4 B (unit 8 B) padded to 256 + 32; V rows 48 + 2·5 = 58 B to 64.
+        assert_eq!(decode_smem_bytes(f, 128, 1), 3 * 32 * (288 + 64) + 4 * (128 + 32 + 3 + 256 + 8));
+        assert_eq!(codec_id(Codec::LloydMaxSub { bits: 2 }), (6, 2));
     }
 
     #[test]

@@ -234,9 +234,10 @@ impl CudaDevice {
         Ok(km)
     }
 
-    /// Uploads the Lloyd–Max levels and bounds of a codec into the module's constants.
+    /// Uploads the Lloyd–Max levels and bounds of a codec (per-group or sub-scaled) into the
+    /// module's constants.
     fn upload_codebooks(&self, km: &KernelModule, codec: Codec, prefix: &str) -> Result<(), CudaError> {
-        let Codec::LloydMax { bits } = codec else { return Ok(()) };
+        let (Codec::LloydMax { bits } | Codec::LloydMaxSub { bits }) = codec else { return Ok(()) };
         let book = codebook(bits);
         for (name, values) in [("levels", &book.levels), ("bounds", &book.bounds)] {
             let sym = format!("{prefix}_{name}");

@@ -8,6 +8,8 @@
 //!   format, GQA groups 1/3/4/8, sliding windows, odd context lengths, block sizes 8/16/32,
 //!   pages scattered over a pool whose spare blocks hold huge values, outputs poisoned with NaN
 //!   before each run;
+//! - turbo's sub-scaled values (`Codec::LloydMaxSub`): every code and scale slot as the host's,
+//!   at the edges of the scales too (zero, near-zero and huge sub-groups), and decode over them;
 //! - bad input is a typed error, never a panic.
 //!
 //! Without a CUDA device (or without the `cuda` feature) every test prints
@@ -26,6 +28,7 @@ fn gpu_tests_need_the_cuda_feature() {
 mod gpu {
     use std::sync::Arc;
 
+    use kvcache::format::turbo_sub;
     use kvcache::{HostPages, KvFormat, LayerView, PageGeometry, PageStore, NULL_BLOCK};
     use pagekv_cuda::{
         CudaDevice, CudaError, DecodeAttention, DecodeBatch, DecodeGrid, DecodeKernel, DecodeRoute, DevicePages,
@@ -49,6 +52,16 @@ mod gpu {
         KvFormat::Turbo { k_bits: 4, v_bits: 2 },
         KvFormat::Turbo { k_bits: 2, v_bits: 4 },
         KvFormat::Turbo { k_bits: 3, v_bits: 8 },
+    ];
+
+    /// turbo's sub-scaled values (V at 2–4 bits, `Codec::LloydMaxSub`: one f16 `D` per head
+    /// vector and a 4-bit multiplier per 8 values) beside its unchanged paths (K at every width,
+    /// V at 8 bits).
+    const TURBO: [KvFormat; 4] = [
+        KvFormat::Turbo { k_bits: 8, v_bits: 3 },
+        KvFormat::Turbo { k_bits: 4, v_bits: 4 },
+        KvFormat::Turbo { k_bits: 2, v_bits: 2 },
+        KvFormat::Turbo { k_bits: 8, v_bits: 8 },
     ];
 
     /// Head vectors with a mix of magnitudes per group (so scales differ), a few outliers,
@@ -183,6 +196,168 @@ mod gpu {
             gpu.write_device(1, &ds, &dk, &dv, 29).expect("programmatic write_device");
             assert_same_pages(&gpu, &host, 1, &format!("{format} programmatic write_device"));
         }
+    }
+
+    /// turbo's values: the GPU stores every code and every scale slot (`D` and the packed
+    /// multipliers of sub-scaled values) as the host does, at head_dim 64, 96 and 128, over
+    /// three writes into scattered slots; and the multipliers chosen are not all alike.
+    #[test]
+    fn turbo_values_write_the_host_codes_and_every_scale_slot() {
+        let Some(dev) = device("turbo_values_write_the_host_codes_and_every_scale_slot") else { return };
+        let mut rng = StdRng::seed_from_u64(0x5CA1E);
+        for (i, format) in TURBO.into_iter().enumerate() {
+            for d in [64usize, 96, 128] {
+                let KvFormat::Turbo { v_bits, .. } = format else { unreachable!() };
+                let sub = v_bits <= 4;
+                let vc = format.value_codec();
+                assert_eq!(vc.scales(d), if sub { 1 + d / 32 } else { d / 32 }, "{format} d={d}: V slots");
+                let (bs, heads, blocks) = (16, 3, 7);
+                let g = geometry(format, 1, blocks, bs, heads, d, 40 + i as u64);
+                let mut host = HostPages::new(g.clone());
+                let mut gpu = DevicePages::new(dev.clone(), g.clone()).expect("device pages");
+                let row = heads * d;
+                for _ in 0..3 {
+                    let mut slots: Vec<u32> = (0..g.slots() as u32).collect();
+                    slots.shuffle(&mut rng);
+                    slots.truncate(rng.gen_range(g.slots() / 4..=g.slots() / 2));
+                    let n = slots.len();
+                    let (k, v) = (tokens(&mut rng, n, row, d), tokens(&mut rng, n, row, d));
+                    host.write(0, &slots, &k, &v);
+                    gpu.try_write(0, &slots, &k, &v).expect("write");
+                }
+                assert_same_pages(&gpu, &host, 0, &format!("{format} d={d}"));
+                if sub {
+                    let values = host.layer(0).values;
+                    let mut seen = [false; 16];
+                    for head in values.scales.chunks(values.n_scales) {
+                        for j in 0..d / turbo_sub::SUB {
+                            seen[turbo_sub::multiplier(head, j) as usize] = true;
+                        }
+                    }
+                    let distinct = seen.iter().filter(|&&s| s).count();
+                    assert!(distinct >= 6, "{format} d={d}: only {distinct} distinct multipliers");
+                }
+            }
+        }
+    }
+
+    /// Rotated value vectors (the sub-scaled encoder's input) at the edges of the scales:
+    /// `[kind][head_dim]`, each to be written as its inverse rotation. At head_dim 64 the rotation
+    /// (norm 1/8) is exact, so zeros stay zeros; at 128 they come back as ~1e-7 of the vector.
+    fn edge_vectors(rng: &mut StdRng, d: usize) -> Vec<Vec<f32>> {
+        let live = [1.0f32, -2.0, 0.5, 3.0, -1.0, 0.25, -0.75, 2.0];
+        let mut out = Vec::new();
+        // 0: one live sub-group among all-zero ones (they take q = 0).
+        let mut y = vec![0f32; d];
+        y[8..16].copy_from_slice(&live);
+        out.push(y);
+        // 1: one huge sub-group (D clamped to 65504) beside tiny and zero ones.
+        let mut y = vec![0f32; d];
+        for i in 0..8 {
+            y[i] = 2e6 * live[i];
+            y[16 + i] = 1e-3 * live[i];
+        }
+        out.push(y);
+        // 2: near-zero everywhere (D an f16 subnormal).
+        out.push((0..d).map(|_| 1e-6 * normal(rng)).collect());
+        // 3: below f16's range (D = 0: every value decodes to 0).
+        out.push((0..d).map(|_| 1e-10 * normal(rng)).collect());
+        // 4: magnitudes stepping by 10 from sub-group to sub-group.
+        out.push((0..d).map(|i| 10f32.powi((i / 8 % 8) as i32 - 4) * normal(rng)).collect());
+        // 5: a constant sub-group, one with a lone spike, the rest normal.
+        let mut y: Vec<f32> = (0..d).map(|_| normal(rng)).collect();
+        y[..8].fill(0.75);
+        y[8..16].fill(0.0);
+        y[11] = -30.0;
+        out.push(y);
+        // 6: a value whose square overflows f32 (every error of its sub-group infinite: q = 0).
+        let mut y = vec![0f32; d];
+        y[5] = 1e20;
+        y[40] = -3.0;
+        out.push(y);
+        out
+    }
+
+    /// Sub-scaled values at the edges of their scales ([`edge_vectors`]): the GPU stores the
+    /// host's codes and slots byte for byte, the edges land where meant (head_dim 64: q = 0 for
+    /// zero sub-groups, D = 65504 when clamped, D = 0 below f16), and decode attention over pages
+    /// full of them matches the reference on both routes.
+    #[test]
+    fn turbo_sub_scaled_values_at_zero_tiny_and_huge_magnitudes() {
+        let Some(dev) = device("turbo_sub_scaled_values_at_zero_tiny_and_huge_magnitudes") else { return };
+        let mut rng = StdRng::seed_from_u64(0xED6E);
+        let mut worst = 0f32;
+        for (i, format) in TURBO[..3].iter().copied().enumerate() {
+            for d in [64usize, 128] {
+                let heads = 2;
+                let g = geometry(format, 1, 4, 16, heads, d, 70 + i as u64);
+                let mut host = HostPages::new(g.clone());
+                let mut gpu = DevicePages::new(dev.clone(), g.clone()).expect("device pages");
+                let edges = edge_vectors(&mut rng, d);
+                let rotation = host.layer(0).rotation.expect("turbo is rotated").clone();
+                // Token t, head h holds edge (t + h) % kinds; keys are plain normals.
+                let n = 2 * edges.len();
+                let mut v = vec![0f32; n * heads * d];
+                for (c, chunk) in v.chunks_mut(d).enumerate() {
+                    chunk.copy_from_slice(&edges[(c / heads + c % heads) % edges.len()]);
+                    rotation.apply_inverse(chunk);
+                }
+                let k: Vec<f32> = (0..n * heads * d).map(|_| normal(&mut rng)).collect();
+                let mut slots: Vec<u32> = (0..g.slots() as u32).collect();
+                slots.shuffle(&mut rng);
+                slots.truncate(n);
+                host.write(0, &slots, &k, &v);
+                gpu.try_write(0, &slots, &k, &v).expect("write");
+                assert_same_pages(&gpu, &host, 0, &format!("{format} d={d} edges"));
+                if d == 64 {
+                    let values = host.layer(0).values;
+                    let at = |kind: usize| {
+                        let t = (0..n).find(|t| t % edges.len() == kind).expect("token");
+                        values.head_scales(slots[t] as usize, 0)
+                    };
+                    let q = |s: &[half::f16]| (0..8).map(|j| turbo_sub::multiplier(s, j)).collect::<Vec<_>>();
+                    let zeros = q(at(0)).iter().enumerate().filter(|&(j, &m)| j != 1 && m == 0).count();
+                    assert_eq!(zeros, 7, "{format}: zero sub-groups take q = 0 ({:?})", q(at(0)));
+                    assert_eq!(at(1)[0], half::f16::MAX, "{format}: D clamped");
+                    assert_eq!(at(3)[0].to_f32(), 0.0, "{format}: D below f16");
+                    assert_eq!(q(at(6))[0], 0, "{format}: an overflowing sub-group takes q = 0");
+                }
+                // Decode over pages whose visible values are all edges (two sequences, GQA 4,
+                // a window), against the reference over the same pages.
+                let case = Case {
+                    format,
+                    head_dim: d,
+                    num_kv_heads: heads,
+                    group: 4,
+                    contexts: vec![45, 23],
+                    window: Some(40),
+                    block_size: 16,
+                    seed: 90 + i as u64 + d as u64,
+                    rounded_queries: false,
+                };
+                let mut built = build(&dev, &case);
+                for (seq, &ctx) in case.contexts.iter().enumerate() {
+                    let table = &built.tables[seq];
+                    let pos: Vec<usize> = (0..ctx).filter(|p| table[p / 16] != NULL_BLOCK).collect();
+                    let slots: Vec<u32> = pos.iter().map(|&p| table[p / 16] * 16 + (p % 16) as u32).collect();
+                    let mut v = vec![0f32; pos.len() * heads * d];
+                    for (c, chunk) in v.chunks_mut(d).enumerate() {
+                        chunk.copy_from_slice(&edges[(c / heads + c % heads + seq) % edges.len()]);
+                        rotation.apply_inverse(chunk);
+                    }
+                    let k: Vec<f32> = (0..v.len()).map(|_| normal(&mut rng)).collect();
+                    built.pages.try_write(0, &slots, &k, &v).expect("write edges");
+                }
+                for (kernel, label, err) in run_built(&dev, &case, &built, &[DecodeRoute::Primitive, PART(16)]) {
+                    assert!(err <= bound(format), "{format} d={d} {kernel} {label}: relative error {err:e}");
+                    worst = worst.max(err);
+                }
+            }
+        }
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!("turbo_sub_edges: worst decode relative error {worst:.2e}\n").as_bytes(),
+        );
     }
 
     #[test]
@@ -388,7 +563,16 @@ mod gpu {
     /// (`PAGEKV_CUDA_TC_GRID`), then once on the stream-K grid where it serves the case; returns
     /// (kernel, route or "stream-k", error) triples.
     fn run_case(dev: &Arc<CudaDevice>, case: &Case, routes: &[DecodeRoute]) -> Vec<(&'static str, &'static str, f32)> {
-        let built = build(dev, case);
+        run_built(dev, case, &build(dev, case), routes)
+    }
+
+    /// [`run_case`] over pages already built (and maybe overwritten) for `case`.
+    fn run_built(
+        dev: &Arc<CudaDevice>,
+        case: &Case,
+        built: &Built,
+        routes: &[DecodeRoute],
+    ) -> Vec<(&'static str, &'static str, f32)> {
         let n_seqs = case.contexts.len();
         let d = case.head_dim;
         let scale = 1.0 / (d as f32).sqrt();
@@ -524,6 +708,42 @@ mod gpu {
             }
         }
         check_all("decode_gqa_windows", &dev, &cases, &[DecodeRoute::Primitive, PART(32), PART(256)]);
+    }
+
+    /// turbo with sub-scaled values (and K8/V8, whose values keep one scale per 32) at head_dim
+    /// 64 and 128 (and 96, 224): GQA groups 1–8, windows, block sizes 8/16/32, both routes.
+    #[test]
+    fn decode_turbo_values_gqa_and_windows() {
+        let Some(dev) = device("decode_turbo_values_gqa_and_windows") else { return };
+        let mut cases = Vec::new();
+        let mut seed = 9000;
+        for format in TURBO {
+            for (d, group, window, bs) in [
+                (128usize, 1usize, None, 16usize),
+                (128, 4, Some(37), 8),
+                (128, 8, Some(700), 32),
+                (64, 3, Some(1), 16),
+                (64, 4, None, 32),
+                // Scale runs that start at a code length not aligned to their copy size
+                // (V3 at 96: 36 code bytes then 8 of scales; V2 at 224: 56 then 16).
+                (96, 2, Some(100), 16),
+                (224, 4, None, 16),
+            ] {
+                seed += 1;
+                cases.push(Case {
+                    format,
+                    head_dim: d,
+                    num_kv_heads: 2,
+                    group,
+                    contexts: vec![1, 17, 300 + group, 1025],
+                    window,
+                    block_size: bs,
+                    seed,
+                    rounded_queries: false,
+                });
+            }
+        }
+        check_all("decode_turbo_values", &dev, &cases, &[DecodeRoute::Primitive, PART(64), PART(256)]);
     }
 
     #[test]
