@@ -20,9 +20,10 @@
 //! 1. per sub-group `j`: `rms_j = sqrt(Σ y² / 8)` (sum in [`sub_sum`] order);
 //! 2. `D = f16(min(max_j rms_j · TOP / 15, 65504))` (`TOP` = 1.2);
 //! 3. per sub-group: the `q` of all 16 whose scale `D·q` reconstructs with least squared
-//!    error (codes = nearest level of `y / (D·q)`, error summed in [`sub_sum`] order), the
-//!    first on ties; `q = 0` (all values decode to 0) wins for an all-zero sub-group;
-//! 4. `code = nearest level of y · (1 / (D·q))` (0 when `D·q = 0`).
+//!    error (codes as in step 4, error summed in [`sub_sum`] order), the first on ties;
+//!    `q = 0` (all values decode to 0) wins for an all-zero sub-group;
+//! 4. `code = nearest level of y · (1 / (D·q))`, the reciprocal rounded first (the level of 0
+//!    when `D·q = 0`).
 //!
 //! Every sum runs in the order of an 8-lane xor butterfly (`v += shfl_xor(v, o)`, o = 4, 2, 1)
 //! so the GPU encoder (crates/cuda/kernels/cache_write.cu), one lane per value, chooses the
