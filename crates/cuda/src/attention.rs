@@ -47,10 +47,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use crate::compile::{decode_smem_bytes, decode_tc_smem_bytes_for, tc_heads_per_cta, tc_shape, ModuleSpec};
-use crate::device::{arg, launch_programmatic};
+use crate::device::{arg, launch_kernel};
 use crate::pages::dptr;
 use crate::{CudaDevice, CudaError, DevicePages};
 
@@ -460,46 +460,38 @@ impl DecodeAttention {
             block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let launched = if tc && self.programmatic {
-            let mut args = [
-                arg(&out_p),
-                arg(&acc_p),
-                arg(&ml_p),
-                arg(&q_p),
-                arg(&p.k_codes),
-                arg(&p.k_scales),
-                arg(&p.v_codes),
-                arg(&p.v_scales),
-                arg(&tables),
-                arg(&max_blocks),
-                arg(&ctx),
-                arg(&signs),
-                arg(&norm),
-                arg(&scale_log2),
-                arg(&window),
-                arg(&log2_bs),
-                arg(&part_size_u),
-                arg(&num_kv_heads),
-                arg(&counters_p),
-            ];
-            // SAFETY: `args` points at values of pk_decode_tc's (and pk_decode_tc_base's)
-            // parameter types, in order, alive for the call; buffers as below; the kernel reads
-            // only tables and context lengths before its pdl_wait (see `set_programmatic`).
-            unsafe { launch_programmatic(&dev, &f, cfg, &mut args) }
-                .map_err(|e| CudaError::driver("cuLaunchKernelEx(pk_decode_tc)", e))
-        } else {
-            let mut l = stream.launch_builder(&f);
-            l.arg(&out_p).arg(&acc_p).arg(&ml_p).arg(&q_p);
-            l.arg(&p.k_codes).arg(&p.k_scales).arg(&p.v_codes).arg(&p.v_scales);
-            l.arg(&tables).arg(&max_blocks).arg(&ctx).arg(&signs).arg(&norm);
-            l.arg(&scale_log2).arg(&window).arg(&log2_bs).arg(&part_size_u);
-            if tc {
-                l.arg(&num_kv_heads).arg(&counters_p);
-            }
-            // SAFETY: argument list matches pk_decode and pk_decode_tc; buffer sizes were checked above; the caller
-            // guarantees context_lens ≤ max_context_len and valid block ids for visible positions.
-            unsafe { l.launch(cfg) }.map(|_| ()).map_err(|e| CudaError::driver("cuLaunchKernel(pk_decode)", e))
-        };
+        let mut args = [
+            arg(&out_p),
+            arg(&acc_p),
+            arg(&ml_p),
+            arg(&q_p),
+            arg(&p.k_codes),
+            arg(&p.k_scales),
+            arg(&p.v_codes),
+            arg(&p.v_scales),
+            arg(&tables),
+            arg(&max_blocks),
+            arg(&ctx),
+            arg(&signs),
+            arg(&norm),
+            arg(&scale_log2),
+            arg(&window),
+            arg(&log2_bs),
+            arg(&part_size_u),
+            arg(&num_kv_heads),
+            arg(&counters_p),
+        ];
+        // pk_decode takes the first 17 parameters; the tensor-core kernels two more.
+        let n_args = if tc { args.len() } else { args.len() - 2 };
+        // SAFETY: `args[..n_args]` points at values of the kernel's parameter types, in order,
+        // alive for the call (pk_decode, pk_decode_tc, pk_decode_tc_base); buffer sizes were
+        // checked above, and the caller guarantees context_lens ≤ max_context_len and valid
+        // block ids for visible positions. A programmatic tensor-core launch reads only tables
+        // and context lengths before its pdl_wait (see `set_programmatic`).
+        let launched =
+            unsafe { launch_kernel(&dev, &f, cfg, &mut args[..n_args], tc && self.programmatic) }.map_err(|e| {
+                CudaError::driver(if tc { "cuLaunchKernelEx(pk_decode_tc)" } else { "cuLaunchKernelEx(pk_decode)" }, e)
+            });
         if let Err(e) = launched {
             self.counters = None; // a failed launch may leave counts behind: start from zeros
             return Err(e);
@@ -512,29 +504,22 @@ impl DecodeAttention {
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: (4 * (d + parts + 8)) as u32,
             };
-            if crate::compile::tc_tuning().pdl {
-                let mut args: [*mut std::ffi::c_void; 9] = [
-                    &out_p as *const u64 as *mut _,
-                    &acc_p as *const u64 as *mut _,
-                    &ml_p as *const u64 as *mut _,
-                    &ctx as *const u64 as *mut _,
-                    &parts_u as *const u32 as *mut _,
-                    &window as *const u32 as *mut _,
-                    &part_size_u as *const u32 as *mut _,
-                    &signs as *const u64 as *mut _,
-                    &norm as *const f32 as *mut _,
-                ];
-                // SAFETY: `args` points at values of pk_merge's parameter types, in order, alive
-                // for the call; buffers as below.
-                unsafe { launch_programmatic(&dev, &f, cfg, &mut args) }
-                    .map_err(|e| CudaError::driver("cuLaunchKernelEx(pk_merge)", e))?;
-            } else {
-                let mut l = stream.launch_builder(&f);
-                l.arg(&out_p).arg(&acc_p).arg(&ml_p).arg(&ctx).arg(&parts_u).arg(&window).arg(&part_size_u);
-                l.arg(&signs).arg(&norm);
-                // SAFETY: as above; partial buffers hold num_seqs × num_heads × parts entries.
-                unsafe { l.launch(cfg) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_merge)", e))?;
-            }
+            let mut args = [
+                arg(&out_p),
+                arg(&acc_p),
+                arg(&ml_p),
+                arg(&ctx),
+                arg(&parts_u),
+                arg(&window),
+                arg(&part_size_u),
+                arg(&signs),
+                arg(&norm),
+            ];
+            // SAFETY: `args` points at values of pk_merge's parameter types, in order, alive for
+            // the call; the partial buffers hold num_seqs × num_heads × parts entries; pk_merge
+            // reads the partials only after its pdl_wait.
+            unsafe { launch_kernel(&dev, &f, cfg, &mut args, crate::compile::tc_tuning().pdl) }
+                .map_err(|e| CudaError::driver("cuLaunchKernelEx(pk_merge)", e))?;
         }
         Ok(())
     }
@@ -613,41 +598,32 @@ impl DecodeAttention {
             block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let launched = if self.programmatic {
-            let mut args = [
-                arg(&out_p),
-                arg(&acc_p),
-                arg(&ml_p),
-                arg(&q_p),
-                arg(&p.k_codes),
-                arg(&p.k_scales),
-                arg(&p.v_codes),
-                arg(&p.v_scales),
-                arg(&tables),
-                arg(&max_blocks),
-                arg(&ctx),
-                arg(&num_seqs),
-                arg(&scale_log2),
-                arg(&window),
-                arg(&log2_bs),
-                arg(&num_kv_heads),
-                arg(&counters_p),
-            ];
-            // SAFETY: `args` points at values of pk_decode_tc_sk's parameter types, in order,
-            // alive for the call; the partials hold (units + ctas) slots, the counters `units`;
-            // the kernel reads only tables and context lengths before its pdl_wait.
-            unsafe { launch_programmatic(&dev, &f, cfg, &mut args) }
-                .map_err(|e| CudaError::driver("cuLaunchKernelEx(pk_decode_tc_sk)", e))
-        } else {
-            let mut l = stream.launch_builder(&f);
-            l.arg(&out_p).arg(&acc_p).arg(&ml_p).arg(&q_p);
-            l.arg(&p.k_codes).arg(&p.k_scales).arg(&p.v_codes).arg(&p.v_scales);
-            l.arg(&tables).arg(&max_blocks).arg(&ctx).arg(&num_seqs);
-            l.arg(&scale_log2).arg(&window).arg(&log2_bs).arg(&num_kv_heads).arg(&counters_p);
-            // SAFETY: as above; buffer sizes were checked by `check`, and the caller guarantees
-            // context_lens in 1..=max_context_len and valid block ids for visible positions.
-            unsafe { l.launch(cfg) }.map(|_| ()).map_err(|e| CudaError::driver("cuLaunchKernel(pk_decode_tc_sk)", e))
-        };
+        let mut args = [
+            arg(&out_p),
+            arg(&acc_p),
+            arg(&ml_p),
+            arg(&q_p),
+            arg(&p.k_codes),
+            arg(&p.k_scales),
+            arg(&p.v_codes),
+            arg(&p.v_scales),
+            arg(&tables),
+            arg(&max_blocks),
+            arg(&ctx),
+            arg(&num_seqs),
+            arg(&scale_log2),
+            arg(&window),
+            arg(&log2_bs),
+            arg(&num_kv_heads),
+            arg(&counters_p),
+        ];
+        // SAFETY: `args` points at values of pk_decode_tc_sk's parameter types, in order, alive
+        // for the call; the partials hold (units + ctas) slots, the counters `units`; buffer
+        // sizes were checked by `check`, and the caller guarantees context_lens in
+        // 1..=max_context_len and valid block ids for visible positions; a programmatic launch
+        // reads only tables and context lengths before its pdl_wait.
+        let launched = unsafe { launch_kernel(&dev, &f, cfg, &mut args, self.programmatic) }
+            .map_err(|e| CudaError::driver("cuLaunchKernelEx(pk_decode_tc_sk)", e));
         if launched.is_err() {
             self.sk_counters = None; // a failed launch may leave counts behind: start from zeros
         }

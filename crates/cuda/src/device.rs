@@ -257,26 +257,30 @@ fn bytemuck_f32(x: &[f32]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, std::mem::size_of_val(x)) }
 }
 
-/// A kernel argument slot for [`launch_programmatic`]: the address of `v`.
+/// A kernel argument slot for [`launch_kernel`]: the address of `v`.
 pub(crate) fn arg<T>(v: &T) -> *mut std::ffi::c_void {
     v as *const T as *mut std::ffi::c_void
 }
 
-/// Launches `f` on the device's stream with programmatic stream serialization (programmatic
-/// dependent launch, sm_90+): the kernel may be scheduled while the previous kernel of the
-/// stream still runs, and must call `pdl_wait()` (kernels/common.cuh) before it reads that
-/// kernel's results or writes what it reads. Used for `pk_merge` after the decode kernel and for
-/// the model's decode products and QKV/RoPE (the launch gaps between them).
+/// Launches `f` on the device's stream (`cuLaunchKernelEx`), with programmatic stream
+/// serialization when `programmatic` (programmatic dependent launch, sm_90+): the kernel may then
+/// be scheduled while the previous kernel of the stream still runs, and must call `pdl_wait()`
+/// (kernels/common.cuh) before it reads that kernel's results or writes what it reads. Used with
+/// it for `pk_merge` after the decode kernel, the decode kernels after the cache write, and the
+/// model's decode products and QKV/RoPE (the launch gaps between them); without it, a plain
+/// launch. One argument list serves both.
 ///
 /// # Safety
 /// `args` must point at one value per kernel parameter, of the parameter's type, in order.
-pub(crate) unsafe fn launch_programmatic(
+pub(crate) unsafe fn launch_kernel(
     dev: &CudaDevice,
     f: &CudaFunction,
     cfg: cudarc::driver::LaunchConfig,
     args: &mut [*mut std::ffi::c_void],
+    programmatic: bool,
 ) -> Result<(), cudarc::driver::DriverError> {
     use cudarc::driver::sys;
+    dev.ctx.bind_to_thread()?;
     // SAFETY: a zeroed attribute is a valid value of the C union; id and value are set below.
     let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -291,7 +295,7 @@ pub(crate) unsafe fn launch_programmatic(
         sharedMemBytes: cfg.shared_mem_bytes,
         hStream: dev.stream().cu_stream(),
         attrs: &mut attr,
-        numAttrs: 1,
+        numAttrs: programmatic as u32,
     };
     // SAFETY: the caller's contract on `args`; config and attr outlive the call.
     unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()

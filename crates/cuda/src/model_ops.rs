@@ -21,7 +21,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
 use crate::compile::ModuleSpec;
-use crate::device::{arg, launch_programmatic};
+use crate::device::{arg, launch_kernel};
 use crate::pages::dptr;
 use crate::{knobs, CudaDevice, CudaError};
 
@@ -480,40 +480,32 @@ impl ModelOps {
             block_dim: (32, 1, 1),
             shared_mem_bytes: (4 * d) as u32,
         };
-        if self.gemv_shape.pdl {
-            // pk_qkv_rope waits for the product before it in-kernel (pdl_wait).
-            let mut args: [*mut std::ffi::c_void; 18] = [
-                arg(&qp),
-                arg(&kp),
-                arg(&vp),
-                arg(&xp),
-                arg(&bp),
-                arg(&qn),
-                arg(&kn),
-                arg(&pp),
-                arg(&fp),
-                arg(&nh32),
-                arg(&nkv32),
-                arg(&d32),
-                arg(&rd),
-                arg(&style),
-                arg(&p.theta_scale),
-                arg(&p.freq_scale),
-                arg(&p.eps),
-                arg(&p.q_round),
-            ];
-            self.device.bind()?;
-            // SAFETY: `args` points at pk_qkv_rope's parameters, in order, of their types, alive
-            // for the call; sizes checked above.
-            return unsafe { launch_programmatic(&self.device, &self.qkv_rope, cfg, &mut args) }
-                .map_err(launch_err("cuLaunchKernelEx(pk_qkv_rope)"));
-        }
-        let mut b = self.device.stream().launch_builder(&self.qkv_rope);
-        b.arg(&qp).arg(&kp).arg(&vp).arg(&xp).arg(&bp).arg(&qn).arg(&kn).arg(&pp).arg(&fp);
-        b.arg(&nh32).arg(&nkv32).arg(&d32).arg(&rd).arg(&style).arg(&p.theta_scale).arg(&p.freq_scale);
-        b.arg(&p.eps).arg(&p.q_round);
-        // SAFETY: argument list matches pk_qkv_rope; sizes checked above.
-        unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_qkv_rope)"))
+        // With programmatic launches pk_qkv_rope waits for the product before it in-kernel
+        // (pdl_wait).
+        let mut args: [*mut std::ffi::c_void; 18] = [
+            arg(&qp),
+            arg(&kp),
+            arg(&vp),
+            arg(&xp),
+            arg(&bp),
+            arg(&qn),
+            arg(&kn),
+            arg(&pp),
+            arg(&fp),
+            arg(&nh32),
+            arg(&nkv32),
+            arg(&d32),
+            arg(&rd),
+            arg(&style),
+            arg(&p.theta_scale),
+            arg(&p.freq_scale),
+            arg(&p.eps),
+            arg(&p.q_round),
+        ];
+        // SAFETY: `args` points at pk_qkv_rope's parameters, in order, of their types, alive for
+        // the call; sizes checked above.
+        unsafe { launch_kernel(&self.device, &self.qkv_rope, cfg, &mut args, self.gemv_shape.pdl) }
+            .map_err(launch_err("cuLaunchKernelEx(pk_qkv_rope)"))
     }
 
     /// `out [n, f]` (out's dtype) ← `silu(gu[:, :f]) · gu[:, f:]`, `gu [n, 2f]` f32.
@@ -702,31 +694,15 @@ impl ModelOps {
             block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        if self.gemv_shape.split_warps.is_some() && self.gemv_shape.pdl {
-            let mut args: [*mut std::ffi::c_void; 10] = [
-                arg(&y),
-                arg(&wp),
-                arg(&xp),
-                arg(&nw),
-                arg(&rp),
-                arg(&r32),
-                arg(&c32),
-                arg(&mode),
-                arg(&eps),
-                arg(&acc),
-            ];
-            self.device.bind()?;
-            // SAFETY: `args` points at pk_gemv_split_bf16's parameters, in order, of their types,
-            // alive for the call; sizes checked above; the kernel waits for the previous one
-            // (pdl_wait) before it reads x or y.
-            return unsafe { launch_programmatic(&self.device, f, cfg, &mut args) }
-                .map_err(launch_err("cuLaunchKernelEx(pk_gemv_split_bf16)"));
-        }
-        let mut b = self.device.stream().launch_builder(f);
-        b.arg(&y).arg(&wp).arg(&xp).arg(&nw).arg(&rp).arg(&r32).arg(&c32).arg(&mode).arg(&eps).arg(&acc);
-        // SAFETY: argument list matches pk_gemv_bf16_nN_rR / pk_gemv_split_bf16_nN_wW; sizes
-        // checked above; the caller keeps out and x apart and gathered row ids in range.
-        unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_gemv_bf16)"))
+        let mut args: [*mut std::ffi::c_void; 10] =
+            [arg(&y), arg(&wp), arg(&xp), arg(&nw), arg(&rp), arg(&r32), arg(&c32), arg(&mode), arg(&eps), arg(&acc)];
+        // SAFETY: `args` points at the parameters of pk_gemv_bf16_nN_rR / pk_gemv_split_bf16_nN_wW,
+        // in order, of their types, alive for the call; sizes checked above; the caller keeps out
+        // and x apart and gathered row ids in range. A programmatic launch (the split kernel's)
+        // waits for the previous kernel (pdl_wait) before it reads x or y.
+        let programmatic = self.gemv_shape.split_warps.is_some() && self.gemv_shape.pdl;
+        unsafe { launch_kernel(&self.device, f, cfg, &mut args, programmatic) }
+            .map_err(launch_err("cuLaunchKernelEx(pk_gemv_bf16)"))
     }
 
     /// `ids [rows]` ← argmax of each row of `logits [rows, vocab]` (first maximum, NaN skipped).

@@ -12,12 +12,12 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{result, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result, CudaSlice, DevicePtr, LaunchConfig};
 use half::f16;
 use kvcache::{Codec, LayerView, PageGeometry, PageStore, PlaneView, Rotation};
 
 use crate::compile::ModuleSpec;
-use crate::device::{arg, launch_programmatic, KernelModule};
+use crate::device::{arg, launch_kernel, KernelModule};
 use crate::{CudaDevice, CudaError};
 
 /// One plane (K or V) of one layer in device memory.
@@ -238,32 +238,23 @@ impl DevicePages {
             block_dim: (self.geometry.head_dim.div_ceil(32) as u32 * 32, 1, 1),
             shared_mem_bytes: 0,
         };
-        if programmatic {
-            let mut args = [
-                arg(&p.k_codes),
-                arg(&p.k_scales),
-                arg(&p.v_codes),
-                arg(&p.v_scales),
-                arg(&keys),
-                arg(&values),
-                arg(&slots),
-                arg(&heads),
-                arg(&signs),
-                arg(&norm),
-            ];
-            // SAFETY: `args` points at values of pk_cache_write's parameter types, in order,
-            // alive for the call; buffers hold n tokens; slots are in range; the kernel waits
-            // for the previous kernel (pdl_wait) before it reads keys/values or writes pages.
-            return unsafe { launch_programmatic(&self.device, &f, cfg, &mut args) }
-                .map_err(|e| CudaError::driver("cuLaunchKernelEx(pk_cache_write)", e));
-        }
-        let stream = self.device.stream();
-        let mut b = stream.launch_builder(&f);
-        b.arg(&p.k_codes).arg(&p.k_scales).arg(&p.v_codes).arg(&p.v_scales);
-        b.arg(&keys).arg(&values).arg(&slots).arg(&heads).arg(&signs).arg(&norm);
-        // SAFETY: argument types match pk_cache_write; buffers hold n tokens; slots are in range.
-        unsafe { b.launch(cfg) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_cache_write)", e))?;
-        Ok(())
+        let mut args = [
+            arg(&p.k_codes),
+            arg(&p.k_scales),
+            arg(&p.v_codes),
+            arg(&p.v_scales),
+            arg(&keys),
+            arg(&values),
+            arg(&slots),
+            arg(&heads),
+            arg(&signs),
+            arg(&norm),
+        ];
+        // SAFETY: `args` points at values of pk_cache_write's parameter types, in order, alive for
+        // the call; buffers hold n tokens; slots are in range; a programmatic launch waits for
+        // the previous kernel (pdl_wait) before it reads keys/values or writes pages.
+        unsafe { launch_kernel(&self.device, &f, cfg, &mut args, programmatic) }
+            .map_err(|e| CudaError::driver("cuLaunchKernelEx(pk_cache_write)", e))
     }
 
     /// [`PageStore::write`] with its error returned.
