@@ -67,14 +67,13 @@ pub(crate) struct TileScratch<'a> {
     /// `[TILE, MAX_VALUE_GROUPS]` value group scales of the tile (of 32 values, or of 8 for
     /// sub-scaled values).
     pub vscale: &'a mut [f32],
-    /// `[TILE, value groups, 4]` probabilities × value scales.
+    /// `[TILE, MAX_GROUPS, 4]` probabilities × value group scales (values scaled per 32).
     pub w: &'a mut [f32],
 }
 
 impl TileScratch<'_> {
     /// Floats each buffer needs, in field order.
-    pub const LENS: [usize; 5] =
-        [SC_LEN, SC_LEN, TILE * MAX_GROUPS, TILE * MAX_VALUE_GROUPS, TILE * MAX_VALUE_GROUPS * 4];
+    pub const LENS: [usize; 5] = [SC_LEN, SC_LEN, TILE * MAX_GROUPS, TILE * MAX_VALUE_GROUPS, TILE * MAX_GROUPS * 4];
 }
 
 /// Per-row visible token range `[a, b)` inside a tile for the four rows of a block (empty,
@@ -91,7 +90,8 @@ pub(crate) trait TileOps {
     const K_SCALED: bool;
     /// Values carry per-group scales: `accumulate` reads weights per group.
     const V_SCALED: bool;
-    /// Those groups are of 8 values, their scales `D · q` (`kvcache::format::turbo_sub`).
+    /// Values carry a scale per 8 instead, `D · q` (`kvcache::format::turbo_sub`), which
+    /// `accumulate` multiplies into the decoded values.
     const V_SUB_SCALED: bool;
 
     /// `sc[t][r] = q_r · k_t` for tokens `t0 .. t1` and `rows ≤ 4` rows (`q`: `[rows, d]`),
@@ -117,9 +117,10 @@ pub(crate) trait TileOps {
     );
 
     /// `acc[r] = acc[r]·corr[r] + Σ_t w_t[r]·v_t` over tokens `t0 .. t1` for `rows ≤ 4` rows
-    /// (`acc`: `[rows, d]`). Weight of token `t`, row `r`, value group `g` (of 32 values, or of 8
-    /// when [`Self::V_SUB_SCALED`]): `w[t·wt + 4g + r]` for scaled codecs, `w[t·wt + r]`
-    /// otherwise. Prefetches `next`'s rows at the same positions, pass by pass.
+    /// (`acc`: `[rows, d]`). Weight of token `t`, row `r`, value group `g` of 32: `w[t·wt + 4g +
+    /// r]` for scaled codecs, `w[t·wt + r]` for unscaled and sub-scaled ones; the latter multiply
+    /// their decoded values by `vscale` (`[TILE, MAX_VALUE_GROUPS]`, the tokens' `D · q` per 8
+    /// values). Prefetches `next`'s rows at the same positions, pass by pass.
     ///
     /// # Safety
     /// The instruction set is available; `vrows[t0..t1]` are stored value rows of head_dim `d`;
@@ -129,6 +130,7 @@ pub(crate) trait TileOps {
         &self,
         rows: usize,
         vrows: &[*const u8; TILE],
+        vscale: *const f32,
         t0: usize,
         t1: usize,
         w: *const f32,
@@ -265,14 +267,27 @@ unsafe fn convert_scales(rows: &[*const f16], ns: usize, out: &mut [f32]) {
 unsafe fn expand_sub_scales(rows: &[*const f16], subs: usize, out: &mut [f32]) {
     debug_assert!(subs <= MAX_VALUE_GROUPS && out.len() >= rows.len() * MAX_VALUE_GROUPS);
     let o = out.as_mut_ptr();
-    // SAFETY: reads stay inside each row's slots, writes inside `out` (caller's contract).
+    // SAFETY: reads stay inside each row's slots (8 multipliers are 4 whole bytes), writes
+    // inside `out` (caller's contract); AVX2 + F16C per the caller.
     unsafe {
+        let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+        let nibble = _mm256_set1_epi32(0xF);
         for (t, &r) in rows.iter().enumerate() {
             let dv = f16_to_f32(*r);
+            let d8 = _mm256_set1_ps(dv);
             let qs = r.add(1).cast::<u8>();
-            for j in 0..subs {
+            let at = o.add(t * MAX_VALUE_GROUPS);
+            let mut j = 0;
+            while j + 8 <= subs {
+                let word = _mm256_set1_epi32(qs.add(j / 2).cast::<i32>().read_unaligned());
+                let q = _mm256_and_si256(_mm256_srlv_epi32(word, shifts), nibble);
+                _mm256_storeu_ps(at.add(j), _mm256_mul_ps(_mm256_cvtepi32_ps(q), d8));
+                j += 8;
+            }
+            while j < subs {
                 let q = (*qs.add(j / 2) >> (4 * (j % 2))) & 0xF;
-                *o.add(t * MAX_VALUE_GROUPS + j) = dv * q as f32;
+                *at.add(j) = dv * q as f32;
+                j += 1;
             }
         }
     }
@@ -376,8 +391,8 @@ pub(crate) unsafe fn run<T: TileOps>(
     debug_assert!(d % 16 == 0 && d <= super::MAX_FAST_HEAD_DIM);
     let rows_per_head = inp.bounds.q_len * g;
     debug_assert_eq!(states.rows, rows_per_head);
-    // Value scale groups per head vector and their stride in `vscale`.
-    let (ng, ngp) = if T::V_SUB_SCALED { (d / 8, MAX_VALUE_GROUPS) } else { (d.div_ceil(32), MAX_GROUPS) };
+    // Value scale groups of 32 per head vector (weights per group), and sub-groups of 8.
+    let (ng, subs) = (d.div_ceil(32), d / 8);
     let keys = PlaneRows { plane: &layer.keys };
     let values = PlaneRows { plane: &layer.values };
     let mut krows = [std::ptr::null::<u8>(); TILE];
@@ -455,7 +470,7 @@ pub(crate) unsafe fn run<T: TileOps>(
                     convert_scales(&ksrows[..n], kns, scratch.kscale);
                 }
                 if T::V_SUB_SCALED {
-                    expand_sub_scales(&vsrows[..n], ng, scratch.vscale);
+                    expand_sub_scales(&vsrows[..n], subs, scratch.vscale);
                 } else if T::V_SCALED {
                     convert_scales(&vsrows[..n], vns, scratch.vscale);
                 }
@@ -502,14 +517,27 @@ pub(crate) unsafe fn run<T: TileOps>(
                         state.m[rows.start + j] = m[j];
                         state.l[rows.start + j] = l[j];
                     }
-                    let (w, wt) = if T::V_SCALED {
-                        softmax::scale_weights(pr, scratch.vscale, ngp, ng, lo, hi, scratch.w);
+                    let (w, wt) = if T::V_SCALED && !T::V_SUB_SCALED {
+                        softmax::scale_weights(pr, scratch.vscale, MAX_GROUPS, ng, lo, hi, scratch.w);
                         (scratch.w.as_ptr(), ng * 4)
                     } else {
                         (pr.cast_const(), 4)
                     };
                     let acc = state.acc.as_mut_ptr().add(rows.start * d);
-                    ops.accumulate(nr, &vrows, lo, hi, w, wt, &corr, d, acc, if first { &next_v } else { &no_rows });
+                    let vs = scratch.vscale.as_ptr();
+                    ops.accumulate(
+                        nr,
+                        &vrows,
+                        vs,
+                        lo,
+                        hi,
+                        w,
+                        wt,
+                        &corr,
+                        d,
+                        acc,
+                        if first { &next_v } else { &no_rows },
+                    );
                 }
             }
             for t in (0..done_lo).chain(done_hi..n_next) {

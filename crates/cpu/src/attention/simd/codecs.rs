@@ -30,7 +30,7 @@ pub(crate) trait RowCodec: Copy {
     const FOLDS_SCALE: bool = false;
 
     /// Values carry one scale per 8 (sub-scaled Lloyd–Max, [`SubScaled`]) instead of per 32:
-    /// the two halves of a chunk take different weights.
+    /// the PV kernel multiplies each half of a chunk by its own scale.
     const SUB_SCALED: bool = false;
 
     /// Head dimensions `(a, b)` of the two 8-value halves of chunk `k`.

@@ -14,7 +14,7 @@
 use std::arch::x86_64::*;
 
 use super::codecs::RowCodec;
-use crate::attention::tile::{NextRows, MAX_GROUPS, TILE};
+use crate::attention::tile::{NextRows, MAX_GROUPS, MAX_VALUE_GROUPS, TILE};
 
 /// Sums each of eight vectors into `[a0 a1 a2 a3 | b0 b1 b2 b3]` (`a`: token t's rows,
 /// `b`: token t+1's).
@@ -120,6 +120,7 @@ pub(crate) unsafe fn scores<K: RowCodec, const R: usize, const TOK: usize>(
 unsafe fn accumulate_chunks<V: RowCodec, const R: usize, const N: usize>(
     codec: &V,
     vrows: &[*const u8; TILE],
+    vscale: *const f32,
     k0: usize,
     t0: usize,
     t1: usize,
@@ -139,10 +140,10 @@ unsafe fn accumulate_chunks<V: RowCodec, const R: usize, const N: usize>(
             *dims = V::dims(k0 + c, d);
         }
         let wg = if V::SCALED && !V::SUB_SCALED { w.add(4 * (dims[0].0 / 32)) } else { w };
-        // Sub-scaled values: each 8-value half has its own weight, at `4 · (dim / 8)`.
-        let mut wsub = [(0usize, 0usize); N];
-        for (o, &(oa, ob)) in wsub.iter_mut().zip(&dims) {
-            *o = (4 * (oa / 8), 4 * (ob / 8));
+        // Sub-scaled values: the sub-groups of each chunk's two 8-value halves.
+        let mut subs = [(0usize, 0usize); N];
+        for (o, &(oa, ob)) in subs.iter_mut().zip(&dims) {
+            *o = (oa / 8, ob / 8);
         }
         let mut a = [[[_mm256_setzero_ps(); 2]; N]; 4];
         for r in 0..R {
@@ -159,19 +160,21 @@ unsafe fn accumulate_chunks<V: RowCodec, const R: usize, const N: usize>(
             for (i, x) in x.iter_mut().enumerate() {
                 *x = codec.chunk(row, k0 + i);
             }
+            if V::SUB_SCALED {
+                // Each half times its sub-group's `D · q`: the decoded values bit for bit, once
+                // per token for all rows (their weights are the bare probabilities).
+                let vs = vscale.add(t * MAX_VALUE_GROUPS);
+                for (x, &(sa, sb)) in x.iter_mut().zip(&subs) {
+                    x.0 = _mm256_mul_ps(x.0, _mm256_broadcast_ss(&*vs.add(sa)));
+                    x.1 = _mm256_mul_ps(x.1, _mm256_broadcast_ss(&*vs.add(sb)));
+                }
+            }
             let wr = wg.add(t * wt);
             for (r, a) in a.iter_mut().enumerate().take(R) {
-                if V::SUB_SCALED {
-                    for ((a, x), &(ia, ib)) in a.iter_mut().zip(&x).zip(&wsub) {
-                        a[0] = _mm256_fmadd_ps(_mm256_broadcast_ss(&*wr.add(ia + r)), x.0, a[0]);
-                        a[1] = _mm256_fmadd_ps(_mm256_broadcast_ss(&*wr.add(ib + r)), x.1, a[1]);
-                    }
-                } else {
-                    let p = _mm256_broadcast_ss(&*wr.add(r));
-                    for (a, x) in a.iter_mut().zip(&x) {
-                        a[0] = _mm256_fmadd_ps(p, x.0, a[0]);
-                        a[1] = _mm256_fmadd_ps(p, x.1, a[1]);
-                    }
+                let p = _mm256_broadcast_ss(&*wr.add(r));
+                for (a, x) in a.iter_mut().zip(&x) {
+                    a[0] = _mm256_fmadd_ps(p, x.0, a[0]);
+                    a[1] = _mm256_fmadd_ps(p, x.1, a[1]);
                 }
             }
         }
@@ -188,8 +191,9 @@ unsafe fn accumulate_chunks<V: RowCodec, const R: usize, const N: usize>(
 /// chunks per pass over the tile.
 ///
 /// `w`: weights, token `t`, row `r`, group `g` at `w[t·wt + 4g + r]` (`g` unused for unscaled
-/// codecs, whose weights are the probabilities `sc`; groups of 8 values for sub-scaled ones);
-/// `acc`: `[R, d]`.
+/// and sub-scaled codecs, whose weights are the probabilities `sc`); `vscale`: `[TILE,
+/// MAX_VALUE_GROUPS]` the tokens' sub-group scales `D · q` (read only for sub-scaled codecs, which
+/// multiply the decoded values by them); `acc`: `[R, d]`.
 ///
 /// # Safety
 /// AVX2/FMA/F16C (and the registers `CH` assumes); `vrows[t0..t1]` valid rows of head_dim `d`;
@@ -199,6 +203,7 @@ unsafe fn accumulate_chunks<V: RowCodec, const R: usize, const N: usize>(
 pub(crate) unsafe fn accumulate<V: RowCodec, const R: usize, const CH: usize>(
     codec: &V,
     vrows: &[*const u8; TILE],
+    vscale: *const f32,
     t0: usize,
     t1: usize,
     w: *const f32,
@@ -213,12 +218,12 @@ pub(crate) unsafe fn accumulate<V: RowCodec, const R: usize, const CH: usize>(
         let mut k = 0;
         if CH == 2 {
             while k + 2 <= chunks {
-                accumulate_chunks::<V, R, 2>(codec, vrows, k, t0, t1, w, wt, corr, d, acc, next);
+                accumulate_chunks::<V, R, 2>(codec, vrows, vscale, k, t0, t1, w, wt, corr, d, acc, next);
                 k += 2;
             }
         }
         while k < chunks {
-            accumulate_chunks::<V, R, 1>(codec, vrows, k, t0, t1, w, wt, corr, d, acc, next);
+            accumulate_chunks::<V, R, 1>(codec, vrows, vscale, k, t0, t1, w, wt, corr, d, acc, next);
             k += 1;
         }
     }

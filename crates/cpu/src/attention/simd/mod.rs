@@ -72,6 +72,7 @@ macro_rules! kernel_fns {
             v: &V,
             rows: usize,
             vrows: &[*const u8; TILE],
+            vscale: *const f32,
             t0: usize,
             t1: usize,
             w: *const f32,
@@ -84,10 +85,10 @@ macro_rules! kernel_fns {
             // SAFETY: forwarded contract.
             unsafe {
                 match rows {
-                    1 => kernels::accumulate::<V, 1, $ch>(v, vrows, t0, t1, w, wt, corr, d, acc, next),
-                    2 => kernels::accumulate::<V, 2, $ch>(v, vrows, t0, t1, w, wt, corr, d, acc, next),
-                    3 => kernels::accumulate::<V, 3, $ch>(v, vrows, t0, t1, w, wt, corr, d, acc, next),
-                    _ => kernels::accumulate::<V, 4, $ch>(v, vrows, t0, t1, w, wt, corr, d, acc, next),
+                    1 => kernels::accumulate::<V, 1, $ch>(v, vrows, vscale, t0, t1, w, wt, corr, d, acc, next),
+                    2 => kernels::accumulate::<V, 2, $ch>(v, vrows, vscale, t0, t1, w, wt, corr, d, acc, next),
+                    3 => kernels::accumulate::<V, 3, $ch>(v, vrows, vscale, t0, t1, w, wt, corr, d, acc, next),
+                    _ => kernels::accumulate::<V, 4, $ch>(v, vrows, vscale, t0, t1, w, wt, corr, d, acc, next),
                 }
             }
         }
@@ -119,6 +120,7 @@ macro_rules! kernel_fns {
                 &self,
                 rows: usize,
                 vrows: &[*const u8; TILE],
+                vscale: *const f32,
                 t0: usize,
                 t1: usize,
                 w: *const f32,
@@ -129,7 +131,7 @@ macro_rules! kernel_fns {
                 next: &NextRows,
             ) {
                 // SAFETY: forwarded contract.
-                unsafe { $accumulate(&self.v, rows, vrows, t0, t1, w, wt, corr, d, acc, next) }
+                unsafe { $accumulate(&self.v, rows, vrows, vscale, t0, t1, w, wt, corr, d, acc, next) }
             }
         }
     };
