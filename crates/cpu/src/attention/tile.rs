@@ -22,6 +22,7 @@
 use std::arch::x86_64::*;
 
 use half::f16;
+use kvcache::format::turbo_sub;
 use kvcache::{LayerView, PlaneView};
 
 use std::ops::Range;
@@ -36,7 +37,7 @@ pub const TILE: usize = 32;
 pub const MAX_GROUPS: usize = super::MAX_FAST_HEAD_DIM / 32;
 
 /// Most value scales per head vector: sub-scaled values have one per 8.
-pub const MAX_VALUE_GROUPS: usize = super::MAX_FAST_HEAD_DIM / kvcache::format::turbo_sub::SUB;
+pub const MAX_VALUE_GROUPS: usize = super::MAX_FAST_HEAD_DIM / turbo_sub::SUB;
 
 /// Floats of a `sc` buffer: `[TILE + 4][4]` (kernels may compute up to three tokens past a
 /// tile's end, in whole vectors).
@@ -284,10 +285,12 @@ unsafe fn expand_sub_scales(rows: &[*const f16], subs: usize, out: &mut [f32]) {
                 _mm256_storeu_ps(at.add(j), _mm256_mul_ps(_mm256_cvtepi32_ps(q), d8));
                 j += 8;
             }
-            while j < subs {
-                let q = (*qs.add(j / 2) >> (4 * (j % 2))) & 0xF;
-                *at.add(j) = dv * q as f32;
-                j += 1;
+            if j < subs {
+                // The last sub-groups (head_dim not a multiple of 64) through the reference.
+                let slots = std::slice::from_raw_parts(r, turbo_sub::scale_slots(8 * subs));
+                for j in j..subs {
+                    *at.add(j) = turbo_sub::sub_scale(slots, j);
+                }
             }
         }
     }

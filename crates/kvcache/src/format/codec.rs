@@ -48,14 +48,6 @@ impl Codec {
         }
     }
 
-    /// Values per scale of this codec (32, or [`turbo_sub::SUB`] for sub-scaled codes).
-    pub fn scale_group(&self) -> usize {
-        match self {
-            Codec::LloydMaxSub { .. } => turbo_sub::SUB,
-            _ => GROUP,
-        }
-    }
-
     /// Encodes `x` (`[head_dim]`) into `codes` (`[code_bytes]`) and `scales` (`[scales]`).
     pub fn encode(&self, x: &[f32], codes: &mut [u8], scales: &mut [f16]) {
         let d = x.len();
