@@ -232,15 +232,6 @@ __device__ __forceinline__ u32 pk_hash(u64 x) {
     return (u32)x;
 }
 
-// 2^x in one MUFU.EX2 (the same approximation exp2f uses), results below 2^-126 flushed to 0 —
-// exp2f spends three more instructions on those. For softmax weights relative to a running max,
-// where a weight under 2^-126 is noise against the max's 1.
-__device__ __forceinline__ float exp2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

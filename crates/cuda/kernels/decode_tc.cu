@@ -473,10 +473,10 @@ __device__ __forceinline__ void attend_tile(const u8* st, u32 t0, u32 end, int l
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
             const float mn = fmaxf(m[nt][j], mx); // finite: every tile has a visible token
-            corr[nt][j] = exp2_ftz(m[nt][j] - mn);
+            corr[nt][j] = exp2f(m[nt][j] - mn);
             rescale |= mn != m[nt][j];
             m[nt][j] = mn;
-            const float p0 = exp2_ftz(s[nt][j] - mn), p1 = exp2_ftz(s[nt][2 + j] - mn);
+            const float p0 = exp2f(s[nt][j] - mn), p1 = exp2f(s[nt][2 + j] - mn);
             l[nt][j] = l[nt][j] * corr[nt][j] + (p0 + p1);
             s[nt][j] = p0;
             s[nt][2 + j] = p1;
@@ -709,46 +709,13 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
     u8* wst = smem + warp * WARP_BYTES;
     const u32 bs_mask = (1u << log2_bs) - 1;
     auto tile_start = [&](int i) -> u32 { return start + (u32)(sub + i * wph) * 16; };
-    // Tiles that start on a multiple of 16 in blocks of at least 16 slots (no window, or one that
-    // happens to align) lie in one block each, their rows consecutive slots: every lane looks up
-    // the block of the tile's first token, and a lane's copies step by one token's bytes
-    // (token_bytes below), without the per-row exchange of slots. Warp-uniform.
-    const bool aligned = log2_bs >= 4 && (start & 15u) == 0;
     auto block_of = [&](int i) -> u32 {
-        const u32 pos = tile_start(i) + (aligned ? 0u : (u32)(lane & 15));
+        const u32 pos = tile_start(i) + (lane & 15);
         return (i < my_n && pos < end) ? table[pos >> log2_bs] : 0u;
     };
     const u64 pol = EF ? l2_evict_first() : 0;
-    // Byte offsets that do not depend on the tile (every product fits 32 bits: slots, heads and
-    // head vectors are u32-indexed): this lane's row r = lane / CPR, chunk c = lane % CPR.
-    const u32 token_bytes = num_kv_heads * (u32)CB;  // from one slot's head vector to the next's
-    const u32 lane_code = (u32)(lane / CPR) * token_bytes + (u32)h * CB + (u32)(lane % CPR) * 16;
-    const u32 lane_scale = ((u32)(lane & 15) * num_kv_heads + (u32)h) * SB; // quantized: token lane & 15
     auto issue = [&](int i, u32 blk) {
         u8* st = wst + (i % ST) * STAGE;
-        if (aligned) {
-            const u32 t0 = tile_start(i);
-            const u32 slot0 = (blk << log2_bs) | (t0 & bs_mask); // slot of token t0
-            const int r = lane / CPR, c = lane % CPR;
-            const u64 off = (u64)slot0 * token_bytes + lane_code;
-            const u8* kp = kc + off;
-            const u8* vp = vc + off;
-            const int vis = (int)(end - t0) - r; // row j·RPI + r of the tile is visible iff j·RPI < vis
-#pragma unroll
-            for (int j = 0; j < 16 / RPI; j++) {
-                const int t = j * RPI + r;
-                const u32 n = j * RPI < vis ? 16u : 0u; // rows past the context: zeros (inside the block)
-                cp_async_zfill<16, EF>(st + t * CROW + c * 16, kp, n, pol);
-                cp_async_zfill<16, EF>(st + (16 + t) * CROW + c * 16, vp, n, pol);
-                kp += (u64)RPI * token_bytes;
-                vp += (u64)RPI * token_bytes;
-            }
-            if constexpr (QUANT) {
-                const u8* src = (lane < 16 ? ks : vs) + (u64)slot0 * (num_kv_heads * (u32)SB) + lane_scale;
-                cp_async_zfill<SB, EF>(st + 32 * CROW + lane * SB, src, t0 + (lane & 15) < end ? (u32)SB : 0u, pol);
-            }
-            return;
-        }
         const u32 pos = tile_start(i) + (lane & 15);
         const bool ok = pos < end;
         const u64 slot = ((u64)blk << log2_bs) | (pos & bs_mask);
@@ -920,10 +887,10 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
                 const float mn = fmaxf(m[nt][j], mx); // finite: every tile has a visible token
-                corr[nt][j] = exp2_ftz(m[nt][j] - mn);
+                corr[nt][j] = exp2f(m[nt][j] - mn);
                 rescale |= mn != m[nt][j];
                 m[nt][j] = mn;
-                const float p0 = exp2_ftz(s[nt][j] - mn), p1 = exp2_ftz(s[nt][2 + j] - mn);
+                const float p0 = exp2f(s[nt][j] - mn), p1 = exp2f(s[nt][2 + j] - mn);
                 l[nt][j] = l[nt][j] * corr[nt][j] + (p0 + p1);
                 s[nt][j] = p0;
                 s[nt][2 + j] = p1;
