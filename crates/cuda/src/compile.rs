@@ -157,7 +157,12 @@ fn store(path: &std::path::Path, bytes: &[u8]) -> Result<(), CudaError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    // A temporary name of its own per call: threads of one process that compile the same module
+    // at once must not write into (and rename) each other's half-written file — a reader could
+    // then load a truncated cubin.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
     std::fs::write(&tmp, bytes).map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)
 }
@@ -572,6 +577,30 @@ mod tests {
         for f in [KvFormat::Bf16, KvFormat::F16, KvFormat::Q4 { rotate: false }, KvFormat::Q4 { rotate: true }] {
             assert_eq!(measured_heads_per_cta(f, 8, 64, 132), 1, "{f:?}");
         }
+    }
+
+    #[test]
+    fn concurrent_stores_of_one_module_leave_one_whole_cubin() {
+        // Threads of one process compiling the same module store it at once (the kernel tests
+        // do): each writes a file of its own before the rename, so the cache holds one writer's
+        // bytes whole, never a mix or a truncation.
+        let dir = std::env::temp_dir().join(format!("pagekv-store-{}", std::process::id()));
+        let path = dir.join("module.cubin");
+        for round in 0..8u8 {
+            std::thread::scope(|s| {
+                for t in 0..8u8 {
+                    let path = &path;
+                    s.spawn(move || store(path, &vec![round * 8 + t; 1 << 20]).expect("store"));
+                }
+            });
+            let got = std::fs::read(&path).expect("read");
+            assert_eq!(got.len(), 1 << 20, "round {round}");
+            assert!(got.iter().all(|&b| b == got[0]), "round {round}: bytes of two writers");
+            assert_eq!(got[0] / 8, round);
+        }
+        let left: Vec<_> = std::fs::read_dir(&dir).expect("dir").map(|e| e.expect("entry").file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("module.cubin")], "temporary files left behind");
+        std::fs::remove_dir_all(&dir).expect("clean up");
     }
 
     #[test]
