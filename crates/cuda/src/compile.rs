@@ -270,13 +270,14 @@ pub struct TcTuning {
 }
 
 impl TcTuning {
-    /// The measured defaults (RESULTS.md, 2026-12-01). The heads-per-CTA rule
-    /// (`max_heads_per_cta` 0) stays a switch: its q8 gain did not repeat in a second call.
+    /// The measured defaults (RESULTS.md, 2026-12-01 and 2026-12-02 "Quantized pages: 8 warps,
+    /// two kv heads per CTA at large batches"): quantized pages take 8 warps per CTA and the
+    /// heads-per-CTA rule ([`measured_heads_per_cta`]).
     pub const DEFAULT: TcTuning = TcTuning {
         warps: 8,
         stages: 2,
-        max_heads_per_cta: 1,
-        quant_warps: 4,
+        max_heads_per_cta: 0,
+        quant_warps: 8,
         quant_stages: 0,
         quant_min_blocks: 0,
         fused_merge: false,
@@ -409,7 +410,8 @@ fn tc_quantized(format: KvFormat) -> bool {
 
 /// (warps, stages) of the tensor-core kernel for `format` at `head_dim`: the tuning (quantized
 /// pages have their own stage count); then fewer stages (down to 2), then fewer warps, where
-/// that would not fit in shared memory.
+/// the stages, or the warps' merge scratch at the widest group (16), would not fit in shared
+/// memory.
 pub fn tc_shape(format: KvFormat, head_dim: usize) -> (usize, usize) {
     let t = tc_tuning();
     let stage = tc_stage_bytes(format, head_dim);
@@ -426,7 +428,7 @@ pub fn tc_shape(format: KvFormat, head_dim: usize) -> (usize, usize) {
     while bytes(warps, stages) > TC_SMEM_LIMIT && stages > 2 {
         stages -= 1;
     }
-    while bytes(warps, stages) > TC_SMEM_LIMIT && warps > 1 {
+    while (bytes(warps, stages) > TC_SMEM_LIMIT || tc_merge_bytes(warps, head_dim, 16) > TC_SMEM_LIMIT) && warps > 1 {
         warps /= 2;
     }
     (warps, stages)
@@ -444,13 +446,15 @@ pub fn tc_min_blocks(format: KvFormat) -> usize {
     }
 }
 
-/// The measured rule for the most kv heads per CTA (`PAGEKV_CUDA_TC_HPC=0`): 2 for q8 pages
-/// once a batch of `num_seqs` fills the `sm_count` SMs with them (`num_seqs × num_kv_heads / 2
-/// ≥ sm_count`), else 1. Two adjacent heads make each token's codes one 256-byte run instead of
-/// two 128-byte ones (H200, RESULTS.md 2026-12-01, bench only: q8 64 × 16384 630 → 602 µs,
-/// 64 × 4096 unchanged; f16/bf16 and q4 gain nothing, smaller batches lose the CTAs).
+/// The measured rule for the most kv heads per CTA (`PAGEKV_CUDA_TC_HPC=0`, the default): 2 for
+/// quantized pages once a batch of `num_seqs` fills the `sm_count` SMs with them (`num_seqs ×
+/// num_kv_heads / 2 ≥ sm_count`), else 1. Two adjacent heads make each token's codes one run of
+/// twice the bytes, and with 8 warps each head keeps 4 (H200, RESULTS.md 2026-12-02, 3
+/// processes: 8 warps, 64 × 16384 q8 625 → 600 µs and q4 489 → 474 µs with two heads, against
+/// 623 / 520 with one; 16 × 4096 and smaller batches are faster with one head per CTA, q8 64.1
+/// → 54.0 µs). f16/bf16 gain nothing (2026-12-01).
 pub fn measured_heads_per_cta(format: KvFormat, num_kv_heads: usize, num_seqs: usize, sm_count: usize) -> usize {
-    if format == KvFormat::Q8 && num_seqs * num_kv_heads / 2 >= sm_count.max(1) {
+    if tc_quantized(format) && num_seqs * num_kv_heads / 2 >= sm_count.max(1) {
         2
     } else {
         1
@@ -484,9 +488,14 @@ pub fn tc_heads_per_cta(
 /// (`tc::MERGE_FLOATS`) where that is larger.
 pub(crate) fn decode_tc_smem_bytes_for(format: KvFormat, head_dim: usize, group: usize) -> usize {
     let (warps, stages) = tc_shape(format, head_dim);
+    (warps * stages * tc_stage_bytes(format, head_dim)).max(tc_merge_bytes(warps, head_dim, group))
+}
+
+/// Bytes of the warps' merge scratch of `pk_decode_tc` (`4 · tc::MERGE_FLOATS`): per warp, the
+/// (m, l, o) of the group padded to 8 heads, and the merged outputs.
+fn tc_merge_bytes(warps: usize, head_dim: usize, group: usize) -> usize {
     let hp = group.div_ceil(8) * 8;
-    let merge = 4 * (warps * hp * (head_dim + 2) + warps * group * head_dim);
-    (warps * stages * tc_stage_bytes(format, head_dim)).max(merge)
+    4 * (warps * hp * (head_dim + 2) + warps * group * head_dim)
 }
 
 /// Bytes of dynamic shared memory the stream-K kernel `pk_decode_tc_sk` needs for a call over
@@ -568,15 +577,40 @@ mod tests {
     }
 
     #[test]
-    fn measured_heads_per_cta_pairs_q8_heads_only_when_the_batch_fills_the_machine() {
+    fn measured_heads_per_cta_pairs_quantized_heads_only_when_the_batch_fills_the_machine() {
         // H200 (132 SMs), 8 kv heads: 64 sequences give 256 CTAs of two heads; 16 would give 64.
-        assert_eq!(measured_heads_per_cta(KvFormat::Q8, 8, 64, 132), 2);
-        assert_eq!(measured_heads_per_cta(KvFormat::Q8, 8, 33, 132), 2);
-        assert_eq!(measured_heads_per_cta(KvFormat::Q8, 8, 32, 132), 1);
-        assert_eq!(measured_heads_per_cta(KvFormat::Q8, 8, 16, 132), 1);
-        for f in [KvFormat::Bf16, KvFormat::F16, KvFormat::Q4 { rotate: false }, KvFormat::Q4 { rotate: true }] {
+        for f in [KvFormat::Q8, KvFormat::Q4 { rotate: false }, KvFormat::Q4 { rotate: true }] {
+            assert_eq!(measured_heads_per_cta(f, 8, 64, 132), 2, "{f:?}");
+            assert_eq!(measured_heads_per_cta(f, 8, 33, 132), 2, "{f:?}");
+            assert_eq!(measured_heads_per_cta(f, 8, 32, 132), 1, "{f:?}");
+            assert_eq!(measured_heads_per_cta(f, 8, 16, 132), 1, "{f:?}");
+        }
+        for f in [KvFormat::Bf16, KvFormat::F16] {
             assert_eq!(measured_heads_per_cta(f, 8, 64, 132), 1, "{f:?}");
         }
+    }
+
+    #[test]
+    fn default_shapes_keep_stages_and_the_widest_merge_in_shared_memory() {
+        // Run without PAGEKV_CUDA_TC_* in the environment: the defaults.
+        assert_eq!(tc_tuning(), TcTuning::DEFAULT);
+        assert_eq!(tc_shape(KvFormat::Bf16, 128), (8, 2));
+        assert_eq!(tc_shape(KvFormat::Q8, 128), (8, 2));
+        assert_eq!(tc_shape(KvFormat::Q4 { rotate: false }, 128), (8, 3));
+        // head_dim 256: bf16 stages (8 × 2 × 16.5 KB) and the quantized merge scratch at 16
+        // query heads (8 warps: 257 KB) would not fit; 4 warps do.
+        assert_eq!(tc_shape(KvFormat::Bf16, 256), (4, 2));
+        assert_eq!(tc_shape(KvFormat::Q8, 256), (4, 2));
+        assert_eq!(tc_shape(KvFormat::Q4 { rotate: true }, 256), (4, 3));
+        for f in [KvFormat::Bf16, KvFormat::F16, KvFormat::Q8, KvFormat::Q4 { rotate: false }] {
+            for d in [64, 128, 256] {
+                assert!(decode_tc_smem_bytes(f, d) <= TC_SMEM_LIMIT, "{f:?} d{d}");
+            }
+        }
+        // Large q8 batches pair heads, small ones do not (8 kv heads, 132 SMs).
+        assert_eq!(tc_heads_per_cta(KvFormat::Q8, 128, 8, 64, 132), 2);
+        assert_eq!(tc_heads_per_cta(KvFormat::Q8, 128, 8, 16, 132), 1);
+        assert_eq!(tc_heads_per_cta(KvFormat::Bf16, 128, 8, 64, 132), 1);
     }
 
     #[test]
