@@ -270,8 +270,8 @@ pub struct TcTuning {
 }
 
 impl TcTuning {
-    /// The measured defaults (RESULTS.md, 2026-12-01 and 2026-12-02 "Quantized pages: 8 warps,
-    /// two kv heads per CTA at large batches"): quantized pages take 8 warps per CTA and the
+    /// The measured defaults (RESULTS.md, 2026-12-01, and session 9 of 2026-12-02, "New default:
+    /// quantized pages with 8 warps …"): quantized pages take 8 warps per CTA and the
     /// heads-per-CTA rule ([`measured_heads_per_cta`]).
     pub const DEFAULT: TcTuning = TcTuning {
         warps: 8,
