@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Instruction count of pk_decode_tc's tile loop, without a GPU.
+
+Compiles the decode module the way compile.rs does (the kernel sources joined in its order,
+its -D options), for sm_90 with NVRTC through ctypes, disassembles it with cuobjdump, and
+prints the size and opcode mix of the tile loop: the smallest backward-branch loop of
+pk_decode_tc that holds an HMMA.
+
+    python3 crates/cuda/scripts/tile_loop_sass.py --rev 07d1e2b bf16 128 4 --warps 8 --stages 2
+
+Needs libnvrtc.so.13 (--nvrtc, or PAGEKV_NVRTC) and cuobjdump with nvdisasm on PATH (the PyPI
+wheels nvidia-cuda-nvrtc, nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm carry them).
+--rev takes the kernel sources of a commit (default: the working tree). --force-aligned
+compiles the rejected aligned-copy path of def8a25 alone (its run-time `aligned` flag set to
+true), as RESULTS.md's session-9 counts did.
+"""
+import argparse
+import collections
+import ctypes
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+SOURCES = ["common.cuh", "cache_write.cu", "decode.cu", "decode_tc.cu", "prefill_tc.cu"]
+CODECS = {"f16": 1, "bf16": 2, "q8": 3, "q4": 4}
+BITS = {"f16": 16, "bf16": 16, "q8": 8, "q4": 4}
+ALIGNED = "const bool aligned = log2_bs >= 4 && (start & 15u) == 0;"
+
+
+def source(rev):
+    root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True).stdout.strip()
+    parts = []
+    for name in SOURCES:
+        path = f"crates/cuda/kernels/{name}"
+        if rev:
+            parts.append(subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, text=True, check=True).stdout)
+        else:
+            parts.append(open(os.path.join(root, path)).read())
+    return "\n".join(parts)
+
+
+def compile_cubin(src, opts, nvrtc):
+    lib = ctypes.CDLL(nvrtc)
+    prog = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"pagekv.cu", 0, None, None) != 0:
+        sys.exit("nvrtcCreateProgram failed")
+    arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+    if lib.nvrtcCompileProgram(prog, len(opts), arr) != 0:
+        n = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+        log = ctypes.create_string_buffer(n.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        sys.exit(log.value.decode())
+    n = ctypes.c_size_t()
+    lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+    cubin = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetCUBIN(prog, cubin)
+    return cubin.raw
+
+
+def tile_loop(sass, func):
+    body = next(p for p in re.split(r"\n\s*Function : ", sass)[1:] if p.split("\n")[0].strip() == func)
+    ins = []  # (address, instruction)
+    for line in body.split("\n"):
+        m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(.*?);", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2).strip()))
+    index = {a: i for i, (a, _) in enumerate(ins)}
+    loops = []
+    for i, (a, s) in enumerate(ins):
+        m = re.search(r"BRA(?:\.\w+)*\s+(?:\w+,\s*)?0x([0-9a-f]+)", s)
+        if m and int(m.group(1), 16) <= a:
+            lo = index[int(m.group(1), 16)]
+            if any("HMMA" in t for _, t in ins[lo:i + 1]):
+                loops.append(ins[lo:i + 1])
+    if not loops:
+        sys.exit(f"{func}: no loop with an HMMA")
+    return min(loops, key=len)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("format", choices=sorted(CODECS))
+    ap.add_argument("head_dim", type=int)
+    ap.add_argument("group", type=int)
+    ap.add_argument("--warps", type=int, required=True, help="PK_TC_WARPS (compile::tc_shape)")
+    ap.add_argument("--stages", type=int, required=True, help="PK_TC_STAGES (compile::tc_shape)")
+    ap.add_argument("--rev", default="", help="git commit of the kernel sources")
+    ap.add_argument("--force-aligned", action="store_true")
+    ap.add_argument("--nvrtc", default=os.environ.get("PAGEKV_NVRTC", "libnvrtc.so.13"))
+    a = ap.parse_args()
+    src = source(a.rev)
+    if a.force_aligned:
+        if ALIGNED not in src:
+            sys.exit("--force-aligned: these sources have no aligned-copy flag")
+        src = src.replace(ALIGNED, "const bool aligned = true;")
+    c, d = CODECS[a.format], a.head_dim
+    # compile::tc_eager (q4) and compile::tc_evict_first (f16, bf16, q8), as measured.
+    opts = ["--gpu-architecture=sm_90", "-std=c++17", f"-DPK_KC={c}", f"-DPK_KBITS={BITS[a.format]}", f"-DPK_VC={c}",
+            f"-DPK_VBITS={BITS[a.format]}", f"-DPK_D={d}", f"-DPK_G={a.group}", f"-DPK_ROT_BLOCK={d & -d}",
+            f"-DPK_TC_WARPS={a.warps}", f"-DPK_TC_STAGES={a.stages}", "-DPK_TC_MINB=0",
+            f"-DPK_TC_EAGER={int(a.format == 'q4')}", f"-DPK_TC_EF={int(a.format != 'q4')}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "module.cubin")
+        with open(path, "wb") as f:
+            f.write(compile_cubin(src, opts, a.nvrtc))
+        sass = subprocess.run(["cuobjdump", "-sass", path], capture_output=True, text=True, check=True).stdout
+    loop = tile_loop(sass, "pk_decode_tc")
+    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", s).split()[0].split(".")[0] for _, s in loop)
+    print(f"{a.format} d{d} g{a.group} w{a.warps} s{a.stages}{' aligned' if a.force_aligned else ''}: "
+          f"{len(loop)} instructions: " + ", ".join(f"{k} {v}" for k, v in ops.most_common(12)))
+
+
+if __name__ == "__main__":
+    main()
