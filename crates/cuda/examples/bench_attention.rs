@@ -5,6 +5,9 @@
 //! cargo run --release -p pagekv-cuda --features cuda --example bench_attention -- \
 //!     [--formats bf16,q8,q4] [--cases 1x4096,64x16384] [--routes primitive,partitioned,stream-k] \
 //!     [--partition-sizes 256,512] [--kernels auto,simt] [--runs 50] [--warmup 5] [--device 0]
+//!     [--probes pipe:8:2:0:0,read:8:1024]  (probe kernels on the bf16 pages: the decode's copy
+//!                       pipeline without arithmetic — warps:stages:FMAs per tile:partition —
+//!                       and the linear paged read — warps:partition; partition 0 = whole context)
 //!     [--contiguous]   (consecutive block ids per sequence instead of scattered pages)
 //!     [--f32-queries]  (full f32 queries; default: rounded to the pages' mma type, as the GPU
 //!                       model passes them for f16/bf16 caches)
@@ -58,6 +61,7 @@ fn parse_args(args: &[String]) -> Result<(BenchConfig, usize), String> {
                     _ => None,
                 })?
             }
+            "--probes" => cfg.probes = list(value, pagekv_cuda::bench::Probe::parse)?,
             "--partition-sizes" => cfg.partition_sizes = list(value, |s| s.parse().ok())?,
             "--runs" => cfg.runs = value.parse().map_err(|_| format!("--runs {value}"))?,
             "--warmup" => cfg.warmup = value.parse().map_err(|_| format!("--warmup {value}"))?,

@@ -86,3 +86,91 @@ pk_paged_read(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32* _
     acc = __reduce_xor_sync(0xffffffffu, acc);
     if ((threadIdx.x & 31) == 0 && acc == 0x12345678u) sink[blockIdx.x] = acc; // practically never stored
 }
+
+// Copy-pipeline probe: the decode kernel's page copies without its arithmetic, to measure what
+// its pipeline shape alone reaches. grid (num_kv_heads, num_seqs, partitions), NW = blockDim / 32
+// warps, one kv head per CTA, bf16/f16 pages with head_dim 128. Each warp takes the 16-token
+// tiles sub, sub + NW, … of its partition through `stages` stages of its own (16 K rows then 16 V
+// rows of 272 bytes, as pk_decode_tc lays them out), copied with 16-byte cp.async exactly as that
+// kernel issues them (block id of the next tile looked up one tile ahead); per tile it reads the
+// stage back with 16 ldmatrix.x4 (the decode's K and V fragment loads) and then runs a chain of
+// `spin` dependent FMAs on what it read (a stand-in for the tile's arithmetic). Folds everything
+// into one word per block so nothing is elided.
+extern "C" __global__ void __launch_bounds__(512)
+pk_paged_pipe(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32* __restrict__ tables,
+              u32 max_blocks, u32 ctx, u32 log2_bs, u32 num_kv_heads, u32 part_size, u32 stages, u32 spin,
+              u32* __restrict__ sink) {
+    constexpr int CB = 256, FROW = 272, STAGE = 32 * FROW, CPR = CB / 16, RPI = 32 / CPR;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const u32 h = blockIdx.x, start = blockIdx.z * part_size, end = min(ctx, start + part_size);
+    if (start >= end) return;
+    const u32* table = tables + (u64)blockIdx.y * max_blocks;
+    const u32 ntiles = (end - start + 15) / 16;
+    const int my_n = ntiles > (u32)warp ? (int)((ntiles - warp + nw - 1) / nw) : 0;
+    extern __shared__ __align__(16) u8 smem[];
+    u8* wst = smem + (u64)warp * stages * STAGE;
+    const u32 bs_mask = (1u << log2_bs) - 1;
+    auto tile_start = [&](int i) -> u32 { return start + (u32)(warp + i * nw) * 16; };
+    auto block_of = [&](int i) -> u32 {
+        const u32 pos = tile_start(i) + (lane & 15);
+        return (i < my_n && pos < end) ? table[pos >> log2_bs] : 0u;
+    };
+    auto issue = [&](int i, u32 blk) {
+        u8* st = wst + (i % stages) * STAGE;
+        const u32 pos = tile_start(i) + (lane & 15);
+        const bool ok = pos < end;
+        const u64 slot = ((u64)blk << log2_bs) | (pos & bs_mask);
+        const u64 my_sh = ok ? slot * num_kv_heads + h : 0;
+        const u32 my_bytes = ok ? 16u : 0u;
+        const int r = lane / CPR, c = lane % CPR;
+#pragma unroll
+        for (int j = 0; j < 16 / RPI; j++) {
+            const int t = j * RPI + r;
+            const u64 sh = __shfl_sync(0xffffffffu, my_sh, t);
+            const u32 n = __shfl_sync(0xffffffffu, my_bytes, t);
+            const u32 d0 = smem_addr(st + t * FROW + c * 16), d1 = smem_addr(st + (16 + t) * FROW + c * 16);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d0), "l"(kc + sh * CB + c * 16), "r"(n));
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d1), "l"(vc + sh * CB + c * 16), "r"(n));
+        }
+    };
+    for (u32 s = 0; s + 1 < stages; s++) {
+        if ((int)s < my_n) issue((int)s, block_of((int)s));
+        cp_async_commit();
+    }
+    u32 next_blk = block_of((int)stages - 1);
+    const int k_row = (lane & 7) + ((lane >> 3) & 1) * 8, k_col = (lane >> 4) * 8;
+    u32 acc = 0;
+    float f = 1.0f;
+    for (int i = 0; i < my_n; i++) {
+        switch (stages) { // cp.async.wait_group takes a constant: stages − 2 groups may stay in flight
+        case 2: cp_async_wait<0>(); break;
+        case 3: cp_async_wait<1>(); break;
+        case 4: cp_async_wait<2>(); break;
+        case 5: cp_async_wait<3>(); break;
+        case 6: cp_async_wait<4>(); break;
+        default: cp_async_wait<5>(); break;
+        }
+        __syncwarp();
+        if (i + (int)stages - 1 < my_n) {
+            issue(i + (int)stages - 1, next_blk);
+            next_blk = block_of(i + (int)stages);
+        }
+        cp_async_commit();
+        const u8* st = wst + (i % stages) * STAGE;
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++) { // 8 k-steps of K rows, then 8 of V rows
+            u32 r0, r1, r2, r3;
+            const u8* p = st + (kk / 8) * 16 * FROW + k_row * FROW + ((kk % 8) * 16 + k_col) * 2;
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_addr(p)));
+            acc ^= r0 ^ r1 ^ r2 ^ r3;
+        }
+        f = __uint_as_float((acc & 0x007fffffu) | 0x3f000000u) + f * 0.5f;
+#pragma unroll 8
+        for (u32 j = 0; j < spin; j++) f = fmaf(f, 0.999f, 1e-7f);
+    }
+    cp_async_wait<0>();
+    acc ^= __float_as_uint(f);
+    acc = __reduce_xor_sync(0xffffffffu, acc);
+    if (lane == 0 && acc == 0x12345678u) sink[blockIdx.x] = acc; // practically never stored
+}

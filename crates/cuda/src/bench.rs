@@ -92,6 +92,50 @@ pub struct BenchConfig {
     /// Round the queries to the pages' mma type (bf16 for bf16 pages, f16 for f16/q8/q4), as
     /// the GPU model passes them for f16/bf16 caches (`q_round`); `false`: full f32 queries.
     pub round_queries: bool,
+    /// Probe kernels timed on each case's bf16 pages after its roofline rows (default none).
+    pub probes: Vec<Probe>,
+}
+
+/// A probe of what bounds the decode kernel, timed on a case's bf16 pages (`kernels/bench.cu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// `pk_paged_pipe`: the tensor-core decode's copy pipeline without its arithmetic — `warps`
+    /// per CTA, `stages` per warp, a chain of `spin` dependent FMAs per tile, partitions of
+    /// `partition` tokens (0: one per sequence). head_dim 128 only.
+    Pipe { warps: usize, stages: usize, spin: usize, partition: usize },
+    /// `pk_paged_read` (one kv head per CTA, linear loads) with `warps` per CTA and partitions of
+    /// `partition` tokens (0: one per sequence).
+    Read { warps: usize, partition: usize },
+}
+
+impl Probe {
+    /// `pipe:W:S:C:P` or `read:W:P`.
+    pub fn parse(s: &str) -> Option<Probe> {
+        let mut it = s.split(':');
+        let kind = it.next()?;
+        let nums: Vec<usize> = it.map(|x| x.parse().ok()).collect::<Option<_>>()?;
+        match (kind, nums.as_slice()) {
+            ("pipe", &[warps, stages, spin, partition])
+                if (1..=16).contains(&warps) && (2..=7).contains(&stages) && partition % 16 == 0 =>
+            {
+                Some(Probe::Pipe { warps, stages, spin, partition })
+            }
+            ("read", &[warps, partition]) if (1..=32).contains(&warps) && partition % 16 == 0 => {
+                Some(Probe::Read { warps, partition })
+            }
+            _ => None,
+        }
+    }
+
+    /// The row name: `probe-pipe-w8s2c0-p0`, `probe-read-w8-p1024`.
+    pub fn name(&self) -> String {
+        match *self {
+            Probe::Pipe { warps, stages, spin, partition } => {
+                format!("probe-pipe-w{warps}s{stages}c{spin}-p{partition}")
+            }
+            Probe::Read { warps, partition } => format!("probe-read-w{warps}-p{partition}"),
+        }
+    }
 }
 
 impl Default for BenchConfig {
@@ -119,6 +163,7 @@ impl Default for BenchConfig {
             runs: 30,
             min_footprint_bytes: 512 << 20,
             round_queries: true,
+            probes: Vec::new(),
         }
     }
 }
@@ -341,6 +386,7 @@ pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<R
             }
             if format == KvFormat::Bf16 {
                 rows.extend(paged_roofline(dev, cfg, &pages, &tables, bps, batch, ctx, kv_bytes)?);
+                rows.extend(probes(dev, cfg, &pages, &tables, bps, batch, ctx, kv_bytes)?);
             }
             let o = stream.clone_dtoh(&out).map_err(|e| CudaError::driver("cuMemcpyDtoH", e))?;
             if o.iter().any(|x| !x.is_finite()) {
@@ -449,6 +495,100 @@ fn paged_roofline(
         })?;
         rows.push(Row {
             impl_name: name.into(),
+            format: "bf16".into(),
+            batch,
+            context: ctx,
+            ms,
+            kv_bytes,
+            gbps: kv_bytes as f64 / ms / 1e6,
+            partition_size: ps,
+        });
+    }
+    Ok(rows)
+}
+
+/// The [`Probe`] rows of a case, over its bf16 pages (rows named by [`Probe::name`]).
+#[allow(clippy::too_many_arguments)]
+fn probes(
+    dev: &Arc<CudaDevice>,
+    cfg: &BenchConfig,
+    pages: &DevicePages,
+    tables: &[CudaSlice<u32>],
+    bps: usize,
+    batch: usize,
+    ctx: usize,
+    kv_bytes: usize,
+) -> Result<Vec<Row>, CudaError> {
+    const PIPE_STAGE_BYTES: usize = 32 * 272; // pk_paged_pipe: 16 K + 16 V rows of 272 bytes
+    let stream = dev.stream().clone();
+    let p = pages.layer_ptrs(0)?;
+    let m = dev.module(&ModuleSpec::Bench)?;
+    let sink = stream.alloc_zeros::<u32>(cfg.num_kv_heads).map_err(|e| CudaError::driver("cuMemAlloc", e))?;
+    let sink_p = dptr(&sink, dev);
+    let table_ptrs: Vec<u64> = tables.iter().map(|t| dptr(t, dev)).collect();
+    let (mb, ctx_u, log2_bs, hk) = (bps as u32, ctx as u32, cfg.block_size.trailing_zeros(), cfg.num_kv_heads as u32);
+    let mut rows = Vec::new();
+    for probe in &cfg.probes {
+        let (warps, partition) = match *probe {
+            Probe::Pipe { warps, partition, .. } | Probe::Read { warps, partition } => (warps, partition),
+        };
+        let ps = if partition == 0 { ctx } else { partition };
+        let grid = (cfg.num_kv_heads as u32, batch as u32, ctx.div_ceil(ps) as u32);
+        let ps_u = ps as u32;
+        let ms = match *probe {
+            Probe::Pipe { stages, spin, .. } => {
+                if cfg.head_dim != 128 {
+                    return Err(CudaError::Invalid(format!("probe {}: head_dim 128 only", probe.name())));
+                }
+                let smem = warps * stages * PIPE_STAGE_BYTES;
+                if smem > dev.smem_optin() {
+                    return Err(CudaError::Invalid(format!(
+                        "probe {}: {smem} bytes of shared memory, the device allows {}",
+                        probe.name(),
+                        dev.smem_optin()
+                    )));
+                }
+                let f = m.function("pk_paged_pipe")?;
+                // SAFETY: a valid function of a loaded module; the size is within the opt-in limit.
+                unsafe {
+                    result::function::set_function_attribute(
+                        f.cu_function(),
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem as i32,
+                    )
+                }
+                .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+                let (st, sp) = (stages as u32, spin as u32);
+                time_ms(dev, cfg.warmup, cfg.runs, |i| {
+                    let lc = LaunchConfig {
+                        grid_dim: grid,
+                        block_dim: (32 * warps as u32, 1, 1),
+                        shared_mem_bytes: smem as u32,
+                    };
+                    let mut l = stream.launch_builder(&f);
+                    l.arg(&p.k_codes).arg(&p.v_codes).arg(&table_ptrs[i % tables.len()]).arg(&mb).arg(&ctx_u);
+                    l.arg(&log2_bs).arg(&hk).arg(&ps_u).arg(&st).arg(&sp).arg(&sink_p);
+                    // SAFETY: tables hold valid block ids for every position < ctx; pages hold them.
+                    unsafe { l.launch(lc) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_paged_pipe)", e))?;
+                    Ok(())
+                })?
+            }
+            Probe::Read { .. } => {
+                let f = m.function("pk_paged_read")?;
+                let row_bytes = 2 * cfg.head_dim as u32;
+                time_ms(dev, cfg.warmup, cfg.runs, |i| {
+                    let lc = LaunchConfig { grid_dim: grid, block_dim: (32 * warps as u32, 1, 1), shared_mem_bytes: 0 };
+                    let mut l = stream.launch_builder(&f);
+                    l.arg(&p.k_codes).arg(&p.v_codes).arg(&table_ptrs[i % tables.len()]).arg(&mb).arg(&ctx_u);
+                    l.arg(&log2_bs).arg(&hk).arg(&row_bytes).arg(&ps_u).arg(&sink_p);
+                    // SAFETY: as above.
+                    unsafe { l.launch(lc) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_paged_read)", e))?;
+                    Ok(())
+                })?
+            }
+        };
+        rows.push(Row {
+            impl_name: probe.name(),
             format: "bf16".into(),
             batch,
             context: ctx,
