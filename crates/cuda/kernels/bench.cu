@@ -174,3 +174,81 @@ pk_paged_pipe(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32* _
     acc = __reduce_xor_sync(0xffffffffu, acc);
     if (lane == 0 && acc == 0x12345678u) sink[blockIdx.x] = acc; // practically never stored
 }
+
+// The same probe with the tiles copied by the tensor memory accelerator: one 2D tensor map per
+// plane over the pool ([slots][num_kv_heads · 128] bf16, boxes of 64 values × 16 slots, 128-byte
+// swizzle), so a 16-token tile of one kv head — one block, block size 16 — is two boxes of K and
+// two of V, issued by lane 0 of the warp against the stage's mbarrier (8192 bytes expected). The
+// stage is read back with the same 16 ldmatrix.x4 at swizzled addresses.
+struct __align__(64) PkTmaDesc {
+    u64 opaque[16];
+};
+extern "C" __global__ void __launch_bounds__(512)
+pk_paged_pipe_tma(const __grid_constant__ PkTmaDesc kmap, const __grid_constant__ PkTmaDesc vmap,
+                  const u32* __restrict__ tables, u32 max_blocks, u32 ctx, u32 part_size, u32 stages, u32 spin,
+                  u32* __restrict__ sink) {
+    constexpr int STAGE = 8192; // K: 2 boxes of 16 rows × 128 bytes, then V: the same
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const u32 h = blockIdx.x, start = blockIdx.z * part_size, end = min(ctx, start + part_size);
+    if (start >= end) return;
+    const u32* table = tables + (u64)blockIdx.y * max_blocks;
+    const u32 ntiles = (end - start + 15) / 16;
+    const int my_n = ntiles > (u32)warp ? (int)((ntiles - warp + nw - 1) / nw) : 0;
+    extern __shared__ __align__(16) u8 smem_raw[];
+    // Stages (1024-byte aligned for the swizzle: the host adds 1024 bytes) then one mbarrier per
+    // stage of every warp.
+    u8* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+    u8* wst = smem + (u64)warp * stages * STAGE;
+    const u32 bars = smem_addr(smem + (u64)nw * stages * STAGE) + 8 * warp * stages;
+    if (lane == 0) {
+        for (u32 s = 0; s < stages; s++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + 8 * s));
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::);
+    }
+    __syncwarp();
+    const u64 kdesc = (u64)&kmap, vdesc = (u64)&vmap;
+    auto issue = [&](int i) {
+        if (lane == 0) {
+            const u32 blk = table[(start + (u32)(warp + i * nw) * 16) >> 4];
+            const u32 s = (u32)(i % (int)stages), bar = bars + 8 * s, dst = smem_addr(wst + s * STAGE);
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(STAGE));
+            const int y = (int)(blk * 16);
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const u64 desc = b < 2 ? kdesc : vdesc;
+                const int x = (int)(h * 128 + (b & 1) * 64);
+                asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                             ::"r"(dst + b * 2048), "l"(desc), "r"(x), "r"(y), "r"(bar) : "memory");
+            }
+        }
+    };
+    for (u32 s = 0; s + 1 < stages; s++)
+        if ((int)s < my_n) issue((int)s);
+    const int k_row = (lane & 7) + ((lane >> 3) & 1) * 8, k_col = (lane >> 4) * 8;
+    u32 acc = 0;
+    float f = 1.0f;
+    for (int i = 0; i < my_n; i++) {
+        const u32 s = (u32)(i % (int)stages), parity = (u32)(i / (int)stages) & 1;
+        asm volatile("{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}\n"
+                     ::"r"(bars + 8 * s), "r"(parity) : "memory");
+        __syncwarp();
+        if (i + (int)stages - 1 < my_n) issue(i + (int)stages - 1);
+        const u8* st = wst + s * STAGE;
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++) {
+            const int dims = (kk % 8) * 16 + k_col, half = dims / 64, chunk = (dims % 64) / 8;
+            const u8* p = st + (kk / 8) * 4096 + half * 2048 + k_row * 128 + ((chunk ^ (k_row & 7)) * 16);
+            u32 r0, r1, r2, r3;
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_addr(p)));
+            acc ^= r0 ^ r1 ^ r2 ^ r3;
+        }
+        f = __uint_as_float((acc & 0x007fffffu) | 0x3f000000u) + f * 0.5f;
+#pragma unroll 8
+        for (u32 j = 0; j < spin; j++) f = fmaf(f, 0.999f, 1e-7f);
+        __syncwarp(); // every lane's reads of the stage are done before lane 0 refills it
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    acc ^= __float_as_uint(f);
+    acc = __reduce_xor_sync(0xffffffffu, acc);
+    if (lane == 0 && acc == 0x12345678u) sink[blockIdx.x] = acc; // practically never stored
+}

@@ -103,13 +103,17 @@ pub enum Probe {
     /// per CTA, `stages` per warp, a chain of `spin` dependent FMAs per tile, partitions of
     /// `partition` tokens (0: one per sequence). head_dim 128 only.
     Pipe { warps: usize, stages: usize, spin: usize, partition: usize },
-    /// `pk_paged_read` (one kv head per CTA, linear loads) with `warps` per CTA and partitions of
+    /// `pk_paged_pipe_tma`: the same pipeline with each tile copied by the tensor memory
+    /// accelerator (two 64 × 16 boxes of K and two of V per tile, 128-byte swizzle) against a
+    /// per-stage mbarrier. head_dim 128, block size 16 only.
+    Tma { warps: usize, stages: usize, spin: usize, partition: usize },
+    /// `pk_paged_read` (one kv head per CTA, linear loads) with `warps` (1..=8, its launch bound) per CTA and partitions of
     /// `partition` tokens (0: one per sequence).
     Read { warps: usize, partition: usize },
 }
 
 impl Probe {
-    /// `pipe:W:S:C:P` or `read:W:P`.
+    /// `pipe:W:S:C:P`, `tma:W:S:C:P` or `read:W:P`.
     pub fn parse(s: &str) -> Option<Probe> {
         let mut it = s.split(':');
         let kind = it.next()?;
@@ -120,7 +124,12 @@ impl Probe {
             {
                 Some(Probe::Pipe { warps, stages, spin, partition })
             }
-            ("read", &[warps, partition]) if (1..=32).contains(&warps) && partition % 16 == 0 => {
+            ("tma", &[warps, stages, spin, partition])
+                if (1..=16).contains(&warps) && (2..=7).contains(&stages) && partition % 16 == 0 =>
+            {
+                Some(Probe::Tma { warps, stages, spin, partition })
+            }
+            ("read", &[warps, partition]) if (1..=8).contains(&warps) && partition % 16 == 0 => {
                 Some(Probe::Read { warps, partition })
             }
             _ => None,
@@ -133,6 +142,7 @@ impl Probe {
             Probe::Pipe { warps, stages, spin, partition } => {
                 format!("probe-pipe-w{warps}s{stages}c{spin}-p{partition}")
             }
+            Probe::Tma { warps, stages, spin, partition } => format!("probe-tma-w{warps}s{stages}c{spin}-p{partition}"),
             Probe::Read { warps, partition } => format!("probe-read-w{warps}-p{partition}"),
         }
     }
@@ -530,7 +540,9 @@ fn probes(
     let mut rows = Vec::new();
     for probe in &cfg.probes {
         let (warps, partition) = match *probe {
-            Probe::Pipe { warps, partition, .. } | Probe::Read { warps, partition } => (warps, partition),
+            Probe::Pipe { warps, partition, .. }
+            | Probe::Tma { warps, partition, .. }
+            | Probe::Read { warps, partition } => (warps, partition),
         };
         let ps = if partition == 0 { ctx } else { partition };
         let grid = (cfg.num_kv_heads as u32, batch as u32, ctx.div_ceil(ps) as u32);
@@ -573,6 +585,43 @@ fn probes(
                     Ok(())
                 })?
             }
+            Probe::Tma { stages, spin, .. } => {
+                if cfg.head_dim != 128 || cfg.block_size != 16 {
+                    return Err(CudaError::Invalid(format!("probe {}: head_dim 128 and block size 16 only", probe.name())));
+                }
+                // Stages, 1024 bytes of alignment slack, one mbarrier per stage.
+                let smem = warps * stages * 8192 + 1024 + 8 * warps * stages;
+                if smem > dev.smem_optin() {
+                    return Err(CudaError::Invalid(format!(
+                        "probe {}: {smem} bytes of shared memory, the device allows {}",
+                        probe.name(),
+                        dev.smem_optin()
+                    )));
+                }
+                let slots = pages.geometry().slots() as u64;
+                let kmap = TmaDesc::tiles_2d(p.k_codes, cfg.num_kv_heads as u64 * 128, slots)?;
+                let vmap = TmaDesc::tiles_2d(p.v_codes, cfg.num_kv_heads as u64 * 128, slots)?;
+                let f = m.function("pk_paged_pipe_tma")?;
+                // SAFETY: a valid function of a loaded module; the size is within the opt-in limit.
+                unsafe {
+                    result::function::set_function_attribute(
+                        f.cu_function(),
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem as i32,
+                    )
+                }
+                .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+                let (st, sp) = (stages as u32, spin as u32);
+                time_ms(dev, cfg.warmup, cfg.runs, |i| {
+                    let lc = LaunchConfig { grid_dim: grid, block_dim: (32 * warps as u32, 1, 1), shared_mem_bytes: smem as u32 };
+                    let mut l = stream.launch_builder(&f);
+                    l.arg(&kmap).arg(&vmap).arg(&table_ptrs[i % tables.len()]).arg(&mb).arg(&ctx_u);
+                    l.arg(&ps_u).arg(&st).arg(&sp).arg(&sink_p);
+                    // SAFETY: the maps cover the pools; tables hold valid block ids below ctx.
+                    unsafe { l.launch(lc) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_paged_pipe_tma)", e))?;
+                    Ok(())
+                })?
+            }
             Probe::Read { .. } => {
                 let f = m.function("pk_paged_read")?;
                 let row_bytes = 2 * cfg.head_dim as u32;
@@ -599,4 +648,44 @@ fn probes(
         });
     }
     Ok(rows)
+}
+
+/// A tensor map (`CUtensorMap`, 128 opaque bytes) passed by value as a kernel argument.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct TmaDesc([u64; 16]);
+
+// SAFETY: plain bytes, laid out as the driver's CUtensorMap; kernels take it by value.
+unsafe impl cudarc::driver::DeviceRepr for TmaDesc {}
+
+impl TmaDesc {
+    /// A 2D map over `rows` rows of `row_values` bf16 values at `base` (row pitch `2 · row_values`
+    /// bytes), in boxes of 64 values × 16 rows with the 128-byte swizzle.
+    fn tiles_2d(base: u64, row_values: u64, rows: u64) -> Result<TmaDesc, CudaError> {
+        use cudarc::driver::sys;
+        let mut map = TmaDesc([0; 16]);
+        let dims = [row_values, rows];
+        let strides = [row_values * 2];
+        let boxes = [64u32, 16];
+        let elem = [1u32, 1];
+        // SAFETY: every pointer is valid for the rank (2) the call reads; `map` is 64-byte aligned.
+        let r = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                (&mut map as *mut TmaDesc).cast(),
+                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                2,
+                base as *mut std::ffi::c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxes.as_ptr(),
+                elem.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        r.result().map_err(|e| CudaError::driver("cuTensorMapEncodeTiled", e))?;
+        Ok(map)
+    }
 }
