@@ -15,8 +15,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 PAGEKV_HOME=$PWD/$D/home timeout 200 $D/gpu_kernels decode_cluster --test-threads 4 > "$OUT/tests-cluster.log" 2>&1
 echo "gpu_kernels decode_cluster rc=$? ($((SECONDS - t0)) s): $(grep -E '^test result' "$OUT/tests-cluster.log" | tail -1 | cut -c1-60)" >> "$S"
 grep -hE "panicked|FAILED|failures|relative error" "$OUT/tests-cluster.log" | head -8 >> "$S"
-run() { # tag home binary env... -- args
-    local tag=$1 home=$2 bin=$3; shift 3
+run() { # tag home command...
+    local tag=$1 home=$2; shift 2
     env PAGEKV_HOME=$PWD/$home "$@" 2>> "$OUT/bench-err.log" | sed "s/^{/{\"tag\":\"$tag\",\"rep\":$i,/" >> "$OUT/bench.jsonl"
 }
 SMALL="--formats bf16 --cases 1x4096,1x32768 --warmup 10 --runs 50 --routes partitioned --partition-sizes 256,512,1024,2048,4096"
