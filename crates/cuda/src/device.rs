@@ -297,7 +297,7 @@ pub(crate) unsafe fn launch_kernel_clustered(
     cluster_z: u32,
 ) -> Result<(), cudarc::driver::DriverError> {
     use cudarc::driver::sys;
-    debug_assert!(cluster_z >= 1 && cluster_z <= 8 && cfg.grid_dim.2 % cluster_z == 0);
+    debug_assert!((1..=8).contains(&cluster_z) && cfg.grid_dim.2.is_multiple_of(cluster_z));
     dev.ctx.bind_to_thread()?;
     // SAFETY: a zeroed attribute is a valid value of the C union; ids and values are set below.
     let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
