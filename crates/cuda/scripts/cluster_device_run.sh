@@ -34,12 +34,16 @@ if [ -n "${PROBES:-}" ]; then
         PAGEKV_HOME=$PWD/$D/home $D/bench_attention --formats bf16 --cases 16x4096,64x4096,64x16384 --warmup 5 --runs 30 \
             --routes partitioned --probes "$PROBES" 2>> "$OUT/probe-err.log" | sed "s/^{/{\"tag\":\"new\",\"rep\":$i,/" >> "$OUT/probe.jsonl"
     done
+    # The same rows over consecutive block ids (a contiguous cache), for what scattering costs.
+    PAGEKV_HOME=$PWD/$D/home $D/bench_attention --formats bf16 --cases 16x4096,64x4096,64x16384 --warmup 5 --runs 30 \
+        --routes partitioned --contiguous --probes pipe:8:2:0:0,read:8:1024,read:8:0 2>> "$OUT/probe-err.log" \
+        | sed "s/^{/{\"tag\":\"contig\",\"rep\":1,/" >> "$OUT/probe.jsonl"
     python3 -c 'import json,sys,statistics as st
 d={}
 for l in open(sys.argv[1]):
     if l.startswith("{"):
-        r=json.loads(l); d.setdefault((r["batch"],r["context"],r["impl"]),[]).append(r["gbps"])
-for k,v in sorted(d.items()): print("probe %dx%d %s: %.0f GB/s (n %d)" % (k[0],k[1],k[2],st.median(v),len(v)))' "$OUT/probe.jsonl" >> "$S"
+        r=json.loads(l); d.setdefault((r["batch"],r["context"],r["impl"],r["tag"]),[]).append(r["gbps"])
+for k,v in sorted(d.items()): print("probe %dx%d %s %s: %.0f GB/s (n %d)" % (k[0],k[1],k[2],k[3],st.median(v),len(v)))' "$OUT/probe.jsonl" >> "$S"
 fi
 python3 -c 'import json,sys,statistics as st
 d={}
