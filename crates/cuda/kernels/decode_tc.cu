@@ -578,57 +578,6 @@ __device__ __forceinline__ bool query_fragments(const float* qw, int lane, float
     }
     return QX && __all_sync(0xffffffffu, exact);
 }
-
-// Thread-block clusters (sm_90): the partitions of one (sequence, kv head) launched as one
-// cluster merge their partials through distributed shared memory instead of pk_merge.
-__device__ __forceinline__ u32 cluster_ctas() {
-    u32 n;
-    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-    return n;
-}
-__device__ __forceinline__ u32 cluster_rank() {
-    u32 r;
-    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-// Every thread of the cluster arrives (its shared-memory writes released) and waits for all.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// *p in the shared memory of cluster CTA `rank` (the same offset as p in this CTA's).
-__device__ __forceinline__ float ld_cluster(const float* p, u32 rank) {
-    u32 a;
-    float v;
-    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
-    return v;
-}
-// Cluster merge, after this CTA published its partition's unnormalised output pub_o [heads][D]
-// and per head its max pub_m [heads] and denominator pub_l [heads] (same offsets in every CTA;
-// pub_m −inf for a partition past the context): the CTAs of the cluster (the partitions of one
-// sequence and kv-head group) each combine a share of the (head, dim) pairs of all partitions and
-// write them to out_cta [heads][D]. Every thread of every CTA of the cluster calls it.
-__device__ __forceinline__ void cluster_merge(const float* pub_o, const float* pub_m, const float* pub_l, int heads,
-                                              float* __restrict__ out_cta) {
-    constexpr int D = PK_D;
-    const u32 n = cluster_ctas(), me = cluster_rank();
-    cluster_sync(); // every partition's results are visible cluster-wide
-    for (int idx = (int)(me + n * threadIdx.x); idx < heads * D; idx += (int)(n * blockDim.x)) {
-        const int hd = idx / D;
-        float mx = PK_NEG_INF;
-        for (u32 r = 0; r < n; r++) mx = fmaxf(mx, ld_cluster(pub_m + hd, r));
-        float acc = 0.0f, sum = 0.0f;
-        for (u32 r = 0; r < n; r++) {
-            const float m = ld_cluster(pub_m + hd, r);
-            if (m == PK_NEG_INF) continue; // a partition without tokens published no output
-            const float f = exp2f(m - mx);
-            acc = fmaf(f, ld_cluster(pub_o + idx, r), acc);
-            sum = fmaf(f, ld_cluster(pub_l + hd, r), sum);
-        }
-        out_cta[idx] = acc / sum;
-    }
-    cluster_sync(); // no CTA leaves (its shared memory) while another still reads it
-}
 } // namespace tc
 
 // (The partitioned kernel keeps its tile loop and query fragments inline, as measured: the q4
@@ -693,28 +642,13 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
     // and the outputs written, only after this. Every CTA waits, also one that returns below, so
     // this grid never completes before the kernels it depends on.
     pdl_wait();
-    extern __shared__ __align__(16) u8 smem[];
-    // Float pages launched as clusters over the partitions (DecodeAttention: at most 8): the
-    // partials meet in shared memory (tc::cluster_merge), at these offsets in every CTA.
-    const bool cluster = !QUANT && cluster_ctas() > 1;
-    float* pub_o = (float*)smem + NW * HP * (D + 2); // [heads][D] (the merge scratch's `res`)
-    float* pub_m = pub_o + heads * D;                // [heads]
-    float* pub_l = pub_m + heads;                    // [heads]
-    if (start >= end) { // partition past this sequence's context: pk_merge skips it
-        if constexpr (!QUANT) {
-            if (cluster) {
-                for (int hd = threadIdx.x; hd < heads; hd += blockDim.x) pub_m[hd] = PK_NEG_INF;
-                cluster_merge(pub_o, pub_m, pub_l, heads, out + ((u64)seq * num_heads + (u64)blockIdx.x * heads) * D);
-            }
-        }
-        return;
-    }
+    if (start >= end) return; // partition past this sequence's context: pk_merge skips it
 
+    extern __shared__ __align__(16) u8 smem[];
     {
         u32 dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
         if (dyn < (u32)TC_SMEM_BYTES) __trap(); // host/kernel layout mismatch
-        if (cluster && 4u * (u32)(NW * HP * (D + 2) + heads * (D + 2)) > dyn) __trap(); // pub_* past the end
     }
 
     // The queries as B fragments: head nt·8 + lane/4 of this warp's kv head, the dims qk_dim
@@ -1075,12 +1009,6 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
         }
         if (direct) {
             res[idx] = acc / sum;
-        } else if (cluster) { // res is pub_o
-            res[idx] = acc;
-            if (dim == 0) {
-                pub_m[hl * PK_G + g] = mx;
-                pub_l[hl * PK_G + g] = sum;
-            }
         } else {
             const int max_parts = gridDim.z;
             const u64 row = ((u64)seq * num_heads + (u64)blockIdx.x * heads + hl * PK_G + g) * max_parts + part;
@@ -1096,12 +1024,6 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
         if (signs != nullptr) rotate_smem(res, heads, signs, rot_norm, true);
         for (int idx = threadIdx.x; idx < heads * D; idx += blockDim.x) out[qcta + idx] = res[idx];
         return;
-    }
-    if constexpr (!QUANT) {
-        if (cluster) {
-            cluster_merge(pub_o, pub_m, pub_l, heads, out + qcta);
-            return;
-        }
     }
     if (counters == nullptr) return;
 

@@ -50,7 +50,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use crate::compile::{decode_smem_bytes, decode_tc_smem_bytes_for, tc_heads_per_cta, tc_shape, ModuleSpec};
-use crate::device::{arg, launch_kernel, launch_kernel_clustered};
+use crate::device::{arg, launch_kernel};
 use crate::pages::dptr;
 use crate::{CudaDevice, CudaError, DevicePages};
 
@@ -226,8 +226,6 @@ pub struct DecodeAttention {
     sk_counters: Option<CudaSlice<u32>>,
     /// Stream-K CTAs per SM by (function, dynamic shared memory), from the occupancy API.
     sk_occupancy: Vec<(usize, usize, usize)>,
-    /// The cluster merge of float pages ([`Self::set_cluster`]); `None`: `PAGEKV_CUDA_TC_CLUSTER`.
-    cluster: Option<bool>,
 }
 
 impl DecodeAttention {
@@ -245,16 +243,7 @@ impl DecodeAttention {
             sk_ml: None,
             sk_counters: None,
             sk_occupancy: Vec::new(),
-            cluster: None,
         }
-    }
-
-    /// Whether the partitioned route of float pages in 2..=8 partitions launches one
-    /// thread-block cluster per (sequence, kv head), whose CTAs merge their partials through
-    /// distributed shared memory instead of in `pk_merge` (`None`: the `PAGEKV_CUDA_TC_CLUSTER`
-    /// switch). Only where one kv head takes a CTA.
-    pub fn set_cluster(&mut self, on: Option<bool>) {
-        self.cluster = on;
     }
 
     /// Chooses the tensor-core kernel's grid (default [`DecodeGrid::Auto`]).
@@ -437,14 +426,6 @@ impl DecodeAttention {
             }
         }
         let fused = tc && parts > 1 && crate::compile::tc_tuning().fused_merge;
-        // Float pages in 2..=8 partitions: one cluster per (sequence, kv head), merged in the
-        // kernel through distributed shared memory (no pk_merge); see `TcTuning::cluster`.
-        let cluster = tc
-            && !fused
-            && (2..=8).contains(&parts)
-            && !crate::compile::tc_quantized(g.format)
-            && self.cluster.unwrap_or(crate::compile::tc_tuning().cluster)
-            && tc_heads_per_cta(g.format, d, g.num_kv_heads, b.num_seqs, self.device.sm_count()) == 1;
         let counters_p = if fused { self.counters.as_ref().map_or(0, |s| dptr(s, &dev)) } else { 0u64 };
         let p = pages.layer_ptrs(layer)?;
         let (signs, norm) = pages.rotation_args();
@@ -507,11 +488,8 @@ impl DecodeAttention {
         // checked above, and the caller guarantees context_lens ≤ max_context_len and valid
         // block ids for visible positions. A programmatic tensor-core launch reads only tables
         // and context lengths before its pdl_wait (see `set_programmatic`).
-        let cluster_z = if cluster { parts_u } else { 1 };
-        let launched = unsafe {
-            launch_kernel_clustered(&dev, &f, cfg, &mut args[..n_args], tc && self.programmatic, cluster_z)
-        }
-        .map_err(|e| {
+        let launched =
+            unsafe { launch_kernel(&dev, &f, cfg, &mut args[..n_args], tc && self.programmatic) }.map_err(|e| {
                 CudaError::driver(if tc { "cuLaunchKernelEx(pk_decode_tc)" } else { "cuLaunchKernelEx(pk_decode)" }, e)
             });
         if let Err(e) = launched {
@@ -519,7 +497,7 @@ impl DecodeAttention {
             return Err(e);
         }
 
-        if parts > 1 && !fused && !cluster {
+        if parts > 1 && !fused {
             let f = module.function("pk_merge")?;
             let cfg = LaunchConfig {
                 grid_dim: (b.num_heads as u32, b.num_seqs as u32, 1),

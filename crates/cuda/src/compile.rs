@@ -267,10 +267,6 @@ pub struct TcTuning {
     /// A warp whose tiles all fit in its stages issues every copy at once (`PK_TC_EAGER`,
     /// `PAGEKV_CUDA_TC_EAGER`): `auto` (the measured choice per format, [`tc_eager`]), `0`, `1`.
     pub eager: &'static str,
-    /// Float pages split into 2..=8 partitions are launched as one thread-block cluster per
-    /// (sequence, kv head) and merge their partials through distributed shared memory, without
-    /// `pk_merge` (`PAGEKV_CUDA_TC_CLUSTER`).
-    pub cluster: bool,
 }
 
 impl TcTuning {
@@ -288,7 +284,6 @@ impl TcTuning {
         pdl: true,
         l2: "auto",
         eager: "auto",
-        cluster: false,
     };
 
     /// [`Self::DEFAULT`] with the `PAGEKV_CUDA_TC_*`, `PAGEKV_CUDA_FUSED_MERGE` and
@@ -313,7 +308,6 @@ impl TcTuning {
             pdl: knobs::switch("PAGEKV_CUDA_PDL", d.pdl)?,
             l2: knobs::choice("PAGEKV_CUDA_TC_L2", d.l2, &["auto", "normal", "evict-first"])?,
             eager: knobs::choice("PAGEKV_CUDA_TC_EAGER", d.eager, &["auto", "0", "1"])?,
-            cluster: knobs::switch("PAGEKV_CUDA_TC_CLUSTER", d.cluster)?,
         })
     }
 }
@@ -410,7 +404,7 @@ fn tc_stage_bytes(format: KvFormat, head_dim: usize) -> usize {
     }
 }
 
-pub(crate) fn tc_quantized(format: KvFormat) -> bool {
+fn tc_quantized(format: KvFormat) -> bool {
     matches!(format, KvFormat::Q8 | KvFormat::Q4 { .. })
 }
 

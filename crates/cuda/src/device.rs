@@ -279,41 +279,12 @@ pub(crate) unsafe fn launch_kernel(
     args: &mut [*mut std::ffi::c_void],
     programmatic: bool,
 ) -> Result<(), cudarc::driver::DriverError> {
-    // SAFETY: the caller's contract.
-    unsafe { launch_kernel_clustered(dev, f, cfg, args, programmatic, 1) }
-}
-
-/// [`launch_kernel`] with the grid cut into thread-block clusters of `(1, 1, cluster_z)` CTAs
-/// (`cluster_z` > 1 must divide the grid's z and be at most 8, the portable cluster size).
-///
-/// # Safety
-/// As [`launch_kernel`].
-pub(crate) unsafe fn launch_kernel_clustered(
-    dev: &CudaDevice,
-    f: &CudaFunction,
-    cfg: cudarc::driver::LaunchConfig,
-    args: &mut [*mut std::ffi::c_void],
-    programmatic: bool,
-    cluster_z: u32,
-) -> Result<(), cudarc::driver::DriverError> {
     use cudarc::driver::sys;
-    debug_assert!((1..=8).contains(&cluster_z) && cfg.grid_dim.2.is_multiple_of(cluster_z));
     dev.ctx.bind_to_thread()?;
-    // SAFETY: a zeroed attribute is a valid value of the C union; ids and values are set below.
-    let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
-    let mut n = 0;
-    if programmatic {
-        attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attrs[n].value.programmaticStreamSerializationAllowed = 1;
-        n += 1;
-    }
-    if cluster_z > 1 {
-        attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attrs[n].value.clusterDim.x = 1;
-        attrs[n].value.clusterDim.y = 1;
-        attrs[n].value.clusterDim.z = cluster_z;
-        n += 1;
-    }
+    // SAFETY: a zeroed attribute is a valid value of the C union; id and value are set below.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
     let config = sys::CUlaunchConfig {
         gridDimX: cfg.grid_dim.0,
         gridDimY: cfg.grid_dim.1,
@@ -323,9 +294,9 @@ pub(crate) unsafe fn launch_kernel_clustered(
         blockDimZ: cfg.block_dim.2,
         sharedMemBytes: cfg.shared_mem_bytes,
         hStream: dev.stream().cu_stream(),
-        attrs: attrs.as_mut_ptr(),
-        numAttrs: n as u32,
+        attrs: &mut attr,
+        numAttrs: programmatic as u32,
     };
-    // SAFETY: the caller's contract on `args`; config and attrs outlive the call.
+    // SAFETY: the caller's contract on `args`; config and attr outlive the call.
     unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()
 }

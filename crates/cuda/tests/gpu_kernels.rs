@@ -600,30 +600,17 @@ mod gpu {
         if DecodeKernel::Auto.resolve(dev, case.format, d, case.group) != "simt" {
             kernels.push(DecodeKernel::Auto);
         }
-        // (kernel, grid, route, cluster merge): float pages' partitioned routes also as clusters.
-        let mut runs: Vec<(DecodeKernel, DecodeGrid, DecodeRoute, bool)> =
-            kernels.iter().flat_map(|&k| routes.iter().map(move |&r| (k, DecodeGrid::Auto, r, false))).collect();
-        if matches!(case.format, KvFormat::F16 | KvFormat::Bf16) && kernels.contains(&DecodeKernel::Auto) {
-            for &r in routes {
-                if matches!(r, DecodeRoute::Partitioned { .. }) {
-                    runs.push((DecodeKernel::Auto, DecodeGrid::Partitioned, r, true));
-                }
-            }
-        }
+        let mut runs: Vec<(DecodeKernel, DecodeGrid, DecodeRoute)> =
+            kernels.iter().flat_map(|&k| routes.iter().map(move |&r| (k, DecodeGrid::Auto, r))).collect();
         attn.set_grid(DecodeGrid::StreamK);
         let max_context = *case.contexts.iter().max().expect("contexts");
         if attn.takes_stream_k(&built.pages, built.num_heads, n_seqs, max_context) {
-            runs.push((DecodeKernel::Auto, DecodeGrid::StreamK, DecodeRoute::Primitive, false));
+            runs.push((DecodeKernel::Auto, DecodeGrid::StreamK, DecodeRoute::Primitive));
         }
-        for (kernel, grid, route, cluster) in runs {
+        for (kernel, grid, route) in runs {
             attn.set_kernel(kernel);
             attn.set_grid(grid);
-            attn.set_cluster(Some(cluster));
-            let label = match (grid, cluster) {
-                (DecodeGrid::StreamK, _) => "stream-k",
-                (_, true) => "partitioned-cluster",
-                _ => route.name(),
-            };
+            let label = if grid == DecodeGrid::StreamK { "stream-k" } else { route.name() };
             let kname = kernel.resolve(dev, case.format, d, case.group);
             dev.stream().memcpy_htod(&poison, &mut out).expect("poison");
             let b = DecodeBatch {
@@ -898,43 +885,6 @@ mod gpu {
             });
         }
         check_all("decode_stream_k", &dev, &cases, &[DecodeRoute::Primitive, PART(256)]);
-    }
-
-    /// The cluster merge of float pages (`DecodeAttention::set_cluster`, every partitioned row
-    /// `partitioned-cluster` of `run_built`): 2 to 8 partitions per sequence merged through
-    /// distributed shared memory — partitions past a short sequence's context (their CTAs publish
-    /// nothing but still meet the cluster barriers), windows, block sizes 8/16/32, groups 1 to 16,
-    /// head_dim 64/128/256; routes of more than 8 partitions fall back to pk_merge.
-    #[test]
-    fn decode_cluster_merge_over_partitions() {
-        let Some(dev) = device("decode_cluster_merge_over_partitions") else { return };
-        // (format, head_dim, num_kv_heads, group, contexts, window, block_size, partition sizes)
-        type Shape = (KvFormat, usize, usize, usize, Vec<usize>, Option<usize>, usize, Vec<usize>);
-        let shapes: [Shape; 6] = [
-            (KvFormat::Bf16, 128, 8, 4, vec![4096], None, 16, vec![512, 1024, 2048]),
-            (KvFormat::F16, 64, 2, 1, vec![1, 5000, 17], None, 16, vec![1024, 700]),
-            (KvFormat::Bf16, 128, 2, 8, vec![3000, 650, 1], Some(700), 16, vec![128, 100]),
-            (KvFormat::Bf16, 256, 2, 16, vec![2000, 33], None, 16, vec![256]),
-            (KvFormat::F16, 128, 3, 3, vec![900, 17], None, 8, vec![120, 64]),
-            (KvFormat::Bf16, 64, 4, 2, vec![1500, 40, 777], Some(37), 32, vec![16, 5]),
-        ];
-        for (i, (format, head_dim, num_kv_heads, group, contexts, window, block_size, parts)) in
-            shapes.into_iter().enumerate()
-        {
-            let case = Case {
-                format,
-                head_dim,
-                num_kv_heads,
-                group,
-                contexts,
-                window,
-                block_size,
-                seed: 9100 + i as u64,
-                rounded_queries: i % 2 == 1,
-            };
-            let routes: Vec<DecodeRoute> = parts.into_iter().map(PART).collect();
-            check_all(&format!("decode_cluster_merge shape {i}"), &dev, &[case], &routes);
-        }
     }
 
     /// The partitioned route captured in a CUDA graph (as the model runtime does) and replayed:
