@@ -587,7 +587,10 @@ fn probes(
             }
             Probe::Tma { stages, spin, .. } => {
                 if cfg.head_dim != 128 || cfg.block_size != 16 {
-                    return Err(CudaError::Invalid(format!("probe {}: head_dim 128 and block size 16 only", probe.name())));
+                    return Err(CudaError::Invalid(format!(
+                        "probe {}: head_dim 128 and block size 16 only",
+                        probe.name()
+                    )));
                 }
                 // Stages, 1024 bytes of alignment slack, one mbarrier per stage.
                 let smem = warps * stages * 8192 + 1024 + 8 * warps * stages;
@@ -613,7 +616,11 @@ fn probes(
                 .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
                 let (st, sp) = (stages as u32, spin as u32);
                 time_ms(dev, cfg.warmup, cfg.runs, |i| {
-                    let lc = LaunchConfig { grid_dim: grid, block_dim: (32 * warps as u32, 1, 1), shared_mem_bytes: smem as u32 };
+                    let lc = LaunchConfig {
+                        grid_dim: grid,
+                        block_dim: (32 * warps as u32, 1, 1),
+                        shared_mem_bytes: smem as u32,
+                    };
                     let mut l = stream.launch_builder(&f);
                     l.arg(&kmap).arg(&vmap).arg(&table_ptrs[i % tables.len()]).arg(&mb).arg(&ctx_u);
                     l.arg(&ps_u).arg(&st).arg(&sp).arg(&sink_p);
