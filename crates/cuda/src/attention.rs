@@ -658,15 +658,7 @@ fn base_function(
     let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
     if !done.contains(&key) {
         let bytes = crate::compile::decode_tc_smem_bytes(format, head_dim);
-        // SAFETY: a valid function handle of a loaded module.
-        unsafe {
-            cudarc::driver::result::function::set_function_attribute(
-                f.cu_function(),
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
-            )
-        }
-        .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+        crate::device::set_max_dynamic_smem(&f, bytes)?;
         done.push(key);
     }
     Ok(f)

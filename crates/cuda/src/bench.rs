@@ -107,8 +107,8 @@ pub enum Probe {
     /// accelerator (two 64 × 16 boxes of K and two of V per tile, 128-byte swizzle) against a
     /// per-stage mbarrier. head_dim 128, block size 16 only.
     Tma { warps: usize, stages: usize, spin: usize, partition: usize },
-    /// `pk_paged_read` (one kv head per CTA, linear loads) with `warps` (1..=8, its launch bound) per CTA and partitions of
-    /// `partition` tokens (0: one per sequence).
+    /// `pk_paged_read` (one kv head per CTA, linear loads) with `warps` (1..=8, its launch
+    /// bound) per CTA and partitions of `partition` tokens (0: one per sequence).
     Read { warps: usize, partition: usize },
 }
 
@@ -553,23 +553,7 @@ fn probes(
                     return Err(CudaError::Invalid(format!("probe {}: head_dim 128 only", probe.name())));
                 }
                 let smem = warps * stages * PIPE_STAGE_BYTES;
-                if smem > dev.smem_optin() {
-                    return Err(CudaError::Invalid(format!(
-                        "probe {}: {smem} bytes of shared memory, the device allows {}",
-                        probe.name(),
-                        dev.smem_optin()
-                    )));
-                }
-                let f = m.function("pk_paged_pipe")?;
-                // SAFETY: a valid function of a loaded module; the size is within the opt-in limit.
-                unsafe {
-                    result::function::set_function_attribute(
-                        f.cu_function(),
-                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem as i32,
-                    )
-                }
-                .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+                let f = probe_function(dev, &m, "pk_paged_pipe", smem, probe)?;
                 let (st, sp) = (stages as u32, spin as u32);
                 time_ms(dev, cfg.warmup, cfg.runs, |i| {
                     let lc = LaunchConfig {
@@ -594,26 +578,10 @@ fn probes(
                 }
                 // Stages, 1024 bytes of alignment slack, one mbarrier per stage.
                 let smem = warps * stages * 8192 + 1024 + 8 * warps * stages;
-                if smem > dev.smem_optin() {
-                    return Err(CudaError::Invalid(format!(
-                        "probe {}: {smem} bytes of shared memory, the device allows {}",
-                        probe.name(),
-                        dev.smem_optin()
-                    )));
-                }
+                let f = probe_function(dev, &m, "pk_paged_pipe_tma", smem, probe)?;
                 let slots = pages.geometry().slots() as u64;
                 let kmap = TmaDesc::tiles_2d(p.k_codes, cfg.num_kv_heads as u64 * 128, slots)?;
                 let vmap = TmaDesc::tiles_2d(p.v_codes, cfg.num_kv_heads as u64 * 128, slots)?;
-                let f = m.function("pk_paged_pipe_tma")?;
-                // SAFETY: a valid function of a loaded module; the size is within the opt-in limit.
-                unsafe {
-                    result::function::set_function_attribute(
-                        f.cu_function(),
-                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem as i32,
-                    )
-                }
-                .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
                 let (st, sp) = (stages as u32, spin as u32);
                 time_ms(dev, cfg.warmup, cfg.runs, |i| {
                     let lc = LaunchConfig {
@@ -657,6 +625,27 @@ fn probes(
     Ok(rows)
 }
 
+/// `name` of the bench module, allowed `smem` bytes of dynamic shared memory; an error naming the
+/// probe when the device allows less.
+fn probe_function(
+    dev: &CudaDevice,
+    m: &crate::device::KernelModule,
+    name: &str,
+    smem: usize,
+    probe: &Probe,
+) -> Result<cudarc::driver::CudaFunction, CudaError> {
+    if smem > dev.smem_optin() {
+        return Err(CudaError::Invalid(format!(
+            "probe {}: {smem} bytes of shared memory, the device allows {}",
+            probe.name(),
+            dev.smem_optin()
+        )));
+    }
+    let f = m.function(name)?;
+    crate::device::set_max_dynamic_smem(&f, smem)?;
+    Ok(f)
+}
+
 /// A tensor map (`CUtensorMap`, 128 opaque bytes) passed by value as a kernel argument.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
@@ -694,5 +683,26 @@ impl TmaDesc {
         };
         r.result().map_err(|e| CudaError::driver("cuTensorMapEncodeTiled", e))?;
         Ok(map)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Probe;
+
+    #[test]
+    fn probes_parse_their_shapes_and_reject_the_rest() {
+        assert_eq!(
+            Probe::parse("pipe:8:2:250:1024"),
+            Some(Probe::Pipe { warps: 8, stages: 2, spin: 250, partition: 1024 })
+        );
+        assert_eq!(Probe::parse("tma:4:6:0:0"), Some(Probe::Tma { warps: 4, stages: 6, spin: 0, partition: 0 }));
+        assert_eq!(Probe::parse("read:8:0"), Some(Probe::Read { warps: 8, partition: 0 }));
+        assert_eq!(Probe::parse("pipe:8:2:0:0").map(|p| p.name()).as_deref(), Some("probe-pipe-w8s2c0-p0"));
+        for bad in
+            ["pipe:8:9:0:0", "pipe:8:2:0", "pipe:0:2:0:0", "read:16:0", "read:8:100", "tma:8:2:x:0", "copy:8:0", ""]
+        {
+            assert_eq!(Probe::parse(bad), None, "{bad:?}");
+        }
     }
 }

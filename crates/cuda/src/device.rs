@@ -217,16 +217,7 @@ impl CudaDevice {
                 }
                 self.bind()?;
                 for (name, bytes) in kernels {
-                    let f = km.function(name)?;
-                    // SAFETY: a valid function handle of a loaded module.
-                    unsafe {
-                        result::function::set_function_attribute(
-                            f.cu_function(),
-                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            bytes as i32,
-                        )
-                    }
-                    .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+                    set_max_dynamic_smem(&km.function(name)?, bytes)?;
                 }
             }
         }
@@ -260,6 +251,20 @@ fn bytemuck_f32(x: &[f32]) -> &[u8] {
 /// A kernel argument slot for [`launch_kernel`]: the address of `v`.
 pub(crate) fn arg<T>(v: &T) -> *mut std::ffi::c_void {
     v as *const T as *mut std::ffi::c_void
+}
+
+/// Lets `f` take up to `bytes` of dynamic shared memory per CTA (at most the device's opt-in
+/// limit, `CudaDevice::smem_optin`).
+pub(crate) fn set_max_dynamic_smem(f: &CudaFunction, bytes: usize) -> Result<(), CudaError> {
+    // SAFETY: a valid function handle of a loaded module; the driver checks the size.
+    unsafe {
+        result::function::set_function_attribute(
+            f.cu_function(),
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+    }
+    .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))
 }
 
 /// Launches `f` on the device's stream (`cuLaunchKernelEx`), with programmatic stream

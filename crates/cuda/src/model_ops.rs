@@ -331,15 +331,7 @@ impl ModelOps {
         // Every product kernel may take the device's whole opt-in shared memory.
         let product = |name: String| -> Result<CudaFunction, CudaError> {
             let f = module.function(&name)?;
-            // SAFETY: a valid function handle of a loaded module.
-            unsafe {
-                cudarc::driver::result::function::set_function_attribute(
-                    f.cu_function(),
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    gemv_smem_limit(&device) as i32,
-                )
-            }
-            .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+            crate::device::set_max_dynamic_smem(&f, gemv_smem_limit(&device))?;
             Ok(f)
         };
         let gemv = GEMV_ROWS_PER_WARP
