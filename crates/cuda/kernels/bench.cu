@@ -252,3 +252,81 @@ pk_paged_pipe_tma(const __grid_constant__ PkTmaDesc kmap, const __grid_constant_
     acc = __reduce_xor_sync(0xffffffffu, acc);
     if (lane == 0 && acc == 0x12345678u) sink[blockIdx.x] = acc; // practically never stored
 }
+
+// Register-pipeline probe: the page reads a tensor-core decode would make if it landed each
+// 16-token tile in registers instead of shared memory — no cp.async, no stages. grid (num_kv_heads,
+// num_seqs, partitions), one kv head per CTA, bf16/f16 pages with head_dim 128, blockDim 32·NW
+// (NW ≤ 8); each warp takes the tiles warp, warp + NW, … of its partition and keeps T of them in
+// flight in registers (T + 1 buffers of 16 × 16 bytes per lane) while it consumes the oldest. A
+// lane (r = lane / 4, c = lane % 4) loads the tile's K rows r and r + 8, 16-byte chunks c, c + 4,
+// c + 8, c + 12 (the A fragments of S^T = K·Q^T, dims permuted), and its V rows 2c, 2c + 1,
+// 2c + 8, 2c + 9, chunks r and r + 8 (the A fragments of O^T = V^T·P^T after 4 PRMT per m-tile):
+// 8 + 8 loads, each warp instruction covering whole 64- or 128-byte runs of rows. Consuming a
+// tile folds its words and runs `spin` dependent FMAs (a stand-in for the tile's arithmetic).
+// Rows past the context are not read (zeros), as the decode would predicate them.
+template <int T>
+__device__ __forceinline__ void regpipe_body(const u8* __restrict__ kc, const u8* __restrict__ vc,
+                                             const u32* __restrict__ tables, u32 max_blocks, u32 ctx, u32 log2_bs,
+                                             u32 num_kv_heads, u32 part_size, u32 spin, u32* __restrict__ sink) {
+    constexpr int NB = T + 1;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int r = lane >> 2, c = lane & 3;
+    const u32 h = blockIdx.x, start = blockIdx.z * part_size, end = min(ctx, start + part_size);
+    if (start >= end) return;
+    const u32* table = tables + (u64)blockIdx.y * max_blocks;
+    const u32 ntiles = (end - start + 15) / 16;
+    const int my_n = ntiles > (u32)warp ? (int)((ntiles - warp + nw - 1) / nw) : 0;
+    const u32 bs_mask = (1u << log2_bs) - 1;
+    uint4 buf[NB][16];
+    auto load = [&](int i, uint4 (&b)[16]) {
+        const u32 pos = start + (u32)(warp + i * nw) * 16 + (lane & 15);
+        const bool ok = i < my_n && pos < end;
+        const u64 row = ok ? ((((u64)table[pos >> log2_bs] << log2_bs) | (pos & bs_mask)) * num_kv_heads + h) * 256 : ~0ull;
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            const u64 kr = __shfl_sync(0xffffffffu, row, r + 8 * t);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                b[4 * t + j] = kr != ~0ull ? __ldcg((const uint4*)(kc + kr) + 4 * j + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const u64 vr = __shfl_sync(0xffffffffu, row, 2 * c + (t & 1) + 8 * (t >> 1));
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                b[8 + 2 * t + j] = vr != ~0ull ? __ldcg((const uint4*)(vc + vr) + r + 8 * j) : make_uint4(0, 0, 0, 0);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < T; s++) load(s, buf[s]);
+    u32 acc = 0;
+    float f = 1.0f;
+    for (int i = 0; i < my_n; i += NB) {
+#pragma unroll
+        for (int u = 0; u < NB; u++) {
+            load(i + u + T, buf[(u + T) % NB]); // the buffer consumed last
+            if (i + u < my_n) {
+#pragma unroll
+                for (int k = 0; k < 16; k++) acc ^= buf[u][k].x ^ buf[u][k].y ^ buf[u][k].z ^ buf[u][k].w;
+                f = __uint_as_float((acc & 0x007fffffu) | 0x3f000000u) + f * 0.5f;
+#pragma unroll 8
+                for (u32 j = 0; j < spin; j++) f = fmaf(f, 0.999f, 1e-7f);
+            }
+        }
+    }
+    acc ^= __float_as_uint(f);
+    acc = __reduce_xor_sync(0xffffffffu, acc);
+    if (lane == 0 && acc == 0x12345678u) sink[blockIdx.x] = acc; // practically never stored
+}
+
+// T (tiles in flight per warp) 1 or 2 as kernels of their own, so that each keeps its buffers in
+// registers; dynamic shared memory (unused) only caps the CTAs per SM.
+#define PK_REGPIPE(T)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256)                                                        \
+    pk_paged_regpipe##T(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32* __restrict__ tables, \
+                        u32 max_blocks, u32 ctx, u32 log2_bs, u32 num_kv_heads, u32 part_size, u32 spin,      \
+                        u32* __restrict__ sink) {                                                             \
+        regpipe_body<T>(kc, vc, tables, max_blocks, ctx, log2_bs, num_kv_heads, part_size, spin, sink);       \
+    }
+PK_REGPIPE(1)
+PK_REGPIPE(2)

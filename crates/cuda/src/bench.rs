@@ -110,10 +110,16 @@ pub enum Probe {
     /// `pk_paged_read` (one kv head per CTA, linear loads) with `warps` (1..=8, its launch
     /// bound) per CTA and partitions of `partition` tokens (0: one per sequence).
     Read { warps: usize, partition: usize },
+    /// `pk_paged_regpipe{tiles}`: the decode's page reads landed in registers — `warps` (1..=8)
+    /// per CTA, each with `tiles` (1 or 2) 16-token tiles in flight while it consumes one, a chain
+    /// of `spin` dependent FMAs per tile, at most `ctas_per_sm` CTAs per SM (0: as many as fit;
+    /// capped through unused dynamic shared memory), partitions of `partition` tokens. head_dim
+    /// 128 only.
+    RegPipe { warps: usize, tiles: usize, ctas_per_sm: usize, spin: usize, partition: usize },
 }
 
 impl Probe {
-    /// `pipe:W:S:C:P`, `tma:W:S:C:P` or `read:W:P`.
+    /// `pipe:W:S:C:P`, `tma:W:S:C:P`, `read:W:P` or `regpipe:W:T:B:C:P`.
     pub fn parse(s: &str) -> Option<Probe> {
         let mut it = s.split(':');
         let kind = it.next()?;
@@ -132,6 +138,11 @@ impl Probe {
             ("read", &[warps, partition]) if (1..=8).contains(&warps) && partition % 16 == 0 => {
                 Some(Probe::Read { warps, partition })
             }
+            ("regpipe", &[warps, tiles, ctas_per_sm, spin, partition])
+                if (1..=8).contains(&warps) && (1..=2).contains(&tiles) && ctas_per_sm <= 32 && partition % 16 == 0 =>
+            {
+                Some(Probe::RegPipe { warps, tiles, ctas_per_sm, spin, partition })
+            }
             _ => None,
         }
     }
@@ -144,6 +155,9 @@ impl Probe {
             }
             Probe::Tma { warps, stages, spin, partition } => format!("probe-tma-w{warps}s{stages}c{spin}-p{partition}"),
             Probe::Read { warps, partition } => format!("probe-read-w{warps}-p{partition}"),
+            Probe::RegPipe { warps, tiles, ctas_per_sm, spin, partition } => {
+                format!("probe-regpipe-w{warps}t{tiles}b{ctas_per_sm}c{spin}-p{partition}")
+            }
         }
     }
 }
@@ -542,7 +556,8 @@ fn probes(
         let (warps, partition) = match *probe {
             Probe::Pipe { warps, partition, .. }
             | Probe::Tma { warps, partition, .. }
-            | Probe::Read { warps, partition } => (warps, partition),
+            | Probe::Read { warps, partition }
+            | Probe::RegPipe { warps, partition, .. } => (warps, partition),
         };
         let ps = if partition == 0 { ctx } else { partition };
         let grid = (cfg.num_kv_heads as u32, batch as u32, ctx.div_ceil(ps) as u32);
@@ -594,6 +609,28 @@ fn probes(
                     l.arg(&ps_u).arg(&st).arg(&sp).arg(&sink_p);
                     // SAFETY: the maps cover the pools; tables hold valid block ids below ctx.
                     unsafe { l.launch(lc) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_paged_pipe_tma)", e))?;
+                    Ok(())
+                })?
+            }
+            Probe::RegPipe { tiles, ctas_per_sm, spin, .. } => {
+                if cfg.head_dim != 128 {
+                    return Err(CudaError::Invalid(format!("probe {}: head_dim 128 only", probe.name())));
+                }
+                // 228 KiB of shared memory per SM (sm_90), 1 KiB of it reserved per CTA.
+                let smem = if ctas_per_sm == 0 { 0 } else { (233_472 / ctas_per_sm).saturating_sub(1024).min(dev.smem_optin()) };
+                let f = probe_function(dev, &m, &format!("pk_paged_regpipe{tiles}"), smem, probe)?;
+                let sp = spin as u32;
+                time_ms(dev, cfg.warmup, cfg.runs, |i| {
+                    let lc = LaunchConfig {
+                        grid_dim: grid,
+                        block_dim: (32 * warps as u32, 1, 1),
+                        shared_mem_bytes: smem as u32,
+                    };
+                    let mut l = stream.launch_builder(&f);
+                    l.arg(&p.k_codes).arg(&p.v_codes).arg(&table_ptrs[i % tables.len()]).arg(&mb).arg(&ctx_u);
+                    l.arg(&log2_bs).arg(&hk).arg(&ps_u).arg(&sp).arg(&sink_p);
+                    // SAFETY: as above.
+                    unsafe { l.launch(lc) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_paged_regpipe)", e))?;
                     Ok(())
                 })?
             }
@@ -698,6 +735,14 @@ mod tests {
         );
         assert_eq!(Probe::parse("tma:4:6:0:0"), Some(Probe::Tma { warps: 4, stages: 6, spin: 0, partition: 0 }));
         assert_eq!(Probe::parse("read:8:0"), Some(Probe::Read { warps: 8, partition: 0 }));
+        assert_eq!(
+            Probe::parse("regpipe:4:2:2:0:1024"),
+            Some(Probe::RegPipe { warps: 4, tiles: 2, ctas_per_sm: 2, spin: 0, partition: 1024 })
+        );
+        assert_eq!(
+            Probe::parse("regpipe:8:1:0:250:0").map(|p| p.name()).as_deref(),
+            Some("probe-regpipe-w8t1b0c250-p0")
+        );
         assert_eq!(Probe::parse("pipe:8:2:0:0").map(|p| p.name()).as_deref(), Some("probe-pipe-w8s2c0-p0"));
         for bad in
             ["pipe:8:9:0:0", "pipe:8:2:0", "pipe:0:2:0:0", "read:16:0", "read:8:100", "tma:8:2:x:0", "copy:8:0", ""]
