@@ -617,7 +617,11 @@ fn probes(
                     return Err(CudaError::Invalid(format!("probe {}: head_dim 128 only", probe.name())));
                 }
                 // 228 KiB of shared memory per SM (sm_90), 1 KiB of it reserved per CTA.
-                let smem = if ctas_per_sm == 0 { 0 } else { (233_472 / ctas_per_sm).saturating_sub(1024).min(dev.smem_optin()) };
+                let smem = if ctas_per_sm == 0 {
+                    0
+                } else {
+                    (233_472 / ctas_per_sm).saturating_sub(1024).min(dev.smem_optin())
+                };
                 let f = probe_function(dev, &m, &format!("pk_paged_regpipe{tiles}"), smem, probe)?;
                 let sp = spin as u32;
                 time_ms(dev, cfg.warmup, cfg.runs, |i| {
