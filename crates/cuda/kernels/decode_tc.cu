@@ -590,10 +590,8 @@ __device__ __forceinline__ bool query_fragments(const float* qw, int lane, float
 // the query is split unscaled (the scale multiplies the scores) and, where every part past the
 // first is zero for the warp's queries (queries already rounded to the mma type — the GPU model
 // rounds them for f16/bf16 caches, `q_round`), the QK mma of those parts is skipped: the same
-// sums, one n-tile per k-step. EF: the page copies carry an L2 evict-first policy. NW warps per
-// CTA and ST stages per warp: tc::NW and tc::ST (PK_TC_WARPS, PK_TC_STAGES) for pk_decode_tc, the
-// small CTA's for pk_decode_tc_small.
-template <int NW, int ST, bool PACK, bool QX, bool EF>
+// sums, one n-tile per k-step. EF: the page copies carry an L2 evict-first policy.
+template <bool PACK, bool QX, bool EF>
 __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,          // [num_seqs, num_heads, D]            (1 partition)
                                                float* __restrict__ part_acc,     // [num_seqs, num_heads, max_parts, D] (partitions)
                                                float* __restrict__ part_ml,      // [num_seqs, num_heads, max_parts, 2] (m, l)
@@ -608,10 +606,6 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
                                                u32 num_kv_heads,
                                                u32* __restrict__ counters) { // [num_seqs, gridDim.x] zeros, or null
     using namespace tc;
-    // This CTA shape's stage and scratch sizes (tc::WARP_BYTES … are pk_decode_tc's).
-    constexpr int WARP_BYTES = ST * STAGE;
-    constexpr int MERGE_FLOATS = NW * HP * (D + 2) + NW * PK_G * D;
-    constexpr int TC_SMEM_BYTES = NW * WARP_BYTES > 4 * MERGE_FLOATS ? NW * WARP_BYTES : 4 * MERGE_FLOATS;
     constexpr int NS = PACK ? 1 : NT;      // head n-tiles of the softmax state (s, m, l, o)
     constexpr int QP = PACK ? PACKQ : SQ;  // B-fragment sets of q per head n-tile, one mma chain
     constexpr int PP = PACK ? PACKP : SP;  // B-fragment sets of p per head n-tile
@@ -1531,28 +1525,10 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
              float rot_norm, float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size,
              u32 num_kv_heads,
              u32* __restrict__ counters) {       // [num_seqs, gridDim.x] zeros, or null: pk_merge follows
-    decode_tc_body<tc::NW, tc::ST, PK_G <= 4, true, PK_TC_EF != 0>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens,
+    decode_tc_body<PK_G <= 4, true, PK_TC_EF != 0>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens,
                                     signs, rot_norm, qk_scale_log2, window, log2_bs, part_size, num_kv_heads,
                                     counters);
 }
-
-#if defined(PK_TC_SMALL_WARPS) && PK_TC_SMALL_WARPS > 0
-// pk_decode_tc in a small CTA: PK_TC_SMALL_WARPS warps of PK_TC_SMALL_STAGES stages each (a few
-// CTAs per SM; the host takes it for large batches, compile::tc_small_shape). Same arguments,
-// results and launch contract, block 32·PK_TC_SMALL_WARPS, dynamic smem the small shape's
-// TC_SMEM_BYTES (compile::decode_tc_small_smem_bytes).
-extern "C" __global__ void __launch_bounds__(32 * PK_TC_SMALL_WARPS)
-pk_decode_tc_small(float* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
-                   const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ ks,
-                   const u8* __restrict__ vc, const u8* __restrict__ vs, const u32* __restrict__ tables,
-                   u32 max_blocks, const u32* __restrict__ ctx_lens, const float* __restrict__ signs,
-                   float rot_norm, float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size,
-                   u32 num_kv_heads, u32* __restrict__ counters) {
-    decode_tc_body<PK_TC_SMALL_WARPS, PK_TC_SMALL_STAGES, PK_G <= 4, true, PK_TC_EF != 0>(
-        out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens, signs, rot_norm, qk_scale_log2,
-        window, log2_bs, part_size, num_kv_heads, counters);
-}
-#endif
 
 // The kernel before packed columns and the rounded-query shortcut (one n-tile per part, query
 // pre-scaled): same arguments and results; kept for same-call comparisons
@@ -1571,7 +1547,7 @@ pk_decode_tc_base(float* __restrict__ out,          // [num_seqs, num_heads, D] 
              float rot_norm, float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size,
              u32 num_kv_heads,
              u32* __restrict__ counters) {       // [num_seqs, gridDim.x] zeros, or null: pk_merge follows
-    decode_tc_body<tc::NW, tc::ST, false, false, false>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens, signs,
+    decode_tc_body<false, false, false>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens, signs,
                                  rot_norm, qk_scale_log2, window, log2_bs, part_size, num_kv_heads, counters);
 }
 

@@ -442,20 +442,7 @@ impl DecodeAttention {
         let part_size_u = part_size as u32;
         let parts_u = parts as u32;
 
-        // The small CTA ((warps, stages), shared memory bytes) where it takes this call.
-        let small = (tc
-            && !tc_base()
-            && crate::compile::tc_takes_small(g.format, d, g.num_kv_heads, b.num_seqs, self.device.sm_count()))
-        .then(|| {
-            crate::compile::tc_small_shape(g.format, d)
-                .zip(crate::compile::decode_tc_small_smem_bytes_for(g.format, d, group))
-        })
-        .flatten();
-        let (f, threads, smem, heads_per_cta) = if let Some(((warps, _), smem)) = small {
-            // One kv head per CTA: the small shape serves float pages, for which that is the rule
-            // (compile::measured_heads_per_cta).
-            (module.function("pk_decode_tc_small")?, 32 * warps, smem, 1)
-        } else if tc {
+        let (f, threads, smem, heads_per_cta) = if tc {
             let hpc = tc_heads_per_cta(g.format, d, g.num_kv_heads, b.num_seqs, self.device.sm_count());
             (
                 if tc_base() { base_function(&module, g.format, d)? } else { module.function("pk_decode_tc")? },
@@ -497,7 +484,7 @@ impl DecodeAttention {
         // pk_decode takes the first 17 parameters; the tensor-core kernels two more.
         let n_args = if tc { args.len() } else { args.len() - 2 };
         // SAFETY: `args[..n_args]` points at values of the kernel's parameter types, in order,
-        // alive for the call (pk_decode, pk_decode_tc, pk_decode_tc_small, pk_decode_tc_base); buffer sizes were
+        // alive for the call (pk_decode, pk_decode_tc, pk_decode_tc_base); buffer sizes were
         // checked above, and the caller guarantees context_lens ≤ max_context_len and valid
         // block ids for visible positions. A programmatic tensor-core launch reads only tables
         // and context lengths before its pdl_wait (see `set_programmatic`).

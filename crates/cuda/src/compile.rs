@@ -96,8 +96,6 @@ impl ModuleSpec {
             format!("-DPK_TC_MINB={}", tc_min_blocks(format)),
             format!("-DPK_TC_EAGER={}", tc_eager(format) as u32),
             format!("-DPK_TC_EF={}", tc_evict_first(format) as u32),
-            format!("-DPK_TC_SMALL_WARPS={}", tc_small_shape(format, d).map_or(0, |s| s.0)),
-            format!("-DPK_TC_SMALL_STAGES={}", tc_small_shape(format, d).map_or(0, |s| s.1)),
         ]
     }
 
@@ -269,13 +267,6 @@ pub struct TcTuning {
     /// A warp whose tiles all fit in its stages issues every copy at once (`PK_TC_EAGER`,
     /// `PAGEKV_CUDA_TC_EAGER`): `auto` (the measured choice per format, [`tc_eager`]), `0`, `1`.
     pub eager: &'static str,
-    /// Warps and stages of the small CTA (`pk_decode_tc_small`, [`tc_small_shape`]):
-    /// `PAGEKV_CUDA_TC_SMALL_WARPS` (0: no small kernel) and `PAGEKV_CUDA_TC_SMALL_STAGES`.
-    pub small_warps: usize,
-    pub small_stages: usize,
-    /// Which calls the small CTA serves (`PAGEKV_CUDA_TC_SMALL`): `auto` (the measured rule,
-    /// [`tc_takes_small`]), `0` none, `1` every call it can (for tests and comparisons).
-    pub small: &'static str,
 }
 
 impl TcTuning {
@@ -293,9 +284,6 @@ impl TcTuning {
         pdl: true,
         l2: "auto",
         eager: "auto",
-        small_warps: 2,
-        small_stages: 2,
-        small: "auto",
     };
 
     /// [`Self::DEFAULT`] with the `PAGEKV_CUDA_TC_*`, `PAGEKV_CUDA_FUSED_MERGE` and
@@ -320,14 +308,6 @@ impl TcTuning {
             pdl: knobs::switch("PAGEKV_CUDA_PDL", d.pdl)?,
             l2: knobs::choice("PAGEKV_CUDA_TC_L2", d.l2, &["auto", "normal", "evict-first"])?,
             eager: knobs::choice("PAGEKV_CUDA_TC_EAGER", d.eager, &["auto", "0", "1"])?,
-            small_warps: knobs::count(
-                "PAGEKV_CUDA_TC_SMALL_WARPS",
-                d.small_warps,
-                |v| v == 0 || pow2(v),
-                "0 (no small kernel), 1, 2, 4, 8, 16",
-            )?,
-            small_stages: knobs::count("PAGEKV_CUDA_TC_SMALL_STAGES", d.small_stages, stages, "2..=8")?,
-            small: knobs::choice("PAGEKV_CUDA_TC_SMALL", d.small, &["auto", "0", "1"])?,
         })
     }
 }
@@ -516,49 +496,6 @@ pub(crate) fn decode_tc_smem_bytes_for(format: KvFormat, head_dim: usize, group:
 fn tc_merge_bytes(warps: usize, head_dim: usize, group: usize) -> usize {
     let hp = group.div_ceil(8) * 8;
     4 * (warps * hp * (head_dim + 2) + warps * group * head_dim)
-}
-
-/// (warps, stages) of the small-CTA tensor-core kernel (`pk_decode_tc_small`) for `format` at
-/// `head_dim`, or `None` where it is not built: the tuning's small shape, for f16/bf16 pages
-/// (quantized pages keep one CTA shape), where its stages and merge scratch fit.
-pub fn tc_small_shape(format: KvFormat, head_dim: usize) -> Option<(usize, usize)> {
-    let t = tc_tuning();
-    let shape = (t.small_warps, t.small_stages);
-    let fits = shape.0 * shape.1 * tc_stage_bytes(format, head_dim) <= TC_SMEM_LIMIT
-        && tc_merge_bytes(shape.0, head_dim, 16) <= TC_SMEM_LIMIT;
-    (matches!(format, KvFormat::F16 | KvFormat::Bf16) && shape.0 > 0 && fits).then_some(shape)
-}
-
-/// Bytes of dynamic shared memory `pk_decode_tc_small` needs with `group` query heads per kv
-/// head: [`decode_tc_smem_bytes_for`] at the small shape.
-pub(crate) fn decode_tc_small_smem_bytes_for(format: KvFormat, head_dim: usize, group: usize) -> Option<usize> {
-    let (warps, stages) = tc_small_shape(format, head_dim)?;
-    Some((warps * stages * tc_stage_bytes(format, head_dim)).max(tc_merge_bytes(warps, head_dim, group)))
-}
-
-/// Whether a call over `num_seqs` sequences of `num_kv_heads` on `sm_count` SMs takes the small
-/// CTA (`pk_decode_tc_small`) — `PAGEKV_CUDA_TC_SMALL`: `1` wherever it is built, `0` never,
-/// `auto` the measured rule ([`small_rule`]).
-pub fn tc_takes_small(
-    format: KvFormat,
-    head_dim: usize,
-    num_kv_heads: usize,
-    num_seqs: usize,
-    sm_count: usize,
-) -> bool {
-    if tc_small_shape(format, head_dim).is_none() {
-        return false;
-    }
-    match tc_tuning().small {
-        "1" => true,
-        "0" => false,
-        _ => small_rule(num_kv_heads, num_seqs, sm_count),
-    }
-}
-
-/// TODO(measure): the rule `auto` follows.
-fn small_rule(_num_kv_heads: usize, _num_seqs: usize, _sm_count: usize) -> bool {
-    false
 }
 
 /// Bytes of dynamic shared memory the stream-K kernel `pk_decode_tc_sk` needs for a call over

@@ -206,9 +206,6 @@ impl CudaDevice {
                     && compile::decode_tc_smem_bytes(*format, *head_dim) <= self.smem_optin
                 {
                     kernels.push(("pk_decode_tc", compile::decode_tc_smem_bytes(*format, *head_dim)));
-                    if let Some(bytes) = compile::decode_tc_small_smem_bytes_for(*format, *head_dim, 16) {
-                        kernels.push(("pk_decode_tc_small", bytes));
-                    }
                     // The stream-K grid's need grows with the batch (its per-sequence tables):
                     // the device's limit, checked per call (`compile::decode_tc_sk_smem_bytes`).
                     kernels.push(("pk_decode_tc_sk", self.smem_optin));
