@@ -116,10 +116,16 @@ pub enum Probe {
     /// capped through unused dynamic shared memory), partitions of `partition` tokens. head_dim
     /// 128 only.
     RegPipe { warps: usize, tiles: usize, ctas_per_sm: usize, spin: usize, partition: usize },
+    /// `pk_paged_pipe_vreg{vtiles}`: the pipe with only the K rows through its cp.async stages
+    /// (`stages`, 2..=5, of 16 rows) and the V rows loaded into registers `vtiles` (1 or 2) tiles
+    /// ahead — `warps` per CTA, at most `ctas_per_sm` CTAs per SM (0: as many as fit; capped
+    /// through unused dynamic shared memory), `spin` FMAs per tile, partitions of `partition`
+    /// tokens. head_dim 128 only.
+    PipeVreg { warps: usize, stages: usize, vtiles: usize, ctas_per_sm: usize, spin: usize, partition: usize },
 }
 
 impl Probe {
-    /// `pipe:W:S:C:P`, `tma:W:S:C:P`, `read:W:P` or `regpipe:W:T:B:C:P`.
+    /// `pipe:W:S:C:P`, `tma:W:S:C:P`, `read:W:P`, `regpipe:W:T:B:C:P` or `pipev:W:S:TV:B:C:P`.
     pub fn parse(s: &str) -> Option<Probe> {
         let mut it = s.split(':');
         let kind = it.next()?;
@@ -137,6 +143,15 @@ impl Probe {
             }
             ("read", &[warps, partition]) if (1..=8).contains(&warps) && partition % 16 == 0 => {
                 Some(Probe::Read { warps, partition })
+            }
+            ("pipev", &[warps, stages, vtiles, ctas_per_sm, spin, partition])
+                if (1..=16).contains(&warps)
+                    && (2..=5).contains(&stages)
+                    && (1..=2).contains(&vtiles)
+                    && ctas_per_sm <= 32
+                    && partition % 16 == 0 =>
+            {
+                Some(Probe::PipeVreg { warps, stages, vtiles, ctas_per_sm, spin, partition })
             }
             ("regpipe", &[warps, tiles, ctas_per_sm, spin, partition])
                 if (1..=8).contains(&warps) && (1..=2).contains(&tiles) && ctas_per_sm <= 32 && partition % 16 == 0 =>
@@ -157,6 +172,9 @@ impl Probe {
             Probe::Read { warps, partition } => format!("probe-read-w{warps}-p{partition}"),
             Probe::RegPipe { warps, tiles, ctas_per_sm, spin, partition } => {
                 format!("probe-regpipe-w{warps}t{tiles}b{ctas_per_sm}c{spin}-p{partition}")
+            }
+            Probe::PipeVreg { warps, stages, vtiles, ctas_per_sm, spin, partition } => {
+                format!("probe-pipev-w{warps}s{stages}v{vtiles}b{ctas_per_sm}c{spin}-p{partition}")
             }
         }
     }
@@ -557,7 +575,8 @@ fn probes(
             Probe::Pipe { warps, partition, .. }
             | Probe::Tma { warps, partition, .. }
             | Probe::Read { warps, partition }
-            | Probe::RegPipe { warps, partition, .. } => (warps, partition),
+            | Probe::RegPipe { warps, partition, .. }
+            | Probe::PipeVreg { warps, partition, .. } => (warps, partition),
         };
         let ps = if partition == 0 { ctx } else { partition };
         let grid = (cfg.num_kv_heads as u32, batch as u32, ctx.div_ceil(ps) as u32);
@@ -612,16 +631,33 @@ fn probes(
                     Ok(())
                 })?
             }
+            Probe::PipeVreg { stages, vtiles, ctas_per_sm, spin, .. } => {
+                if cfg.head_dim != 128 {
+                    return Err(CudaError::Invalid(format!("probe {}: head_dim 128 only", probe.name())));
+                }
+                let stage_bytes = warps * stages * PIPE_STAGE_BYTES / 2; // K rows only
+                let smem = stage_bytes.max(smem_for_ctas_per_sm(dev, ctas_per_sm));
+                let f = probe_function(dev, &m, &format!("pk_paged_pipe_vreg{vtiles}"), smem, probe)?;
+                let (st, sp) = (stages as u32, spin as u32);
+                time_ms(dev, cfg.warmup, cfg.runs, |i| {
+                    let lc = LaunchConfig {
+                        grid_dim: grid,
+                        block_dim: (32 * warps as u32, 1, 1),
+                        shared_mem_bytes: smem as u32,
+                    };
+                    let mut l = stream.launch_builder(&f);
+                    l.arg(&p.k_codes).arg(&p.v_codes).arg(&table_ptrs[i % tables.len()]).arg(&mb).arg(&ctx_u);
+                    l.arg(&log2_bs).arg(&hk).arg(&ps_u).arg(&st).arg(&sp).arg(&sink_p);
+                    // SAFETY: as above.
+                    unsafe { l.launch(lc) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_paged_pipe_vreg)", e))?;
+                    Ok(())
+                })?
+            }
             Probe::RegPipe { tiles, ctas_per_sm, spin, .. } => {
                 if cfg.head_dim != 128 {
                     return Err(CudaError::Invalid(format!("probe {}: head_dim 128 only", probe.name())));
                 }
-                // 228 KiB of shared memory per SM (sm_90), 1 KiB of it reserved per CTA.
-                let smem = if ctas_per_sm == 0 {
-                    0
-                } else {
-                    (233_472 / ctas_per_sm).saturating_sub(1024).min(dev.smem_optin())
-                };
+                let smem = smem_for_ctas_per_sm(dev, ctas_per_sm);
                 let f = probe_function(dev, &m, &format!("pk_paged_regpipe{tiles}"), smem, probe)?;
                 let sp = spin as u32;
                 time_ms(dev, cfg.warmup, cfg.runs, |i| {
@@ -664,6 +700,16 @@ fn probes(
         });
     }
     Ok(rows)
+}
+
+/// Dynamic shared memory (bytes, unused) that lets at most `ctas_per_sm` CTAs onto an SM (0: no
+/// cap) — 228 KiB per SM on sm_90, 1 KiB of it reserved per CTA.
+fn smem_for_ctas_per_sm(dev: &CudaDevice, ctas_per_sm: usize) -> usize {
+    if ctas_per_sm == 0 {
+        0
+    } else {
+        (233_472 / ctas_per_sm).saturating_sub(1024).min(dev.smem_optin())
+    }
 }
 
 /// `name` of the bench module, allowed `smem` bytes of dynamic shared memory; an error naming the
@@ -747,10 +793,27 @@ mod tests {
             Probe::parse("regpipe:8:1:0:250:0").map(|p| p.name()).as_deref(),
             Some("probe-regpipe-w8t1b0c250-p0")
         );
+        assert_eq!(
+            Probe::parse("pipev:8:3:2:1:0:1024"),
+            Some(Probe::PipeVreg { warps: 8, stages: 3, vtiles: 2, ctas_per_sm: 1, spin: 0, partition: 1024 })
+        );
+        assert_eq!(Probe::parse("pipev:8:2:1:0:60:0").map(|p| p.name()).as_deref(), Some("probe-pipev-w8s2v1b0c60-p0"));
         assert_eq!(Probe::parse("pipe:8:2:0:0").map(|p| p.name()).as_deref(), Some("probe-pipe-w8s2c0-p0"));
-        for bad in
-            ["pipe:8:9:0:0", "pipe:8:2:0", "pipe:0:2:0:0", "read:16:0", "read:8:100", "tma:8:2:x:0", "copy:8:0", ""]
-        {
+        for bad in [
+            "pipe:8:9:0:0",
+            "pipe:8:2:0",
+            "pipe:0:2:0:0",
+            "read:16:0",
+            "read:8:100",
+            "tma:8:2:x:0",
+            "copy:8:0",
+            "regpipe:8:3:0:0:0",
+            "regpipe:9:1:0:0:0",
+            "pipev:8:6:1:0:0:0",
+            "pipev:8:2:3:0:0:0",
+            "pipev:8:2:1:0:0",
+            "",
+        ] {
             assert_eq!(Probe::parse(bad), None, "{bad:?}");
         }
     }
