@@ -582,12 +582,24 @@ fn probes(
         let grid = (cfg.num_kv_heads as u32, batch as u32, ctx.div_ceil(ps) as u32);
         let ps_u = ps as u32;
         let ms = match *probe {
-            Probe::Pipe { stages, spin, .. } => {
+            Probe::Pipe { stages, spin, .. } | Probe::PipeVreg { stages, spin, .. } => {
                 if cfg.head_dim != 128 {
                     return Err(CudaError::Invalid(format!("probe {}: head_dim 128 only", probe.name())));
                 }
-                let smem = warps * stages * PIPE_STAGE_BYTES;
-                let f = probe_function(dev, &m, "pk_paged_pipe", smem, probe)?;
+                // The same arguments; the hybrid's stages hold the K rows only.
+                let (name, op, smem) = match *probe {
+                    Probe::PipeVreg { vtiles, ctas_per_sm, .. } => (
+                        format!("pk_paged_pipe_vreg{vtiles}"),
+                        "cuLaunchKernel(pk_paged_pipe_vreg)",
+                        (warps * stages * PIPE_STAGE_BYTES / 2).max(smem_for_ctas_per_sm(dev, ctas_per_sm)),
+                    ),
+                    _ => (
+                        "pk_paged_pipe".to_string(),
+                        "cuLaunchKernel(pk_paged_pipe)",
+                        warps * stages * PIPE_STAGE_BYTES,
+                    ),
+                };
+                let f = probe_function(dev, &m, &name, smem, probe)?;
                 let (st, sp) = (stages as u32, spin as u32);
                 time_ms(dev, cfg.warmup, cfg.runs, |i| {
                     let lc = LaunchConfig {
@@ -599,7 +611,7 @@ fn probes(
                     l.arg(&p.k_codes).arg(&p.v_codes).arg(&table_ptrs[i % tables.len()]).arg(&mb).arg(&ctx_u);
                     l.arg(&log2_bs).arg(&hk).arg(&ps_u).arg(&st).arg(&sp).arg(&sink_p);
                     // SAFETY: tables hold valid block ids for every position < ctx; pages hold them.
-                    unsafe { l.launch(lc) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_paged_pipe)", e))?;
+                    unsafe { l.launch(lc) }.map_err(|e| CudaError::driver(op, e))?;
                     Ok(())
                 })?
             }
@@ -628,28 +640,6 @@ fn probes(
                     l.arg(&ps_u).arg(&st).arg(&sp).arg(&sink_p);
                     // SAFETY: the maps cover the pools; tables hold valid block ids below ctx.
                     unsafe { l.launch(lc) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_paged_pipe_tma)", e))?;
-                    Ok(())
-                })?
-            }
-            Probe::PipeVreg { stages, vtiles, ctas_per_sm, spin, .. } => {
-                if cfg.head_dim != 128 {
-                    return Err(CudaError::Invalid(format!("probe {}: head_dim 128 only", probe.name())));
-                }
-                let stage_bytes = warps * stages * PIPE_STAGE_BYTES / 2; // K rows only
-                let smem = stage_bytes.max(smem_for_ctas_per_sm(dev, ctas_per_sm));
-                let f = probe_function(dev, &m, &format!("pk_paged_pipe_vreg{vtiles}"), smem, probe)?;
-                let (st, sp) = (stages as u32, spin as u32);
-                time_ms(dev, cfg.warmup, cfg.runs, |i| {
-                    let lc = LaunchConfig {
-                        grid_dim: grid,
-                        block_dim: (32 * warps as u32, 1, 1),
-                        shared_mem_bytes: smem as u32,
-                    };
-                    let mut l = stream.launch_builder(&f);
-                    l.arg(&p.k_codes).arg(&p.v_codes).arg(&table_ptrs[i % tables.len()]).arg(&mb).arg(&ctx_u);
-                    l.arg(&log2_bs).arg(&hk).arg(&ps_u).arg(&st).arg(&sp).arg(&sink_p);
-                    // SAFETY: as above.
-                    unsafe { l.launch(lc) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_paged_pipe_vreg)", e))?;
                     Ok(())
                 })?
             }
