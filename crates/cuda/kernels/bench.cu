@@ -264,6 +264,20 @@ pk_paged_pipe_tma(const __grid_constant__ PkTmaDesc kmap, const __grid_constant_
 // 8 + 8 loads, each warp instruction covering whole 64- or 128-byte runs of rows. Consuming a
 // tile folds its words and runs `spin` dependent FMAs (a stand-in for the tile's arithmetic).
 // Rows past the context are not read (zeros), as the decode would predicate them.
+// The V chunks lane (r = lane / 4, c = lane % 4, passed in) loads for a tile in the register probes: rows 2c,
+// 2c + 1, 2c + 8, 2c + 9 of the tile, 16-byte chunks r and r + 8 of each, into b[2t + j] (row t
+// of those four, chunk j); `row` holds the byte offset of token lane & 15's row (~0: past the
+// context, zeros).
+__device__ __forceinline__ void v_chunks(const u8* __restrict__ vc, u64 row, int r, int c, uint4* b) {
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const u64 vr = __shfl_sync(0xffffffffu, row, 2 * c + (t & 1) + 8 * (t >> 1));
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            b[2 * t + j] = vr != ~0ull ? __ldcg((const uint4*)(vc + vr) + r + 8 * j) : make_uint4(0, 0, 0, 0);
+    }
+}
+
 template <int T>
 __device__ __forceinline__ void regpipe_body(const u8* __restrict__ kc, const u8* __restrict__ vc,
                                              const u32* __restrict__ tables, u32 max_blocks, u32 ctx, u32 log2_bs,
@@ -289,13 +303,7 @@ __device__ __forceinline__ void regpipe_body(const u8* __restrict__ kc, const u8
             for (int j = 0; j < 4; j++)
                 b[4 * t + j] = kr != ~0ull ? __ldcg((const uint4*)(kc + kr) + 4 * j + c) : make_uint4(0, 0, 0, 0);
         }
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            const u64 vr = __shfl_sync(0xffffffffu, row, 2 * c + (t & 1) + 8 * (t >> 1));
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-                b[8 + 2 * t + j] = vr != ~0ull ? __ldcg((const uint4*)(vc + vr) + r + 8 * j) : make_uint4(0, 0, 0, 0);
-        }
+        v_chunks(vc, row, r, c, b + 8);
     };
 #pragma unroll
     for (int s = 0; s < T; s++) load(s, buf[s]);
@@ -373,14 +381,7 @@ __device__ __forceinline__ void pipe_vreg_body(const u8* __restrict__ kc, const 
     };
     uint4 vb[NB][8];
     auto load_v = [&](int i, uint4 (&b)[8]) {
-        const u64 row = row_of(i);
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            const u64 vr = __shfl_sync(0xffffffffu, row, 2 * c + (t & 1) + 8 * (t >> 1));
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-                b[2 * t + j] = vr != ~0ull ? __ldcg((const uint4*)(vc + vr) + r + 8 * j) : make_uint4(0, 0, 0, 0);
-        }
+        v_chunks(vc, row_of(i), r, c, b);
     };
     for (u32 s = 0; s + 1 < stages; s++) {
         if ((int)s < my_n) issue_k((int)s);

@@ -581,6 +581,30 @@ fn probes(
         let ps = if partition == 0 { ctx } else { partition };
         let grid = (cfg.num_kv_heads as u32, batch as u32, ctx.div_ceil(ps) as u32);
         let ps_u = ps as u32;
+        // Times `f` over the case's pages on this probe's grid, with `smem` bytes of dynamic shared
+        // memory and the arguments the paged probes share — (k pages, v pages, block table, max
+        // blocks, context, then `scalars`, sink) — pk_paged_pipe, pk_paged_pipe_vreg*,
+        // pk_paged_regpipe* and pk_paged_read; `op` names the launch in errors.
+        let time_paged = |f: &cudarc::driver::CudaFunction, smem: usize, op: &'static str, scalars: &[u32]| {
+            time_ms(dev, cfg.warmup, cfg.runs, |i| {
+                let lc = LaunchConfig {
+                    grid_dim: grid,
+                    block_dim: (32 * warps as u32, 1, 1),
+                    shared_mem_bytes: smem as u32,
+                };
+                let mut l = stream.launch_builder(f);
+                l.arg(&p.k_codes).arg(&p.v_codes).arg(&table_ptrs[i % tables.len()]).arg(&mb).arg(&ctx_u);
+                for v in scalars {
+                    l.arg(v);
+                }
+                l.arg(&sink_p);
+                // SAFETY: each caller passes the u32 parameters of its kernel after the context
+                // length, in order; tables hold valid block ids for every position < ctx, and the
+                // pages hold them.
+                unsafe { l.launch(lc) }.map_err(|e| CudaError::driver(op, e))?;
+                Ok(())
+            })
+        };
         let ms = match *probe {
             Probe::Pipe { stages, spin, .. } | Probe::PipeVreg { stages, spin, .. } => {
                 if cfg.head_dim != 128 {
@@ -600,20 +624,7 @@ fn probes(
                     ),
                 };
                 let f = probe_function(dev, &m, &name, smem, probe)?;
-                let (st, sp) = (stages as u32, spin as u32);
-                time_ms(dev, cfg.warmup, cfg.runs, |i| {
-                    let lc = LaunchConfig {
-                        grid_dim: grid,
-                        block_dim: (32 * warps as u32, 1, 1),
-                        shared_mem_bytes: smem as u32,
-                    };
-                    let mut l = stream.launch_builder(&f);
-                    l.arg(&p.k_codes).arg(&p.v_codes).arg(&table_ptrs[i % tables.len()]).arg(&mb).arg(&ctx_u);
-                    l.arg(&log2_bs).arg(&hk).arg(&ps_u).arg(&st).arg(&sp).arg(&sink_p);
-                    // SAFETY: tables hold valid block ids for every position < ctx; pages hold them.
-                    unsafe { l.launch(lc) }.map_err(|e| CudaError::driver(op, e))?;
-                    Ok(())
-                })?
+                time_paged(&f, smem, op, &[log2_bs, hk, ps_u, stages as u32, spin as u32])?
             }
             Probe::Tma { stages, spin, .. } => {
                 if cfg.head_dim != 128 || cfg.block_size != 16 {
@@ -649,33 +660,12 @@ fn probes(
                 }
                 let smem = smem_for_ctas_per_sm(dev, ctas_per_sm);
                 let f = probe_function(dev, &m, &format!("pk_paged_regpipe{tiles}"), smem, probe)?;
-                let sp = spin as u32;
-                time_ms(dev, cfg.warmup, cfg.runs, |i| {
-                    let lc = LaunchConfig {
-                        grid_dim: grid,
-                        block_dim: (32 * warps as u32, 1, 1),
-                        shared_mem_bytes: smem as u32,
-                    };
-                    let mut l = stream.launch_builder(&f);
-                    l.arg(&p.k_codes).arg(&p.v_codes).arg(&table_ptrs[i % tables.len()]).arg(&mb).arg(&ctx_u);
-                    l.arg(&log2_bs).arg(&hk).arg(&ps_u).arg(&sp).arg(&sink_p);
-                    // SAFETY: as above.
-                    unsafe { l.launch(lc) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_paged_regpipe)", e))?;
-                    Ok(())
-                })?
+                time_paged(&f, smem, "cuLaunchKernel(pk_paged_regpipe)", &[log2_bs, hk, ps_u, spin as u32])?
             }
             Probe::Read { .. } => {
                 let f = m.function("pk_paged_read")?;
                 let row_bytes = 2 * cfg.head_dim as u32;
-                time_ms(dev, cfg.warmup, cfg.runs, |i| {
-                    let lc = LaunchConfig { grid_dim: grid, block_dim: (32 * warps as u32, 1, 1), shared_mem_bytes: 0 };
-                    let mut l = stream.launch_builder(&f);
-                    l.arg(&p.k_codes).arg(&p.v_codes).arg(&table_ptrs[i % tables.len()]).arg(&mb).arg(&ctx_u);
-                    l.arg(&log2_bs).arg(&hk).arg(&row_bytes).arg(&ps_u).arg(&sink_p);
-                    // SAFETY: as above.
-                    unsafe { l.launch(lc) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_paged_read)", e))?;
-                    Ok(())
-                })?
+                time_paged(&f, 0, "cuLaunchKernel(pk_paged_read)", &[log2_bs, hk, row_bytes, ps_u])?
             }
         };
         rows.push(Row {
