@@ -57,6 +57,9 @@
 #ifndef PK_TC_MINB
 #define PK_TC_MINB 0 // __launch_bounds__ minimum blocks per SM (caps registers); 0: none given
 #endif
+#ifndef PK_TC_VREG
+#define PK_TC_VREG 0 // 1: pk_decode_tc lands the V rows in registers, not in the stages (float pages)
+#endif
 #if PK_TC_MINB > 0
 #define PK_TC_BOUNDS __launch_bounds__(32 * PK_TC_WARPS, PK_TC_MINB)
 #else
@@ -105,6 +108,17 @@ constexpr int MERGE_FLOATS = NW * HP * (D + 2) + NW * PK_G * D;
 // Dynamic shared memory: the warps' stages, or the merge scratch where that is larger (the host
 // mirror is compile::decode_tc_smem_bytes).
 constexpr int TC_SMEM_BYTES = NW * WARP_BYTES > 4 * MERGE_FLOATS ? NW * WARP_BYTES : 4 * MERGE_FLOATS;
+// V rows in registers (PK_TC_VREG, pk_decode_tc with f16/bf16 pages, head_dim a multiple of 64,
+// 2 stages): the stages hold the 16 K rows of a tile only, each lane loads the V chunks its PV
+// A fragments need (VC = D / 64 16-byte chunks of 4 rows, see v_load), and the query's B
+// fragments live in shared memory after the stages ([NS][KSTEPS][QP][32 lanes] u32 pairs per
+// warp), so that the registers fit 16 warps per SM. The host mirror is compile::tc_vreg_smem_bytes.
+constexpr bool VREG = PK_TC_VREG != 0 && !QUANT && D % 64 == 0 && ST == 2;
+constexpr int VC = D >= 64 ? D / 64 : 1; // (D 32: no V in registers; sizes only)
+constexpr int KSTAGE = 16 * CROW;
+constexpr int BQ_WORDS = (PK_G <= 4 ? PACKQ : NT * SQ) * KSTEPS * 64; // u32 per warp (PACK as pk_decode_tc)
+constexpr int VREG_SMEM_BYTES = NW * (ST * KSTAGE + 4 * BQ_WORDS) > 4 * MERGE_FLOATS
+                                    ? NW * (ST * KSTAGE + 4 * BQ_WORDS) : 4 * MERGE_FLOATS;
 
 // (x0, x1) rounded to the mma type and packed, x0 in the low half: one CVT for the pair.
 __device__ __forceinline__ u32 pack_t(float x0, float x1) {
@@ -367,6 +381,40 @@ __device__ __forceinline__ int pv_dim(int mt, int half, int g) {
     }
 }
 
+// V in registers (VREG): lane (g = lane / 4, c = lane % 4) holds, of the tile's tokens 2c, 2c + 1,
+// 2c + 8, 2c + 9 (b[t·VC + j], t = 0 … 3), the 16-byte chunks g + 8j (dims 64j + 8g … + 7),
+// j < VC; zeros for a token past the context (sh = ~0). sh: (slot, head) index of token lane & 15.
+__device__ __forceinline__ void v_load(const u8* __restrict__ vc, u64 sh, int lane, uint4 b[4 * VC]) {
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const u64 s = __shfl_sync(0xffffffffu, sh, 2 * (lane & 3) + (t & 1) + 8 * (t >> 1));
+#pragma unroll
+        for (int j = 0; j < VC; j++)
+            b[t * VC + j] = s != ~0ull ? __ldcg((const uint4*)(vc + s * CB) + (lane >> 2) + 8 * j) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+__device__ __forceinline__ u32 word_of(const uint4& v, int w) {
+    return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+
+// A fragments of V^T for m-tile mt from the registers v_load filled: rows g / g + 8 are the two
+// dims of word mt % 4 of chunk mt / 4 (PRMT pairs the tokens 2c, 2c + 1 and 2c + 8, 2c + 9).
+__device__ __forceinline__ void v_fragments(const uint4 b[4 * VC], int mt, u32 a[4]) {
+    const int j = mt >> 2, w = mt & 3;
+    const u32 x0 = word_of(b[j], w), x1 = word_of(b[VC + j], w);
+    const u32 x2 = word_of(b[2 * VC + j], w), x3 = word_of(b[3 * VC + j], w);
+    a[0] = __byte_perm(x0, x1, 0x5410);
+    a[1] = __byte_perm(x0, x1, 0x7632);
+    a[2] = __byte_perm(x2, x3, 0x5410);
+    a[3] = __byte_perm(x2, x3, 0x7632);
+}
+
+// pv_dim for the fragments of v_fragments.
+__device__ __forceinline__ int v_dim(int mt, int half, int g) {
+    return 64 * (mt >> 2) + 8 * g + 2 * (mt & 3) + half;
+}
+
 // One tile of one warp (the stage st holds its 16 K and 16 V rows; tokens t0 … t0 + 15, those
 // at or past end masked): S^T = K·Q^T against the query fragments bq, the online-softmax update
 // of (m, l), and O^T += V^T·P^T. The stream-K kernel's tile step: the same code as the loop
@@ -590,8 +638,10 @@ __device__ __forceinline__ bool query_fragments(const float* qw, int lane, float
 // the query is split unscaled (the scale multiplies the scores) and, where every part past the
 // first is zero for the warp's queries (queries already rounded to the mma type — the GPU model
 // rounds them for f16/bf16 caches, `q_round`), the QK mma of those parts is skipped: the same
-// sums, one n-tile per k-step. EF: the page copies carry an L2 evict-first policy.
-template <bool PACK, bool QX, bool EF>
+// sums, one n-tile per k-step. EF: the page copies carry an L2 evict-first policy. VR (tc::VREG):
+// the V rows go to registers (v_load, one tile ahead: tile i + 1's are loaded once tile i's PV is
+// done), the stages hold K only, the query fragments are read from shared memory per k-step.
+template <bool PACK, bool QX, bool EF, bool VR>
 __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,          // [num_seqs, num_heads, D]            (1 partition)
                                                float* __restrict__ part_acc,     // [num_seqs, num_heads, max_parts, D] (partitions)
                                                float* __restrict__ part_ml,      // [num_seqs, num_heads, max_parts, 2] (m, l)
@@ -609,6 +659,9 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
     constexpr int NS = PACK ? 1 : NT;      // head n-tiles of the softmax state (s, m, l, o)
     constexpr int QP = PACK ? PACKQ : SQ;  // B-fragment sets of q per head n-tile, one mma chain
     constexpr int PP = PACK ? PACKP : SP;  // B-fragment sets of p per head n-tile
+    static_assert(!VR || (VREG && PACK == (PK_G <= 4)), "V in registers: float pages, 2 stages, D % 64 == 0");
+    constexpr int KST = VR ? KSTAGE : STAGE;             // stage bytes
+    constexpr int SMEM = VR ? VREG_SMEM_BYTES : TC_SMEM_BYTES;
     const int quad = threadIdx.x & 3;      // C fragments: columns 2·quad, 2·quad + 1
     const int seq = blockIdx.y, part = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -648,7 +701,7 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
     {
         u32 dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-        if (dyn < (u32)TC_SMEM_BYTES) __trap(); // host/kernel layout mismatch
+        if (dyn < (u32)SMEM) __trap(); // host/kernel layout mismatch
     }
 
     // The queries as B fragments: head nt·8 + lane/4 of this warp's kv head, the dims qk_dim
@@ -706,7 +759,7 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
     // lane & 15 of a tile (lanes 16–31 repeat it).
     const u32 ntiles = (end - start + 15) / 16;
     const int my_n = ntiles > (u32)sub ? (int)((ntiles - sub + wph - 1) / wph) : 0;
-    u8* wst = smem + warp * WARP_BYTES;
+    u8* wst = smem + warp * (ST * KST);
     const u32 bs_mask = (1u << log2_bs) - 1;
     auto tile_start = [&](int i) -> u32 { return start + (u32)(sub + i * wph) * 16; };
     auto block_of = [&](int i) -> u32 {
@@ -715,7 +768,7 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
     };
     const u64 pol = EF ? l2_evict_first() : 0;
     auto issue = [&](int i, u32 blk) {
-        u8* st = wst + (i % ST) * STAGE;
+        u8* st = wst + (i % ST) * KST;
         const u32 pos = tile_start(i) + (lane & 15);
         const bool ok = pos < end;
         const u64 slot = ((u64)blk << log2_bs) | (pos & bs_mask);
@@ -729,7 +782,7 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
             const u64 sh = __shfl_sync(0xffffffffu, my_sh, t);
             const u32 n = __shfl_sync(0xffffffffu, my_n, t);
             cp_async_zfill<16, EF>(st + t * CROW + c * 16, kc + sh * CB + c * 16, n, pol);
-            cp_async_zfill<16, EF>(st + (16 + t) * CROW + c * 16, vc + sh * CB + c * 16, n, pol);
+            if constexpr (!VR) cp_async_zfill<16, EF>(st + (16 + t) * CROW + c * 16, vc + sh * CB + c * 16, n, pol);
         }
         if constexpr (QUANT) {
             // Scales: lanes 0–15 the K scales of token lane, lanes 16–31 the V scales.
@@ -746,7 +799,7 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
 #pragma unroll
         for (int s = 0; s < ST; s++) first_blk[s] = block_of(s);
     }
-    const bool eager = PK_TC_EAGER != 0 && my_n <= ST; // warp-uniform
+    const bool eager = !VR && PK_TC_EAGER != 0 && my_n <= ST; // warp-uniform
     if (eager) {
 #pragma unroll
         for (int s = 0; s < ST; s++) {
@@ -763,7 +816,27 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
         }
     }
     u32 next_blk = first_blk[ST - 1];
+    // VR: (slot, head) of token lane & 15 of a tile (~0 past the context), and the V registers of
+    // the tile to attend next (tile 0's loads overlap the queries').
+    auto v_slot = [&](int i, u32 blk) -> u64 {
+        const u32 pos = tile_start(i) + (lane & 15);
+        return pos < end ? (((u64)blk << log2_bs) | (pos & bs_mask)) * num_kv_heads + h : ~0ull;
+    };
+    uint4 vb[VR ? 4 * VC : 1];
+    if constexpr (VR) v_load(vc, v_slot(0, first_blk[0]), lane, vb);
     if (!rotated) build_bq(q + qcta + head_local * PK_G * D);
+    // VR: the query fragments into this warp's slice after the stages, bqs[((nt·KSTEPS + kk)·QP + j)·32 + lane].
+    uint2* bqs = (uint2*)(smem + NW * ST * KST) + warp * (BQ_WORDS / 2);
+    if constexpr (VR) {
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; kk++)
+#pragma unroll
+                for (int j = 0; j < QP; j++)
+                    bqs[((nt * KSTEPS + kk) * QP + j) * 32 + lane] = make_uint2(bq[nt][kk][j][0], bq[nt][kk][j][1]);
+        __syncwarp();
+    }
 
     float o[NS][KSTEPS][4]; // PACK: lanes of a quad hold different parts, summed after the loop
     float m[NS][2], l[NS][2];
@@ -791,14 +864,16 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
             cp_async_wait<ST - 2>();
         }
         __syncwarp(); // every lane's copies of tile i landed; every lane is done with tile i − 1
+        u64 v_next = ~0ull; // VR (ST = 2): tile i + 1's, whose K copies are issued now
         if (!eager) {
             if (i + ST - 1 < my_n) {
+                if constexpr (VR) v_next = v_slot(i + 1, next_blk);
                 issue(i + ST - 1, next_blk);
                 next_blk = block_of(i + ST);
             }
             cp_async_commit();
         }
-        const u8* st = wst + (i % ST) * STAGE;
+        const u8* st = wst + (i % ST) * KST;
         const u32 t0 = tile_start(i);
         const u8* krows = st;              // K rows (CROW stride)
         const u8* vrows = st + 16 * CROW;  // V rows
@@ -850,7 +925,14 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
                 for (int nt = 0; nt < NS; nt++)
 #pragma unroll
                     for (int j = QP - 1; j >= 0; j--)
-                        if (j < qparts) mma(t[nt], a[k], bq[nt][g0 + k][j][0], bq[nt][g0 + k][j][1]);
+                        if (j < qparts) {
+                            if constexpr (VR) {
+                                const uint2 b = bqs[((nt * KSTEPS + g0 + k) * QP + j) * 32 + lane];
+                                mma(t[nt], a[k], b.x, b.y);
+                            } else {
+                                mma(t[nt], a[k], bq[nt][g0 + k][j][0], bq[nt][g0 + k][j][1]);
+                            }
+                        }
             float sc0 = 1.0f, sc1 = 1.0f;
             if constexpr (QUANT) {
                 sc0 = scale_at(ks0, g0 / 2);
@@ -933,6 +1015,8 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
             u32 a[KG][4];
             if constexpr (QUANT) {
                 pv_fragments(vrows, g0 / 2, lane, a);
+            } else if constexpr (VR) {
+                v_fragments(vb, g0, a[0]);
             } else {
                 ldsm_x4_trans(a[0], vrows + v_row * FROW + (g0 * 16 + v_col) * 2);
             }
@@ -949,6 +1033,7 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
                 }
             }
         }
+        if constexpr (VR) v_load(vc, v_next, lane, vb); // in flight through the next tile's QK
     }
     cp_async_wait<0>();
 #pragma unroll
@@ -992,7 +1077,7 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int g = nt * 8 + quad * 2 + (e & 1);
-                    ow[(warp * HP + g) * D + pv_dim(mt, e >> 1, lane >> 2)] = o[nt][mt][e];
+                    ow[(warp * HP + g) * D + (VR ? v_dim(mt, e >> 1, lane >> 2) : pv_dim(mt, e >> 1, lane >> 2))] = o[nt][mt][e];
                 }
     }
     __syncthreads();
@@ -1051,7 +1136,7 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
     // its (head, dim) pairs over the chunk with independent loads in flight.
     constexpr int MAXH = NW * PK_G;                    // heads per CTA: hpc ≤ NW
     constexpr int PER = (PK_G * D + 31) / 32;          // (head, dim) pairs per thread, at most
-    constexpr int TOTAL = TC_SMEM_BYTES / 4;
+    constexpr int TOTAL = SMEM / 4;
     float* hm = (float*)smem + (TOTAL - 2 * MAXH);     // [heads] running max
     float* hs = hm + MAXH;                             // [heads] running denominator
     res = hm - heads * D;                              // [heads][D] result
@@ -1510,8 +1595,15 @@ pk_decode_tc_sk(float* __restrict__ out, float* __restrict__ part_acc, float* __
 }
 
 // grid (num_kv_heads / HPC, num_seqs, num_partitions), block 32·NW, dynamic smem
-// tc::TC_SMEM_BYTES; HPC divides both num_kv_heads and NW.
-extern "C" __global__ void PK_TC_BOUNDS
+// tc::TC_SMEM_BYTES (tc::VREG: tc::VREG_SMEM_BYTES); HPC divides both num_kv_heads and NW. With V
+// in registers the compiler is held to 16 warps per SM (128 registers with 8 warps) unless
+// PK_TC_MINB says otherwise.
+#if PK_TC_VREG && PK_TC_MINB == 0
+#define PK_TC_DECODE_BOUNDS __launch_bounds__(32 * PK_TC_WARPS, PK_TC_WARPS >= 16 ? 1 : 16 / PK_TC_WARPS)
+#else
+#define PK_TC_DECODE_BOUNDS PK_TC_BOUNDS
+#endif
+extern "C" __global__ void PK_TC_DECODE_BOUNDS
 pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]            (1 partition)
              float* __restrict__ part_acc,     // [num_seqs, num_heads, max_parts, D] (partitions)
              float* __restrict__ part_ml,      // [num_seqs, num_heads, max_parts, 2] (m, l)
@@ -1525,7 +1617,7 @@ pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]      
              float rot_norm, float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size,
              u32 num_kv_heads,
              u32* __restrict__ counters) {       // [num_seqs, gridDim.x] zeros, or null: pk_merge follows
-    decode_tc_body<PK_G <= 4, true, PK_TC_EF != 0>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens,
+    decode_tc_body<PK_G <= 4, true, PK_TC_EF != 0, tc::VREG>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens,
                                     signs, rot_norm, qk_scale_log2, window, log2_bs, part_size, num_kv_heads,
                                     counters);
 }
@@ -1547,7 +1639,7 @@ pk_decode_tc_base(float* __restrict__ out,          // [num_seqs, num_heads, D] 
              float rot_norm, float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size,
              u32 num_kv_heads,
              u32* __restrict__ counters) {       // [num_seqs, gridDim.x] zeros, or null: pk_merge follows
-    decode_tc_body<false, false, false>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens, signs,
+    decode_tc_body<false, false, false, false>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens, signs,
                                  rot_norm, qk_scale_log2, window, log2_bs, part_size, num_kv_heads, counters);
 }
 

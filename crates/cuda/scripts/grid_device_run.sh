@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call (run tool, carry ["dist-cuda"]): the tensor-core decode's CTA shape against its
-# grid — bf16 pages, the partitioned route over $PARTS partition sizes, under each of $VARIANTS
+# grid — bf16 pages, the partitioned route over $PARTS partition sizes ("auto": the router's), under each of $VARIANTS
 # ("tag:VAR=V,..."; "w8s2:" the defaults), $REPEAT rounds alternated; optional $PROBES in the
 # first variant's process; then gpu_kernels under each of $TESTS ("tag:VAR=V,...@filter"). Medians
 # per (tag, case, partition size) last. Stage with stage.sh.
@@ -15,8 +15,9 @@ for i in $(seq 1 "${REPEAT:-1}"); do
     first=1
     for v in ${VARIANTS:-w8s2:}; do
         P=""; [ $first = 1 ] && [ -n "${PROBES:-}" ] && P="--probes $PROBES"; first=0
+        PS="--partition-sizes ${PARTS:-1024,2048,4096,16384}"; [ "${PARTS:-}" = auto ] && PS=""
         env $(echo "${v#*:}" | tr ',' ' ') $D/bench_attention --formats "${FORMATS:-bf16}" --cases "${CASES:-16x4096,64x4096,64x16384}" \
-            --warmup 5 --runs "${RUNS:-30}" --routes partitioned --partition-sizes "${PARTS:-1024,2048,4096,16384}" $P \
+            --warmup 5 --runs "${RUNS:-30}" --routes partitioned $PS $P \
             2>> "$OUT/bench-err.log" | sed "s/^{/{\"tag\":\"${v%%:*}\",\"rep\":$i,/" >> "$OUT/grid.jsonl"
     done
     echo "round $i done ($((SECONDS - t0)) s)" >> "$S"

@@ -447,7 +447,11 @@ impl DecodeAttention {
             (
                 if tc_base() { base_function(&module, g.format, d)? } else { module.function("pk_decode_tc")? },
                 32 * tc_shape(g.format, d).0,
-                decode_tc_smem_bytes_for(g.format, d, group),
+                if tc_base() {
+                    crate::compile::decode_tc_base_smem_bytes_for(g.format, d, group)
+                } else {
+                    decode_tc_smem_bytes_for(g.format, d, group)
+                },
                 hpc,
             )
         } else {
@@ -645,7 +649,7 @@ pub(crate) fn tc_base_from_env() -> Result<bool, CudaError> {
 }
 
 /// `pk_decode_tc_base` of `module`, with its dynamic shared memory limit raised like the module
-/// loader does for `pk_decode_tc` (the same layout, so the same bytes).
+/// loader does for `pk_decode_tc` (to the bound of the stage layout, which it always has).
 fn base_function(
     module: &crate::device::KernelModule,
     format: kvcache::KvFormat,
@@ -657,7 +661,7 @@ fn base_function(
     let key = f.cu_function() as usize;
     let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
     if !done.contains(&key) {
-        let bytes = crate::compile::decode_tc_smem_bytes(format, head_dim);
+        let bytes = crate::compile::decode_tc_base_smem_bytes(format, head_dim);
         crate::device::set_max_dynamic_smem(&f, bytes)?;
         done.push(key);
     }

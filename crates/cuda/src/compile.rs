@@ -96,6 +96,7 @@ impl ModuleSpec {
             format!("-DPK_TC_MINB={}", tc_min_blocks(format)),
             format!("-DPK_TC_EAGER={}", tc_eager(format) as u32),
             format!("-DPK_TC_EF={}", tc_evict_first(format) as u32),
+            format!("-DPK_TC_VREG={}", tc_vreg(format, d, g) as u32),
         ]
     }
 
@@ -267,6 +268,9 @@ pub struct TcTuning {
     /// A warp whose tiles all fit in its stages issues every copy at once (`PK_TC_EAGER`,
     /// `PAGEKV_CUDA_TC_EAGER`): `auto` (the measured choice per format, [`tc_eager`]), `0`, `1`.
     pub eager: &'static str,
+    /// `pk_decode_tc` lands the V rows in registers instead of the stages (`PK_TC_VREG`,
+    /// `PAGEKV_CUDA_TC_VREG`): `auto` (the measured choice, [`tc_vreg`]), `0`, `1`.
+    pub vreg: &'static str,
 }
 
 impl TcTuning {
@@ -284,6 +288,7 @@ impl TcTuning {
         pdl: true,
         l2: "auto",
         eager: "auto",
+        vreg: "auto",
     };
 
     /// [`Self::DEFAULT`] with the `PAGEKV_CUDA_TC_*`, `PAGEKV_CUDA_FUSED_MERGE` and
@@ -308,6 +313,7 @@ impl TcTuning {
             pdl: knobs::switch("PAGEKV_CUDA_PDL", d.pdl)?,
             l2: knobs::choice("PAGEKV_CUDA_TC_L2", d.l2, &["auto", "normal", "evict-first"])?,
             eager: knobs::choice("PAGEKV_CUDA_TC_EAGER", d.eager, &["auto", "0", "1"])?,
+            vreg: knobs::choice("PAGEKV_CUDA_TC_VREG", d.vreg, &["auto", "0", "1"])?,
         })
     }
 }
@@ -339,6 +345,30 @@ pub fn tc_eager(format: KvFormat) -> bool {
         "0" => false,
         _ => matches!(format, KvFormat::Q4 { .. }),
     }
+}
+
+/// Whether `pk_decode_tc` for `format` at `head_dim` with `group` query heads per kv head lands
+/// the V rows in registers (`PK_TC_VREG`): the stages then hold K only (half the shared memory,
+/// so two CTAs of 8 warps fit an SM) and the query fragments move to shared memory, the kernel
+/// held to 128 registers. Float pages with head_dim 64 or 128, 2 stages (the kernel's condition,
+/// `tc::VREG`) and at most 4 query heads per kv head: larger groups and head_dim 256 spill at
+/// 128 registers (hundreds of bytes of stack, `cuobjdump -res-usage`). `auto`: [`TC_VREG_AUTO`];
+/// `1` on and `0` off where it fits ([`tc_vreg_fits`]).
+pub fn tc_vreg(format: KvFormat, head_dim: usize, group: usize) -> bool {
+    let on = match tc_tuning().vreg {
+        "1" => true,
+        "0" => false,
+        _ => TC_VREG_AUTO,
+    };
+    on && tc_vreg_fits(format, head_dim, group)
+}
+
+/// `PAGEKV_CUDA_TC_VREG=auto`: off until measured on the H200.
+pub const TC_VREG_AUTO: bool = false;
+
+/// The shapes V in registers serves (see [`tc_vreg`]).
+pub fn tc_vreg_fits(format: KvFormat, head_dim: usize, group: usize) -> bool {
+    !tc_quantized(format) && matches!(head_dim, 64 | 128) && group <= 4 && tc_shape(format, head_dim).1 == 2
 }
 
 /// Whether the tensor-core decode kernel for `format` puts an L2 evict-first policy on its page
@@ -483,12 +513,39 @@ pub fn tc_heads_per_cta(
     hpc
 }
 
-/// Bytes of dynamic shared memory `pk_decode_tc` needs with `group` query heads per kv head
-/// (`tc::TC_SMEM_BYTES`): the warps' stages, or the scratch of the warps' final merge
-/// (`tc::MERGE_FLOATS`) where that is larger.
+/// Bytes of dynamic shared memory `pk_decode_tc` needs with `group` query heads per kv head:
+/// with V in registers ([`tc_vreg`]) [`tc_vreg_smem_bytes`], else `pk_decode_tc_base`'s layout
+/// ([`decode_tc_base_smem_bytes_for`]).
 pub(crate) fn decode_tc_smem_bytes_for(format: KvFormat, head_dim: usize, group: usize) -> usize {
+    if tc_vreg(format, head_dim, group) {
+        tc_vreg_smem_bytes(format, head_dim, group)
+    } else {
+        decode_tc_base_smem_bytes_for(format, head_dim, group)
+    }
+}
+
+/// Bytes of dynamic shared memory of the stage layout (`tc::TC_SMEM_BYTES`, `pk_decode_tc_base`
+/// and `pk_decode_tc` without V in registers): the warps' stages, or the scratch of the warps'
+/// final merge (`tc::MERGE_FLOATS`) where that is larger.
+pub(crate) fn decode_tc_base_smem_bytes_for(format: KvFormat, head_dim: usize, group: usize) -> usize {
     let (warps, stages) = tc_shape(format, head_dim);
     (warps * stages * tc_stage_bytes(format, head_dim)).max(tc_merge_bytes(warps, head_dim, group))
+}
+
+/// `tc::VREG_SMEM_BYTES`: per warp its stages of 16 K rows and its query fragments (`BQ_WORDS`
+/// u32: the part sets of each head n-tile — packed columns for groups of at most 4 — × k-steps
+/// × 32 lanes × 2), or the merge scratch where that is larger.
+pub(crate) fn tc_vreg_smem_bytes(format: KvFormat, head_dim: usize, group: usize) -> usize {
+    let (warps, stages) = tc_shape(format, head_dim);
+    let parts = if matches!(format, KvFormat::Bf16) { 3 } else { 2 };
+    let sets = if group <= 4 {
+        let per_tile = 8 / if group <= 2 { 2 } else { 4 };
+        usize::div_ceil(parts, per_tile)
+    } else {
+        group.div_ceil(8) * parts
+    };
+    let bq_words = sets * (head_dim / 16) * 64;
+    (warps * (stages * tc_stage_bytes(format, head_dim) / 2 + 4 * bq_words)).max(tc_merge_bytes(warps, head_dim, group))
 }
 
 /// Bytes of the warps' merge scratch of `pk_decode_tc` (`4 · tc::MERGE_FLOATS`): per warp, the
@@ -514,7 +571,12 @@ pub(crate) fn decode_tc_sk_smem_bytes(format: KvFormat, head_dim: usize, group: 
 /// The most `pk_decode_tc` needs for any group it serves (≤ 16): the bound the module's
 /// maximum dynamic shared memory is set to.
 pub(crate) fn decode_tc_smem_bytes(format: KvFormat, head_dim: usize) -> usize {
-    decode_tc_smem_bytes_for(format, head_dim, 16)
+    (1..=16).map(|g| decode_tc_smem_bytes_for(format, head_dim, g)).max().unwrap_or(0)
+}
+
+/// The same bound for `pk_decode_tc_base` (always the stage layout).
+pub(crate) fn decode_tc_base_smem_bytes(format: KvFormat, head_dim: usize) -> usize {
+    (1..=16).map(|g| decode_tc_base_smem_bytes_for(format, head_dim, g)).max().unwrap_or(0)
 }
 
 /// Bytes of dynamic shared memory `pk_decode` needs — the host mirror of `SMEM_BYTES` in
@@ -607,6 +669,19 @@ mod tests {
                 assert!(decode_tc_smem_bytes(f, d) <= TC_SMEM_LIMIT, "{f:?} d{d}");
             }
         }
+        // V in registers (float pages with 2 stages): K-only stages and the query fragments —
+        // bf16 d128 g4: 8 × (2 × 16 × 272 + 2 part sets × 8 k-steps × 256) bytes, small enough
+        // for two CTAs of 8 warps per SM (228 KB, 1 KB reserved per CTA).
+        assert!(tc_vreg_fits(KvFormat::Bf16, 128, 4) && tc_vreg_fits(KvFormat::F16, 64, 1));
+        assert!(!tc_vreg_fits(KvFormat::Q8, 128, 4) && !tc_vreg_fits(KvFormat::Bf16, 32, 4));
+        assert!(!tc_vreg_fits(KvFormat::Bf16, 256, 4) && !tc_vreg_fits(KvFormat::Bf16, 128, 8));
+        assert_eq!(tc_vreg(KvFormat::Bf16, 128, 4), TC_VREG_AUTO);
+        assert_eq!(tc_vreg_smem_bytes(KvFormat::Bf16, 128, 4), 8 * (2 * 16 * 272 + 2 * 8 * 256));
+        assert!(2 * (tc_vreg_smem_bytes(KvFormat::Bf16, 128, 4) + 1024) <= 228 * 1024);
+        assert_eq!(decode_tc_base_smem_bytes_for(KvFormat::Bf16, 128, 4), 8 * 2 * 32 * 272);
+        // The layout at group 8 (unpacked: 1 n-tile × 2 f16 parts), and group 16's merge bound.
+        assert_eq!(tc_vreg_smem_bytes(KvFormat::F16, 128, 8), (8 * (2 * 16 * 272 + 2 * 8 * 256)).max(tc_merge_bytes(8, 128, 8)));
+        assert!(decode_tc_smem_bytes(KvFormat::Bf16, 128) >= tc_merge_bytes(8, 128, 16));
         // Large q8 batches pair heads, small ones do not (8 kv heads, 132 SMs).
         assert_eq!(tc_heads_per_cta(KvFormat::Q8, 128, 8, 64, 132), 2);
         assert_eq!(tc_heads_per_cta(KvFormat::Q8, 128, 8, 16, 132), 1);
