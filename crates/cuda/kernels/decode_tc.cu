@@ -58,7 +58,7 @@
 #define PK_TC_MINB 0 // __launch_bounds__ minimum blocks per SM (caps registers); 0: none given
 #endif
 #ifndef PK_TC_VREG
-#define PK_TC_VREG 0 // 1: pk_decode_tc lands the V rows in registers, not in the stages (float pages)
+#define PK_TC_VREG 0 // 1: the module also holds pk_decode_tc_vreg (V rows in registers; float pages)
 #endif
 #if PK_TC_MINB > 0
 #define PK_TC_BOUNDS __launch_bounds__(32 * PK_TC_WARPS, PK_TC_MINB)
@@ -108,7 +108,7 @@ constexpr int MERGE_FLOATS = NW * HP * (D + 2) + NW * PK_G * D;
 // Dynamic shared memory: the warps' stages, or the merge scratch where that is larger (the host
 // mirror is compile::decode_tc_smem_bytes).
 constexpr int TC_SMEM_BYTES = NW * WARP_BYTES > 4 * MERGE_FLOATS ? NW * WARP_BYTES : 4 * MERGE_FLOATS;
-// V rows in registers (PK_TC_VREG, pk_decode_tc with f16/bf16 pages, head_dim a multiple of 64,
+// V rows in registers (PK_TC_VREG: pk_decode_tc_vreg, f16/bf16 pages, head_dim a multiple of 64,
 // 2 stages): the stages hold the 16 K rows of a tile only, each lane loads the V chunks its PV
 // A fragments need (VC = D / 64 16-byte chunks of 4 rows, see v_load), and the query's B
 // fragments live in shared memory after the stages ([NS][KSTEPS][QP][32 lanes] u32 pairs per
@@ -1595,32 +1595,36 @@ pk_decode_tc_sk(float* __restrict__ out, float* __restrict__ part_acc, float* __
 }
 
 // grid (num_kv_heads / HPC, num_seqs, num_partitions), block 32·NW, dynamic smem
-// tc::TC_SMEM_BYTES (tc::VREG: tc::VREG_SMEM_BYTES); HPC divides both num_kv_heads and NW. With V
-// in registers the compiler is held to 16 warps per SM (128 registers with 8 warps) unless
-// PK_TC_MINB says otherwise.
-#if PK_TC_VREG && PK_TC_MINB == 0
-#define PK_TC_DECODE_BOUNDS __launch_bounds__(32 * PK_TC_WARPS, PK_TC_WARPS >= 16 ? 1 : 16 / PK_TC_WARPS)
+// tc::TC_SMEM_BYTES; HPC divides both num_kv_heads and NW.
+#define PK_DECODE_TC_KERNEL(NAME, BOUNDS, VR)                                                                     \
+    extern "C" __global__ void BOUNDS NAME(                                                                      \
+        float* __restrict__ out,          /* [num_seqs, num_heads, D]            (1 partition) */               \
+        float* __restrict__ part_acc,     /* [num_seqs, num_heads, max_parts, D] (partitions) */                \
+        float* __restrict__ part_ml,      /* [num_seqs, num_heads, max_parts, 2] (m, l) */                      \
+        const float* __restrict__ q,      /* [num_seqs, num_heads, D] */                                        \
+        const u8* __restrict__ kc, const u8* __restrict__ ks, const u8* __restrict__ vc,                         \
+        const u8* __restrict__ vs, const u32* __restrict__ tables, /* [num_seqs, max_blocks] */                  \
+        u32 max_blocks, const u32* __restrict__ ctx_lens,          /* [num_seqs] */                              \
+        const float* __restrict__ signs,                           /* [D] rotation signs, or null */             \
+        float rot_norm, float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size, u32 num_kv_heads,         \
+        u32* __restrict__ counters) { /* [num_seqs, gridDim.x] zeros, or null: pk_merge follows */             \
+        decode_tc_body<PK_G <= 4, true, PK_TC_EF != 0, VR>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables,    \
+                                                           max_blocks, ctx_lens, signs, rot_norm, qk_scale_log2, \
+                                                           window, log2_bs, part_size, num_kv_heads, counters);  \
+    }
+PK_DECODE_TC_KERNEL(pk_decode_tc, PK_TC_BOUNDS, false)
+#if PK_TC_VREG
+// The same with V in registers (tc::VREG; dynamic smem tc::VREG_SMEM_BYTES), the compiler held to
+// 16 warps per SM (128 registers with 8 warps) unless PK_TC_MINB says otherwise. The host routes
+// the calls whose grid fills the SMs twice to it (compile::tc_vreg_call).
+#if PK_TC_MINB == 0
+#define PK_TC_VREG_BOUNDS __launch_bounds__(32 * PK_TC_WARPS, PK_TC_WARPS >= 16 ? 1 : 16 / PK_TC_WARPS)
 #else
-#define PK_TC_DECODE_BOUNDS PK_TC_BOUNDS
+#define PK_TC_VREG_BOUNDS PK_TC_BOUNDS
 #endif
-extern "C" __global__ void PK_TC_DECODE_BOUNDS
-pk_decode_tc(float* __restrict__ out,          // [num_seqs, num_heads, D]            (1 partition)
-             float* __restrict__ part_acc,     // [num_seqs, num_heads, max_parts, D] (partitions)
-             float* __restrict__ part_ml,      // [num_seqs, num_heads, max_parts, 2] (m, l)
-             const float* __restrict__ q,      // [num_seqs, num_heads, D]
-             const u8* __restrict__ kc, const u8* __restrict__ ks,
-             const u8* __restrict__ vc, const u8* __restrict__ vs,
-             const u32* __restrict__ tables,   // [num_seqs, max_blocks]
-             u32 max_blocks,
-             const u32* __restrict__ ctx_lens, // [num_seqs]
-             const float* __restrict__ signs,  // [D] rotation signs, or null
-             float rot_norm, float qk_scale_log2, u32 window, u32 log2_bs, u32 part_size,
-             u32 num_kv_heads,
-             u32* __restrict__ counters) {       // [num_seqs, gridDim.x] zeros, or null: pk_merge follows
-    decode_tc_body<PK_G <= 4, true, PK_TC_EF != 0, tc::VREG>(out, part_acc, part_ml, q, kc, ks, vc, vs, tables, max_blocks, ctx_lens,
-                                    signs, rot_norm, qk_scale_log2, window, log2_bs, part_size, num_kv_heads,
-                                    counters);
-}
+static_assert(tc::VREG, "PK_TC_VREG needs float pages, head_dim a multiple of 64 and 2 stages");
+PK_DECODE_TC_KERNEL(pk_decode_tc_vreg, PK_TC_VREG_BOUNDS, true)
+#endif
 
 // The kernel before packed columns and the rounded-query shortcut (one n-tile per part, query
 // pre-scaled): same arguments and results; kept for same-call comparisons

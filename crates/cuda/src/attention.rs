@@ -49,7 +49,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
-use crate::compile::{decode_smem_bytes, decode_tc_smem_bytes_for, tc_heads_per_cta, tc_shape, ModuleSpec};
+use crate::compile::{
+    decode_smem_bytes, decode_tc_smem_bytes_for, tc_heads_per_cta, tc_shape, tc_vreg_call, tc_vreg_smem_bytes, ModuleSpec,
+};
 use crate::device::{arg, launch_kernel};
 use crate::pages::dptr;
 use crate::{CudaDevice, CudaError, DevicePages};
@@ -226,6 +228,8 @@ pub struct DecodeAttention {
     sk_counters: Option<CudaSlice<u32>>,
     /// Stream-K CTAs per SM by (function, dynamic shared memory), from the occupancy API.
     sk_occupancy: Vec<(usize, usize, usize)>,
+    /// Launches of `pk_decode_tc_vreg` ([`Self::vreg_launches`]).
+    vreg_launches: u64,
 }
 
 impl DecodeAttention {
@@ -243,7 +247,14 @@ impl DecodeAttention {
             sk_ml: None,
             sk_counters: None,
             sk_occupancy: Vec::new(),
+            vreg_launches: 0,
         }
+    }
+
+    /// How many calls were routed to the tensor-core kernel with the V rows in registers
+    /// (`pk_decode_tc_vreg`, [`crate::compile::tc_vreg_call`]).
+    pub fn vreg_launches(&self) -> u64 {
+        self.vreg_launches
     }
 
     /// Chooses the tensor-core kernel's grid (default [`DecodeGrid::Auto`]).
@@ -443,17 +454,18 @@ impl DecodeAttention {
         let parts_u = parts as u32;
 
         let (f, threads, smem, heads_per_cta) = if tc {
-            let hpc = tc_heads_per_cta(g.format, d, g.num_kv_heads, b.num_seqs, self.device.sm_count());
-            (
-                if tc_base() { base_function(&module, g.format, d)? } else { module.function("pk_decode_tc")? },
-                32 * tc_shape(g.format, d).0,
-                if tc_base() {
-                    crate::compile::decode_tc_base_smem_bytes_for(g.format, d, group)
-                } else {
-                    decode_tc_smem_bytes_for(g.format, d, group)
-                },
-                hpc,
-            )
+            let sms = self.device.sm_count();
+            let hpc = tc_heads_per_cta(g.format, d, g.num_kv_heads, b.num_seqs, sms);
+            let ctas = g.num_kv_heads / hpc * b.num_seqs * parts;
+            let (f, smem) = if tc_base() {
+                (base_function(&module, g.format, d)?, decode_tc_smem_bytes_for(g.format, d, group))
+            } else if tc_vreg_call(g.format, d, group, ctas, sms) {
+                self.vreg_launches += 1;
+                (module.function("pk_decode_tc_vreg")?, tc_vreg_smem_bytes(g.format, d, group))
+            } else {
+                (module.function("pk_decode_tc")?, decode_tc_smem_bytes_for(g.format, d, group))
+            };
+            (f, 32 * tc_shape(g.format, d).0, smem, hpc)
         } else {
             (module.function("pk_decode")?, 128, decode_smem_bytes(g.format, d, group), 1)
         };
@@ -649,7 +661,7 @@ pub(crate) fn tc_base_from_env() -> Result<bool, CudaError> {
 }
 
 /// `pk_decode_tc_base` of `module`, with its dynamic shared memory limit raised like the module
-/// loader does for `pk_decode_tc` (to the bound of the stage layout, which it always has).
+/// loader does for `pk_decode_tc` (the same layout, so the same bytes).
 fn base_function(
     module: &crate::device::KernelModule,
     format: kvcache::KvFormat,
@@ -661,7 +673,7 @@ fn base_function(
     let key = f.cu_function() as usize;
     let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
     if !done.contains(&key) {
-        let bytes = crate::compile::decode_tc_base_smem_bytes(format, head_dim);
+        let bytes = crate::compile::decode_tc_smem_bytes(format, head_dim);
         crate::device::set_max_dynamic_smem(&f, bytes)?;
         done.push(key);
     }

@@ -268,8 +268,9 @@ pub struct TcTuning {
     /// A warp whose tiles all fit in its stages issues every copy at once (`PK_TC_EAGER`,
     /// `PAGEKV_CUDA_TC_EAGER`): `auto` (the measured choice per format, [`tc_eager`]), `0`, `1`.
     pub eager: &'static str,
-    /// `pk_decode_tc` lands the V rows in registers instead of the stages (`PK_TC_VREG`,
-    /// `PAGEKV_CUDA_TC_VREG`): `auto` (the measured choice, [`tc_vreg`]), `0`, `1`.
+    /// Calls whose grid fills the SMs twice take `pk_decode_tc_vreg`, the V rows in registers
+    /// (`PAGEKV_CUDA_TC_VREG`): `auto` (that rule, [`tc_vreg_call`]), `0` never, `1` always
+    /// where the shape allows it.
     pub vreg: &'static str,
 }
 
@@ -347,28 +348,30 @@ pub fn tc_eager(format: KvFormat) -> bool {
     }
 }
 
-/// Whether `pk_decode_tc` for `format` at `head_dim` with `group` query heads per kv head lands
-/// the V rows in registers (`PK_TC_VREG`): the stages then hold K only (half the shared memory,
-/// so two CTAs of 8 warps fit an SM) and the query fragments move to shared memory, the kernel
-/// held to 128 registers. Float pages with head_dim 64 or 128, 2 stages (the kernel's condition,
-/// `tc::VREG`) and at most 4 query heads per kv head: larger groups and head_dim 256 spill at
-/// 128 registers (hundreds of bytes of stack, `cuobjdump -res-usage`). `auto`: [`TC_VREG_AUTO`];
-/// `1` on and `0` off where it fits ([`tc_vreg_fits`]).
+/// Whether the decode module for `format` at `head_dim` with `group` query heads per kv head
+/// holds `pk_decode_tc_vreg` (`PK_TC_VREG`): `pk_decode_tc` with the V rows landed in registers —
+/// the stages hold K only (half the shared memory, so two CTAs of 8 warps fit an SM) and the
+/// query fragments move to shared memory, the kernel held to 128 registers. Float pages with
+/// head_dim 64 or 128, 2 stages (the kernel's condition, `tc::VREG`) and at most 4 query heads per
+/// kv head ([`tc_vreg_fits`]); not with `PAGEKV_CUDA_TC_VREG=0`.
 pub fn tc_vreg(format: KvFormat, head_dim: usize, group: usize) -> bool {
-    let on = match tc_tuning().vreg {
-        "1" => true,
-        "0" => false,
-        _ => TC_VREG_AUTO,
-    };
-    on && tc_vreg_fits(format, head_dim, group)
+    tc_vreg_fits(format, head_dim, group) && tc_tuning().vreg != "0"
 }
 
-/// `PAGEKV_CUDA_TC_VREG=auto`: off until measured on the H200.
-pub const TC_VREG_AUTO: bool = false;
-
-/// The shapes V in registers serves (see [`tc_vreg`]).
+/// The shapes `pk_decode_tc_vreg` serves: larger groups and head_dim 256 spill at 128 registers
+/// (hundreds of bytes of stack, `cuobjdump -res-usage`).
 pub fn tc_vreg_fits(format: KvFormat, head_dim: usize, group: usize) -> bool {
     !tc_quantized(format) && matches!(head_dim, 64 | 128) && group <= 4 && tc_shape(format, head_dim).1 == 2
+}
+
+/// Whether a call of the tensor-core kernel over a grid of `ctas` CTAs on `sm_count` SMs takes
+/// `pk_decode_tc_vreg` ([`tc_vreg`] for its shape): `auto` where the grid fills every SM twice —
+/// only then are 16 warps per SM resident, which is what V in registers needs to hide its loads.
+/// Measured on the H200 (RESULTS.md, session 12, bf16, 32 × 8 heads, d128): 64 × 4096 (512 CTAs)
+/// 3958 → 4021 GB/s and 64 × 16384 (512) 4138 → 4222 with it; 16 × 4096 (128 CTAs) 3642 → 3428,
+/// 1 × 4096 and 1 × 32768 (128) 6 % slower. `PAGEKV_CUDA_TC_VREG=1`: every call it can serve.
+pub fn tc_vreg_call(format: KvFormat, head_dim: usize, group: usize, ctas: usize, sm_count: usize) -> bool {
+    tc_vreg(format, head_dim, group) && (tc_tuning().vreg == "1" || ctas >= 2 * sm_count.max(1))
 }
 
 /// Whether the tensor-core decode kernel for `format` puts an L2 evict-first policy on its page
@@ -513,26 +516,16 @@ pub fn tc_heads_per_cta(
     hpc
 }
 
-/// Bytes of dynamic shared memory `pk_decode_tc` needs with `group` query heads per kv head:
-/// with V in registers ([`tc_vreg`]) [`tc_vreg_smem_bytes`], else `pk_decode_tc_base`'s layout
-/// ([`decode_tc_base_smem_bytes_for`]).
-pub(crate) fn decode_tc_smem_bytes_for(format: KvFormat, head_dim: usize, group: usize) -> usize {
-    if tc_vreg(format, head_dim, group) {
-        tc_vreg_smem_bytes(format, head_dim, group)
-    } else {
-        decode_tc_base_smem_bytes_for(format, head_dim, group)
-    }
-}
-
-/// Bytes of dynamic shared memory of the stage layout (`tc::TC_SMEM_BYTES`, `pk_decode_tc_base`
-/// and `pk_decode_tc` without V in registers): the warps' stages, or the scratch of the warps'
+/// Bytes of dynamic shared memory `pk_decode_tc` (and `pk_decode_tc_base`) needs with `group`
+/// query heads per kv head (`tc::TC_SMEM_BYTES`): the warps' stages, or the scratch of the warps'
 /// final merge (`tc::MERGE_FLOATS`) where that is larger.
-pub(crate) fn decode_tc_base_smem_bytes_for(format: KvFormat, head_dim: usize, group: usize) -> usize {
+pub(crate) fn decode_tc_smem_bytes_for(format: KvFormat, head_dim: usize, group: usize) -> usize {
     let (warps, stages) = tc_shape(format, head_dim);
     (warps * stages * tc_stage_bytes(format, head_dim)).max(tc_merge_bytes(warps, head_dim, group))
 }
 
-/// `tc::VREG_SMEM_BYTES`: per warp its stages of 16 K rows and its query fragments (`BQ_WORDS`
+/// Bytes of dynamic shared memory `pk_decode_tc_vreg` needs (`tc::VREG_SMEM_BYTES`): per warp its
+/// stages of 16 K rows and its query fragments (`BQ_WORDS`
 /// u32: the part sets of each head n-tile — packed columns for groups of at most 4 — × k-steps
 /// × 32 lanes × 2), or the merge scratch where that is larger.
 pub(crate) fn tc_vreg_smem_bytes(format: KvFormat, head_dim: usize, group: usize) -> usize {
@@ -571,12 +564,7 @@ pub(crate) fn decode_tc_sk_smem_bytes(format: KvFormat, head_dim: usize, group: 
 /// The most `pk_decode_tc` needs for any group it serves (≤ 16): the bound the module's
 /// maximum dynamic shared memory is set to.
 pub(crate) fn decode_tc_smem_bytes(format: KvFormat, head_dim: usize) -> usize {
-    (1..=16).map(|g| decode_tc_smem_bytes_for(format, head_dim, g)).max().unwrap_or(0)
-}
-
-/// The same bound for `pk_decode_tc_base` (always the stage layout).
-pub(crate) fn decode_tc_base_smem_bytes(format: KvFormat, head_dim: usize) -> usize {
-    (1..=16).map(|g| decode_tc_base_smem_bytes_for(format, head_dim, g)).max().unwrap_or(0)
+    decode_tc_smem_bytes_for(format, head_dim, 16)
 }
 
 /// Bytes of dynamic shared memory `pk_decode` needs — the host mirror of `SMEM_BYTES` in
@@ -669,19 +657,21 @@ mod tests {
                 assert!(decode_tc_smem_bytes(f, d) <= TC_SMEM_LIMIT, "{f:?} d{d}");
             }
         }
-        // V in registers (float pages with 2 stages): K-only stages and the query fragments —
-        // bf16 d128 g4: 8 × (2 × 16 × 272 + 2 part sets × 8 k-steps × 256) bytes, small enough
-        // for two CTAs of 8 warps per SM (228 KB, 1 KB reserved per CTA).
-        assert!(tc_vreg_fits(KvFormat::Bf16, 128, 4) && tc_vreg_fits(KvFormat::F16, 64, 1));
-        assert!(!tc_vreg_fits(KvFormat::Q8, 128, 4) && !tc_vreg_fits(KvFormat::Bf16, 32, 4));
-        assert!(!tc_vreg_fits(KvFormat::Bf16, 256, 4) && !tc_vreg_fits(KvFormat::Bf16, 128, 8));
-        assert_eq!(tc_vreg(KvFormat::Bf16, 128, 4), TC_VREG_AUTO);
+        // V in registers (float pages with 2 stages, groups <= 4): K-only stages and the query
+        // fragments — bf16 d128 g4: 8 × (2 × 16 × 272 + 2 part sets × 8 k-steps × 256) bytes,
+        // small enough for two CTAs of 8 warps per SM (228 KB, 1 KB reserved per CTA).
+        assert!(tc_vreg(KvFormat::Bf16, 128, 4) && tc_vreg(KvFormat::F16, 64, 1));
+        assert!(!tc_vreg(KvFormat::Q8, 128, 4) && !tc_vreg(KvFormat::Bf16, 32, 4));
+        assert!(!tc_vreg(KvFormat::Bf16, 256, 4) && !tc_vreg(KvFormat::Bf16, 128, 8));
         assert_eq!(tc_vreg_smem_bytes(KvFormat::Bf16, 128, 4), 8 * (2 * 16 * 272 + 2 * 8 * 256));
         assert!(2 * (tc_vreg_smem_bytes(KvFormat::Bf16, 128, 4) + 1024) <= 228 * 1024);
-        assert_eq!(decode_tc_base_smem_bytes_for(KvFormat::Bf16, 128, 4), 8 * 2 * 32 * 272);
-        // The layout at group 8 (unpacked: 1 n-tile × 2 f16 parts), and group 16's merge bound.
+        assert_eq!(decode_tc_smem_bytes_for(KvFormat::Bf16, 128, 4), 8 * 2 * 32 * 272);
+        // The layout at group 8 (unpacked: 1 n-tile × 2 f16 parts) keeps the merge's bound.
         assert_eq!(tc_vreg_smem_bytes(KvFormat::F16, 128, 8), (8 * (2 * 16 * 272 + 2 * 8 * 256)).max(tc_merge_bytes(8, 128, 8)));
-        assert!(decode_tc_smem_bytes(KvFormat::Bf16, 128) >= tc_merge_bytes(8, 128, 16));
+        // The route: grids that fill 132 SMs twice (64 × 8 CTAs), not those that fill them once.
+        assert!(tc_vreg_call(KvFormat::Bf16, 128, 4, 512, 132));
+        assert!(!tc_vreg_call(KvFormat::Bf16, 128, 4, 128, 132));
+        assert!(!tc_vreg_call(KvFormat::Q8, 128, 4, 512, 132));
         // Large q8 batches pair heads, small ones do not (8 kv heads, 132 SMs).
         assert_eq!(tc_heads_per_cta(KvFormat::Q8, 128, 8, 64, 132), 2);
         assert_eq!(tc_heads_per_cta(KvFormat::Q8, 128, 8, 16, 132), 1);

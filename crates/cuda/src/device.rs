@@ -206,6 +206,9 @@ impl CudaDevice {
                     && compile::decode_tc_smem_bytes(*format, *head_dim) <= self.smem_optin
                 {
                     kernels.push(("pk_decode_tc", compile::decode_tc_smem_bytes(*format, *head_dim)));
+                    if compile::tc_vreg(*format, *head_dim, *group) {
+                        kernels.push(("pk_decode_tc_vreg", compile::tc_vreg_smem_bytes(*format, *head_dim, *group)));
+                    }
                     // The stream-K grid's need grows with the batch (its per-sequence tables):
                     // the device's limit, checked per call (`compile::decode_tc_sk_smem_bytes`).
                     kernels.push(("pk_decode_tc_sk", self.smem_optin));

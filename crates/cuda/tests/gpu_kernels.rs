@@ -624,10 +624,13 @@ mod gpu {
                 scale,
                 sliding_window: case.window,
             };
+            let vreg_before = attn.vreg_launches();
             attn.forward(&built.pages, 0, &b, route, &mut out)
                 .unwrap_or_else(|e| panic!("{case:?} {kname} {label} {route:?}: {e}"));
             dev.synchronize().unwrap_or_else(|e| panic!("{case:?} {kname} {label} {route:?}: {e}"));
             let got = down(dev, &out);
+            // The tensor-core kernel with the V rows in registers reports as its own kernel.
+            let kname = if attn.vreg_launches() > vreg_before { "tc-vreg" } else { kname };
             results.push((kname, label, rel_error(&got, &want, d)));
         }
         results
@@ -817,6 +820,51 @@ mod gpu {
             }
         }
         check_all("decode_rounded_queries", &dev, &cases, &[DecodeRoute::Primitive, PART(64), PART(448)]);
+    }
+
+    /// Grids that fill every SM twice take `pk_decode_tc_vreg` (the V rows in registers, query
+    /// fragments in shared memory, V^T fragments built by PRMT with their own dim order): f16 and
+    /// bf16, head_dim 64 and 128, groups 1–4, f32 and rounded queries, windows, block sizes 8 and
+    /// 16, odd lengths and 1-token contexts, both routes; the test asserts that every tensor-core
+    /// run of these cases took it and matched the reference.
+    #[test]
+    fn decode_v_in_registers_on_full_grids() {
+        let Some(dev) = device("decode_v_in_registers_on_full_grids") else { return };
+        let mut rng = StdRng::seed_from_u64(31);
+        // 8 kv heads per sequence: enough sequences for two CTAs per SM on the primitive route.
+        let seqs = (2 * dev.sm_count()).div_ceil(8) + 1;
+        let mut cases = Vec::new();
+        let mut seed = 9100;
+        for format in [KvFormat::F16, KvFormat::Bf16] {
+            for (d, group) in [(128usize, 1usize), (128, 2), (128, 4), (64, 3), (64, 4)] {
+                for (window, bs, rounded) in [(None, 16usize, false), (Some(90), 8, true)] {
+                    seed += 1;
+                    let mut contexts: Vec<usize> = (0..seqs).map(|_| rng.gen_range(1..400)).collect();
+                    contexts[..4].copy_from_slice(&[1, 16, 17, 399]);
+                    cases.push(Case {
+                        format,
+                        head_dim: d,
+                        num_kv_heads: 8,
+                        group,
+                        contexts,
+                        window,
+                        block_size: bs,
+                        seed,
+                        rounded_queries: rounded,
+                    });
+                }
+            }
+        }
+        let routes = [DecodeRoute::Primitive, PART(64)];
+        check_all("decode_v_in_registers", &dev, &cases, &routes);
+        if pagekv_cuda::compile::tc_tuning().vreg == "0" {
+            return; // PAGEKV_CUDA_TC_VREG=0: the stage kernel serves them (checked above)
+        }
+        for case in &cases[..2] {
+            let runs = run_case(&dev, case, &routes);
+            let tc: Vec<_> = runs.iter().filter(|(k, label, _)| k.starts_with("tc") && *label != "stream-k").collect();
+            assert!(!tc.is_empty() && tc.iter().all(|(k, _, _)| *k == "tc-vreg"), "{case:?}: {runs:?}");
+        }
     }
 
     #[test]
