@@ -268,7 +268,7 @@ pub struct TcTuning {
     /// A warp whose tiles all fit in its stages issues every copy at once (`PK_TC_EAGER`,
     /// `PAGEKV_CUDA_TC_EAGER`): `auto` (the measured choice per format, [`tc_eager`]), `0`, `1`.
     pub eager: &'static str,
-    /// Calls whose grid fills the SMs twice take `pk_decode_tc_vreg`, the V rows in registers
+    /// Calls whose grid has more CTAs than SMs take `pk_decode_tc_vreg`, the V rows in registers
     /// (`PAGEKV_CUDA_TC_VREG`): `auto` (that rule, [`tc_vreg_call`]), `0` never, `1` always
     /// where the shape allows it.
     pub vreg: &'static str,
@@ -365,13 +365,15 @@ pub fn tc_vreg_fits(format: KvFormat, head_dim: usize, group: usize) -> bool {
 }
 
 /// Whether a call of the tensor-core kernel over a grid of `ctas` CTAs on `sm_count` SMs takes
-/// `pk_decode_tc_vreg` ([`tc_vreg`] for its shape): `auto` where the grid fills every SM twice —
-/// only then are 16 warps per SM resident, which is what V in registers needs to hide its loads.
-/// Measured on the H200 (RESULTS.md, session 12, bf16, 32 × 8 heads, d128): 64 × 4096 (512 CTAs)
-/// 3958 → 4021 GB/s and 64 × 16384 (512) 4138 → 4222 with it; 16 × 4096 (128 CTAs) 3642 → 3428,
-/// 1 × 4096 and 1 × 32768 (128) 6 % slower. `PAGEKV_CUDA_TC_VREG=1`: every call it can serve.
+/// `pk_decode_tc_vreg` ([`tc_vreg`] for its shape): `auto` where the grid has more CTAs than the
+/// device has SMs — the stage kernel fits one CTA of 8 warps per SM (139 KB of stages), this one
+/// two, and the 16 warps per SM are what V in registers needs to hide its loads. Measured on the
+/// H200 (RESULTS.md, session 12, bf16, 32 × 8 heads, d128, GB/s): 64 × 4096 (512 CTAs) 3964 →
+/// 4017, 64 × 16384 4142 → 4220, 32 × 8192 (256) 3984 → 4032, 128 × 1024 3532 → 3656; but
+/// 16 × 4096 (128 CTAs) 3642 → 3428 and 1 × 4096, 1 × 32768 (128) 6 % slower with it.
+/// `PAGEKV_CUDA_TC_VREG=1`: every call it can serve.
 pub fn tc_vreg_call(format: KvFormat, head_dim: usize, group: usize, ctas: usize, sm_count: usize) -> bool {
-    tc_vreg(format, head_dim, group) && (tc_tuning().vreg == "1" || ctas >= 2 * sm_count.max(1))
+    tc_vreg(format, head_dim, group) && (tc_tuning().vreg == "1" || ctas > sm_count.max(1))
 }
 
 /// Whether the tensor-core decode kernel for `format` puts an L2 evict-first policy on its page
@@ -668,9 +670,10 @@ mod tests {
         assert_eq!(decode_tc_smem_bytes_for(KvFormat::Bf16, 128, 4), 8 * 2 * 32 * 272);
         // The layout at group 8 (unpacked: 1 n-tile × 2 f16 parts) keeps the merge's bound.
         assert_eq!(tc_vreg_smem_bytes(KvFormat::F16, 128, 8), (8 * (2 * 16 * 272 + 2 * 8 * 256)).max(tc_merge_bytes(8, 128, 8)));
-        // The route: grids that fill 132 SMs twice (64 × 8 CTAs), not those that fill them once.
-        assert!(tc_vreg_call(KvFormat::Bf16, 128, 4, 512, 132));
+        // The route: grids of more CTAs than 132 SMs (32 × 8 CTAs), not those of one round.
+        assert!(tc_vreg_call(KvFormat::Bf16, 128, 4, 256, 132));
         assert!(!tc_vreg_call(KvFormat::Bf16, 128, 4, 128, 132));
+        assert!(!tc_vreg_call(KvFormat::Bf16, 128, 4, 132, 132));
         assert!(!tc_vreg_call(KvFormat::Q8, 128, 4, 512, 132));
         // Large q8 batches pair heads, small ones do not (8 kv heads, 132 SMs).
         assert_eq!(tc_heads_per_cta(KvFormat::Q8, 128, 8, 64, 132), 2);

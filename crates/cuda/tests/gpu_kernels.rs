@@ -822,7 +822,7 @@ mod gpu {
         check_all("decode_rounded_queries", &dev, &cases, &[DecodeRoute::Primitive, PART(64), PART(448)]);
     }
 
-    /// Grids that fill every SM twice take `pk_decode_tc_vreg` (the V rows in registers, query
+    /// Grids of more CTAs than SMs take `pk_decode_tc_vreg` (the V rows in registers, query
     /// fragments in shared memory, V^T fragments built by PRMT with their own dim order): f16 and
     /// bf16, head_dim 64 and 128, groups 1–4, f32 and rounded queries, windows, block sizes 8 and
     /// 16, odd lengths and 1-token contexts, both routes; the test asserts that every tensor-core
@@ -831,7 +831,7 @@ mod gpu {
     fn decode_v_in_registers_on_full_grids() {
         let Some(dev) = device("decode_v_in_registers_on_full_grids") else { return };
         let mut rng = StdRng::seed_from_u64(31);
-        // 8 kv heads per sequence: enough sequences for two CTAs per SM on the primitive route.
+        // 8 kv heads per sequence: two CTAs per SM on the primitive route (more than one per SM takes it).
         let seqs = (2 * dev.sm_count()).div_ceil(8) + 1;
         let mut cases = Vec::new();
         let mut seed = 9100;
