@@ -12,7 +12,9 @@
 // tiles of 16 tokens; the warps of a head take tiles sub, sub + WPH, … and each runs on its own:
 // its own cp.async pipeline (ST stages of 16 K rows + 16 V rows, zero-filled past the context,
 // whole rows per copy instruction), its own online softmax, its own accumulators — no
-// block-wide barrier until the final merge of the warps of each head.
+// block-wide barrier until the final merge of the warps of each head. pk_decode_tc_vreg (f16/bf16
+// pages, PK_TC_VREG) stages the K rows only and loads each lane's share of the V rows into
+// registers one tile ahead, so that two CTAs of 8 warps fit an SM (see tc::VREG).
 //
 // Per tile, in the transposed form so the 8 columns of the mma are the query heads:
 //   S^T [16 tokens × 8 heads] = K [16 × D] · Q^T [D × 8]      (A = K via ldmatrix, B = Q in registers)
@@ -110,9 +112,10 @@ constexpr int MERGE_FLOATS = NW * HP * (D + 2) + NW * PK_G * D;
 constexpr int TC_SMEM_BYTES = NW * WARP_BYTES > 4 * MERGE_FLOATS ? NW * WARP_BYTES : 4 * MERGE_FLOATS;
 // V rows in registers (PK_TC_VREG: pk_decode_tc_vreg, f16/bf16 pages, head_dim a multiple of 64,
 // 2 stages): the stages hold the 16 K rows of a tile only, each lane loads the V chunks its PV
-// A fragments need (VC = D / 64 16-byte chunks of 4 rows, see v_load), and the query's B
-// fragments live in shared memory after the stages ([NS][KSTEPS][QP][32 lanes] u32 pairs per
-// warp), so that the registers fit 16 warps per SM. The host mirror is compile::tc_vreg_smem_bytes.
+// A fragments need (VC = D / 64 chunks of 16 bytes from each of 4 token rows, see v_load), and
+// the query's B fragments live in shared memory after the stages ([NS][KSTEPS][QP][32 lanes] u32
+// pairs per warp), so that the registers fit 16 warps per SM. The host mirror is
+// compile::tc_vreg_smem_bytes.
 constexpr bool VREG = PK_TC_VREG != 0 && !QUANT && D % 64 == 0 && ST == 2;
 constexpr int VC = D >= 64 ? D / 64 : 1; // (D 32: no V in registers; sizes only)
 constexpr int KSTAGE = 16 * CROW;

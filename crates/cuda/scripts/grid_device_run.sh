@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call (run tool, carry ["dist-cuda"]): the tensor-core decode's CTA shape against its
-# grid — bf16 pages, the partitioned route over $PARTS partition sizes ("auto": the router's), under each of $VARIANTS
-# ("tag:VAR=V,..."; "w8s2:" the defaults), $REPEAT rounds alternated; optional $PROBES in the
-# first variant's process; then gpu_kernels under each of $TESTS ("tag:VAR=V,...@filter"). Medians
-# per (tag, case, partition size) last. Stage with stage.sh.
+# grid — bf16 pages, the partitioned route over $PARTS partition sizes ("auto": the router's),
+# under each of $VARIANTS ("tag:VAR=V,..."; "w8s2:" the defaults), $REPEAT rounds alternated;
+# optional $PROBES in the first variant's process; then gpu_kernels under each of $TESTS
+# ("tag:VAR=V,...@filter"). Medians per (tag, case, partition size) last. Stage with stage.sh.
 set -uo pipefail
 D=${DIST:-dist-cuda}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} PAGEKV_HOME=$PWD/$D/home

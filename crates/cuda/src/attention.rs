@@ -50,7 +50,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use crate::compile::{
-    decode_smem_bytes, decode_tc_smem_bytes_for, tc_heads_per_cta, tc_shape, tc_vreg_call, tc_vreg_smem_bytes, ModuleSpec,
+    decode_smem_bytes, decode_tc_smem_bytes_for, tc_heads_per_cta, tc_shape, tc_vreg_call, tc_vreg_smem_bytes,
+    ModuleSpec,
 };
 use crate::device::{arg, launch_kernel};
 use crate::pages::dptr;

@@ -527,9 +527,9 @@ pub(crate) fn decode_tc_smem_bytes_for(format: KvFormat, head_dim: usize, group:
 }
 
 /// Bytes of dynamic shared memory `pk_decode_tc_vreg` needs (`tc::VREG_SMEM_BYTES`): per warp its
-/// stages of 16 K rows and its query fragments (`BQ_WORDS`
-/// u32: the part sets of each head n-tile — packed columns for groups of at most 4 — × k-steps
-/// × 32 lanes × 2), or the merge scratch where that is larger.
+/// stages of 16 K rows and its query fragments (`BQ_WORDS` u32: the part sets of each head n-tile
+/// — packed columns for groups of at most 4 — × k-steps × 32 lanes × 2), or the merge scratch
+/// where that is larger.
 pub(crate) fn tc_vreg_smem_bytes(format: KvFormat, head_dim: usize, group: usize) -> usize {
     let (warps, stages) = tc_shape(format, head_dim);
     let parts = if matches!(format, KvFormat::Bf16) { 3 } else { 2 };
@@ -669,7 +669,10 @@ mod tests {
         assert!(2 * (tc_vreg_smem_bytes(KvFormat::Bf16, 128, 4) + 1024) <= 228 * 1024);
         assert_eq!(decode_tc_smem_bytes_for(KvFormat::Bf16, 128, 4), 8 * 2 * 32 * 272);
         // The layout at group 8 (unpacked: 1 n-tile × 2 f16 parts) keeps the merge's bound.
-        assert_eq!(tc_vreg_smem_bytes(KvFormat::F16, 128, 8), (8 * (2 * 16 * 272 + 2 * 8 * 256)).max(tc_merge_bytes(8, 128, 8)));
+        assert_eq!(
+            tc_vreg_smem_bytes(KvFormat::F16, 128, 8),
+            (8 * (2 * 16 * 272 + 2 * 8 * 256)).max(tc_merge_bytes(8, 128, 8))
+        );
         // The route: grids of more CTAs than 132 SMs (32 × 8 CTAs), not those of one round.
         assert!(tc_vreg_call(KvFormat::Bf16, 128, 4, 256, 132));
         assert!(!tc_vreg_call(KvFormat::Bf16, 128, 4, 128, 132));
