@@ -874,11 +874,13 @@ mod gpu {
                 }
             }
         }
-        eprintln!(
-            "decode_v_in_registers: {} cases × {} routes; worst relative error of {expect}: {worst:.2e}",
+        // As check_all: straight to stderr, past the harness's capture.
+        let report = format!(
+            "decode_v_in_registers: {} cases × {} routes; worst relative error of {expect}: {worst:.2e}\n",
             cases.len(),
             routes.len()
         );
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), report.as_bytes());
         assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
     }
 
