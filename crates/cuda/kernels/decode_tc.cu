@@ -819,8 +819,9 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
         }
     }
     u32 next_blk = first_blk[ST - 1];
-    // VR: (slot, head) of token lane & 15 of a tile (~0 past the context), and the V registers of
-    // the tile to attend next (tile 0's loads overlap the queries').
+    // VR: (slot, head) of token lane & 15 of a tile (~0 past the context; issue computes the same
+    // index inline — routing it through this lambda grows every kernel's SASS, measured ones
+    // included), and the V registers of the tile to attend next (tile 0's loads overlap the queries').
     auto v_slot = [&](int i, u32 blk) -> u64 {
         const u32 pos = tile_start(i) + (lane & 15);
         return pos < end ? (((u64)blk << log2_bs) | (pos & bs_mask)) * num_kv_heads + h : ~0ull;
