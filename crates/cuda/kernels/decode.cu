@@ -306,9 +306,11 @@ pk_decode(float* __restrict__ out,          // [num_seqs, num_heads, D]         
 
 // grid (num_heads, num_seqs), block 128, dynamic smem 4·(D + max_parts + 8) bytes.
 // out [num_seqs, num_heads, D] ← Σ_p 2^(m_p − M) acc_p / Σ_p 2^(m_p − M) l_p, un-rotated.
-// A programmatic dependent launch (see pdl_wait). Every partition's (m, l) is read once, by one
-// thread, and reduced across the block; each thread sums its dims over the partitions with its
-// loads in flight together (issued with the (m, l) loads when there are at most 16 partitions).
+// A programmatic dependent launch (see pdl_wait). Up to 32 partitions (16 at head_dim 256) of
+// unrotated pages: each thread reads every (m, l) and its dims' accumulators in one round trip
+// and merges in registers. Otherwise every partition's (m, l) is read once, by one thread, and
+// reduced across the block; each thread sums its dims over the partitions with its loads in
+// flight together (issued with the (m, l) loads when there are at most 16 partitions).
 extern "C" __global__ void __launch_bounds__(128)
 pk_merge(float* __restrict__ out, const float* __restrict__ part_acc, const float* __restrict__ part_ml,
          const u32* __restrict__ ctx_lens, u32 max_parts, u32 window, u32 part_size,
@@ -324,9 +326,47 @@ pk_merge(float* __restrict__ out, const float* __restrict__ part_acc, const floa
     const int nparts = (int)((ctx - lo + part_size - 1) / part_size);
     const u64 base = ((u64)seq * num_heads + head) * max_parts;
     pdl_wait();
-    // Few partitions and head_dim ≤ 128 (the small batches this route serves): each thread's
-    // accumulators are loaded together with the (m, l) pairs, one round trip for both.
     constexpr int PRE = 16;
+    // Few partitions, unrotated pages (the small batches this route serves): every thread loads
+    // all the (m, l) pairs itself (one address per warp: broadcast) together with its dims'
+    // accumulators and reduces them in registers — one round trip, no shared memory, no barrier.
+    constexpr int DPT = (PK_D + 127) / 128;   // dims per thread: tid + 128·k
+    constexpr int LEAN = PK_D <= 128 ? 32 : 16; // partitions held in registers
+    if (nparts <= LEAN && signs == nullptr) {
+        float2 ml[LEAN];
+        float x[LEAN][DPT];
+#pragma unroll
+        for (int p = 0; p < LEAN; p++) {
+            ml[p] = p < nparts ? *(const float2*)(part_ml + (base + p) * 2)
+                               : make_float2(PK_NEG_INF, 0.0f);
+#pragma unroll
+            for (int k = 0; k < DPT; k++) {
+                const int d = tid + 128 * k;
+                x[p][k] = p < nparts && d < PK_D ? part_acc[(base + p) * PK_D + d] : 0.0f;
+            }
+        }
+        float m = ml[0].x; // partition 0 is live: every call has a visible token
+#pragma unroll
+        for (int p = 1; p < LEAN; p++) m = fmaxf(m, ml[p].x);
+        float den = 0.0f, a[DPT];
+#pragma unroll
+        for (int k = 0; k < DPT; k++) a[k] = 0.0f;
+#pragma unroll
+        for (int p = 0; p < LEAN; p++) {
+            const float f = p < nparts ? exp2f(ml[p].x - m) : 0.0f;
+            den = fmaf(f, ml[p].y, den);
+#pragma unroll
+            for (int k = 0; k < DPT; k++) a[k] = fmaf(f, x[p][k], a[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < DPT; k++) {
+            const int d = tid + 128 * k;
+            if (d < PK_D) out[((u64)seq * num_heads + head) * PK_D + d] = a[k] / den;
+        }
+        return;
+    }
+    // Few partitions and head_dim ≤ 128, rotated pages: each thread's accumulators are loaded
+    // together with the (m, l) pairs, one round trip for both.
     const bool pre = PK_D <= 128 && nparts <= PRE && tid < PK_D;
     float x[PRE];
     if (pre) {
