@@ -9,6 +9,8 @@
 //!                       pipeline without arithmetic — warps:stages:FMAs per tile:partition —
 //!                       and the linear paged read — warps:partition; partition 0 = whole context)
 //!     [--contiguous]   (consecutive block ids per sequence instead of scattered pages)
+//!     [--programmatic] (the tensor-core decode as a programmatic dependent launch, as in the
+//!                       model step; rows named <route>-pdl)
 //!     [--f32-queries]  (full f32 queries; default: rounded to the pages' mma type, as the GPU
 //!                       model passes them for f16/bf16 caches)
 //! ```
@@ -31,6 +33,10 @@ fn parse_args(args: &[String]) -> Result<(BenchConfig, usize), String> {
     while let Some(flag) = it.next() {
         if flag == "--contiguous" {
             cfg.scatter = false;
+            continue;
+        }
+        if flag == "--programmatic" {
+            cfg.programmatic = true;
             continue;
         }
         if flag == "--f32-queries" {

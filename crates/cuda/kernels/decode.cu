@@ -325,6 +325,7 @@ pk_merge(float* __restrict__ out, const float* __restrict__ part_acc, const floa
     const u32 lo = (window != 0 && ctx > window) ? ctx - window : 0;
     const int nparts = (int)((ctx - lo + part_size - 1) / part_size);
     const u64 base = ((u64)seq * num_heads + head) * max_parts;
+    pdl_trigger(); // a programmatic launch after this one may be scheduled; it waits for out
     pdl_wait();
     constexpr int PRE = 16;
     // Few partitions, unrotated pages (the small batches this route serves): every thread loads

@@ -94,6 +94,10 @@ pub struct BenchConfig {
     pub round_queries: bool,
     /// Probe kernels timed on each case's bf16 pages after its roofline rows (default none).
     pub probes: Vec<Probe>,
+    /// Launch the tensor-core decode kernel as a programmatic dependent launch, as the model
+    /// step does ([`DecodeAttention::set_programmatic`]): each run's decode may then be
+    /// scheduled while the previous run's `pk_merge` still runs. Rows are named `<route>-pdl`.
+    pub programmatic: bool,
 }
 
 /// A probe of what bounds the decode kernel, timed on a case's bf16 pages (`kernels/bench.cu`).
@@ -206,6 +210,7 @@ impl Default for BenchConfig {
             min_footprint_bytes: 512 << 20,
             round_queries: true,
             probes: Vec::new(),
+            programmatic: false,
         }
     }
 }
@@ -350,6 +355,7 @@ pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<R
             let queries = stream.clone_htod(&q).map_err(alloc)?;
             let mut out = stream.alloc_zeros::<f32>(q.len()).map_err(alloc)?;
             let mut attn = DecodeAttention::new(dev.clone());
+            attn.set_programmatic(cfg.programmatic);
             let mut runs: Vec<(&str, DecodeRoute, usize)> = Vec::new();
             for &route_name in &cfg.routes {
                 match route_name {
@@ -389,6 +395,7 @@ pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<R
                 .flat_map(|&k| {
                     runs.iter().map(move |&(name, route, ps)| {
                         let name = if k == DecodeKernel::Simt { format!("{name}-simt") } else { name.to_string() };
+                        let name = if cfg.programmatic { format!("{name}-pdl") } else { name };
                         (name, k, route, ps)
                     })
                 })

@@ -80,6 +80,10 @@ enum BenchCommand {
         impls: Option<String>,
         #[arg(long, default_value_t = 7)]
         runs: usize,
+        /// CUDA only: launch the tensor-core decode as a programmatic dependent launch, as the
+        /// model step launches it (rows named `<route>-pdl`).
+        #[arg(long)]
+        programmatic: bool,
         #[command(flatten)]
         runtime: RuntimeArgs,
     },
@@ -128,10 +132,17 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 (layers as usize, kv_heads as usize, head_dim as usize),
             )
         }
-        Command::Bench(BenchCommand::Attention { json, formats, shapes, impls, runs, runtime }) => {
+        Command::Bench(BenchCommand::Attention { json, formats, shapes, impls, runs, programmatic, runtime }) => {
             runtime.export();
             let device = Device::from_env()?;
-            commands::bench::attention(json, device, formats.as_deref(), shapes.as_deref(), impls.as_deref(), runs)
+            let opts = commands::bench::AttentionOpts {
+                formats: formats.as_deref(),
+                shapes: shapes.as_deref(),
+                impls: impls.as_deref(),
+                runs,
+                programmatic,
+            };
+            commands::bench::attention(json, device, opts)
         }
         Command::Bench(BenchCommand::Decode(a)) => {
             a.model.export();

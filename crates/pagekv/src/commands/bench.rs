@@ -64,18 +64,29 @@ pub fn cache(json_out: bool, formats: Option<&str>, runs: usize, geometry: (usiz
     Ok(())
 }
 
+/// What `pagekv bench attention` measures (its flags besides `--json` and the device).
+pub struct AttentionOpts<'a> {
+    /// Comma-separated KV formats; `None`: all.
+    pub formats: Option<&'a str>,
+    /// Comma-separated `BATCHxCONTEXT` shapes; `None`: the default cases.
+    pub shapes: Option<&'a str>,
+    /// Comma-separated paths (CPU: reference, primitive, partitioned, auto; CUDA: primitive,
+    /// partitioned, stream-k); `None`: the device's default set.
+    pub impls: Option<&'a str>,
+    pub runs: usize,
+    /// CUDA: launch the tensor-core decode as a programmatic dependent launch (rows `<route>-pdl`).
+    pub programmatic: bool,
+}
+
 /// `pagekv bench attention`.
-pub fn attention(
-    json_out: bool,
-    device: Device,
-    formats: Option<&str>,
-    shapes: Option<&str>,
-    impls: Option<&str>,
-    runs: usize,
-) -> Result<()> {
+pub fn attention(json_out: bool, device: Device, opts: AttentionOpts<'_>) -> Result<()> {
     if let Device::Cuda(n) = device {
-        return crate::commands::cuda::bench_attention(n, json_out, formats, shapes, runs);
+        return crate::commands::cuda::bench_attention(n, json_out, &opts);
     }
+    if opts.programmatic {
+        anyhow::bail!("--programmatic times GPU kernel launches: use it with --device cuda");
+    }
+    let AttentionOpts { formats, shapes, impls, runs, .. } = opts;
     let mut cfg = BenchConfig { runs, ..Default::default() };
     if let Some(f) = formats {
         cfg.formats = parse_formats(f)?;

@@ -123,24 +123,21 @@ pub fn device_memory(_device: usize) -> Result<usize> {
 
 /// `pagekv bench attention --device cuda:N`.
 #[cfg(feature = "cuda")]
-pub fn bench_attention(
-    device: usize,
-    json_out: bool,
-    formats: Option<&str>,
-    shapes: Option<&str>,
-    runs: usize,
-) -> Result<()> {
+pub fn bench_attention(device: usize, json_out: bool, opts: &super::bench::AttentionOpts<'_>) -> Result<()> {
     use pagekv_cuda::bench::{bench_attention, BenchConfig};
     use pagekv_cuda::CudaDevice;
 
-    let dev = CudaDevice::new(device)?;
-    let mut cfg = BenchConfig { runs: runs.max(1), ..Default::default() };
-    if let Some(f) = formats {
+    let mut cfg = BenchConfig { runs: opts.runs.max(1), programmatic: opts.programmatic, ..Default::default() };
+    if let Some(f) = opts.formats {
         cfg.formats = super::parse_formats(f)?;
     }
-    if let Some(s) = shapes {
+    if let Some(s) = opts.shapes {
         cfg.cases = super::parse_shapes(s)?;
     }
+    if let Some(i) = opts.impls {
+        cfg.routes = cuda_routes(i)?;
+    }
+    let dev = CudaDevice::new(device)?;
     let rows = bench_attention(&dev, &cfg)?;
     if json_out {
         for r in &rows {
@@ -171,15 +168,22 @@ pub fn bench_attention(
     Ok(())
 }
 
+/// The CUDA benchmark's routes named by `--impls`.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn cuda_routes(list: &str) -> Result<Vec<&'static str>> {
+    list.split(',')
+        .map(|s| match s.trim() {
+            "primitive" => Ok("primitive"),
+            "partitioned" => Ok("partitioned"),
+            "stream-k" => Ok("stream-k"),
+            other => anyhow::bail!("--impls {other:?}: on --device cuda one of primitive, partitioned, stream-k"),
+        })
+        .collect()
+}
+
 /// `pagekv bench attention --device cuda:N` in a build without CUDA.
 #[cfg(not(feature = "cuda"))]
-pub fn bench_attention(
-    _device: usize,
-    _json: bool,
-    _formats: Option<&str>,
-    _shapes: Option<&str>,
-    _runs: usize,
-) -> Result<()> {
+pub fn bench_attention(_device: usize, _json: bool, _opts: &super::bench::AttentionOpts<'_>) -> Result<()> {
     anyhow::bail!(NO_CUDA)
 }
 
