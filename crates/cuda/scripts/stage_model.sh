@@ -11,7 +11,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 T=${CARGO_TARGET_DIR:-target}/release
 mkdir -p dist-cuda/home
-newest() { ls -t $1 2>/dev/null | grep -v '\.d$' | head -1; }
+# The newest build of a test that has CUDA (cudarc) in it (a build without `--features cuda` leaves a
+# newer binary of the same name that skips everything).
+newest() {
+    for f in $(ls -t $1 2>/dev/null | grep -v '\.d$'); do
+        if grep -q cudarc "$f"; then echo "$f"; return; fi
+    done
+    echo "stage_model.sh: no CUDA build of $1" >&2; return 1
+}
 cp "$T/pagekv" dist-cuda/pagekv
 cp "$(newest "$T/deps/cuda_forward-*")" dist-cuda/cuda_forward
 cp "$(newest "$T/deps/gpu_model_ops-*")" dist-cuda/gpu_model_ops
