@@ -30,6 +30,7 @@ fn bad_flags_name_the_flag_and_the_accepted_values() {
         (vec!["run", "--num-blocks", "0", "x"], "num-blocks"),
         (vec!["run", "--num-blocks", "-3", "x"], "-3"),
         (vec!["bench", "attention", "--shapes", "4096", "--runs", "1"], "BATCHxCONTEXT"),
+        (vec!["bench", "attention", "--programmatic", "--runs", "1"], "--device cuda"),
         (vec!["bench", "cache", "--head-dim", "100"], "multiple of 32"),
         (vec!["frobnicate"], "frobnicate"),
     ] {
