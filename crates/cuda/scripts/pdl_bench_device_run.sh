@@ -3,7 +3,8 @@
 # benchmark with the tensor-core decode launched plainly and as a programmatic dependent launch
 # (`bench_attention --programmatic`, rows `<route>-pdl`), $REPEAT rounds alternated, formats
 # $FORMATS, the issue's cases; then gpu_kernels (whole, 12 threads) and the model's checks of
-# vreg_device_run.sh ($MODEL=1). Medians per (case, row, format) last.
+# vreg_device_run.sh ($MODEL=1). Medians per (case, format, tag) and the q8/q4 ÷ bf16 ratios
+# (tag_medians.py auto) last.
 set -uo pipefail
 D=${DIST:-dist-cuda}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} PAGEKV_HOME=$PWD/$D/home
@@ -20,18 +21,7 @@ for i in $(seq 1 "${REPEAT:-3}"); do
     done
     echo "round $i done ($((SECONDS - t0)) s)" >> "$S"
 done
-python3 - "$OUT/pdl.jsonl" >> "$S" <<'PY'
-import json, sys, statistics as st
-d = {}
-for l in open(sys.argv[1]):
-    if l.startswith("{"):
-        r = json.loads(l)
-        d.setdefault((r["batch"], r["context"], r["format"], r["impl"], r.get("partition_size", 0)), []).append(r["us"])
-for k, v in sorted(d.items()):
-    if k[3].startswith("roofline-copy") or k[3].startswith("roofline-paged"):
-        continue
-    print("%dx%-6d %-5s %-16s part %-6s %9.2f us (n %d: %s)" % (*k, st.median(v), len(v), " ".join("%.2f" % x for x in v)))
-PY
+python3 crates/cuda/scripts/tag_medians.py auto "$OUT/pdl.jsonl" >> "$S"
 if [ "${TESTS:-1}" = 1 ]; then
     st=$SECONDS
     timeout "${TEST_TIMEOUT:-300}" $D/gpu_kernels --test-threads 12 > "$OUT/tests-gpu_kernels.log" 2>&1

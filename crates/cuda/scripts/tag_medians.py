@@ -12,8 +12,9 @@ import json, statistics, sys
 
 
 def family(r, mode):
-    """The row's family in the table, or None to skip it."""
-    impl = r["impl"]
+    """The row's family in the table, or None to skip it. A `-pdl` row (`--programmatic`) is its
+    route's family: the tag tells the launches apart."""
+    impl = r["impl"].removesuffix("-pdl")
     if mode == "auto":
         if impl in ("primitive", "roofline-copy", "roofline-paged-h8"):
             return None
