@@ -325,7 +325,9 @@ pk_merge(float* __restrict__ out, const float* __restrict__ part_acc, const floa
     const u32 lo = (window != 0 && ctx > window) ? ctx - window : 0;
     const int nparts = (int)((ctx - lo + part_size - 1) / part_size);
     const u64 base = ((u64)seq * num_heads + head) * max_parts;
-    pdl_trigger(); // a programmatic launch after this one may be scheduled; it waits for out
+    // No pdl_trigger here: the launch after this one (in the model step, the o-projection's GEMV,
+    // one block per SM) starts when this grid ends. Triggering it first thing cost the batch-1
+    // model step 4 % at context 128 and 2 % at 1024 on the H200 (RESULTS.md, session 17).
     pdl_wait();
     constexpr int PRE = 16;
     // Few partitions, unrotated pages (the small batches this route serves): every thread loads

@@ -95,8 +95,9 @@ pub struct BenchConfig {
     /// Probe kernels timed on each case's bf16 pages after its roofline rows (default none).
     pub probes: Vec<Probe>,
     /// Launch the tensor-core decode kernel as a programmatic dependent launch, as the model
-    /// step does ([`DecodeAttention::set_programmatic`]): each run's decode may then be
-    /// scheduled while the previous run's `pk_merge` still runs. Rows are named `<route>-pdl`.
+    /// step does ([`DecodeAttention::set_programmatic`]): each run's decode is launched against
+    /// the previous run's last kernel (`pk_merge` ends its grid before a dependent starts, so the
+    /// overlap is of launch latency only). Rows are named `<route>-pdl`.
     pub programmatic: bool,
 }
 
