@@ -59,6 +59,9 @@
 #ifndef PK_TC_MINB
 #define PK_TC_MINB 0 // __launch_bounds__ minimum blocks per SM (caps registers); 0: none given
 #endif
+#ifndef PK_TC_PAIR
+#define PK_TC_PAIR 0 // 1: quantized pages attend two tiles per step of pk_decode_tc's loop (tc::TS, tiles per step)
+#endif
 #ifndef PK_TC_VREG
 #define PK_TC_VREG 0 // 1: the module also holds pk_decode_tc_vreg (V rows in registers; float pages)
 #endif
@@ -117,6 +120,12 @@ constexpr int TC_SMEM_BYTES = NW * WARP_BYTES > 4 * MERGE_FLOATS ? NW * WARP_BYT
 // pairs per warp), so that the registers fit 16 warps per SM. The host mirror is
 // compile::tc_vreg_smem_bytes.
 constexpr bool VREG = PK_TC_VREG != 0 && !QUANT && D % 64 == 0 && ST == 2;
+// Tiles per step of pk_decode_tc's loop (PK_TC_PAIR, quantized pages, groups of at most 4 — wider
+// ones would leave the 128 registers): a step of two tiles runs their QK chains side by side, one
+// softmax reduction and one rescale for 32 tokens, and their PV into one fresh fragment per
+// m-tile; its pipeline keeps a step's tiles in flight (ST ≥ 2·TS).
+constexpr int TS = PK_TC_PAIR != 0 && QUANT && PK_G <= 4 ? 2 : 1;
+static_assert(TS == 1 || ST >= 2 * TS, "two tiles per step need at least 4 stages");
 constexpr int VC = D >= 64 ? D / 64 : 1; // (D 32: no V in registers; sizes only)
 constexpr int KSTAGE = 16 * CROW;
 constexpr int BQ_WORDS = (PK_G <= 4 ? PACKQ : NT * SQ) * KSTEPS * 64; // u32 per warp (PACK as pk_decode_tc)
@@ -813,12 +822,12 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
         }
     } else {
 #pragma unroll
-        for (int s = 0; s < ST - 1; s++) {
+        for (int s = 0; s < ST - TS; s++) {
             if (s < my_n) issue(s, first_blk[s]);
             cp_async_commit();
         }
     }
-    u32 next_blk = first_blk[ST - 1];
+    u32 next_blk = first_blk[ST - TS];
     // VR: (slot, head) of token lane & 15 of a tile (~0 past the context; issue computes the same
     // index inline — routing it through this lambda grows every kernel's SASS, measured ones
     // included), and the V registers of the tile to attend next (tile 0's loads overlap the queries').
@@ -861,125 +870,188 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
     const int v_row = (lane & 7) + (lane >> 4) * 8, v_col = ((lane >> 3) & 1) * 8;
     const int r0 = lane >> 2; // this thread's S^T rows: tokens r0 and r0 + 8 of the tile
 
-    for (int i = 0; i < my_n; i++) {
-        if (eager) {
-            cp_async_wait_n(my_n - 1 - i); // tiles i + 1 … my_n − 1 may still be in flight
-        } else {
-            cp_async_wait<ST - 2>();
-        }
-        __syncwarp(); // every lane's copies of tile i landed; every lane is done with tile i − 1
+    for (int i = 0; i < my_n; i += TS) {
         u64 v_next = ~0ull; // VR (ST = 2): tile i + 1's, whose K copies are issued now
-        if (!eager) {
-            if (i + ST - 1 < my_n) {
-                if constexpr (VR) v_next = v_slot(i + 1, next_blk);
-                issue(i + ST - 1, next_blk);
-                next_blk = block_of(i + ST);
+        if constexpr (TS == 1) {
+            if (eager) {
+                cp_async_wait_n(my_n - 1 - i); // tiles i + 1 … my_n − 1 may still be in flight
+            } else {
+                cp_async_wait<ST - 2>();
             }
-            cp_async_commit();
+            __syncwarp(); // every lane's copies of tile i landed; every lane is done with tile i − 1
+            if (!eager) {
+                if (i + ST - 1 < my_n) {
+                    if constexpr (VR) v_next = v_slot(i + 1, next_blk);
+                    issue(i + ST - 1, next_blk);
+                    next_blk = block_of(i + ST);
+                }
+                cp_async_commit();
+            }
+        } else {
+            // TS tiles per step (ST ≥ 2·TS): the stages of the previous step's tiles (every lane
+            // is past their PV) take tiles i + ST − TS …, one group each; then tiles i … i + TS − 1
+            // must have landed, the TS just issued may still be in flight.
+            if (!eager) {
+                __syncwarp();
+#pragma unroll
+                for (int tt = 0; tt < TS; tt++) {
+                    const int n = i + ST - TS + tt;
+                    if (n < my_n) {
+                        issue(n, next_blk);
+                        next_blk = block_of(n + 1);
+                    }
+                    cp_async_commit();
+                }
+                cp_async_wait<TS>();
+            } else {
+                cp_async_wait_n(max(my_n - i - TS, 0));
+            }
+            __syncwarp();
         }
-        const u8* st = wst + (i % ST) * KST;
-        const u32 t0 = tile_start(i);
-        const u8* krows = st;              // K rows (CROW stride)
-        const u8* vrows = st + 16 * CROW;  // V rows
-        const u16* ksc = (const u16*)(st + 32 * CROW); // quantized: [16][D/32] K scales
-        const u16* vsc = ksc + 16 * (SB / 2);          // quantized: [16][D/32] V scales
+        // Tile i + tt of this step lies in stage (i + tt) % ST; has[tt]: it exists (tile i always
+        // does; a missing last tile of an odd count reads a stale stage, its scores masked below
+        // and its V scales zeroed, so that nothing of it reaches o or l).
+        const u8* krows[TS]; // K rows (CROW stride)
+        const u8* vrows[TS]; // V rows
+        const u16* ksc[TS];  // quantized: [16][D/32] K scales
+        const u16* vsc[TS];  // quantized: [16][D/32] V scales
+        u32 t0[TS];
+        bool has[TS];
+#pragma unroll
+        for (int tt = 0; tt < TS; tt++) {
+            const u8* st = wst + ((i + tt) % ST) * KST;
+            t0[tt] = tile_start(i + tt);
+            has[tt] = tt == 0 || i + tt < my_n;
+            krows[tt] = st;
+            vrows[tt] = st + 16 * CROW;
+            ksc[tt] = (const u16*)(st + 32 * CROW);
+            vsc[tt] = ksc[tt] + 16 * (SB / 2);
+        }
 
-        // Quantized: the K and V scales of this thread's two tokens (rows r0, r0 + 8).
+        // Quantized: the K and V scales of this thread's two tokens (rows r0, r0 + 8) of each tile.
         constexpr int NSC = QUANT ? D / 32 : 2;
-        u32 ks0[NSC / 2], ks1[NSC / 2], vs0[NSC / 2], vs1[NSC / 2];
+        u32 ks0[TS][NSC / 2], ks1[TS][NSC / 2], vs0[TS][NSC / 2], vs1[TS][NSC / 2];
         if constexpr (QUANT) {
-            load_scales<NSC>(ksc + r0 * (SB / 2), ks0);
-            load_scales<NSC>(ksc + (r0 + 8) * (SB / 2), ks1);
-            load_scales<NSC>(vsc + r0 * (SB / 2), vs0);
-            load_scales<NSC>(vsc + (r0 + 8) * (SB / 2), vs1);
+#pragma unroll
+            for (int tt = 0; tt < TS; tt++) {
+                load_scales<NSC>(ksc[tt] + r0 * (SB / 2), ks0[tt]);
+                load_scales<NSC>(ksc[tt] + (r0 + 8) * (SB / 2), ks1[tt]);
+                load_scales<NSC>(vsc[tt] + r0 * (SB / 2), vs0[tt]);
+                load_scales<NSC>(vsc[tt] + (r0 + 8) * (SB / 2), vs1[tt]);
+                if (!has[tt]) {
+#pragma unroll
+                    for (int w = 0; w < NSC / 2; w++) vs0[tt][w] = vs1[tt][w] = 0u;
+                }
+            }
         }
 
         // QK: every group of KG k-steps accumulates its parts (smallest first) in a fresh
         // fragment, added to s (quantized: times the group's K scale of the row's token).
-        float s[NS][4];
+        float s[TS][NS][4];
 #pragma unroll
-        for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
-        const int qparts = q_exact ? 1 : QP; // warp-uniform
-        u32 kraw[4]; // q4: the raw registers of two groups
-#pragma unroll
-        for (int g0 = 0; g0 < KSTEPS; g0 += KG) {
-            float t[NS][4];
+        for (int tt = 0; tt < TS; tt++) {
 #pragma unroll
             for (int nt = 0; nt < NS; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) t[nt][e] = 0.0f;
-            u32 a[KG][4];
-            if constexpr (QUANT) {
-                const int grp = g0 / 2;
-                if constexpr (Q4) {
-                    if ((grp & 1) == 0) k_raw(krows, grp * 16, lane, kraw);
-                    q4_k_fragments(kraw[2 * (grp & 1)], kraw[2 * (grp & 1) + 1], a);
-                } else {
-                    k_raw(krows, grp * 32, lane, kraw);
-                    q8_k_fragments(kraw, a);
-                }
-            } else {
-                ldsm_x4(a[0], krows + k_row * FROW + (g0 * 16 + k_col) * 2);
-            }
+                for (int e = 0; e < 4; e++) s[tt][nt][e] = 0.0f;
+            const int qparts = q_exact ? 1 : QP; // warp-uniform
+            u32 kraw[4]; // q4: the raw registers of two groups
 #pragma unroll
-            for (int k = 0; k < KG; k++)
+            for (int g0 = 0; g0 < KSTEPS; g0 += KG) {
+                float t[NS][4];
 #pragma unroll
                 for (int nt = 0; nt < NS; nt++)
 #pragma unroll
-                    for (int j = QP - 1; j >= 0; j--)
-                        if (j < qparts) {
-                            if constexpr (VR) {
-                                const uint2 b = bqs[((nt * KSTEPS + g0 + k) * QP + j) * 32 + lane];
-                                mma(t[nt], a[k], b.x, b.y);
-                            } else {
-                                mma(t[nt], a[k], bq[nt][g0 + k][j][0], bq[nt][g0 + k][j][1]);
-                            }
-                        }
-            float sc0 = 1.0f, sc1 = 1.0f;
-            if constexpr (QUANT) {
-                sc0 = scale_at(ks0, g0 / 2);
-                sc1 = scale_at(ks1, g0 / 2);
-            }
+                    for (int e = 0; e < 4; e++) t[nt][e] = 0.0f;
+                u32 a[KG][4];
+                if constexpr (QUANT) {
+                    const int grp = g0 / 2;
+                    if constexpr (Q4) {
+                        if ((grp & 1) == 0) k_raw(krows[tt], grp * 16, lane, kraw);
+                        q4_k_fragments(kraw[2 * (grp & 1)], kraw[2 * (grp & 1) + 1], a);
+                    } else {
+                        k_raw(krows[tt], grp * 32, lane, kraw);
+                        q8_k_fragments(kraw, a);
+                    }
+                } else {
+                    ldsm_x4(a[0], krows[tt] + k_row * FROW + (g0 * 16 + k_col) * 2);
+                }
 #pragma unroll
-            for (int nt = 0; nt < NS; nt++) {
-                s[nt][0] = fmaf(sc0, t[nt][0], s[nt][0]);
-                s[nt][1] = fmaf(sc0, t[nt][1], s[nt][1]);
-                s[nt][2] = fmaf(sc1, t[nt][2], s[nt][2]);
-                s[nt][3] = fmaf(sc1, t[nt][3], s[nt][3]);
+                for (int k = 0; k < KG; k++)
+#pragma unroll
+                    for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+                        for (int j = QP - 1; j >= 0; j--)
+                            if (j < qparts) {
+                                if constexpr (VR) {
+                                    const uint2 b = bqs[((nt * KSTEPS + g0 + k) * QP + j) * 32 + lane];
+                                    mma(t[nt], a[k], b.x, b.y);
+                                } else {
+                                    mma(t[nt], a[k], bq[nt][g0 + k][j][0], bq[nt][g0 + k][j][1]);
+                                }
+                            }
+                float sc0 = 1.0f, sc1 = 1.0f;
+                if constexpr (QUANT) {
+                    sc0 = scale_at(ks0[tt], g0 / 2);
+                    sc1 = scale_at(ks1[tt], g0 / 2);
+                }
+#pragma unroll
+                for (int nt = 0; nt < NS; nt++) {
+                    s[tt][nt][0] = fmaf(sc0, t[nt][0], s[tt][nt][0]);
+                    s[tt][nt][1] = fmaf(sc0, t[nt][1], s[tt][nt][1]);
+                    s[tt][nt][2] = fmaf(sc1, t[nt][2], s[tt][nt][2]);
+                    s[tt][nt][3] = fmaf(sc1, t[nt][3], s[tt][nt][3]);
+                }
             }
         }
         // PACK: the parts of each head summed over the quad; QX: the scale applied here.
 #pragma unroll
-        for (int nt = 0; nt < NS; nt++)
+        for (int tt = 0; tt < TS; tt++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                if constexpr (PACK) s[nt][e] = sum_parts(s[nt][e]);
-                if constexpr (QX) s[nt][e] *= qk_scale_log2;
-            }
+            for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    if constexpr (PACK) s[tt][nt][e] = sum_parts(s[tt][nt][e]);
+                    if constexpr (QX) s[tt][nt][e] *= qk_scale_log2;
+                }
+        }
         // Rows of S^T: tokens t0 + r0 (e = 0, 1) and t0 + r0 + 8 (e = 2, 3).
-        const bool ok0 = t0 + r0 < end, ok1 = t0 + r0 + 8 < end;
+        bool ok0[TS], ok1[TS];
+#pragma unroll
+        for (int tt = 0; tt < TS; tt++) {
+            ok0[tt] = t0[tt] + r0 < end;
+            ok1[tt] = t0[tt] + r0 + 8 < end;
+        }
         float corr[NS][2];
         bool rescale = false;
 #pragma unroll
         for (int nt = 0; nt < NS; nt++) {
-            if (!ok0) s[nt][0] = s[nt][1] = PK_NEG_INF;
-            if (!ok1) s[nt][2] = s[nt][3] = PK_NEG_INF;
+#pragma unroll
+            for (int tt = 0; tt < TS; tt++) {
+                if (!ok0[tt]) s[tt][nt][0] = s[tt][nt][1] = PK_NEG_INF;
+                if (!ok1[tt]) s[tt][nt][2] = s[tt][nt][3] = PK_NEG_INF;
+            }
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                float mx = fmaxf(s[nt][j], s[nt][2 + j]);
+                float mx = fmaxf(s[0][nt][j], s[0][nt][2 + j]);
+#pragma unroll
+                for (int tt = 1; tt < TS; tt++) mx = fmaxf(mx, fmaxf(s[tt][nt][j], s[tt][nt][2 + j]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-                const float mn = fmaxf(m[nt][j], mx); // finite: every tile has a visible token
+                const float mn = fmaxf(m[nt][j], mx); // finite: tile i has a visible token
                 corr[nt][j] = exp2f(m[nt][j] - mn);
                 rescale |= mn != m[nt][j];
                 m[nt][j] = mn;
-                const float p0 = exp2f(s[nt][j] - mn), p1 = exp2f(s[nt][2 + j] - mn);
-                l[nt][j] = l[nt][j] * corr[nt][j] + (p0 + p1);
-                s[nt][j] = p0;
-                s[nt][2 + j] = p1;
+                float sum = 0.0f; // (p0 + p1) of tile i, then of the others
+#pragma unroll
+                for (int tt = 0; tt < TS; tt++) {
+                    const float p0 = exp2f(s[tt][nt][j] - mn), p1 = exp2f(s[tt][nt][2 + j] - mn);
+                    sum = tt == 0 ? p0 + p1 : sum + (p0 + p1);
+                    s[tt][nt][j] = p0;
+                    s[tt][nt][2 + j] = p1;
+                }
+                l[nt][j] = l[nt][j] * corr[nt][j] + sum;
             }
         }
         // The accumulators change only where a running max moved (corr = 1 elsewhere): once
@@ -993,36 +1065,40 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
                     for (int e = 0; e < 4; e++) o[nt][mt][e] *= corr[nt][e & 1];
         }
         // PV, per group of KG m-tiles: P^T (quantized: times the group's V scale of each token)
-        // as B fragments, split into exact parts and transposed by movmatrix.
-        // bp[nt][j]: PACK: part set j (columns of the quad's lanes: part PPT·j + 2·quad / GP).
-        u32 bp[NS][PP][2];
+        // as B fragments, split into exact parts and transposed by movmatrix; the TS tiles of a
+        // step accumulate in one fresh fragment per m-tile.
+        // bp[tt][nt][j]: PACK: part set j (columns of the quad's lanes: part PPT·j + 2·quad / GP).
+        u32 bp[TS][NS][PP][2];
 #pragma unroll
         for (int g0 = 0; g0 < KSTEPS; g0 += KG) {
-            float sc0 = 1.0f, sc1 = 1.0f;
-            if constexpr (QUANT) {
-                sc0 = scale_at(vs0, g0 / 2);
-                sc1 = scale_at(vs1, g0 / 2);
-            }
-            if (QUANT || g0 == 0) { // float pages: one set of B fragments serves every m-tile
+            u32 a[TS][KG][4];
 #pragma unroll
-                for (int nt = 0; nt < NS; nt++) {
-                    u32 x0[SP], x1[SP];
-                    split2<SP>(s[nt][0] * sc0, s[nt][1] * sc0, x0);
-                    split2<SP>(s[nt][2] * sc1, s[nt][3] * sc1, x1);
+            for (int tt = 0; tt < TS; tt++) {
+                float sc0 = 1.0f, sc1 = 1.0f;
+                if constexpr (QUANT) {
+                    sc0 = scale_at(vs0[tt], g0 / 2);
+                    sc1 = scale_at(vs1[tt], g0 / 2);
+                }
+                if (QUANT || g0 == 0) { // float pages: one set of B fragments serves every m-tile
 #pragma unroll
-                    for (int j = 0; j < PP; j++) {
-                        bp[nt][j][0] = movtrans(PACK ? pick<SP>(x0, PPT * j + 2 * quad / GP) : x0[j]);
-                        bp[nt][j][1] = movtrans(PACK ? pick<SP>(x1, PPT * j + 2 * quad / GP) : x1[j]);
+                    for (int nt = 0; nt < NS; nt++) {
+                        u32 x0[SP], x1[SP];
+                        split2<SP>(s[tt][nt][0] * sc0, s[tt][nt][1] * sc0, x0);
+                        split2<SP>(s[tt][nt][2] * sc1, s[tt][nt][3] * sc1, x1);
+#pragma unroll
+                        for (int j = 0; j < PP; j++) {
+                            bp[tt][nt][j][0] = movtrans(PACK ? pick<SP>(x0, PPT * j + 2 * quad / GP) : x0[j]);
+                            bp[tt][nt][j][1] = movtrans(PACK ? pick<SP>(x1, PPT * j + 2 * quad / GP) : x1[j]);
+                        }
                     }
                 }
-            }
-            u32 a[KG][4];
-            if constexpr (QUANT) {
-                pv_fragments(vrows, g0 / 2, lane, a);
-            } else if constexpr (VR) {
-                v_fragments(vb, g0, a[0]);
-            } else {
-                ldsm_x4_trans(a[0], vrows + v_row * FROW + (g0 * 16 + v_col) * 2);
+                if constexpr (QUANT) {
+                    pv_fragments(vrows[tt], g0 / 2, lane, a[tt]);
+                } else if constexpr (VR) {
+                    v_fragments(vb, g0, a[tt][0]);
+                } else {
+                    ldsm_x4_trans(a[tt][0], vrows[tt] + v_row * FROW + (g0 * 16 + v_col) * 2);
+                }
             }
 #pragma unroll
             for (int k = 0; k < KG; k++) {
@@ -1031,7 +1107,9 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
                 for (int nt = 0; nt < NS; nt++) {
                     float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                    for (int j = PP - 1; j >= 0; j--) mma(t, a[k], bp[nt][j][0], bp[nt][j][1]);
+                    for (int tt = 0; tt < TS; tt++)
+#pragma unroll
+                        for (int j = PP - 1; j >= 0; j--) mma(t, a[tt][k], bp[tt][nt][j][0], bp[tt][nt][j][1]);
 #pragma unroll
                     for (int e = 0; e < 4; e++) o[nt][mt][e] += t[e];
                 }

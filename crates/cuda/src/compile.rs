@@ -97,6 +97,7 @@ impl ModuleSpec {
             format!("-DPK_TC_EAGER={}", tc_eager(format) as u32),
             format!("-DPK_TC_EF={}", tc_evict_first(format) as u32),
             format!("-DPK_TC_VREG={}", tc_vreg(format, d, g) as u32),
+            format!("-DPK_TC_PAIR={}", tc_pair(format, d) as u32),
         ]
     }
 
@@ -272,6 +273,9 @@ pub struct TcTuning {
     /// (`PAGEKV_CUDA_TC_VREG`): `auto` (that rule, [`tc_vreg_call`]), `0` never, `1` always
     /// where the shape allows it.
     pub vreg: &'static str,
+    /// Quantized pages attend two tiles per step of the tensor-core loop (`PK_TC_PAIR`,
+    /// `PAGEKV_CUDA_TC_PAIR`): `auto` (the measured choice, [`tc_pair`]), `0`, `1`.
+    pub pair: &'static str,
 }
 
 impl TcTuning {
@@ -290,6 +294,7 @@ impl TcTuning {
         l2: "auto",
         eager: "auto",
         vreg: "auto",
+        pair: "auto",
     };
 
     /// [`Self::DEFAULT`] with the `PAGEKV_CUDA_TC_*`, `PAGEKV_CUDA_FUSED_MERGE` and
@@ -315,6 +320,7 @@ impl TcTuning {
             l2: knobs::choice("PAGEKV_CUDA_TC_L2", d.l2, &["auto", "normal", "evict-first"])?,
             eager: knobs::choice("PAGEKV_CUDA_TC_EAGER", d.eager, &["auto", "0", "1"])?,
             vreg: knobs::choice("PAGEKV_CUDA_TC_VREG", d.vreg, &["auto", "0", "1"])?,
+            pair: knobs::choice("PAGEKV_CUDA_TC_PAIR", d.pair, &["auto", "0", "1"])?,
         })
     }
 }
@@ -346,6 +352,26 @@ pub fn tc_eager(format: KvFormat) -> bool {
         "0" => false,
         _ => matches!(format, KvFormat::Q4 { .. }),
     }
+}
+
+/// Whether quantized pages at `head_dim` take two tiles per step (`PK_TC_PAIR`, before the
+/// stage count is known): `auto` q4 at head_dim 64 or 128; `1` every quantized format.
+fn tc_pair_wanted(format: KvFormat, head_dim: usize) -> bool {
+    tc_quantized(format)
+        && match tc_tuning().pair {
+            "1" => true,
+            "0" => false,
+            _ => matches!(format, KvFormat::Q4 { .. }) && head_dim <= 128,
+        }
+}
+
+/// Whether the decode module for `format` at `head_dim` is compiled with `PK_TC_PAIR`: the loop of
+/// `pk_decode_tc` attends two 16-token tiles per step — their QK chains side by side, one softmax
+/// reduction and one rescale per 32 tokens — where the module's group is at most 4 (the kernel's
+/// rule, `tc::TS`: wider groups would leave the 128 registers). Needs 4 stages, which
+/// [`tc_shape`] gives such formats by default.
+pub fn tc_pair(format: KvFormat, head_dim: usize) -> bool {
+    tc_pair_wanted(format, head_dim) && tc_shape(format, head_dim).1 >= 4
 }
 
 /// Whether the decode module for `format` at `head_dim` with `group` query heads per kv head
@@ -453,7 +479,9 @@ pub fn tc_shape(format: KvFormat, head_dim: usize) -> (usize, usize) {
     let mut warps = if tc_quantized(format) { t.quant_warps } else { t.warps };
     // Quantized pages: stages measured on the H200 (RESULTS.md, issue-6 run 1: at 64 × 16384
     // q8 3258 GB/s with 2 stages, 3024 with 3; q4 2404 with 3, 2338 with 4, 2359 with 2).
+    // Two tiles per step ([`tc_pair`]) keep a step's tiles in flight: 4 stages.
     let mut stages = match (tc_quantized(format), t.quant_stages) {
+        (true, 0) if tc_pair_wanted(format, head_dim) => 4,
         (true, 0) if matches!(format, KvFormat::Q4 { .. }) => 3,
         (true, 0) => 2,
         (true, q) => q,
@@ -648,7 +676,13 @@ mod tests {
         assert_eq!(tc_tuning(), TcTuning::DEFAULT);
         assert_eq!(tc_shape(KvFormat::Bf16, 128), (8, 2));
         assert_eq!(tc_shape(KvFormat::Q8, 128), (8, 2));
-        assert_eq!(tc_shape(KvFormat::Q4 { rotate: false }, 128), (8, 3));
+        // q4 at head_dim ≤ 128 takes two tiles per step, with 4 stages (8 × 4 × 2.75 KB: two
+        // CTAs per SM, as its 128 registers allow); head_dim 256 keeps one tile and 3 stages.
+        assert_eq!(tc_shape(KvFormat::Q4 { rotate: false }, 128), (8, 4));
+        assert!(2 * (decode_tc_smem_bytes_for(KvFormat::Q4 { rotate: false }, 128, 4) + 1024) <= 228 * 1024);
+        assert!(tc_pair(KvFormat::Q4 { rotate: false }, 128) && tc_pair(KvFormat::Q4 { rotate: true }, 64));
+        assert!(!tc_pair(KvFormat::Q4 { rotate: false }, 256) && !tc_pair(KvFormat::Q8, 128));
+        assert!(!tc_pair(KvFormat::Bf16, 128));
         // head_dim 256: bf16 stages (8 × 2 × 16.5 KB) and the quantized merge scratch at 16
         // query heads (8 warps: 257 KB) would not fit; 4 warps do.
         assert_eq!(tc_shape(KvFormat::Bf16, 256), (4, 2));
