@@ -92,12 +92,12 @@ impl ModuleSpec {
             format!("-DPK_G={g}"),
             format!("-DPK_ROT_BLOCK={rot_block}"),
             format!("-DPK_TC_WARPS={}", tc_shape(format, d).0),
-            format!("-DPK_TC_STAGES={}", tc_shape(format, d).1),
+            format!("-DPK_TC_STAGES={}", tc_shape_for(format, d, g).1),
             format!("-DPK_TC_MINB={}", tc_min_blocks(format)),
             format!("-DPK_TC_EAGER={}", tc_eager(format) as u32),
             format!("-DPK_TC_EF={}", tc_evict_first(format) as u32),
             format!("-DPK_TC_VREG={}", tc_vreg(format, d, g) as u32),
-            format!("-DPK_TC_PAIR={}", tc_pair(format, d) as u32),
+            format!("-DPK_TC_PAIR={}", tc_pair(format, d, g) as u32),
         ]
     }
 
@@ -354,8 +354,9 @@ pub fn tc_eager(format: KvFormat) -> bool {
     }
 }
 
-/// Whether quantized pages at `head_dim` take two tiles per step (`PK_TC_PAIR`, before the
-/// stage count is known): `auto` q4 at head_dim 64 or 128; `1` every quantized format.
+/// Whether quantized pages at `head_dim` take two tiles per step (`PK_TC_PAIR`), where the group
+/// allows it and before the stage count is known: `auto` q4 at head_dim 64 or 128; `1` every
+/// quantized format.
 fn tc_pair_wanted(format: KvFormat, head_dim: usize) -> bool {
     tc_quantized(format)
         && match tc_tuning().pair {
@@ -365,13 +366,14 @@ fn tc_pair_wanted(format: KvFormat, head_dim: usize) -> bool {
         }
 }
 
-/// Whether the decode module for `format` at `head_dim` is compiled with `PK_TC_PAIR`: the loop of
-/// `pk_decode_tc` attends two 16-token tiles per step — their QK chains side by side, one softmax
-/// reduction and one rescale per 32 tokens — where the module's group is at most 4 (the kernel's
-/// rule, `tc::TS`: wider groups would leave the 128 registers). Needs 4 stages, which
-/// [`tc_shape`] gives such formats by default.
-pub fn tc_pair(format: KvFormat, head_dim: usize) -> bool {
-    tc_pair_wanted(format, head_dim) && tc_shape(format, head_dim).1 >= 4
+/// Whether the decode module for `format` at `head_dim` with `group` query heads per kv head is
+/// compiled with `PK_TC_PAIR`: the loop of `pk_decode_tc` attends two 16-token tiles per step —
+/// their QK chains side by side, one softmax reduction and one rescale per 32 tokens. Groups of
+/// at most 4 (the kernel's rule too, `tc::TS`: at group 8 the loop needs 255 registers instead of
+/// 128), and 4 stages, which [`tc_shape_for`] gives such modules by default (RESULTS.md, session
+/// 18: q4 1.7–2.8 % faster).
+pub fn tc_pair(format: KvFormat, head_dim: usize, group: usize) -> bool {
+    tc_pair_wanted(format, head_dim) && group <= 4 && tc_shape_for(format, head_dim, group).1 >= 4
 }
 
 /// Whether the decode module for `format` at `head_dim` with `group` query heads per kv head
@@ -387,7 +389,7 @@ pub fn tc_vreg(format: KvFormat, head_dim: usize, group: usize) -> bool {
 /// The shapes `pk_decode_tc_vreg` serves: larger groups and head_dim 256 spill at 128 registers
 /// (hundreds of bytes of stack, `cuobjdump -res-usage`).
 pub fn tc_vreg_fits(format: KvFormat, head_dim: usize, group: usize) -> bool {
-    !tc_quantized(format) && matches!(head_dim, 64 | 128) && group <= 4 && tc_shape(format, head_dim).1 == 2
+    !tc_quantized(format) && matches!(head_dim, 64 | 128) && group <= 4 && tc_shape_for(format, head_dim, group).1 == 2
 }
 
 /// Whether a call of the tensor-core kernel over a grid of `ctas` CTAs on `sm_count` SMs takes
@@ -469,11 +471,25 @@ fn tc_quantized(format: KvFormat) -> bool {
     matches!(format, KvFormat::Q8 | KvFormat::Q4 { .. })
 }
 
-/// (warps, stages) of the tensor-core kernel for `format` at `head_dim`: the tuning (quantized
-/// pages have their own stage count); then fewer stages (down to 2), then fewer warps, where
-/// the stages, or the warps' merge scratch at the widest group (16), would not fit in shared
-/// memory.
+/// (warps, stages) of the tensor-core kernel for `format` at `head_dim`, at the most stages any
+/// group takes (groups that allow two tiles per step, [`tc_pair`]); the warps of every module of
+/// the format and head_dim. [`tc_shape_for`] gives a module's stages.
 pub fn tc_shape(format: KvFormat, head_dim: usize) -> (usize, usize) {
+    tc_shape_with(format, head_dim, tc_pair_wanted(format, head_dim))
+}
+
+/// (warps, stages) of the decode module for `format` at `head_dim` with `group` query heads per
+/// kv head: [`tc_shape`]'s warps, and 4 stages only where the group takes two tiles per step.
+pub fn tc_shape_for(format: KvFormat, head_dim: usize, group: usize) -> (usize, usize) {
+    let (warps, _) = tc_shape(format, head_dim);
+    let (_, stages) = tc_shape_with(format, head_dim, tc_pair_wanted(format, head_dim) && group <= 4);
+    (warps, stages)
+}
+
+/// (warps, stages): the tuning (quantized pages have their own stage count; `pair`: two tiles
+/// per step); then fewer stages (down to 2), then fewer warps, where the stages, or the warps'
+/// merge scratch at the widest group (16), would not fit in shared memory.
+fn tc_shape_with(format: KvFormat, head_dim: usize, pair: bool) -> (usize, usize) {
     let t = tc_tuning();
     let stage = tc_stage_bytes(format, head_dim);
     let mut warps = if tc_quantized(format) { t.quant_warps } else { t.warps };
@@ -481,7 +497,7 @@ pub fn tc_shape(format: KvFormat, head_dim: usize) -> (usize, usize) {
     // q8 3258 GB/s with 2 stages, 3024 with 3; q4 2404 with 3, 2338 with 4, 2359 with 2).
     // Two tiles per step ([`tc_pair`]) keep a step's tiles in flight: 4 stages.
     let mut stages = match (tc_quantized(format), t.quant_stages) {
-        (true, 0) if tc_pair_wanted(format, head_dim) => 4,
+        (true, 0) if pair => 4,
         (true, 0) if matches!(format, KvFormat::Q4 { .. }) => 3,
         (true, 0) => 2,
         (true, q) => q,
@@ -550,7 +566,7 @@ pub fn tc_heads_per_cta(
 /// query heads per kv head (`tc::TC_SMEM_BYTES`): the warps' stages, or the scratch of the warps'
 /// final merge (`tc::MERGE_FLOATS`) where that is larger.
 pub(crate) fn decode_tc_smem_bytes_for(format: KvFormat, head_dim: usize, group: usize) -> usize {
-    let (warps, stages) = tc_shape(format, head_dim);
+    let (warps, stages) = tc_shape_for(format, head_dim, group);
     (warps * stages * tc_stage_bytes(format, head_dim)).max(tc_merge_bytes(warps, head_dim, group))
 }
 
@@ -559,7 +575,7 @@ pub(crate) fn decode_tc_smem_bytes_for(format: KvFormat, head_dim: usize, group:
 /// — packed columns for groups of at most 4 — × k-steps × 32 lanes × 2), or the merge scratch
 /// where that is larger.
 pub(crate) fn tc_vreg_smem_bytes(format: KvFormat, head_dim: usize, group: usize) -> usize {
-    let (warps, stages) = tc_shape(format, head_dim);
+    let (warps, stages) = tc_shape_for(format, head_dim, group);
     let parts = if matches!(format, KvFormat::Bf16) { 3 } else { 2 };
     let sets = if group <= 4 {
         let per_tile = 8 / if group <= 2 { 2 } else { 4 };
@@ -584,7 +600,7 @@ fn tc_merge_bytes(warps: usize, head_dim: usize, group: usize) -> usize {
 /// control words, then a tiles prefix `[num_seqs + 1]` and the context lengths `[num_seqs]` (u32).
 /// The kernel traps if it gets less.
 pub(crate) fn decode_tc_sk_smem_bytes(format: KvFormat, head_dim: usize, group: usize, num_seqs: usize) -> usize {
-    let (warps, stages) = tc_shape(format, head_dim);
+    let (warps, stages) = tc_shape_for(format, head_dim, group);
     warps * stages * tc_stage_bytes(format, head_dim)
         + 4 * warps * group * (head_dim + 2)
         + 4 * 64
@@ -592,9 +608,10 @@ pub(crate) fn decode_tc_sk_smem_bytes(format: KvFormat, head_dim: usize, group: 
 }
 
 /// The most `pk_decode_tc` needs for any group it serves (≤ 16): the bound the module's
-/// maximum dynamic shared memory is set to.
+/// maximum dynamic shared memory is set to — the most stages ([`tc_shape`]) or the widest merge.
 pub(crate) fn decode_tc_smem_bytes(format: KvFormat, head_dim: usize) -> usize {
-    decode_tc_smem_bytes_for(format, head_dim, 16)
+    let (warps, stages) = tc_shape(format, head_dim);
+    (warps * stages * tc_stage_bytes(format, head_dim)).max(decode_tc_smem_bytes_for(format, head_dim, 16))
 }
 
 /// Bytes of dynamic shared memory `pk_decode` needs — the host mirror of `SMEM_BYTES` in
@@ -680,9 +697,17 @@ mod tests {
         // CTAs per SM, as its 128 registers allow); head_dim 256 keeps one tile and 3 stages.
         assert_eq!(tc_shape(KvFormat::Q4 { rotate: false }, 128), (8, 4));
         assert!(2 * (decode_tc_smem_bytes_for(KvFormat::Q4 { rotate: false }, 128, 4) + 1024) <= 228 * 1024);
-        assert!(tc_pair(KvFormat::Q4 { rotate: false }, 128) && tc_pair(KvFormat::Q4 { rotate: true }, 64));
-        assert!(!tc_pair(KvFormat::Q4 { rotate: false }, 256) && !tc_pair(KvFormat::Q8, 128));
-        assert!(!tc_pair(KvFormat::Bf16, 128));
+        assert!(tc_pair(KvFormat::Q4 { rotate: false }, 128, 4) && tc_pair(KvFormat::Q4 { rotate: true }, 64, 1));
+        assert!(!tc_pair(KvFormat::Q4 { rotate: false }, 256, 4) && !tc_pair(KvFormat::Q8, 128, 4));
+        assert!(!tc_pair(KvFormat::Bf16, 128, 4));
+        // Wider groups keep one tile per step, and q4's 3 stages; the module bound covers both.
+        assert!(!tc_pair(KvFormat::Q4 { rotate: false }, 128, 8));
+        assert_eq!(tc_shape_for(KvFormat::Q4 { rotate: false }, 128, 8), (8, 3));
+        assert_eq!(tc_shape_for(KvFormat::Q4 { rotate: false }, 128, 4), (8, 4));
+        for g in [1, 4, 8, 16] {
+            let need = decode_tc_smem_bytes_for(KvFormat::Q4 { rotate: false }, 128, g);
+            assert!(need <= decode_tc_smem_bytes(KvFormat::Q4 { rotate: false }, 128), "g{g}");
+        }
         // head_dim 256: bf16 stages (8 × 2 × 16.5 KB) and the quantized merge scratch at 16
         // query heads (8 warps: 257 KB) would not fit; 4 warps do.
         assert_eq!(tc_shape(KvFormat::Bf16, 256), (4, 2));
