@@ -12,7 +12,9 @@ Needs libnvrtc.so.13 (--nvrtc, or PAGEKV_NVRTC) and cuobjdump with nvdisasm on P
 wheels nvidia-cuda-nvrtc, nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm carry them).
 --rev takes the kernel sources of a commit (default: the working tree). --force-aligned
 compiles the rejected aligned-copy path of def8a25 alone (its run-time `aligned` flag set to
-true), as RESULTS.md's session-9 counts did.
+true), as RESULTS.md's session-9 counts did. --pair (PK_TC_PAIR) follows compile::tc_pair by
+default: q4 at head_dim <= 128 and groups <= 4 take two tiles per step (give --stages 4, their
+default), and the loop printed is one step. --dump FILE writes the loop's instructions.
 """
 import argparse
 import collections
@@ -90,6 +92,8 @@ def main():
     ap.add_argument("--rev", default="", help="git commit of the kernel sources")
     ap.add_argument("--force-aligned", action="store_true")
     ap.add_argument("--nvrtc", default=os.environ.get("PAGEKV_NVRTC", "libnvrtc.so.13"))
+    ap.add_argument("--pair", choices=["auto", "0", "1"], default="auto", help="PK_TC_PAIR (compile::tc_pair)")
+    ap.add_argument("--dump", default="", help="write the loop's instructions to this file")
     a = ap.parse_args()
     src = source(a.rev)
     if a.force_aligned:
@@ -102,14 +106,22 @@ def main():
             f"-DPK_VBITS={BITS[a.format]}", f"-DPK_D={d}", f"-DPK_G={a.group}", f"-DPK_ROT_BLOCK={d & -d}",
             f"-DPK_TC_WARPS={a.warps}", f"-DPK_TC_STAGES={a.stages}", "-DPK_TC_MINB=0",
             f"-DPK_TC_EAGER={int(a.format == 'q4')}", f"-DPK_TC_EF={int(a.format != 'q4')}"]
+    quant = a.format in ("q4", "q8")
+    pair = {"1": quant, "0": False}.get(a.pair, a.format == "q4" and d <= 128)
+    pair = pair and a.group <= 4 and a.stages >= 4
+    opts.append(f"-DPK_TC_PAIR={int(pair)}")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "module.cubin")
         with open(path, "wb") as f:
             f.write(compile_cubin(src, opts, a.nvrtc))
         sass = subprocess.run(["cuobjdump", "-sass", path], capture_output=True, text=True, check=True).stdout
     loop = tile_loop(sass, "pk_decode_tc")
+    if a.dump:
+        with open(a.dump, "w") as f:
+            f.write("\n".join(f"{addr:05x} {ins}" for addr, ins in loop) + "\n")
     ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", s).split()[0].split(".")[0] for _, s in loop)
-    print(f"{a.format} d{d} g{a.group} w{a.warps} s{a.stages}{' aligned' if a.force_aligned else ''}: "
+    print(f"{a.format} d{d} g{a.group} w{a.warps} s{a.stages}{' aligned' if a.force_aligned else ''}"
+          f"{' (two tiles per step)' if pair else ''}: "
           f"{len(loop)} instructions: " + ", ".join(f"{k} {v}" for k, v in ops.most_common(12)))
 
 
