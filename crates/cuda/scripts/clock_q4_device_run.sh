@@ -5,7 +5,7 @@
 # batch-64 synthetic-model benchmark ($MODEL_RUNS runs, heats the GPU), and 3 after 20 s of rest.
 # Prints each process's µs, the phase marks, and every 4th sample.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 PAGEKV_HOME=$PWD/dist-cuda/home
 Q=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active
 nvidia-smi --query-gpu=$Q --format=csv,noheader -lms 250 > $OUT/smi.csv 2>&1 &

@@ -15,6 +15,10 @@ compiles the rejected aligned-copy path of def8a25 alone (its run-time `aligned`
 true), as RESULTS.md's session-9 counts did. --pair (PK_TC_PAIR) follows compile::tc_pair by
 default: q4 at head_dim <= 128 and groups <= 4 take two tiles per step (give --stages 4, their
 default), and the loop printed is one step. --dump FILE writes the loop's instructions.
+Measurements only, by patching the sources as --force-aligned does: --p-parts-1 splits p into one
+f16 part instead of two for quantized pages (RESULTS.md session 18: what the exact split costs),
+--pair-any-group lifts the kernel's group <= 4 rule for two tiles per step (its register count at
+group 8). The register and spill counts of pk_decode_tc are printed too.
 """
 import argparse
 import collections
@@ -29,6 +33,8 @@ SOURCES = ["common.cuh", "cache_write.cu", "decode.cu", "decode_tc.cu", "prefill
 CODECS = {"f16": 1, "bf16": 2, "q8": 3, "q4": 4}
 BITS = {"f16": 16, "bf16": 16, "q8": 8, "q4": 4}
 ALIGNED = "const bool aligned = log2_bs >= 4 && (start & 15u) == 0;"
+P_PARTS = "constexpr int SP = BF ? 3 : 2;"
+PAIR_GROUPS = "constexpr int TS = PK_TC_PAIR != 0 && QUANT && PK_G <= 4 ? 2 : 1;"
 
 
 def source(rev):
@@ -49,17 +55,30 @@ def compile_cubin(src, opts, nvrtc):
     if lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"pagekv.cu", 0, None, None) != 0:
         sys.exit("nvrtcCreateProgram failed")
     arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
-    if lib.nvrtcCompileProgram(prog, len(opts), arr) != 0:
-        n = ctypes.c_size_t()
-        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
-        log = ctypes.create_string_buffer(n.value)
-        lib.nvrtcGetProgramLog(prog, log)
+    ok = lib.nvrtcCompileProgram(prog, len(opts), arr) == 0
+    n = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+    log = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    if not ok:
         sys.exit(log.value.decode())
     n = ctypes.c_size_t()
     lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
     cubin = ctypes.create_string_buffer(n.value)
     lib.nvrtcGetCUBIN(prog, cubin)
-    return cubin.raw
+    return cubin.raw, log.value.decode()
+
+
+def resources(log, func):
+    """'N registers, S bytes spilled' of func from ptxas's -v output."""
+    lines = log.split("\n")
+    for i, line in enumerate(lines):
+        if f"Compiling entry function '{func}'" in line:
+            text = " ".join(lines[i:i + 4])
+            regs = re.search(r"Used (\d+) registers", text)
+            spill = re.search(r"(\d+) bytes spill stores", text)
+            return f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} bytes spilled"
+    return "registers unknown"
 
 
 def tile_loop(sass, func):
@@ -94,12 +113,20 @@ def main():
     ap.add_argument("--nvrtc", default=os.environ.get("PAGEKV_NVRTC", "libnvrtc.so.13"))
     ap.add_argument("--pair", choices=["auto", "0", "1"], default="auto", help="PK_TC_PAIR (compile::tc_pair)")
     ap.add_argument("--dump", default="", help="write the loop's instructions to this file")
+    ap.add_argument("--p-parts-1", action="store_true", help="quantized pages: p in one f16 part (a measurement)")
+    ap.add_argument("--pair-any-group", action="store_true", help="two tiles per step at any group (a measurement)")
     a = ap.parse_args()
     src = source(a.rev)
     if a.force_aligned:
         if ALIGNED not in src:
             sys.exit("--force-aligned: these sources have no aligned-copy flag")
         src = src.replace(ALIGNED, "const bool aligned = true;")
+    for flag, old, new in [(a.p_parts_1, P_PARTS, "constexpr int SP = BF ? 3 : (QUANT ? 1 : 2);"),
+                           (a.pair_any_group, PAIR_GROUPS, "constexpr int TS = PK_TC_PAIR != 0 && QUANT ? 2 : 1;")]:
+        if flag:
+            if old not in src:
+                sys.exit(f"these sources have no line {old!r}")
+            src = src.replace(old, new)
     c, d = CODECS[a.format], a.head_dim
     # compile::tc_eager (q4) and compile::tc_evict_first (f16, bf16, q8), as measured.
     opts = ["--gpu-architecture=sm_90", "-std=c++17", f"-DPK_KC={c}", f"-DPK_KBITS={BITS[a.format]}", f"-DPK_VC={c}",
@@ -108,12 +135,13 @@ def main():
             f"-DPK_TC_EAGER={int(a.format == 'q4')}", f"-DPK_TC_EF={int(a.format != 'q4')}"]
     quant = a.format in ("q4", "q8")
     pair = {"1": quant, "0": False}.get(a.pair, a.format == "q4" and d <= 128)
-    pair = pair and a.group <= 4 and a.stages >= 4
-    opts.append(f"-DPK_TC_PAIR={int(pair)}")
+    pair = pair and (a.group <= 4 or a.pair_any_group) and a.stages >= 4
+    opts += [f"-DPK_TC_PAIR={int(pair)}", "--ptxas-options=-v"]
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "module.cubin")
         with open(path, "wb") as f:
-            f.write(compile_cubin(src, opts, a.nvrtc))
+            cubin, log = compile_cubin(src, opts, a.nvrtc)
+            f.write(cubin)
         sass = subprocess.run(["cuobjdump", "-sass", path], capture_output=True, text=True, check=True).stdout
     loop = tile_loop(sass, "pk_decode_tc")
     if a.dump:
@@ -121,8 +149,8 @@ def main():
             f.write("\n".join(f"{addr:05x} {ins}" for addr, ins in loop) + "\n")
     ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", s).split()[0].split(".")[0] for _, s in loop)
     print(f"{a.format} d{d} g{a.group} w{a.warps} s{a.stages}{' aligned' if a.force_aligned else ''}"
-          f"{' (two tiles per step)' if pair else ''}: "
-          f"{len(loop)} instructions: " + ", ".join(f"{k} {v}" for k, v in ops.most_common(12)))
+          f"{' (two tiles per step)' if pair else ''}{' (p: one part)' if a.p_parts_1 else ''}, "
+          f"{resources(log, 'pk_decode_tc')}: {len(loop)} instructions: " + ", ".join(f"{k} {v}" for k, v in ops.most_common(12)))
 
 
 if __name__ == "__main__":
