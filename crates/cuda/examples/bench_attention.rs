@@ -5,6 +5,7 @@
 //! cargo run --release -p pagekv-cuda --features cuda --example bench_attention -- \
 //!     [--formats bf16,q8,q4] [--cases 1x4096,64x16384] [--routes primitive,partitioned,stream-k] \
 //!     [--partition-sizes 256,512] [--kernels auto,simt] [--runs 50] [--warmup 5] [--device 0]
+//!     [--cooldown-ms 100] (idle pause before each timed row, so it starts from a rested power budget)
 //!     [--probes pipe:8:2:0:0,read:8:1024]  (probe kernels on the bf16 pages: the decode's copy
 //!                       pipeline without arithmetic — warps:stages:FMAs per tile:partition —
 //!                       and the linear paged read — warps:partition; partition 0 = whole context)
@@ -71,6 +72,7 @@ fn parse_args(args: &[String]) -> Result<(BenchConfig, usize), String> {
             "--partition-sizes" => cfg.partition_sizes = list(value, |s| s.parse().ok())?,
             "--runs" => cfg.runs = value.parse().map_err(|_| format!("--runs {value}"))?,
             "--warmup" => cfg.warmup = value.parse().map_err(|_| format!("--warmup {value}"))?,
+            "--cooldown-ms" => cfg.cooldown_ms = value.parse().map_err(|_| format!("--cooldown-ms {value}"))?,
             "--device" => ordinal = value.parse().map_err(|_| format!("--device {value}"))?,
             other => return Err(format!("unknown flag {other}")),
         }
@@ -109,19 +111,20 @@ fn main() {
         println!("{}", r.to_json());
     }
     eprintln!(
-        "{:<14} {:<11} {:>6} {:>8} {:>10} {:>8} {:>6}",
-        "impl", "format", "batch", "context", "us", "GB/s", "part"
+        "{:<14} {:<11} {:>6} {:>8} {:>10} {:>8} {:>6} {:>6}",
+        "impl", "format", "batch", "context", "us", "GB/s", "part", "MHz"
     );
     for r in &rows {
         eprintln!(
-            "{:<14} {:<11} {:>6} {:>8} {:>10.2} {:>8.0} {:>6}",
+            "{:<14} {:<11} {:>6} {:>8} {:>10.2} {:>8.0} {:>6} {:>6.0}",
             r.impl_name,
             r.format,
             r.batch,
             r.context,
             r.ms * 1e3,
             r.gbps,
-            r.partition_size
+            r.partition_size,
+            r.sm_mhz
         );
     }
 }

@@ -438,3 +438,18 @@ __device__ __forceinline__ void pipe_vreg_body(const u8* __restrict__ kc, const 
     }
 PK_PIPE_VREG(1)
 PK_PIPE_VREG(2)
+
+// A timestamp pair for the benchmark's SM clock: launched with one block per SM, the block that
+// runs on SM 0 writes the global timer (ns) and SM 0's cycle counter to out[0], out[1]. Two of
+// these, one before a row's first timed run and one after its last, give the SM clock averaged
+// over the runs: (cycles₁ − cycles₀) · 1000 / (ns₁ − ns₀) MHz (the technique of NVIDIA's nvbench,
+// whose throttle check samples SM 0 the same way). No block on SM 0 leaves out as it was.
+extern "C" __global__ void pk_sm0_timestamp(u64* __restrict__ out) {
+    u32 sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    if (sm != 0 || threadIdx.x != 0) return;
+    u64 ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    out[0] = ns;
+    out[1] = (u64)clock64();
+}

@@ -9,6 +9,8 @@
 //! cases are not measured from cache; runs are queued back to back with a CUDA event between
 //! consecutive runs (attention + merge inside each interval) and the median of `runs` intervals
 //! after `warmup` is reported. Effective bandwidth = KV bytes of one layer (codes + scales) ÷ time.
+//! Before each row the device idles `cooldown_ms`, and each row records the SM clock averaged
+//! over its timed runs (`sm_mhz`), so a row slowed by the power cap shows as such.
 //!
 //! Used by `pagekv bench attention --device cuda --json` and `examples/bench_attention.rs`:
 //! `bench_attention(&CudaDevice::new(0)?, &BenchConfig::default())` → rows → [`Row::to_json`].
@@ -41,6 +43,10 @@ pub struct Row {
     pub gbps: f64,
     /// Partition size of the partitioned route (0 otherwise).
     pub partition_size: usize,
+    /// Mean SM clock (MHz) over the row's timed runs (SM 0's cycle counter against the global
+    /// timer): below the device's boost clock where the power cap lowered it while the row ran
+    /// (0: not measured).
+    pub sm_mhz: f64,
 }
 
 impl Row {
@@ -49,7 +55,7 @@ impl Row {
         format!(
             concat!(
                 "{{\"device\":\"cuda\",\"impl\":\"{}\",\"format\":\"{}\",\"batch\":{},\"context\":{},",
-                "\"ms\":{:.6},\"us\":{:.2},\"kv_bytes\":{},\"gbps\":{:.1},\"partition_size\":{}}}"
+                "\"ms\":{:.6},\"us\":{:.2},\"kv_bytes\":{},\"gbps\":{:.1},\"partition_size\":{},\"sm_mhz\":{:.0}}}"
             ),
             self.impl_name,
             self.format,
@@ -59,7 +65,8 @@ impl Row {
             self.ms * 1e3,
             self.kv_bytes,
             self.gbps,
-            self.partition_size
+            self.partition_size,
+            self.sm_mhz
         )
     }
 }
@@ -84,6 +91,12 @@ pub struct BenchConfig {
     pub kernels: Vec<DecodeKernel>,
     pub warmup: usize,
     pub runs: usize,
+    /// Idle pause (ms) before each timed row, after its setup: a row then starts from a GPU whose
+    /// power budget the rows and page fills before it have not used up (0: none). Default 100:
+    /// on the H200 the software power cap lowered the SM clock during the quantized 64 × 16384
+    /// rows without it (q4 482.6 µs, median of 2 processes, against 443–446 µs with 100 or
+    /// 500 ms; RESULTS.md, session 19), as nvbench's throttle check pauses 50 ms to let it recover.
+    pub cooldown_ms: u64,
     /// Scatter each sequence's blocks over the pool (a random permutation); `false` gives every
     /// sequence consecutive block ids (a contiguous cache, for comparison).
     pub scatter: bool,
@@ -208,6 +221,7 @@ impl Default for BenchConfig {
             scatter: true,
             warmup: 5,
             runs: 30,
+            cooldown_ms: 100,
             min_footprint_bytes: 512 << 20,
             round_queries: true,
             probes: Vec::new(),
@@ -235,8 +249,20 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// A timed row's median and the SM clock over its runs.
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    ms: f64,
+    /// Mean SM clock (MHz) from the first timed run to the last ([`sm0_timestamp`]); 0 where a
+    /// stamp found no block on SM 0.
+    sm_mhz: f64,
+}
+
 /// Times `f` (which enqueues work on the device's stream) `warmup + runs` times with CUDA events;
-/// `f` gets the run index. Returns the median in milliseconds.
+/// `f` gets the run index. First the device idles `cooldown_ms` (after the caller's setup, so a
+/// row does not inherit the power state of the rows and page fills before it). Returns the median
+/// in milliseconds and the SM clock averaged over the timed runs, from SM 0's cycle counter
+/// against the global timer — below the boost clock where the power cap lowered it.
 ///
 /// The runs are queued back to back with an event between consecutive runs and one
 /// synchronization at the end, so the host runs ahead of the GPU and each interval is device
@@ -245,26 +271,48 @@ fn time_ms(
     dev: &CudaDevice,
     warmup: usize,
     runs: usize,
+    cooldown_ms: u64,
     mut f: impl FnMut(usize) -> Result<(), CudaError>,
-) -> Result<f64, CudaError> {
+) -> Result<Timing, CudaError> {
     let stream = dev.stream();
     let ev = |e| CudaError::driver("cuEventRecord", e);
+    // [start ns, start cycles, end ns, end cycles]
+    let stamps = stream.alloc_zeros::<u64>(4).map_err(|e| CudaError::driver("cuMemAlloc", e))?;
+    let stamps_p = dptr(&stamps, dev);
+    dev.synchronize()?;
+    std::thread::sleep(std::time::Duration::from_millis(cooldown_ms));
     for i in 0..warmup {
         f(i)?;
     }
-    dev.synchronize()?;
+    sm0_timestamp(dev, stamps_p)?;
     let mut events = Vec::with_capacity(runs + 1);
     events.push(stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(ev)?);
     for i in 0..runs {
         f(warmup + i)?;
         events.push(stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(ev)?);
     }
+    sm0_timestamp(dev, stamps_p + 16)?;
     dev.synchronize()?;
     let mut times = Vec::with_capacity(runs);
     for w in events.windows(2) {
         times.push(w[0].elapsed_ms(&w[1]).map_err(|e| CudaError::driver("cuEventElapsedTime", e))? as f64);
     }
-    Ok(median(times))
+    let s = stream.clone_dtoh(&stamps).map_err(|e| CudaError::driver("cuMemcpyDtoH", e))?;
+    let sm_mhz =
+        if s[0] == 0 || s[2] <= s[0] { 0.0 } else { s[3].wrapping_sub(s[1]) as f64 * 1e3 / (s[2] - s[0]) as f64 };
+    Ok(Timing { ms: median(times), sm_mhz })
+}
+
+/// Enqueues `pk_sm0_timestamp` (one block per SM): [global ns, SM 0 cycles] at `out`.
+fn sm0_timestamp(dev: &CudaDevice, out: u64) -> Result<(), CudaError> {
+    let m = dev.module(&ModuleSpec::Bench)?;
+    let f = m.function("pk_sm0_timestamp")?;
+    let cfg = LaunchConfig { grid_dim: (dev.sm_count() as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+    let mut l = dev.stream().launch_builder(&f);
+    l.arg(&out);
+    // SAFETY: out points at two u64 of a live allocation.
+    unsafe { l.launch(cfg) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_sm0_timestamp)", e))?;
+    Ok(())
 }
 
 /// Fills `n` bytes at `ptr` with valid random values of `kind` (see `kernels/bench.cu`).
@@ -409,7 +457,7 @@ pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<R
                 } else {
                     DecodeGrid::Partitioned
                 });
-                let ms = time_ms(dev, cfg.warmup, cfg.runs, |i| {
+                let t = time_ms(dev, cfg.warmup, cfg.runs, cfg.cooldown_ms, |i| {
                     let b = DecodeBatch {
                         queries: &queries,
                         num_seqs: batch,
@@ -428,10 +476,11 @@ pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<R
                     format: format.name(),
                     batch,
                     context: ctx,
-                    ms,
+                    ms: t.ms,
                     kv_bytes,
-                    gbps: kv_bytes as f64 / ms / 1e6,
+                    gbps: kv_bytes as f64 / t.ms / 1e6,
                     partition_size: ps,
+                    sm_mhz: t.sm_mhz,
                 });
             }
             if format == KvFormat::Bf16 {
@@ -466,7 +515,7 @@ fn roofline(
     let m = dev.module(&ModuleSpec::Bench)?;
     let f = m.function("pk_read_bw")?;
     let n16 = (bytes / 16) as u64;
-    let read_ms = time_ms(dev, cfg.warmup, cfg.runs, |i| {
+    let read = time_ms(dev, cfg.warmup, cfg.runs, cfg.cooldown_ms, |i| {
         let src = base + ((i % copies) * bytes) as u64;
         let lc =
             LaunchConfig { grid_dim: (dev.sm_count() as u32 * 8, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
@@ -478,24 +527,25 @@ fn roofline(
     })?;
     // Copy: copy i reads buffer i % copies and writes the spare one at the end.
     dev.bind()?;
-    let copy_ms = time_ms(dev, cfg.warmup, cfg.runs, |i| {
+    let copy = time_ms(dev, cfg.warmup, cfg.runs, cfg.cooldown_ms, |i| {
         let src = base + ((i % copies) * bytes) as u64;
         let dst = base + (copies * bytes) as u64;
         // SAFETY: both ranges lie in `buf` and do not overlap.
         unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }
             .map_err(|e| CudaError::driver("cuMemcpyDtoDAsync", e))
     })?;
-    let row = |name: &str, ms: f64, moved: usize| Row {
+    let row = |name: &str, t: Timing, moved: usize| Row {
         impl_name: name.into(),
         format: "-".into(),
         batch,
         context: ctx,
-        ms,
+        ms: t.ms,
         kv_bytes: bytes,
-        gbps: moved as f64 / ms / 1e6,
+        gbps: moved as f64 / t.ms / 1e6,
         partition_size: 0,
+        sm_mhz: t.sm_mhz,
     };
-    Ok(vec![row("roofline-read", read_ms, bytes), row("roofline-copy", copy_ms, 2 * bytes)])
+    Ok(vec![row("roofline-read", read, bytes), row("roofline-copy", copy, 2 * bytes)])
 }
 
 /// Paged-read roofline rows over the bf16 pages of a case (`kernels/bench.cu`,
@@ -530,7 +580,7 @@ fn paged_roofline(
         let (mb, ctx_u, log2_bs, hk) =
             (bps as u32, ctx as u32, cfg.block_size.trailing_zeros(), cfg.num_kv_heads as u32);
         let (row_bytes, ps_u) = (2 * cfg.head_dim as u32, ps as u32);
-        let ms = time_ms(dev, cfg.warmup, cfg.runs, |i| {
+        let t = time_ms(dev, cfg.warmup, cfg.runs, cfg.cooldown_ms, |i| {
             let lc = LaunchConfig {
                 grid_dim: ((cfg.num_kv_heads / hpc) as u32, batch as u32, ctx.div_ceil(ps) as u32),
                 block_dim: (32 * warps as u32, 1, 1),
@@ -548,10 +598,11 @@ fn paged_roofline(
             format: "bf16".into(),
             batch,
             context: ctx,
-            ms,
+            ms: t.ms,
             kv_bytes,
-            gbps: kv_bytes as f64 / ms / 1e6,
+            gbps: kv_bytes as f64 / t.ms / 1e6,
             partition_size: ps,
+            sm_mhz: t.sm_mhz,
         });
     }
     Ok(rows)
@@ -594,7 +645,7 @@ fn probes(
         // blocks, context, then `scalars`, sink) — pk_paged_pipe, pk_paged_pipe_vreg*,
         // pk_paged_regpipe* and pk_paged_read; `op` names the launch in errors.
         let time_paged = |f: &cudarc::driver::CudaFunction, smem: usize, op: &'static str, scalars: &[u32]| {
-            time_ms(dev, cfg.warmup, cfg.runs, |i| {
+            time_ms(dev, cfg.warmup, cfg.runs, cfg.cooldown_ms, |i| {
                 let lc = LaunchConfig {
                     grid_dim: grid,
                     block_dim: (32 * warps as u32, 1, 1),
@@ -613,7 +664,7 @@ fn probes(
                 Ok(())
             })
         };
-        let ms = match *probe {
+        let t = match *probe {
             Probe::Pipe { stages, spin, .. } | Probe::PipeVreg { stages, spin, .. } => {
                 if cfg.head_dim != 128 {
                     return Err(CudaError::Invalid(format!("probe {}: head_dim 128 only", probe.name())));
@@ -648,7 +699,7 @@ fn probes(
                 let kmap = TmaDesc::tiles_2d(p.k_codes, cfg.num_kv_heads as u64 * 128, slots)?;
                 let vmap = TmaDesc::tiles_2d(p.v_codes, cfg.num_kv_heads as u64 * 128, slots)?;
                 let (st, sp) = (stages as u32, spin as u32);
-                time_ms(dev, cfg.warmup, cfg.runs, |i| {
+                time_ms(dev, cfg.warmup, cfg.runs, cfg.cooldown_ms, |i| {
                     let lc = LaunchConfig {
                         grid_dim: grid,
                         block_dim: (32 * warps as u32, 1, 1),
@@ -681,10 +732,11 @@ fn probes(
             format: "bf16".into(),
             batch,
             context: ctx,
-            ms,
+            ms: t.ms,
             kv_bytes,
-            gbps: kv_bytes as f64 / ms / 1e6,
+            gbps: kv_bytes as f64 / t.ms / 1e6,
             partition_size: ps,
+            sm_mhz: t.sm_mhz,
         });
     }
     Ok(rows)

@@ -84,6 +84,11 @@ enum BenchCommand {
         /// model step launches it (rows named `<route>-pdl`).
         #[arg(long)]
         programmatic: bool,
+        /// CUDA only: idle pause (ms) before each timed row, so no row inherits the power state
+        /// of the rows before it (default 100; each row's JSON has `sm_mhz`, the SM clock over
+        /// its runs).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+        cooldown_ms: Option<u64>,
         #[command(flatten)]
         runtime: RuntimeArgs,
     },
@@ -132,7 +137,16 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 (layers as usize, kv_heads as usize, head_dim as usize),
             )
         }
-        Command::Bench(BenchCommand::Attention { json, formats, shapes, impls, runs, programmatic, runtime }) => {
+        Command::Bench(BenchCommand::Attention {
+            json,
+            formats,
+            shapes,
+            impls,
+            runs,
+            programmatic,
+            cooldown_ms,
+            runtime,
+        }) => {
             runtime.export();
             let device = Device::from_env()?;
             let opts = commands::bench::AttentionOpts {
@@ -141,6 +155,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 impls: impls.as_deref(),
                 runs,
                 programmatic,
+                cooldown_ms,
             };
             commands::bench::attention(json, device, opts)
         }

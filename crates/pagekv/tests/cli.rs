@@ -31,6 +31,8 @@ fn bad_flags_name_the_flag_and_the_accepted_values() {
         (vec!["run", "--num-blocks", "-3", "x"], "-3"),
         (vec!["bench", "attention", "--shapes", "4096", "--runs", "1"], "BATCHxCONTEXT"),
         (vec!["bench", "attention", "--programmatic", "--runs", "1"], "--device cuda"),
+        (vec!["bench", "attention", "--cooldown-ms", "100", "--runs", "1"], "--device cuda"),
+        (vec!["bench", "attention", "--cooldown-ms", "soon", "--runs", "1"], "soon"),
         (vec!["bench", "cache", "--head-dim", "100"], "multiple of 32"),
         (vec!["frobnicate"], "frobnicate"),
     ] {

@@ -76,6 +76,8 @@ pub struct AttentionOpts<'a> {
     pub runs: usize,
     /// CUDA: launch the tensor-core decode as a programmatic dependent launch (rows `<route>-pdl`).
     pub programmatic: bool,
+    /// CUDA: idle pause (ms) before each timed row; `None`: the benchmark's default.
+    pub cooldown_ms: Option<u64>,
 }
 
 /// `pagekv bench attention`.
@@ -85,6 +87,9 @@ pub fn attention(json_out: bool, device: Device, opts: AttentionOpts<'_>) -> Res
     }
     if opts.programmatic {
         anyhow::bail!("--programmatic times GPU kernel launches: use it with --device cuda");
+    }
+    if opts.cooldown_ms.is_some() {
+        anyhow::bail!("--cooldown-ms rests the GPU's power budget between rows: use it with --device cuda");
     }
     let AttentionOpts { formats, shapes, impls, runs, .. } = opts;
     let mut cfg = BenchConfig { runs, ..Default::default() };

@@ -128,6 +128,9 @@ pub fn bench_attention(device: usize, json_out: bool, opts: &super::bench::Atten
     use pagekv_cuda::CudaDevice;
 
     let mut cfg = BenchConfig { runs: opts.runs.max(1), programmatic: opts.programmatic, ..Default::default() };
+    if let Some(ms) = opts.cooldown_ms {
+        cfg.cooldown_ms = ms;
+    }
     if let Some(f) = opts.formats {
         cfg.formats = super::parse_formats(f)?;
     }
@@ -149,19 +152,20 @@ pub fn bench_attention(device: usize, json_out: bool, opts: &super::bench::Atten
             cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.block_size, cfg.runs
         );
         println!(
-            "{:<14} {:<12} {:>6} {:>8} {:>10} {:>12} {:>8}",
-            "impl", "format", "batch", "context", "µs", "KV bytes", "GB/s"
+            "{:<14} {:<12} {:>6} {:>8} {:>10} {:>12} {:>8} {:>6}",
+            "impl", "format", "batch", "context", "µs", "KV bytes", "GB/s", "MHz"
         );
         for r in &rows {
             println!(
-                "{:<14} {:<12} {:>6} {:>8} {:>10.1} {:>12} {:>8.0}",
+                "{:<14} {:<12} {:>6} {:>8} {:>10.1} {:>12} {:>8.0} {:>6.0}",
                 r.impl_name,
                 r.format,
                 r.batch,
                 r.context,
                 r.ms * 1e3,
                 r.kv_bytes,
-                r.gbps
+                r.gbps,
+                r.sm_mhz
             );
         }
     }
