@@ -443,7 +443,9 @@ PK_PIPE_VREG(2)
 // runs on SM 0 writes the global timer (ns) and SM 0's cycle counter to out[0], out[1]. Two of
 // these, one before a row's first timed run and one after its last, give the SM clock averaged
 // over the runs: (cycles₁ − cycles₀) · 1000 / (ns₁ − ns₀) MHz (the technique of NVIDIA's nvbench,
-// whose throttle check samples SM 0 the same way). No block on SM 0 leaves out as it was.
+// whose throttle check samples SM 0 the same way; on the H200 it reads 5–10 % under the clock
+// nvidia-smi reports, so it compares rows rather than naming the clock). No block on SM 0 leaves
+// out as it was.
 extern "C" __global__ void pk_sm0_timestamp(u64* __restrict__ out) {
     u32 sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));

@@ -43,9 +43,10 @@ pub struct Row {
     pub gbps: f64,
     /// Partition size of the partitioned route (0 otherwise).
     pub partition_size: usize,
-    /// Mean SM clock (MHz) over the row's timed runs (SM 0's cycle counter against the global
-    /// timer): below the device's boost clock where the power cap lowered it while the row ran
-    /// (0: not measured).
+    /// SM 0's cycles per microsecond over the row's timed runs (its cycle counter against the
+    /// global timer), a comparative clock: on the H200 it reads 5–10 % under the clock
+    /// `nvidia-smi` reports even for unthrottled rows, and ~20 % lower still where the power cap
+    /// lowered the clock while the row ran (0: not measured).
     pub sm_mhz: f64,
 }
 
@@ -94,8 +95,9 @@ pub struct BenchConfig {
     /// Idle pause (ms) before each timed row, after its setup: a row then starts from a GPU whose
     /// power budget the rows and page fills before it have not used up (0: none). Default 100:
     /// on the H200 the software power cap lowered the SM clock during the quantized 64 × 16384
-    /// rows without it (q4 482.6 µs, median of 2 processes, against 443–446 µs with 100 or
-    /// 500 ms; RESULTS.md, session 19), as nvbench's throttle check pauses 50 ms to let it recover.
+    /// rows without it (q4 448.9 and 516.4 µs in two processes, against 443–446 µs in each of
+    /// four with 100 or 500 ms; RESULTS.md, session 19), as nvbench's throttle check pauses
+    /// 50 ms to let the clock recover.
     pub cooldown_ms: u64,
     /// Scatter each sequence's blocks over the pool (a random permutation); `false` gives every
     /// sequence consecutive block ids (a contiguous cache, for comparison).
@@ -253,8 +255,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 #[derive(Clone, Copy, Debug)]
 struct Timing {
     ms: f64,
-    /// Mean SM clock (MHz) from the first timed run to the last ([`sm0_timestamp`]); 0 where a
-    /// stamp found no block on SM 0.
+    /// SM 0's cycles per µs from the first timed run to the last ([`sm0_timestamp`]; see
+    /// [`Row::sm_mhz`]); 0 where a stamp found no block on SM 0.
     sm_mhz: f64,
 }
 
@@ -262,7 +264,7 @@ struct Timing {
 /// `f` gets the run index. First the device idles `cooldown_ms` (after the caller's setup, so a
 /// row does not inherit the power state of the rows and page fills before it). Returns the median
 /// in milliseconds and the SM clock averaged over the timed runs, from SM 0's cycle counter
-/// against the global timer — below the boost clock where the power cap lowered it.
+/// against the global timer (a comparative figure, [`Row::sm_mhz`]).
 ///
 /// The runs are queued back to back with an event between consecutive runs and one
 /// synchronization at the end, so the host runs ahead of the GPU and each interval is device
