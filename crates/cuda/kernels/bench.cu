@@ -253,6 +253,203 @@ pk_paged_pipe_tma(const __grid_constant__ PkTmaDesc kmap, const __grid_constant_
     if (lane == 0 && acc == 0x12345678u) sink[blockIdx.x] = acc; // practically never stored
 }
 
+// Warp-specialized pipe probe: the same tiles, stages and per-tile work as pk_paged_pipe, but
+// the copies are issued by one producer warp (warp NW, the last) for all NW consumer warps, so a
+// consumer's arithmetic never delays the issue of the next copies (in pk_paged_pipe a warp issues
+// its tile i + stages − 1 only after it has waited for tile i). blockDim = 32·(NW + 1). Per
+// consumer warp w and stage s two mbarriers: full (32 arrivals: each producer lane's
+// cp.async.mbarrier.arrive.noinc fires once its copies of the stage have landed) and empty (one
+// arrival: lane 0 of w once the warp has read the stage). The producer walks steps i = 0, 1, …,
+// and in each step warps 0 … NW − 1 (tile w + i·NW of warp w goes to its stage i % stages); the
+// block ids of step i + 1 are loaded while step i's copies are issued.
+__device__ __forceinline__ void ws_wait(u32 bar, u32 parity) {
+    asm volatile("{\n .reg .pred p;\n WS_WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WS_WAIT_%=;\n}\n"
+                 ::"r"(bar), "r"(parity) : "memory");
+}
+extern "C" __global__ void __launch_bounds__(544)
+pk_paged_pipe_ws(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32* __restrict__ tables,
+                 u32 max_blocks, u32 ctx, u32 log2_bs, u32 num_kv_heads, u32 part_size, u32 stages, u32 spin,
+                 u32* __restrict__ sink) {
+    constexpr int CB = 256, FROW = 272, STAGE = 32 * FROW, CPR = CB / 16, RPI = 32 / CPR, MAXW = 16;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x >> 5) - 1;
+    const u32 h = blockIdx.x, start = blockIdx.z * part_size, end = min(ctx, start + part_size);
+    if (start >= end || nw < 1 || nw > MAXW) return;
+    const u32* table = tables + (u64)blockIdx.y * max_blocks;
+    const u32 ntiles = (end - start + 15) / 16;
+    auto n_of = [&](int w) -> int { return ntiles > (u32)w ? (int)((ntiles - w + nw - 1) / nw) : 0; };
+    extern __shared__ __align__(16) u8 smem[];
+    // [nw][stages] stages of STAGE bytes, then the full mbarriers [nw][stages], then the empty ones.
+    const u32 bars = smem_addr(smem + (u64)nw * stages * STAGE);
+    auto full = [&](int w, u32 st) { return bars + 8u * ((u32)w * stages + st); };
+    auto empty = [&](int w, u32 st) { return bars + 8u * ((u32)(nw + w) * stages + st); };
+    if (threadIdx.x == 0) {
+        for (int w = 0; w < nw; w++)
+            for (u32 st = 0; st < stages; st++) {
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], 32;\n" ::"r"(full(w, st)));
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(empty(w, st)));
+            }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::);
+    }
+    __syncthreads();
+    u32 acc = 0;
+    if (warp == nw) { // the producer
+        const u32 bs_mask = (1u << log2_bs) - 1;
+        const int steps = n_of(0);
+        auto pos_of = [&](int w, int i) -> u32 { return start + (u32)(w + i * nw) * 16 + (lane & 15); };
+        auto blk_of = [&](int w, int i) -> u32 {
+            const u32 pos = pos_of(w, i);
+            return (i < n_of(w) && pos < end) ? table[pos >> log2_bs] : 0u;
+        };
+        u32 blk[MAXW], nxt[MAXW];
+#pragma unroll
+        for (int w = 0; w < MAXW; w++) blk[w] = w < nw ? blk_of(w, 0) : 0u;
+        for (int i = 0; i < steps; i++) {
+#pragma unroll
+            for (int w = 0; w < MAXW; w++) nxt[w] = w < nw ? blk_of(w, i + 1) : 0u;
+            const u32 st = (u32)i % stages, k = (u32)i / stages;
+#pragma unroll
+            for (int w = 0; w < MAXW; w++) {
+                if (w >= nw || i >= n_of(w)) continue; // warp-uniform
+                if (k > 0) ws_wait(empty(w, st), (k - 1) & 1);
+                u8* dst = smem + ((u64)w * stages + st) * STAGE;
+                const u32 pos = pos_of(w, i);
+                const bool ok = pos < end;
+                const u64 slot = ((u64)blk[w] << log2_bs) | (pos & bs_mask);
+                const u64 my_sh = ok ? slot * num_kv_heads + h : 0;
+                const u32 my_bytes = ok ? 16u : 0u;
+                const int r = lane / CPR, c = lane % CPR;
+#pragma unroll
+                for (int j = 0; j < 16 / RPI; j++) {
+                    const int t = j * RPI + r;
+                    const u64 sh = __shfl_sync(0xffffffffu, my_sh, t);
+                    const u32 n = __shfl_sync(0xffffffffu, my_bytes, t);
+                    const u32 d0 = smem_addr(dst + t * FROW + c * 16), d1 = smem_addr(dst + (16 + t) * FROW + c * 16);
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d0), "l"(kc + sh * CB + c * 16), "r"(n));
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d1), "l"(vc + sh * CB + c * 16), "r"(n));
+                }
+                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full(w, st)) : "memory");
+            }
+#pragma unroll
+            for (int w = 0; w < MAXW; w++) blk[w] = nxt[w];
+        }
+        cp_async_wait<0>();
+    } else { // a consumer: pk_paged_pipe's per-tile reads and FMA chain
+        const int my_n = n_of(warp);
+        const int k_row = (lane & 7) + ((lane >> 3) & 1) * 8, k_col = (lane >> 4) * 8;
+        float f = 1.0f;
+        for (int i = 0; i < my_n; i++) {
+            const u32 st = (u32)i % stages;
+            ws_wait(full(warp, st), ((u32)i / stages) & 1);
+            const u8* sp = smem + ((u64)warp * stages + st) * STAGE;
+#pragma unroll
+            for (int kk = 0; kk < 16; kk++) {
+                u32 r0, r1, r2, r3;
+                const u8* p = sp + (kk / 8) * 16 * FROW + k_row * FROW + ((kk % 8) * 16 + k_col) * 2;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_addr(p)));
+                acc ^= r0 ^ r1 ^ r2 ^ r3;
+            }
+            __syncwarp(); // every lane has read the stage
+            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty(warp, st)) : "memory");
+            f = __uint_as_float((acc & 0x007fffffu) | 0x3f000000u) + f * 0.5f;
+#pragma unroll 8
+            for (u32 j = 0; j < spin; j++) f = fmaf(f, 0.999f, 1e-7f);
+        }
+        acc ^= __float_as_uint(f);
+    }
+    acc = __reduce_xor_sync(0xffffffffu, acc);
+    if (lane == 0 && acc == 0x12345678u) sink[blockIdx.x] = acc; // practically never stored
+}
+
+// The warp-specialized pipe with the tensor memory accelerator: lane w of the producer warp
+// issues consumer warp w's tiles as pk_paged_pipe_tma does (two 64 × 16 boxes of K and two of V, 128-byte
+// swizzle, block size 16: a tile is one block) against the consumer stage's full mbarrier
+// (expect_tx 8192 bytes), so a tile costs the producer a few instructions instead of a warp's
+// 16 cp.async. The consumers read the stage back as pk_paged_pipe_tma does, order those reads
+// before the next asynchronous write (fence.proxy.async), then arrive on empty.
+extern "C" __global__ void __launch_bounds__(544)
+pk_paged_pipe_ws_tma(const __grid_constant__ PkTmaDesc kmap, const __grid_constant__ PkTmaDesc vmap,
+                     const u32* __restrict__ tables, u32 max_blocks, u32 ctx, u32 part_size, u32 stages, u32 spin,
+                     u32* __restrict__ sink) {
+    constexpr int STAGE = 8192, MAXW = 16;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x >> 5) - 1;
+    const u32 h = blockIdx.x, start = blockIdx.z * part_size, end = min(ctx, start + part_size);
+    if (start >= end || nw < 1 || nw > MAXW) return;
+    const u32* table = tables + (u64)blockIdx.y * max_blocks;
+    const u32 ntiles = (end - start + 15) / 16, base_n = ntiles / (u32)nw, rem_n = ntiles % (u32)nw;
+    auto n_of = [&](int w) -> int { return (int)(base_n + ((u32)w < rem_n ? 1u : 0u)); };
+    extern __shared__ __align__(16) u8 smem_raw[];
+    // Stages (1024-byte aligned for the swizzle: the host adds 1024 bytes) [nw][stages], then the
+    // full mbarriers [nw][stages], then the empty ones.
+    u8* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+    const u32 bars = smem_addr(smem + (u64)nw * stages * STAGE);
+    auto full = [&](int w, u32 st) { return bars + 8u * ((u32)w * stages + st); };
+    auto empty = [&](int w, u32 st) { return bars + 8u * ((u32)(nw + w) * stages + st); };
+    if (threadIdx.x == 0) {
+        for (int w = 0; w < nw; w++)
+            for (u32 st = 0; st < stages; st++) {
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(full(w, st)));
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(empty(w, st)));
+            }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::);
+    }
+    __syncthreads();
+    u32 acc = 0;
+    if (warp == nw) {
+        // Lane w of the producer warp serves consumer warp w on its own: waits for the stage to
+        // be empty, issues its tile, and has the block id of its next tile loaded one tile ahead.
+        if (lane < nw) {
+            const u64 kdesc = (u64)&kmap, vdesc = (u64)&vmap;
+            const int w = lane, n = n_of(w);
+            auto blk_of = [&](int i) -> u32 { return i < n ? table[(start + (u32)(w + i * nw) * 16) >> 4] : 0u; };
+            u32 blk = blk_of(0);
+            for (int i = 0; i < n; i++) {
+                const u32 next = blk_of(i + 1);
+                const u32 st = (u32)i % stages, k = (u32)i / stages;
+                if (k > 0) ws_wait(empty(w, st), (k - 1) & 1);
+                const u32 bar = full(w, st), dst = smem_addr(smem + ((u64)w * stages + st) * STAGE);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(STAGE));
+                const int y = (int)(blk * 16);
+#pragma unroll
+                for (int bx = 0; bx < 4; bx++) {
+                    const u64 desc = bx < 2 ? kdesc : vdesc;
+                    const int x = (int)(h * 128 + (bx & 1) * 64);
+                    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                                 ::"r"(dst + bx * 2048), "l"(desc), "r"(x), "r"(y), "r"(bar) : "memory");
+                }
+                blk = next;
+            }
+        }
+    } else {
+        const int my_n = n_of(warp);
+        const int k_row = (lane & 7) + ((lane >> 3) & 1) * 8, k_col = (lane >> 4) * 8;
+        float f = 1.0f;
+        for (int i = 0; i < my_n; i++) {
+            const u32 st = (u32)i % stages;
+            ws_wait(full(warp, st), ((u32)i / stages) & 1);
+            const u8* sp = smem + ((u64)warp * stages + st) * STAGE;
+#pragma unroll
+            for (int kk = 0; kk < 16; kk++) {
+                const int dims = (kk % 8) * 16 + k_col, half = dims / 64, chunk = (dims % 64) / 8;
+                const u8* p = sp + (kk / 8) * 4096 + half * 2048 + k_row * 128 + ((chunk ^ (k_row & 7)) * 16);
+                u32 r0, r1, r2, r3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_addr(p)));
+                acc ^= r0 ^ r1 ^ r2 ^ r3;
+            }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncwarp(); // every lane has read the stage
+            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty(warp, st)) : "memory");
+            f = __uint_as_float((acc & 0x007fffffu) | 0x3f000000u) + f * 0.5f;
+#pragma unroll 8
+            for (u32 j = 0; j < spin; j++) f = fmaf(f, 0.999f, 1e-7f);
+        }
+        acc ^= __float_as_uint(f);
+    }
+    acc = __reduce_xor_sync(0xffffffffu, acc);
+    if (lane == 0 && acc == 0x12345678u) sink[blockIdx.x] = acc; // practically never stored
+}
+
 // Register-pipeline probe: the page reads a tensor-core decode would make if it landed each
 // 16-token tile in registers instead of shared memory — no cp.async, no stages. grid (num_kv_heads,
 // num_seqs, partitions), one kv head per CTA, bf16/f16 pages with head_dim 128, blockDim 32·NW

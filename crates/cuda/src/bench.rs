@@ -123,10 +123,19 @@ pub enum Probe {
     /// per CTA, `stages` per warp, a chain of `spin` dependent FMAs per tile, partitions of
     /// `partition` tokens (0: one per sequence). head_dim 128 only.
     Pipe { warps: usize, stages: usize, spin: usize, partition: usize },
+    /// `pk_paged_pipe_ws`: the same pipeline warp-specialized — `warps` consumer warps, each with
+    /// `stages` stages of its own, doing the pipe's per-tile reads and `spin` FMAs, and one more
+    /// warp issuing every copy (mbarriers: full on the copies' completion, empty once the consumer
+    /// has read the stage). head_dim 128 only.
+    PipeWs { warps: usize, stages: usize, spin: usize, partition: usize },
     /// `pk_paged_pipe_tma`: the same pipeline with each tile copied by the tensor memory
     /// accelerator (two 64 × 16 boxes of K and two of V per tile, 128-byte swizzle) against a
     /// per-stage mbarrier. head_dim 128, block size 16 only.
     Tma { warps: usize, stages: usize, spin: usize, partition: usize },
+    /// `pk_paged_pipe_ws_tma`: the warp-specialized pipe with the producer's lane 0 issuing each
+    /// tile as [`Probe::Tma`] does — `warps` consumer warps plus the producer. head_dim 128,
+    /// block size 16 only.
+    TmaWs { warps: usize, stages: usize, spin: usize, partition: usize },
     /// `pk_paged_read` (one kv head per CTA, linear loads) with `warps` (1..=8, its launch
     /// bound) per CTA and partitions of `partition` tokens (0: one per sequence).
     Read { warps: usize, partition: usize },
@@ -145,7 +154,8 @@ pub enum Probe {
 }
 
 impl Probe {
-    /// `pipe:W:S:C:P`, `tma:W:S:C:P`, `read:W:P`, `regpipe:W:T:B:C:P` or `pipev:W:S:TV:B:C:P`.
+    /// `pipe:W:S:C:P`, `pipews:W:S:C:P`, `tma:W:S:C:P`, `tmaws:W:S:C:P`, `read:W:P`,
+    /// `regpipe:W:T:B:C:P` or `pipev:W:S:TV:B:C:P`.
     pub fn parse(s: &str) -> Option<Probe> {
         let mut it = s.split(':');
         let kind = it.next()?;
@@ -156,10 +166,20 @@ impl Probe {
             {
                 Some(Probe::Pipe { warps, stages, spin, partition })
             }
+            ("pipews", &[warps, stages, spin, partition])
+                if (1..=16).contains(&warps) && (2..=7).contains(&stages) && partition % 16 == 0 =>
+            {
+                Some(Probe::PipeWs { warps, stages, spin, partition })
+            }
             ("tma", &[warps, stages, spin, partition])
                 if (1..=16).contains(&warps) && (2..=7).contains(&stages) && partition % 16 == 0 =>
             {
                 Some(Probe::Tma { warps, stages, spin, partition })
+            }
+            ("tmaws", &[warps, stages, spin, partition])
+                if (1..=16).contains(&warps) && (2..=7).contains(&stages) && partition % 16 == 0 =>
+            {
+                Some(Probe::TmaWs { warps, stages, spin, partition })
             }
             ("read", &[warps, partition]) if (1..=8).contains(&warps) && partition % 16 == 0 => {
                 Some(Probe::Read { warps, partition })
@@ -188,7 +208,13 @@ impl Probe {
             Probe::Pipe { warps, stages, spin, partition } => {
                 format!("probe-pipe-w{warps}s{stages}c{spin}-p{partition}")
             }
+            Probe::PipeWs { warps, stages, spin, partition } => {
+                format!("probe-pipews-w{warps}s{stages}c{spin}-p{partition}")
+            }
             Probe::Tma { warps, stages, spin, partition } => format!("probe-tma-w{warps}s{stages}c{spin}-p{partition}"),
+            Probe::TmaWs { warps, stages, spin, partition } => {
+                format!("probe-tmaws-w{warps}s{stages}c{spin}-p{partition}")
+            }
             Probe::Read { warps, partition } => format!("probe-read-w{warps}-p{partition}"),
             Probe::RegPipe { warps, tiles, ctas_per_sm, spin, partition } => {
                 format!("probe-regpipe-w{warps}t{tiles}b{ctas_per_sm}c{spin}-p{partition}")
@@ -634,7 +660,9 @@ fn probes(
     for probe in &cfg.probes {
         let (warps, partition) = match *probe {
             Probe::Pipe { warps, partition, .. }
+            | Probe::PipeWs { warps, partition, .. }
             | Probe::Tma { warps, partition, .. }
+            | Probe::TmaWs { warps, partition, .. }
             | Probe::Read { warps, partition }
             | Probe::RegPipe { warps, partition, .. }
             | Probe::PipeVreg { warps, partition, .. } => (warps, partition),
@@ -644,15 +672,13 @@ fn probes(
         let ps_u = ps as u32;
         // Times `f` over the case's pages on this probe's grid, with `smem` bytes of dynamic shared
         // memory and the arguments the paged probes share — (k pages, v pages, block table, max
-        // blocks, context, then `scalars`, sink) — pk_paged_pipe, pk_paged_pipe_vreg*,
-        // pk_paged_regpipe* and pk_paged_read; `op` names the launch in errors.
+        // blocks, context, then `scalars`, sink) — pk_paged_pipe(_ws), pk_paged_pipe_vreg*,
+        // pk_paged_regpipe* and pk_paged_read; `op` names the launch in errors. The
+        // warp-specialized pipe has its producer warp besides the `warps` consumers.
+        let threads = 32 * (warps + usize::from(matches!(probe, Probe::PipeWs { .. } | Probe::TmaWs { .. }))) as u32;
         let time_paged = |f: &cudarc::driver::CudaFunction, smem: usize, op: &'static str, scalars: &[u32]| {
             time_ms(dev, cfg.warmup, cfg.runs, cfg.cooldown_ms, |i| {
-                let lc = LaunchConfig {
-                    grid_dim: grid,
-                    block_dim: (32 * warps as u32, 1, 1),
-                    shared_mem_bytes: smem as u32,
-                };
+                let lc = LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 };
                 let mut l = stream.launch_builder(f);
                 l.arg(&p.k_codes).arg(&p.v_codes).arg(&table_ptrs[i % tables.len()]).arg(&mb).arg(&ctx_u);
                 for v in scalars {
@@ -667,7 +693,9 @@ fn probes(
             })
         };
         let t = match *probe {
-            Probe::Pipe { stages, spin, .. } | Probe::PipeVreg { stages, spin, .. } => {
+            Probe::Pipe { stages, spin, .. }
+            | Probe::PipeWs { stages, spin, .. }
+            | Probe::PipeVreg { stages, spin, .. } => {
                 if cfg.head_dim != 128 {
                     return Err(CudaError::Invalid(format!("probe {}: head_dim 128 only", probe.name())));
                 }
@@ -678,6 +706,12 @@ fn probes(
                         "cuLaunchKernel(pk_paged_pipe_vreg)",
                         (warps * stages * PIPE_STAGE_BYTES / 2).max(smem_for_ctas_per_sm(dev, ctas_per_sm)),
                     ),
+                    // The stages, then two mbarriers (8 bytes each) per stage.
+                    Probe::PipeWs { .. } => (
+                        "pk_paged_pipe_ws".to_string(),
+                        "cuLaunchKernel(pk_paged_pipe_ws)",
+                        warps * stages * (PIPE_STAGE_BYTES + 16),
+                    ),
                     _ => (
                         "pk_paged_pipe".to_string(),
                         "cuLaunchKernel(pk_paged_pipe)",
@@ -687,31 +721,34 @@ fn probes(
                 let f = probe_function(dev, &m, &name, smem, probe)?;
                 time_paged(&f, smem, op, &[log2_bs, hk, ps_u, stages as u32, spin as u32])?
             }
-            Probe::Tma { stages, spin, .. } => {
+            Probe::Tma { stages, spin, .. } | Probe::TmaWs { stages, spin, .. } => {
                 if cfg.head_dim != 128 || cfg.block_size != 16 {
                     return Err(CudaError::Invalid(format!(
                         "probe {}: head_dim 128 and block size 16 only",
                         probe.name()
                     )));
                 }
-                // Stages, 1024 bytes of alignment slack, one mbarrier per stage.
-                let smem = warps * stages * 8192 + 1024 + 8 * warps * stages;
-                let f = probe_function(dev, &m, "pk_paged_pipe_tma", smem, probe)?;
+                // Stages, 1024 bytes of alignment slack, one mbarrier per stage (the
+                // warp-specialized probe: two, full and empty, and a producer warp).
+                let ws = matches!(probe, Probe::TmaWs { .. });
+                let smem = warps * stages * 8192 + 1024 + if ws { 16 } else { 8 } * warps * stages;
+                let (name, op) = if ws {
+                    ("pk_paged_pipe_ws_tma", "cuLaunchKernel(pk_paged_pipe_ws_tma)")
+                } else {
+                    ("pk_paged_pipe_tma", "cuLaunchKernel(pk_paged_pipe_tma)")
+                };
+                let f = probe_function(dev, &m, name, smem, probe)?;
                 let slots = pages.geometry().slots() as u64;
                 let kmap = TmaDesc::tiles_2d(p.k_codes, cfg.num_kv_heads as u64 * 128, slots)?;
                 let vmap = TmaDesc::tiles_2d(p.v_codes, cfg.num_kv_heads as u64 * 128, slots)?;
                 let (st, sp) = (stages as u32, spin as u32);
                 time_ms(dev, cfg.warmup, cfg.runs, cfg.cooldown_ms, |i| {
-                    let lc = LaunchConfig {
-                        grid_dim: grid,
-                        block_dim: (32 * warps as u32, 1, 1),
-                        shared_mem_bytes: smem as u32,
-                    };
+                    let lc = LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 };
                     let mut l = stream.launch_builder(&f);
                     l.arg(&kmap).arg(&vmap).arg(&table_ptrs[i % tables.len()]).arg(&mb).arg(&ctx_u);
                     l.arg(&ps_u).arg(&st).arg(&sp).arg(&sink_p);
                     // SAFETY: the maps cover the pools; tables hold valid block ids below ctx.
-                    unsafe { l.launch(lc) }.map_err(|e| CudaError::driver("cuLaunchKernel(pk_paged_pipe_tma)", e))?;
+                    unsafe { l.launch(lc) }.map_err(|e| CudaError::driver(op, e))?;
                     Ok(())
                 })?
             }
@@ -841,7 +878,19 @@ mod tests {
         );
         assert_eq!(Probe::parse("pipev:8:2:1:0:60:0").map(|p| p.name()).as_deref(), Some("probe-pipev-w8s2v1b0c60-p0"));
         assert_eq!(Probe::parse("pipe:8:2:0:0").map(|p| p.name()).as_deref(), Some("probe-pipe-w8s2c0-p0"));
+        assert_eq!(
+            Probe::parse("pipews:8:3:250:0"),
+            Some(Probe::PipeWs { warps: 8, stages: 3, spin: 250, partition: 0 })
+        );
+        assert_eq!(Probe::parse("pipews:6:4:0:1024").map(|p| p.name()).as_deref(), Some("probe-pipews-w6s4c0-p1024"));
+        assert_eq!(
+            Probe::parse("tmaws:8:3:250:0"),
+            Some(Probe::TmaWs { warps: 8, stages: 3, spin: 250, partition: 0 })
+        );
         for bad in [
+            "pipews:17:2:0:0",
+            "tmaws:8:2:0",
+            "pipews:8:1:0:0",
             "pipe:8:9:0:0",
             "pipe:8:2:0",
             "pipe:0:2:0:0",
