@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call (run tool, carry dist-cuda/{pagekv,home}): the issue's attention command
 # $REPEAT rounds, each round once per cooldown in $COOLDOWNS (ms, `--cooldown-ms`; "-" leaves the
-# flag out: the default, 100 ms), with nvidia-smi sampling the SM clock, power and the clock-event reasons every
-# $SMI_MS ms beside it. Every bench row carries `sm_mhz`, the SM clock averaged over the row's
+# flag out: the default, 100 ms), with nvidia-smi sampling the SM clock, power and the
+# clock-event reasons every $SMI_MS ms beside it. Every bench row carries `sm_mhz`, the SM clock averaged over the row's
 # timed runs. Prints every decode row (µs, sm_mhz), the q8 / q4 ratios to bf16 at 64 × 16384 per
 # process, then per process the samples' clock range and how many had the software power cap
 # (reason 0x4) active.
