@@ -266,6 +266,27 @@ __device__ __forceinline__ void ws_wait(u32 bar, u32 parity) {
     asm volatile("{\n .reg .pred p;\n WS_WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WS_WAIT_%=;\n}\n"
                  ::"r"(bar), "r"(parity) : "memory");
 }
+// The two mbarriers of each consumer warp's stages in the warp-specialized probes, laid out after
+// the stages: full [nw][stages], then empty [nw][stages]. Thread 0 initializes them (full with
+// `full_count` arrivals, empty with one); the caller syncs the block before use.
+struct WsBars {
+    u32 base, nw, stages;
+    __device__ u32 full(int w, u32 st) const { return base + 8u * ((u32)w * stages + st); }
+    __device__ u32 empty(int w, u32 st) const { return base + 8u * ((nw + (u32)w) * stages + st); }
+    __device__ void init(u32 full_count) const {
+        if (threadIdx.x != 0) return;
+        for (u32 w = 0; w < nw; w++)
+            for (u32 st = 0; st < stages; st++) {
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(full((int)w, st)), "r"(full_count));
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(empty((int)w, st)));
+            }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::);
+    }
+};
+// Tiles of consumer warp w when nw warps share ntiles round-robin (w, w + nw, …).
+__device__ __forceinline__ int ws_tiles(u32 ntiles, int nw, int w) {
+    return ntiles > (u32)w ? (int)((ntiles - (u32)w + (u32)nw - 1) / (u32)nw) : 0;
+}
 extern "C" __global__ void __launch_bounds__(544)
 pk_paged_pipe_ws(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32* __restrict__ tables,
                  u32 max_blocks, u32 ctx, u32 log2_bs, u32 num_kv_heads, u32 part_size, u32 stages, u32 spin,
@@ -276,20 +297,11 @@ pk_paged_pipe_ws(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32
     if (start >= end || nw < 1 || nw > MAXW) return;
     const u32* table = tables + (u64)blockIdx.y * max_blocks;
     const u32 ntiles = (end - start + 15) / 16;
-    auto n_of = [&](int w) -> int { return ntiles > (u32)w ? (int)((ntiles - w + nw - 1) / nw) : 0; };
+    auto n_of = [&](int w) { return ws_tiles(ntiles, nw, w); };
     extern __shared__ __align__(16) u8 smem[];
-    // [nw][stages] stages of STAGE bytes, then the full mbarriers [nw][stages], then the empty ones.
-    const u32 bars = smem_addr(smem + (u64)nw * stages * STAGE);
-    auto full = [&](int w, u32 st) { return bars + 8u * ((u32)w * stages + st); };
-    auto empty = [&](int w, u32 st) { return bars + 8u * ((u32)(nw + w) * stages + st); };
-    if (threadIdx.x == 0) {
-        for (int w = 0; w < nw; w++)
-            for (u32 st = 0; st < stages; st++) {
-                asm volatile("mbarrier.init.shared::cta.b64 [%0], 32;\n" ::"r"(full(w, st)));
-                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(empty(w, st)));
-            }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::);
-    }
+    // [nw][stages] stages of STAGE bytes, then the mbarriers; full counts the 32 producer lanes.
+    const WsBars bars{smem_addr(smem + (u64)nw * stages * STAGE), (u32)nw, stages};
+    bars.init(32);
     __syncthreads();
     u32 acc = 0;
     if (warp == nw) { // the producer
@@ -310,7 +322,7 @@ pk_paged_pipe_ws(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32
 #pragma unroll
             for (int w = 0; w < MAXW; w++) {
                 if (w >= nw || i >= n_of(w)) continue; // warp-uniform
-                if (k > 0) ws_wait(empty(w, st), (k - 1) & 1);
+                if (k > 0) ws_wait(bars.empty(w, st), (k - 1) & 1);
                 u8* dst = smem + ((u64)w * stages + st) * STAGE;
                 const u32 pos = pos_of(w, i);
                 const bool ok = pos < end;
@@ -327,7 +339,7 @@ pk_paged_pipe_ws(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32
                     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d0), "l"(kc + sh * CB + c * 16), "r"(n));
                     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d1), "l"(vc + sh * CB + c * 16), "r"(n));
                 }
-                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full(w, st)) : "memory");
+                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bars.full(w, st)) : "memory");
             }
 #pragma unroll
             for (int w = 0; w < MAXW; w++) blk[w] = nxt[w];
@@ -339,7 +351,7 @@ pk_paged_pipe_ws(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32
         float f = 1.0f;
         for (int i = 0; i < my_n; i++) {
             const u32 st = (u32)i % stages;
-            ws_wait(full(warp, st), ((u32)i / stages) & 1);
+            ws_wait(bars.full(warp, st), ((u32)i / stages) & 1);
             const u8* sp = smem + ((u64)warp * stages + st) * STAGE;
 #pragma unroll
             for (int kk = 0; kk < 16; kk++) {
@@ -350,7 +362,7 @@ pk_paged_pipe_ws(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32
                 acc ^= r0 ^ r1 ^ r2 ^ r3;
             }
             __syncwarp(); // every lane has read the stage
-            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty(warp, st)) : "memory");
+            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bars.empty(warp, st)) : "memory");
             f = __uint_as_float((acc & 0x007fffffu) | 0x3f000000u) + f * 0.5f;
 #pragma unroll 8
             for (u32 j = 0; j < spin; j++) f = fmaf(f, 0.999f, 1e-7f);
@@ -376,23 +388,14 @@ pk_paged_pipe_ws_tma(const __grid_constant__ PkTmaDesc kmap, const __grid_consta
     const u32 h = blockIdx.x, start = blockIdx.z * part_size, end = min(ctx, start + part_size);
     if (start >= end || nw < 1 || nw > MAXW) return;
     const u32* table = tables + (u64)blockIdx.y * max_blocks;
-    const u32 ntiles = (end - start + 15) / 16, base_n = ntiles / (u32)nw, rem_n = ntiles % (u32)nw;
-    auto n_of = [&](int w) -> int { return (int)(base_n + ((u32)w < rem_n ? 1u : 0u)); };
+    const u32 ntiles = (end - start + 15) / 16;
+    auto n_of = [&](int w) { return ws_tiles(ntiles, nw, w); };
     extern __shared__ __align__(16) u8 smem_raw[];
     // Stages (1024-byte aligned for the swizzle: the host adds 1024 bytes) [nw][stages], then the
-    // full mbarriers [nw][stages], then the empty ones.
+    // mbarriers; full counts the producer lane's expect_tx arrival.
     u8* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
-    const u32 bars = smem_addr(smem + (u64)nw * stages * STAGE);
-    auto full = [&](int w, u32 st) { return bars + 8u * ((u32)w * stages + st); };
-    auto empty = [&](int w, u32 st) { return bars + 8u * ((u32)(nw + w) * stages + st); };
-    if (threadIdx.x == 0) {
-        for (int w = 0; w < nw; w++)
-            for (u32 st = 0; st < stages; st++) {
-                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(full(w, st)));
-                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(empty(w, st)));
-            }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::);
-    }
+    const WsBars bars{smem_addr(smem + (u64)nw * stages * STAGE), (u32)nw, stages};
+    bars.init(1);
     __syncthreads();
     u32 acc = 0;
     if (warp == nw) {
@@ -406,8 +409,8 @@ pk_paged_pipe_ws_tma(const __grid_constant__ PkTmaDesc kmap, const __grid_consta
             for (int i = 0; i < n; i++) {
                 const u32 next = blk_of(i + 1);
                 const u32 st = (u32)i % stages, k = (u32)i / stages;
-                if (k > 0) ws_wait(empty(w, st), (k - 1) & 1);
-                const u32 bar = full(w, st), dst = smem_addr(smem + ((u64)w * stages + st) * STAGE);
+                if (k > 0) ws_wait(bars.empty(w, st), (k - 1) & 1);
+                const u32 bar = bars.full(w, st), dst = smem_addr(smem + ((u64)w * stages + st) * STAGE);
                 asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(STAGE));
                 const int y = (int)(blk * 16);
 #pragma unroll
@@ -426,7 +429,7 @@ pk_paged_pipe_ws_tma(const __grid_constant__ PkTmaDesc kmap, const __grid_consta
         float f = 1.0f;
         for (int i = 0; i < my_n; i++) {
             const u32 st = (u32)i % stages;
-            ws_wait(full(warp, st), ((u32)i / stages) & 1);
+            ws_wait(bars.full(warp, st), ((u32)i / stages) & 1);
             const u8* sp = smem + ((u64)warp * stages + st) * STAGE;
 #pragma unroll
             for (int kk = 0; kk < 16; kk++) {
@@ -439,7 +442,7 @@ pk_paged_pipe_ws_tma(const __grid_constant__ PkTmaDesc kmap, const __grid_consta
             }
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             __syncwarp(); // every lane has read the stage
-            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty(warp, st)) : "memory");
+            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bars.empty(warp, st)) : "memory");
             f = __uint_as_float((acc & 0x007fffffu) | 0x3f000000u) + f * 0.5f;
 #pragma unroll 8
             for (u32 j = 0; j < spin; j++) f = fmaf(f, 0.999f, 1e-7f);
