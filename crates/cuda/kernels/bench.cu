@@ -87,6 +87,86 @@ pk_paged_read(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32* _
     if ((threadIdx.x & 31) == 0 && acc == 0x12345678u) sink[blockIdx.x] = acc; // practically never stored
 }
 
+// Stage layouts of the pipe probes (bf16/f16 pages, head_dim 128): a cp.async stage holds 16 K
+// rows then 16 V rows of PIPE_FROW bytes, as pk_decode_tc lays a tile out; a TMA stage holds two
+// 64 × 16 boxes of K then two of V (128-byte rows, 128-byte swizzle).
+constexpr int PIPE_CB = 256, PIPE_FROW = 272, PIPE_STAGE = 32 * PIPE_FROW, TMA_STAGE = 8192;
+
+// One 16-token tile of kv head h into the cp.async stage st, with 16-byte copies exactly as
+// pk_decode_tc issues them: lane & 15 holds the tile's token at pos (in block blk), CPR lanes copy
+// one row, RPI rows per instruction, rows at or past end are zero-filled.
+__device__ __forceinline__ void pipe_copy_tile(u8* st, const u8* __restrict__ kc, const u8* __restrict__ vc,
+                                               u32 blk, u32 pos, u32 end, u32 log2_bs, u32 bs_mask,
+                                               u32 num_kv_heads, u32 h, int lane) {
+    constexpr int CPR = PIPE_CB / 16, RPI = 32 / CPR;
+    const bool ok = pos < end;
+    const u64 slot = ((u64)blk << log2_bs) | (pos & bs_mask);
+    const u64 my_sh = ok ? slot * num_kv_heads + h : 0;
+    const u32 my_bytes = ok ? 16u : 0u;
+    const int r = lane / CPR, c = lane % CPR;
+#pragma unroll
+    for (int j = 0; j < 16 / RPI; j++) {
+        const int t = j * RPI + r;
+        const u64 sh = __shfl_sync(0xffffffffu, my_sh, t);
+        const u32 n = __shfl_sync(0xffffffffu, my_bytes, t);
+        const u32 d0 = smem_addr(st + t * PIPE_FROW + c * 16), d1 = smem_addr(st + (16 + t) * PIPE_FROW + c * 16);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d0), "l"(kc + sh * PIPE_CB + c * 16), "r"(n));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d1), "l"(vc + sh * PIPE_CB + c * 16), "r"(n));
+    }
+}
+
+// One 16-token tile of kv head h (block blk, block size 16) into the TMA stage at dst: the
+// stage's mbarrier bar expects its TMA_STAGE bytes, then two boxes of K and two of V.
+__device__ __forceinline__ void tma_copy_tile(u32 dst, u32 bar, u64 kdesc, u64 vdesc, u32 h, u32 blk) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(TMA_STAGE));
+    const int y = (int)(blk * 16);
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        const u64 desc = b < 2 ? kdesc : vdesc;
+        const int x = (int)(h * 128 + (b & 1) * 64);
+        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                     ::"r"(dst + b * 2048), "l"(desc), "r"(x), "r"(y), "r"(bar) : "memory");
+    }
+}
+
+// A stage read back with the decode's 16 ldmatrix.x4 (8 k-steps of K rows, then 8 of V rows),
+// folded into acc: a cp.async stage (pipe_) or a swizzled TMA stage (tma_).
+__device__ __forceinline__ u32 pipe_read_stage(const u8* st, int lane, u32 acc) {
+    const int k_row = (lane & 7) + ((lane >> 3) & 1) * 8, k_col = (lane >> 4) * 8;
+#pragma unroll
+    for (int kk = 0; kk < 16; kk++) {
+        u32 r0, r1, r2, r3;
+        const u8* p = st + (kk / 8) * 16 * PIPE_FROW + k_row * PIPE_FROW + ((kk % 8) * 16 + k_col) * 2;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_addr(p)));
+        acc ^= r0 ^ r1 ^ r2 ^ r3;
+    }
+    return acc;
+}
+__device__ __forceinline__ u32 tma_read_stage(const u8* st, int lane, u32 acc) {
+    const int k_row = (lane & 7) + ((lane >> 3) & 1) * 8, k_col = (lane >> 4) * 8;
+#pragma unroll
+    for (int kk = 0; kk < 16; kk++) {
+        const int dims = (kk % 8) * 16 + k_col, half = dims / 64, chunk = (dims % 64) / 8;
+        const u8* p = st + (kk / 8) * 4096 + half * 2048 + k_row * 128 + ((chunk ^ (k_row & 7)) * 16);
+        u32 r0, r1, r2, r3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_addr(p)));
+        acc ^= r0 ^ r1 ^ r2 ^ r3;
+    }
+    return acc;
+}
+
+// Waits on an mbarrier phase of the probes' mbarrier pipelines.
+__device__ __forceinline__ void ws_wait(u32 bar, u32 parity) {
+    asm volatile("{\n .reg .pred p;\n WS_WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WS_WAIT_%=;\n}\n"
+                 ::"r"(bar), "r"(parity) : "memory");
+}
+// Tiles of warp w when nw warps share ntiles round-robin (w, w + nw, …).
+__device__ __forceinline__ int ws_tiles(u32 ntiles, int nw, int w) {
+    return ntiles > (u32)w ? (int)((ntiles - (u32)w + (u32)nw - 1) / (u32)nw) : 0;
+}
+
 // Copy-pipeline probe: the decode kernel's page copies without its arithmetic, to measure what
 // its pipeline shape alone reaches. grid (num_kv_heads, num_seqs, partitions), NW = blockDim / 32
 // warps, one kv head per CTA, bf16/f16 pages with head_dim 128. Each warp takes the 16-token
@@ -100,15 +180,13 @@ extern "C" __global__ void __launch_bounds__(512)
 pk_paged_pipe(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32* __restrict__ tables,
               u32 max_blocks, u32 ctx, u32 log2_bs, u32 num_kv_heads, u32 part_size, u32 stages, u32 spin,
               u32* __restrict__ sink) {
-    constexpr int CB = 256, FROW = 272, STAGE = 32 * FROW, CPR = CB / 16, RPI = 32 / CPR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const u32 h = blockIdx.x, start = blockIdx.z * part_size, end = min(ctx, start + part_size);
     if (start >= end) return;
     const u32* table = tables + (u64)blockIdx.y * max_blocks;
-    const u32 ntiles = (end - start + 15) / 16;
-    const int my_n = ntiles > (u32)warp ? (int)((ntiles - warp + nw - 1) / nw) : 0;
+    const int my_n = ws_tiles((end - start + 15) / 16, nw, warp);
     extern __shared__ __align__(16) u8 smem[];
-    u8* wst = smem + (u64)warp * stages * STAGE;
+    u8* wst = smem + (u64)warp * stages * PIPE_STAGE;
     const u32 bs_mask = (1u << log2_bs) - 1;
     auto tile_start = [&](int i) -> u32 { return start + (u32)(warp + i * nw) * 16; };
     auto block_of = [&](int i) -> u32 {
@@ -116,29 +194,14 @@ pk_paged_pipe(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32* _
         return (i < my_n && pos < end) ? table[pos >> log2_bs] : 0u;
     };
     auto issue = [&](int i, u32 blk) {
-        u8* st = wst + (i % stages) * STAGE;
-        const u32 pos = tile_start(i) + (lane & 15);
-        const bool ok = pos < end;
-        const u64 slot = ((u64)blk << log2_bs) | (pos & bs_mask);
-        const u64 my_sh = ok ? slot * num_kv_heads + h : 0;
-        const u32 my_bytes = ok ? 16u : 0u;
-        const int r = lane / CPR, c = lane % CPR;
-#pragma unroll
-        for (int j = 0; j < 16 / RPI; j++) {
-            const int t = j * RPI + r;
-            const u64 sh = __shfl_sync(0xffffffffu, my_sh, t);
-            const u32 n = __shfl_sync(0xffffffffu, my_bytes, t);
-            const u32 d0 = smem_addr(st + t * FROW + c * 16), d1 = smem_addr(st + (16 + t) * FROW + c * 16);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d0), "l"(kc + sh * CB + c * 16), "r"(n));
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d1), "l"(vc + sh * CB + c * 16), "r"(n));
-        }
+        pipe_copy_tile(wst + (i % stages) * PIPE_STAGE, kc, vc, blk, tile_start(i) + (lane & 15), end, log2_bs, bs_mask,
+                       num_kv_heads, h, lane);
     };
     for (u32 s = 0; s + 1 < stages; s++) {
         if ((int)s < my_n) issue((int)s, block_of((int)s));
         cp_async_commit();
     }
     u32 next_blk = block_of((int)stages - 1);
-    const int k_row = (lane & 7) + ((lane >> 3) & 1) * 8, k_col = (lane >> 4) * 8;
     u32 acc = 0;
     float f = 1.0f;
     for (int i = 0; i < my_n; i++) {
@@ -156,15 +219,7 @@ pk_paged_pipe(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32* _
             next_blk = block_of(i + (int)stages);
         }
         cp_async_commit();
-        const u8* st = wst + (i % stages) * STAGE;
-#pragma unroll
-        for (int kk = 0; kk < 16; kk++) { // 8 k-steps of K rows, then 8 of V rows
-            u32 r0, r1, r2, r3;
-            const u8* p = st + (kk / 8) * 16 * FROW + k_row * FROW + ((kk % 8) * 16 + k_col) * 2;
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                         : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_addr(p)));
-            acc ^= r0 ^ r1 ^ r2 ^ r3;
-        }
+        acc = pipe_read_stage(wst + (i % stages) * PIPE_STAGE, lane, acc);
         f = __uint_as_float((acc & 0x007fffffu) | 0x3f000000u) + f * 0.5f;
 #pragma unroll 8
         for (u32 j = 0; j < spin; j++) f = fmaf(f, 0.999f, 1e-7f);
@@ -187,13 +242,12 @@ extern "C" __global__ void __launch_bounds__(512)
 pk_paged_pipe_tma(const __grid_constant__ PkTmaDesc kmap, const __grid_constant__ PkTmaDesc vmap,
                   const u32* __restrict__ tables, u32 max_blocks, u32 ctx, u32 part_size, u32 stages, u32 spin,
                   u32* __restrict__ sink) {
-    constexpr int STAGE = 8192; // K: 2 boxes of 16 rows × 128 bytes, then V: the same
+    constexpr int STAGE = TMA_STAGE;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const u32 h = blockIdx.x, start = blockIdx.z * part_size, end = min(ctx, start + part_size);
     if (start >= end) return;
     const u32* table = tables + (u64)blockIdx.y * max_blocks;
-    const u32 ntiles = (end - start + 15) / 16;
-    const int my_n = ntiles > (u32)warp ? (int)((ntiles - warp + nw - 1) / nw) : 0;
+    const int my_n = ws_tiles((end - start + 15) / 16, nw, warp);
     extern __shared__ __align__(16) u8 smem_raw[];
     // Stages (1024-byte aligned for the swizzle: the host adds 1024 bytes) then one mbarrier per
     // stage of every warp.
@@ -209,39 +263,20 @@ pk_paged_pipe_tma(const __grid_constant__ PkTmaDesc kmap, const __grid_constant_
     auto issue = [&](int i) {
         if (lane == 0) {
             const u32 blk = table[(start + (u32)(warp + i * nw) * 16) >> 4];
-            const u32 s = (u32)(i % (int)stages), bar = bars + 8 * s, dst = smem_addr(wst + s * STAGE);
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(STAGE));
-            const int y = (int)(blk * 16);
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                const u64 desc = b < 2 ? kdesc : vdesc;
-                const int x = (int)(h * 128 + (b & 1) * 64);
-                asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                             ::"r"(dst + b * 2048), "l"(desc), "r"(x), "r"(y), "r"(bar) : "memory");
-            }
+            const u32 s = (u32)(i % (int)stages);
+            tma_copy_tile(smem_addr(wst + s * STAGE), bars + 8 * s, kdesc, vdesc, h, blk);
         }
     };
     for (u32 s = 0; s + 1 < stages; s++)
         if ((int)s < my_n) issue((int)s);
-    const int k_row = (lane & 7) + ((lane >> 3) & 1) * 8, k_col = (lane >> 4) * 8;
     u32 acc = 0;
     float f = 1.0f;
     for (int i = 0; i < my_n; i++) {
         const u32 s = (u32)(i % (int)stages), parity = (u32)(i / (int)stages) & 1;
-        asm volatile("{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}\n"
-                     ::"r"(bars + 8 * s), "r"(parity) : "memory");
+        ws_wait(bars + 8 * s, parity);
         __syncwarp();
         if (i + (int)stages - 1 < my_n) issue(i + (int)stages - 1);
-        const u8* st = wst + s * STAGE;
-#pragma unroll
-        for (int kk = 0; kk < 16; kk++) {
-            const int dims = (kk % 8) * 16 + k_col, half = dims / 64, chunk = (dims % 64) / 8;
-            const u8* p = st + (kk / 8) * 4096 + half * 2048 + k_row * 128 + ((chunk ^ (k_row & 7)) * 16);
-            u32 r0, r1, r2, r3;
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                         : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_addr(p)));
-            acc ^= r0 ^ r1 ^ r2 ^ r3;
-        }
+        acc = tma_read_stage(wst + s * STAGE, lane, acc);
         f = __uint_as_float((acc & 0x007fffffu) | 0x3f000000u) + f * 0.5f;
 #pragma unroll 8
         for (u32 j = 0; j < spin; j++) f = fmaf(f, 0.999f, 1e-7f);
@@ -262,10 +297,6 @@ pk_paged_pipe_tma(const __grid_constant__ PkTmaDesc kmap, const __grid_constant_
 // arrival: lane 0 of w once the warp has read the stage). The producer walks steps i = 0, 1, …,
 // and in each step warps 0 … NW − 1 (tile w + i·NW of warp w goes to its stage i % stages); the
 // block ids of step i + 1 are loaded while step i's copies are issued.
-__device__ __forceinline__ void ws_wait(u32 bar, u32 parity) {
-    asm volatile("{\n .reg .pred p;\n WS_WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WS_WAIT_%=;\n}\n"
-                 ::"r"(bar), "r"(parity) : "memory");
-}
 // The two mbarriers of each consumer warp's stages in the warp-specialized probes, laid out after
 // the stages: full [nw][stages], then empty [nw][stages]. Thread 0 initializes them (full with
 // `full_count` arrivals, empty with one); the caller syncs the block before use.
@@ -283,15 +314,11 @@ struct WsBars {
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::);
     }
 };
-// Tiles of consumer warp w when nw warps share ntiles round-robin (w, w + nw, …).
-__device__ __forceinline__ int ws_tiles(u32 ntiles, int nw, int w) {
-    return ntiles > (u32)w ? (int)((ntiles - (u32)w + (u32)nw - 1) / (u32)nw) : 0;
-}
 extern "C" __global__ void __launch_bounds__(544)
 pk_paged_pipe_ws(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32* __restrict__ tables,
                  u32 max_blocks, u32 ctx, u32 log2_bs, u32 num_kv_heads, u32 part_size, u32 stages, u32 spin,
                  u32* __restrict__ sink) {
-    constexpr int CB = 256, FROW = 272, STAGE = 32 * FROW, CPR = CB / 16, RPI = 32 / CPR, MAXW = 16;
+    constexpr int STAGE = PIPE_STAGE, MAXW = 16;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x >> 5) - 1;
     const u32 h = blockIdx.x, start = blockIdx.z * part_size, end = min(ctx, start + part_size);
     if (start >= end || nw < 1 || nw > MAXW) return;
@@ -323,22 +350,8 @@ pk_paged_pipe_ws(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32
             for (int w = 0; w < MAXW; w++) {
                 if (w >= nw || i >= n_of(w)) continue; // warp-uniform
                 if (k > 0) ws_wait(bars.empty(w, st), (k - 1) & 1);
-                u8* dst = smem + ((u64)w * stages + st) * STAGE;
-                const u32 pos = pos_of(w, i);
-                const bool ok = pos < end;
-                const u64 slot = ((u64)blk[w] << log2_bs) | (pos & bs_mask);
-                const u64 my_sh = ok ? slot * num_kv_heads + h : 0;
-                const u32 my_bytes = ok ? 16u : 0u;
-                const int r = lane / CPR, c = lane % CPR;
-#pragma unroll
-                for (int j = 0; j < 16 / RPI; j++) {
-                    const int t = j * RPI + r;
-                    const u64 sh = __shfl_sync(0xffffffffu, my_sh, t);
-                    const u32 n = __shfl_sync(0xffffffffu, my_bytes, t);
-                    const u32 d0 = smem_addr(dst + t * FROW + c * 16), d1 = smem_addr(dst + (16 + t) * FROW + c * 16);
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d0), "l"(kc + sh * CB + c * 16), "r"(n));
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d1), "l"(vc + sh * CB + c * 16), "r"(n));
-                }
+                pipe_copy_tile(smem + ((u64)w * stages + st) * STAGE, kc, vc, blk[w], pos_of(w, i), end, log2_bs, bs_mask,
+                               num_kv_heads, h, lane);
                 asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bars.full(w, st)) : "memory");
             }
 #pragma unroll
@@ -347,20 +360,11 @@ pk_paged_pipe_ws(const u8* __restrict__ kc, const u8* __restrict__ vc, const u32
         cp_async_wait<0>();
     } else { // a consumer: pk_paged_pipe's per-tile reads and FMA chain
         const int my_n = n_of(warp);
-        const int k_row = (lane & 7) + ((lane >> 3) & 1) * 8, k_col = (lane >> 4) * 8;
         float f = 1.0f;
         for (int i = 0; i < my_n; i++) {
             const u32 st = (u32)i % stages;
             ws_wait(bars.full(warp, st), ((u32)i / stages) & 1);
-            const u8* sp = smem + ((u64)warp * stages + st) * STAGE;
-#pragma unroll
-            for (int kk = 0; kk < 16; kk++) {
-                u32 r0, r1, r2, r3;
-                const u8* p = sp + (kk / 8) * 16 * FROW + k_row * FROW + ((kk % 8) * 16 + k_col) * 2;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                             : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_addr(p)));
-                acc ^= r0 ^ r1 ^ r2 ^ r3;
-            }
+            acc = pipe_read_stage(smem + ((u64)warp * stages + st) * STAGE, lane, acc);
             __syncwarp(); // every lane has read the stage
             if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bars.empty(warp, st)) : "memory");
             f = __uint_as_float((acc & 0x007fffffu) | 0x3f000000u) + f * 0.5f;
@@ -383,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(544)
 pk_paged_pipe_ws_tma(const __grid_constant__ PkTmaDesc kmap, const __grid_constant__ PkTmaDesc vmap,
                      const u32* __restrict__ tables, u32 max_blocks, u32 ctx, u32 part_size, u32 stages, u32 spin,
                      u32* __restrict__ sink) {
-    constexpr int STAGE = 8192, MAXW = 16;
+    constexpr int STAGE = TMA_STAGE, MAXW = 16;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x >> 5) - 1;
     const u32 h = blockIdx.x, start = blockIdx.z * part_size, end = min(ctx, start + part_size);
     if (start >= end || nw < 1 || nw > MAXW) return;
@@ -410,36 +414,17 @@ pk_paged_pipe_ws_tma(const __grid_constant__ PkTmaDesc kmap, const __grid_consta
                 const u32 next = blk_of(i + 1);
                 const u32 st = (u32)i % stages, k = (u32)i / stages;
                 if (k > 0) ws_wait(bars.empty(w, st), (k - 1) & 1);
-                const u32 bar = bars.full(w, st), dst = smem_addr(smem + ((u64)w * stages + st) * STAGE);
-                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(STAGE));
-                const int y = (int)(blk * 16);
-#pragma unroll
-                for (int bx = 0; bx < 4; bx++) {
-                    const u64 desc = bx < 2 ? kdesc : vdesc;
-                    const int x = (int)(h * 128 + (bx & 1) * 64);
-                    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                                 ::"r"(dst + bx * 2048), "l"(desc), "r"(x), "r"(y), "r"(bar) : "memory");
-                }
+                tma_copy_tile(smem_addr(smem + ((u64)w * stages + st) * STAGE), bars.full(w, st), kdesc, vdesc, h, blk);
                 blk = next;
             }
         }
     } else {
         const int my_n = n_of(warp);
-        const int k_row = (lane & 7) + ((lane >> 3) & 1) * 8, k_col = (lane >> 4) * 8;
         float f = 1.0f;
         for (int i = 0; i < my_n; i++) {
             const u32 st = (u32)i % stages;
             ws_wait(bars.full(warp, st), ((u32)i / stages) & 1);
-            const u8* sp = smem + ((u64)warp * stages + st) * STAGE;
-#pragma unroll
-            for (int kk = 0; kk < 16; kk++) {
-                const int dims = (kk % 8) * 16 + k_col, half = dims / 64, chunk = (dims % 64) / 8;
-                const u8* p = sp + (kk / 8) * 4096 + half * 2048 + k_row * 128 + ((chunk ^ (k_row & 7)) * 16);
-                u32 r0, r1, r2, r3;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                             : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_addr(p)));
-                acc ^= r0 ^ r1 ^ r2 ^ r3;
-            }
+            acc = tma_read_stage(smem + ((u64)warp * stages + st) * STAGE, lane, acc);
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             __syncwarp(); // every lane has read the stage
             if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bars.empty(warp, st)) : "memory");
