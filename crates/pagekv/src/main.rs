@@ -4,6 +4,7 @@
 //! [`settings`]. Errors are one line on stderr and a non-zero exit code.
 
 mod commands;
+mod config;
 mod default_model;
 mod engine_backend;
 mod load;

@@ -134,8 +134,8 @@ pub enum Device {
 impl Device {
     /// Reads `PAGEKV_DEVICE` (`cpu`, `cuda`, `cuda:N`; default `cpu`).
     pub fn from_env() -> anyhow::Result<Device> {
-        match std::env::var("PAGEKV_DEVICE") {
-            Ok(v) if !v.trim().is_empty() => Device::parse(v.trim()),
+        match crate::config::env_lookup("PAGEKV_DEVICE") {
+            Some(v) if !v.trim().is_empty() => Device::parse(v.trim()),
             _ => Ok(Device::Cpu),
         }
     }
