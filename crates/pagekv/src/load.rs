@@ -40,7 +40,7 @@ pub fn load(explicit: Option<&Path>, template_override: Option<&Path>) -> Result
         }
         None => ChatTemplate::from_gguf(file.metadata()).context("invalid chat template in the model")?,
     };
-    let attention = AttentionConfig::from_env()?;
+    let attention = AttentionConfig::from_lookup(crate::config::env_lookup)?;
     let model =
         Model::from_file(file.clone(), attention).with_context(|| format!("cannot load model {}", path.display()))?;
     if let Some(s) = spinner {
@@ -58,7 +58,7 @@ pub fn cache_config(model: &Model) -> Result<CacheConfig> {
     cfg.dynamic_growth = true;
     cfg.context_window = Some(c.context_length);
     cfg.sliding_window = c.sliding_window;
-    let cfg = cfg.with_env()?;
+    let cfg = cfg.with_env_from(crate::config::env_lookup)?;
     cfg.format.validate(c.head_dim)?;
     Ok(cfg)
 }

@@ -114,20 +114,20 @@ fn main() -> ExitCode {
 fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(a) => {
-            a.model.export();
+            a.model.install();
             commands::run::run(a)
         }
         Command::Chat(a) => {
-            a.model.export();
+            a.model.install();
             commands::chat::run(a)
         }
         Command::Serve(a) => {
-            a.model.export();
+            a.model.install();
             commands::serve::run(a)
         }
         Command::Inspect { file, json } => commands::inspect::run(&file, json),
         Command::Eval(a) => {
-            a.model.export();
+            a.model.install();
             commands::eval::run(a)
         }
         Command::Bench(BenchCommand::Cache { json, formats, runs, layers, kv_heads, head_dim }) => {
@@ -148,8 +148,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             cooldown_ms,
             runtime,
         }) => {
-            runtime.export();
-            let device = Device::from_env()?;
+            runtime.install();
+            let device = runtime.device.unwrap_or(Device::Cpu);
             let opts = commands::bench::AttentionOpts {
                 formats: formats.as_deref(),
                 shapes: shapes.as_deref(),
@@ -161,11 +161,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             commands::bench::attention(json, device, opts)
         }
         Command::Bench(BenchCommand::Decode(a)) => {
-            a.model.export();
+            a.model.install();
             commands::decode::run(a)
         }
         Command::Bench(BenchCommand::Serve(a)) => {
-            a.model.export();
+            a.model.install();
             commands::bench_serve::run(a)
         }
     }

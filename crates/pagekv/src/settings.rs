@@ -1,9 +1,8 @@
 //! Flags shared by the subcommands and their `PAGEKV_*` variables.
 //!
-//! Every setting is a flag and a variable; the flag wins. Flags are validated by clap (its
-//! error names the flag and lists the accepted values) and then exported into the process
-//! environment before any configuration is read, so the libraries read one source — the
-//! variables — with their own checks (whose errors name the variable).
+//! Every setting is a flag and a variable; the flag wins. clap reads both (`env = …`) and
+//! validates them (its error names the flag and lists the accepted values); the values are then
+//! handed to [`crate::config`], the one place the libraries' typed configuration is built from.
 
 use std::path::PathBuf;
 
@@ -24,104 +23,126 @@ pub struct ModelArgs {
     pub runtime: RuntimeArgs,
 }
 
-impl ModelArgs {
-    /// Exports the flags as `PAGEKV_*` variables (before any thread or config exists).
-    pub fn export(&self) {
-        self.cache.export();
-        self.runtime.export();
-    }
-}
-
 /// KV cache settings (crate `kvcache`).
 #[derive(Args, Clone, Debug, Default)]
 pub struct CacheArgs {
     /// KV storage format [env: PAGEKV_KV_QUANT].
-    #[arg(long, value_name = "FORMAT", value_parser = ["off", "f32", "f16", "bf16", "q8", "q4", "q4r", "turbo"])]
+    #[arg(long, value_name = "FORMAT", env = "PAGEKV_KV_QUANT", hide_env = true,
+          value_parser = ["off", "f32", "f16", "bf16", "q8", "q4", "q4r", "turbo"])]
     pub kv_quant: Option<String>,
     /// Turbo key bits: 2, 3, 4 or 8 [env: PAGEKV_TURBO_K_BITS].
-    #[arg(long, value_name = "BITS", value_parser = ["2", "3", "4", "8"])]
+    #[arg(long, value_name = "BITS", env = "PAGEKV_TURBO_K_BITS", hide_env = true, value_parser = ["2", "3", "4", "8"])]
     pub turbo_k_bits: Option<String>,
     /// Turbo value bits: 2, 3, 4 or 8 [env: PAGEKV_TURBO_V_BITS].
-    #[arg(long, value_name = "BITS", value_parser = ["2", "3", "4", "8"])]
+    #[arg(long, value_name = "BITS", env = "PAGEKV_TURBO_V_BITS", hide_env = true, value_parser = ["2", "3", "4", "8"])]
     pub turbo_v_bits: Option<String>,
     /// Grow a sequence's cache block by block as tokens arrive (`--dynamic-kv` or
     /// `--dynamic-kv=0|1`) [env: PAGEKV_DYNAMIC_KV].
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "1",
-          value_parser = ["0", "1", "true", "false", "on", "off", "yes", "no"])]
-    pub dynamic_kv: Option<String>,
+          env = "PAGEKV_DYNAMIC_KV", hide_env = true, value_parser = crate::config::parse_bool)]
+    pub dynamic_kv: Option<bool>,
     /// Most tokens a sequence may hold (default: the model's context length) [env: PAGEKV_CONTEXT_WINDOW].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", env = "PAGEKV_CONTEXT_WINDOW", hide_env = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub context_window: Option<u64>,
     /// Tokens per block: 8, 16 or 32 [env: PAGEKV_BLOCK_SIZE].
-    #[arg(long, value_name = "N", value_parser = ["8", "16", "32"])]
+    #[arg(long, value_name = "N", env = "PAGEKV_BLOCK_SIZE", hide_env = true, value_parser = ["8", "16", "32"])]
     pub block_size: Option<String>,
     /// Blocks in the pool [env: PAGEKV_NUM_BLOCKS].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", env = "PAGEKV_NUM_BLOCKS", hide_env = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub num_blocks: Option<u64>,
     /// Attention sees only the last N tokens; older blocks return to the pool [env: PAGEKV_SLIDING_WINDOW].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", env = "PAGEKV_SLIDING_WINDOW", hide_env = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub sliding_window: Option<u64>,
-    /// Print block tables on growth, trim and fork [env: PAGEKV_DEBUG_BLOCKS].
-    #[arg(long)]
-    pub debug_blocks: bool,
+    /// Print block tables on growth, trim and fork (`--debug-blocks` or `--debug-blocks=0|1`)
+    /// [env: PAGEKV_DEBUG_BLOCKS].
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "1",
+          env = "PAGEKV_DEBUG_BLOCKS", hide_env = true, value_parser = crate::config::parse_bool)]
+    pub debug_blocks: Option<bool>,
 }
 
 /// Kernel and device settings.
 #[derive(Args, Clone, Debug, Default)]
 pub struct RuntimeArgs {
     /// Attention path [env: PAGEKV_ATTN_IMPL].
-    #[arg(long, value_name = "IMPL", value_parser = ["auto", "reference", "primitive", "partitioned"])]
+    #[arg(long, value_name = "IMPL", env = "PAGEKV_ATTN_IMPL", hide_env = true,
+          value_parser = ["auto", "reference", "primitive", "partitioned"])]
     pub attn_impl: Option<String>,
     /// Attention numerics on the CPU: auto (ggml for an f16 KV cache, fast for the other formats
     /// and in the server), fast (the kernels' own rounding, the same however a token was
     /// batched or cached) or ggml (llama.cpp's, step by step; f16 KV cache only)
     /// [env: PAGEKV_ATTN_NUMERICS; default auto].
-    #[arg(long, value_name = "NUMERICS", value_parser = ["auto", "fast", "ggml"])]
+    #[arg(long, value_name = "NUMERICS", env = "PAGEKV_ATTN_NUMERICS", hide_env = true,
+          value_parser = ["auto", "fast", "ggml"])]
     pub attn_numerics: Option<String>,
     /// Tokens per partition of the partitioned attention path [env: PAGEKV_PARTITION_SIZE].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", env = "PAGEKV_PARTITION_SIZE", hide_env = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub partition_size: Option<u64>,
     /// Worker threads (default: the CPU's cores) [env: PAGEKV_THREADS].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    #[arg(long, value_name = "N", env = "PAGEKV_THREADS", hide_env = true,
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub threads: Option<u64>,
     /// Device: cpu or cuda[:N] [env: PAGEKV_DEVICE].
-    #[arg(long, value_name = "DEVICE")]
-    pub device: Option<String>,
+    #[arg(long, value_name = "DEVICE", env = "PAGEKV_DEVICE", hide_env = true, value_parser = Device::parse)]
+    pub device: Option<Device>,
 }
 
 impl CacheArgs {
-    /// Exports the given flags as their variables.
-    pub fn export(&self) {
-        set("PAGEKV_KV_QUANT", self.kv_quant.clone());
-        set("PAGEKV_TURBO_K_BITS", self.turbo_k_bits.clone());
-        set("PAGEKV_TURBO_V_BITS", self.turbo_v_bits.clone());
-        set("PAGEKV_DYNAMIC_KV", self.dynamic_kv.clone());
-        set("PAGEKV_CONTEXT_WINDOW", self.context_window.map(|v| v.to_string()));
-        set("PAGEKV_BLOCK_SIZE", self.block_size.clone());
-        set("PAGEKV_NUM_BLOCKS", self.num_blocks.map(|v| v.to_string()));
-        set("PAGEKV_SLIDING_WINDOW", self.sliding_window.map(|v| v.to_string()));
-        if self.debug_blocks {
-            set("PAGEKV_DEBUG_BLOCKS", Some("1".into()));
-        }
+    /// The given settings as `(variable, value)` pairs.
+    pub fn given(&self) -> Vec<(&'static str, String)> {
+        let mut v = Vec::new();
+        given(&mut v, "PAGEKV_KV_QUANT", self.kv_quant.clone());
+        given(&mut v, "PAGEKV_TURBO_K_BITS", self.turbo_k_bits.clone());
+        given(&mut v, "PAGEKV_TURBO_V_BITS", self.turbo_v_bits.clone());
+        given(&mut v, "PAGEKV_DYNAMIC_KV", self.dynamic_kv.map(bool_text));
+        given(&mut v, "PAGEKV_CONTEXT_WINDOW", self.context_window.map(|n| n.to_string()));
+        given(&mut v, "PAGEKV_BLOCK_SIZE", self.block_size.clone());
+        given(&mut v, "PAGEKV_NUM_BLOCKS", self.num_blocks.map(|n| n.to_string()));
+        given(&mut v, "PAGEKV_SLIDING_WINDOW", self.sliding_window.map(|n| n.to_string()));
+        given(&mut v, "PAGEKV_DEBUG_BLOCKS", self.debug_blocks.map(bool_text));
+        v
     }
 }
 
 impl RuntimeArgs {
-    /// Exports the given flags as their variables.
-    pub fn export(&self) {
-        set("PAGEKV_ATTN_IMPL", self.attn_impl.clone());
-        set("PAGEKV_ATTN_NUMERICS", self.attn_numerics.clone());
-        set("PAGEKV_PARTITION_SIZE", self.partition_size.map(|v| v.to_string()));
-        set("PAGEKV_THREADS", self.threads.map(|v| v.to_string()));
-        set("PAGEKV_DEVICE", self.device.clone());
+    /// The given settings as `(variable, value)` pairs.
+    pub fn given(&self) -> Vec<(&'static str, String)> {
+        let mut v = Vec::new();
+        given(&mut v, "PAGEKV_ATTN_IMPL", self.attn_impl.clone());
+        given(&mut v, "PAGEKV_ATTN_NUMERICS", self.attn_numerics.clone());
+        given(&mut v, "PAGEKV_PARTITION_SIZE", self.partition_size.map(|n| n.to_string()));
+        given(&mut v, "PAGEKV_THREADS", self.threads.map(|n| n.to_string()));
+        given(&mut v, "PAGEKV_DEVICE", self.device.map(|d| d.to_string()));
+        v
+    }
+
+    /// Hands the settings to [`crate::config`] (once, before any configuration is built).
+    pub fn install(&self) {
+        crate::config::install(self.given());
     }
 }
 
-fn set(name: &str, value: Option<String>) {
-    if let Some(v) = value {
-        // Called from `main` before any other thread exists.
-        std::env::set_var(name, v);
+impl ModelArgs {
+    /// Hands the model's and the runtime's settings to [`crate::config`] (once, before any
+    /// configuration is built).
+    pub fn install(&self) {
+        let mut v = self.cache.given();
+        v.extend(self.runtime.given());
+        crate::config::install(v);
     }
+}
+
+fn given(into: &mut Vec<(&'static str, String)>, name: &'static str, value: Option<String>) {
+    if let Some(value) = value {
+        into.push((name, value));
+    }
+}
+
+fn bool_text(b: bool) -> String {
+    if b { "1" } else { "0" }.to_string()
 }
 
 /// Where the model runs.
@@ -151,6 +172,15 @@ impl Device {
                 let n = v.strip_prefix("cuda:").ok_or_else(bad)?;
                 n.parse().map(Device::Cuda).map_err(|_| bad())
             }
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
         }
     }
 }

@@ -89,7 +89,7 @@ mod imp {
         base.format = KvFormat::Bf16;
         base.dynamic_growth = true;
         base.context_window = Some(c.context_length);
-        let base = base.with_env()?;
+        let base = base.with_env_from(crate::config::env_lookup)?;
         let formats = match (&a.formats, &a.model.cache.kv_quant) {
             (Some(list), _) => super::super::parse_formats(list)?,
             (None, Some(_)) => vec![base.format],

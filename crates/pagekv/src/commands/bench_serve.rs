@@ -147,7 +147,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
     let handle = engine.handle();
     let info = handle.info().clone();
     let backend = Arc::new(EngineBackend::new(engine.handle(), tokenizer, loaded.template, model_id.clone()));
-    let threads = std::env::var("PAGEKV_THREADS").ok().and_then(|t| t.parse::<usize>().ok());
+    let threads = crate::config::env_lookup("PAGEKV_THREADS").and_then(|t| t.parse::<usize>().ok());
     let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;

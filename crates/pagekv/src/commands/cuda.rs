@@ -194,8 +194,8 @@ pub fn bench_attention(_device: usize, _json: bool, _opts: &super::bench::Attent
 /// The weight type of the GPU model: `PAGEKV_CUDA_WEIGHTS` (`bf16`, the default, or `f32`).
 #[cfg(feature = "cuda")]
 pub(crate) fn weight_dtype() -> Result<pagekv_cuda::DType> {
-    match std::env::var("PAGEKV_CUDA_WEIGHTS") {
-        Ok(v) if !v.trim().is_empty() => {
+    match crate::config::env_lookup("PAGEKV_CUDA_WEIGHTS") {
+        Some(v) if !v.trim().is_empty() => {
             Ok(pagekv_cuda::DType::parse(v.trim()).map_err(|e| anyhow::anyhow!("PAGEKV_CUDA_WEIGHTS: {e}"))?)
         }
         _ => Ok(pagekv_cuda::DType::Bf16),
@@ -204,7 +204,7 @@ pub(crate) fn weight_dtype() -> Result<pagekv_cuda::DType> {
 
 /// The KV format on the GPU: bf16 unless `--kv-quant` / `PAGEKV_KV_QUANT` says otherwise.
 pub fn gpu_cache(mut cfg: kvcache::CacheConfig) -> kvcache::CacheConfig {
-    if std::env::var("PAGEKV_KV_QUANT").map_or(true, |v| v.trim().is_empty()) {
+    if crate::config::env_lookup("PAGEKV_KV_QUANT").map_or(true, |v| v.trim().is_empty()) {
         cfg.format = kvcache::KvFormat::Bf16;
     }
     cfg
