@@ -100,9 +100,9 @@ fn is_empty_array(v: &Value) -> bool {
     v.as_array().is_some_and(Vec::is_empty)
 }
 
-/// A parsed chat completion request.
+/// A parsed chat or text completion request: the served model name, the generation, how to stream.
 #[derive(Debug)]
-pub(crate) struct ChatRequest {
+pub(crate) struct GenerationRequest {
     pub model: String,
     pub spec: Spec,
     stream: StreamOptions,
@@ -110,7 +110,7 @@ pub(crate) struct ChatRequest {
 
 /// Validates a chat completion request body (everything except the prompt's length, which
 /// needs the tokenizer).
-pub(crate) fn parse_chat(f: &mut Fields, served: &str, window: usize) -> Result<ChatRequest, ApiError> {
+pub(crate) fn parse_chat(f: &mut Fields, served: &str, window: usize) -> Result<GenerationRequest, ApiError> {
     let model = check_model(f, served)?;
     let messages = match f.take("messages") {
         None => return Err(ApiError::invalid("messages", "'messages' is required.")),
@@ -154,7 +154,7 @@ pub(crate) fn parse_chat(f: &mut Fields, served: &str, window: usize) -> Result<
     f.reject_unless("audio", "audio output is not supported", |_| false)?;
     f.reject_unless("prediction", "predicted outputs are not supported", |_| false)?;
     f.reject_unless("web_search_options", "web search is not supported", |_| false)?;
-    Ok(ChatRequest {
+    Ok(GenerationRequest {
         model,
         spec: Spec {
             prompt: Prompt::Chat(messages),
@@ -283,16 +283,8 @@ pub(crate) fn content_text(v: Value, param: &str) -> Result<String, ApiError> {
     }
 }
 
-/// A parsed (legacy) completion request.
-#[derive(Debug)]
-pub(crate) struct CompletionRequest {
-    pub model: String,
-    pub spec: Spec,
-    stream: StreamOptions,
-}
-
 /// Validates a `/v1/completions` request body.
-pub(crate) fn parse_completion(f: &mut Fields, served: &str, window: usize) -> Result<CompletionRequest, ApiError> {
+pub(crate) fn parse_completion(f: &mut Fields, served: &str, window: usize) -> Result<GenerationRequest, ApiError> {
     let model = check_model(f, served)?;
     let prompt = match f.take("prompt") {
         None => return Err(ApiError::invalid("prompt", "'prompt' is required.")),
@@ -314,7 +306,7 @@ pub(crate) fn parse_completion(f: &mut Fields, served: &str, window: usize) -> R
     reject_unsupported_common(f)?;
     f.reject_unless("echo", "echoing the prompt is not implemented", |v| v.as_bool() == Some(false))?;
     f.reject_unless("suffix", "insertion (suffix) is not implemented", |v| v.as_str() == Some(""))?;
-    Ok(CompletionRequest {
+    Ok(GenerationRequest {
         model,
         spec: Spec {
             prompt,
@@ -383,80 +375,72 @@ pub(crate) async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let arrived = Instant::now();
-    chat(state, arrived, body).await.unwrap_or_else(IntoResponse::into_response)
-}
-
-async fn chat(
-    state: Arc<AppState>,
-    arrived: Instant,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = read_body(body, state.max_body_bytes)?;
-    let mut f = parse_object(&body)?;
-    let backend = &state.backend;
-    let req = parse_chat(&mut f, backend.model_id(), backend.context_window())?;
-    f.finish(IGNORED)?;
-    let want_logprobs = req.spec.logprobs.is_some();
-    let job = generation::start(&state, arrived, req.spec).await?;
-    let head = Head { id: state.request_id("chatcmpl-"), created: unix_now(), model: req.model };
-    if req.stream.stream {
-        let encoder = ChatEncoder { head, include_usage: req.stream.include_usage };
-        return Ok(sse_response(sse_stream(job, encoder)));
-    }
-    let c = collect(job).await?;
-    let logprobs = want_logprobs
-        .then(|| json!({"content": c.logprobs.iter().map(chat_logprob).collect::<Vec<_>>(), "refusal": null}));
-    Ok(Json(json!({
-        "id": head.id,
-        "object": "chat.completion",
-        "created": head.created,
-        "model": head.model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": c.text, "refusal": null},
-            "logprobs": logprobs,
-            "finish_reason": c.finish_reason.as_str(),
-        }],
-        "usage": usage_json(&c.usage),
-    }))
-    .into_response())
+    respond(state, arrived, body, Endpoint::Chat).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 pub(crate) async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     let arrived = Instant::now();
-    completion(state, arrived, body).await.unwrap_or_else(IntoResponse::into_response)
+    respond(state, arrived, body, Endpoint::Completion).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn completion(
+/// The two OpenAI generation endpoints, which differ only in their request and response shapes.
+#[derive(Clone, Copy, Debug)]
+enum Endpoint {
+    Chat,
+    Completion,
+}
+
+/// One request of either endpoint: validate, start the generation, then stream its chunks or
+/// answer with the whole response object.
+async fn respond(
     state: Arc<AppState>,
     arrived: Instant,
     body: Result<Bytes, BytesRejection>,
+    endpoint: Endpoint,
 ) -> Result<Response, ApiError> {
     let body = read_body(body, state.max_body_bytes)?;
     let mut f = parse_object(&body)?;
-    let backend = &state.backend;
-    let req = parse_completion(&mut f, backend.model_id(), backend.context_window())?;
+    let (served, window) = (state.backend.model_id(), state.backend.context_window());
+    let req = match endpoint {
+        Endpoint::Chat => parse_chat(&mut f, served, window)?,
+        Endpoint::Completion => parse_completion(&mut f, served, window)?,
+    };
     f.finish(IGNORED)?;
     let want_logprobs = req.spec.logprobs.is_some();
     let job = generation::start(&state, arrived, req.spec).await?;
-    let head = Head { id: state.request_id("cmpl-"), created: unix_now(), model: req.model };
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl-",
+        Endpoint::Completion => "cmpl-",
+    };
+    let head = Head { id: state.request_id(prefix), created: unix_now(), model: req.model };
+    let include_usage = req.stream.include_usage;
     if req.stream.stream {
-        let encoder = CompletionEncoder { head, include_usage: req.stream.include_usage, chars: 0 };
-        return Ok(sse_response(sse_stream(job, encoder)));
+        return Ok(match endpoint {
+            Endpoint::Chat => sse_response(sse_stream(job, ChatEncoder { head, include_usage })),
+            Endpoint::Completion => sse_response(sse_stream(job, CompletionEncoder { head, include_usage, chars: 0 })),
+        });
     }
     let c = collect(job).await?;
-    let logprobs = want_logprobs.then(|| completion_logprobs(&c.logprobs, &c.text_offsets));
+    let (object, choice) = match endpoint {
+        Endpoint::Chat => {
+            let logprobs = want_logprobs
+                .then(|| json!({"content": c.logprobs.iter().map(chat_logprob).collect::<Vec<_>>(), "refusal": null}));
+            let message = json!({"role": "assistant", "content": c.text, "refusal": null});
+            ("chat.completion", json!({"index": 0, "message": message, "logprobs": logprobs}))
+        }
+        Endpoint::Completion => {
+            let logprobs = want_logprobs.then(|| completion_logprobs(&c.logprobs, &c.text_offsets));
+            ("text_completion", json!({"index": 0, "text": c.text, "logprobs": logprobs}))
+        }
+    };
+    let mut choice = choice;
+    choice["finish_reason"] = json!(c.finish_reason.as_str());
     Ok(Json(json!({
         "id": head.id,
-        "object": "text_completion",
+        "object": object,
         "created": head.created,
         "model": head.model,
-        "choices": [{
-            "index": 0,
-            "text": c.text,
-            "logprobs": logprobs,
-            "finish_reason": c.finish_reason.as_str(),
-        }],
+        "choices": [choice],
         "usage": usage_json(&c.usage),
     }))
     .into_response())
