@@ -102,7 +102,7 @@ fn is_empty_array(v: &Value) -> bool {
 
 /// A parsed chat or text completion request: the served model name, the generation, how to stream.
 #[derive(Debug)]
-pub(crate) struct GenerationRequest {
+pub(crate) struct OpenAiRequest {
     pub model: String,
     pub spec: Spec,
     stream: StreamOptions,
@@ -110,7 +110,7 @@ pub(crate) struct GenerationRequest {
 
 /// Validates a chat completion request body (everything except the prompt's length, which
 /// needs the tokenizer).
-pub(crate) fn parse_chat(f: &mut Fields, served: &str, window: usize) -> Result<GenerationRequest, ApiError> {
+pub(crate) fn parse_chat(f: &mut Fields, served: &str, window: usize) -> Result<OpenAiRequest, ApiError> {
     let model = check_model(f, served)?;
     let messages = match f.take("messages") {
         None => return Err(ApiError::invalid("messages", "'messages' is required.")),
@@ -154,7 +154,7 @@ pub(crate) fn parse_chat(f: &mut Fields, served: &str, window: usize) -> Result<
     f.reject_unless("audio", "audio output is not supported", |_| false)?;
     f.reject_unless("prediction", "predicted outputs are not supported", |_| false)?;
     f.reject_unless("web_search_options", "web search is not supported", |_| false)?;
-    Ok(GenerationRequest {
+    Ok(OpenAiRequest {
         model,
         spec: Spec {
             prompt: Prompt::Chat(messages),
@@ -284,7 +284,7 @@ pub(crate) fn content_text(v: Value, param: &str) -> Result<String, ApiError> {
 }
 
 /// Validates a `/v1/completions` request body.
-pub(crate) fn parse_completion(f: &mut Fields, served: &str, window: usize) -> Result<GenerationRequest, ApiError> {
+pub(crate) fn parse_completion(f: &mut Fields, served: &str, window: usize) -> Result<OpenAiRequest, ApiError> {
     let model = check_model(f, served)?;
     let prompt = match f.take("prompt") {
         None => return Err(ApiError::invalid("prompt", "'prompt' is required.")),
@@ -306,7 +306,7 @@ pub(crate) fn parse_completion(f: &mut Fields, served: &str, window: usize) -> R
     reject_unsupported_common(f)?;
     f.reject_unless("echo", "echoing the prompt is not implemented", |v| v.as_bool() == Some(false))?;
     f.reject_unless("suffix", "insertion (suffix) is not implemented", |v| v.as_str() == Some(""))?;
-    Ok(GenerationRequest {
+    Ok(OpenAiRequest {
         model,
         spec: Spec {
             prompt,

@@ -1,7 +1,7 @@
 //! Harness for driving a real `pagekv serve` process: [`ServerProcess`] spawns the binary on
-//! 127.0.0.1 with `--port 0`, reads the address it prints on stderr, and kills it on drop; a
-//! small HTTP/1.1 client over hyper (one connection per request), an SSE reader, raw-socket
-//! requests for disconnect tests, and a Prometheus text parser for `/metrics`.
+//! 127.0.0.1 with `--port 0`, reads the address it prints on stderr, and kills it on drop; it is
+//! driven by the shared HTTP test client (`pagekv_testkit`: requests, SSE, `/metrics`), plus
+//! raw-socket requests for disconnect tests.
 //!
 //! Every wait is bounded: a stalled server fails the test instead of hanging it. The servers
 //! of one test binary run one at a time (a process-wide lock held by each [`ServerProcess`]):
@@ -9,7 +9,6 @@
 
 #![allow(dead_code)] // Each test binary uses a different part of the harness.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -19,10 +18,7 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::Request;
-use hyper_util::rt::TokioIo;
+pub use pagekv_testkit::{Metrics, Reply, SseReader};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -42,10 +38,7 @@ pub fn serial() -> MutexGuard<'static, ()> {
 
 /// Fails the test if `fut` takes longer than `limit`.
 pub async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(v) => v,
-        Err(_) => panic!("stalled for {limit:?}: {what}"),
-    }
+    pagekv_testkit::within(limit, what, fut).await
 }
 
 /// A running `pagekv serve` child process.
@@ -232,69 +225,9 @@ fn model_id(path: &Path) -> String {
     name.strip_suffix(".gguf").unwrap_or(&name).to_string()
 }
 
-/// A complete response.
-#[derive(Debug)]
-pub struct Reply {
-    pub status: u16,
-    pub body: Bytes,
-}
-
-impl Reply {
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("response is not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
-    }
-
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    /// Asserts a 200 and returns the JSON body.
-    pub fn ok(&self) -> Value {
-        assert_eq!(self.status, 200, "{}", self.text());
-        self.json()
-    }
-
-    /// Asserts the OpenAI error shape with `status` and returns the error object.
-    pub fn error(&self, status: u16) -> Value {
-        assert_eq!(self.status, status, "{}", self.text());
-        let e = self.json()["error"].clone();
-        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "no message: {e}");
-        assert!(e["type"].is_string(), "no type: {e}");
-        let keys = e.as_object().expect("error is an object");
-        assert!(keys.contains_key("param") && keys.contains_key("code"), "missing param/code: {e}");
-        e
-    }
-}
-
-async fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Bytes,
-) -> hyper::Response<Incoming> {
-    let stream = TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.expect("handshake");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let mut builder = Request::builder().method(method).uri(path).header("host", addr.to_string());
-    for (k, v) in headers {
-        builder = builder.header(*k, *v);
-    }
-    sender.send_request(builder.body(Full::new(body)).expect("request")).await.expect("send request")
-}
-
 /// One request on a fresh connection; waits for the whole body.
 pub async fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: Bytes) -> Reply {
-    within(REQUEST_TIMEOUT, &format!("{method} {path}"), async {
-        let response = request(addr, method, path, headers, body).await;
-        let status = response.status().as_u16();
-        let body = response.into_body().collect().await.expect("read body").to_bytes();
-        Reply { status, body }
-    })
-    .await
+    pagekv_testkit::send(REQUEST_TIMEOUT, addr, method, path, headers, body).await
 }
 
 /// A JSON POST to `addr` (for client tasks that cannot borrow the server).
@@ -304,107 +237,8 @@ pub async fn send_json(addr: SocketAddr, path: &str, body: &Value) -> Reply {
 
 /// Starts a streaming JSON POST to `addr` and returns the status and the open body.
 pub async fn open_stream_at(addr: SocketAddr, path: &str, body: &Value) -> (u16, SseReader) {
-    let response = within(
-        REQUEST_TIMEOUT,
-        "stream headers",
-        request(addr, "POST", path, &[("content-type", "application/json")], Bytes::from(body.to_string())),
-    )
-    .await;
-    let status = response.status().as_u16();
-    (status, SseReader { body: response.into_body(), buffer: String::new() })
-}
-
-/// Reads server-sent events from a streaming body as they arrive.
-pub struct SseReader {
-    body: Incoming,
-    buffer: String,
-}
-
-impl SseReader {
-    /// The next event's `data`, or `None` at the end of the body.
-    pub async fn next_data(&mut self) -> Option<String> {
-        loop {
-            if let Some(end) = self.buffer.find("\n\n") {
-                let block: String = self.buffer.drain(..end + 2).collect();
-                let mut data = String::new();
-                for line in block.lines() {
-                    if let Some(v) = line.strip_prefix("data: ") {
-                        data.push_str(v);
-                    } else if !(line.is_empty() || line.starts_with("event: ") || line.starts_with(':')) {
-                        panic!("unexpected SSE line: {line:?}");
-                    }
-                }
-                return Some(data);
-            }
-            match self.body.frame().await {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.buffer.push_str(std::str::from_utf8(&data).expect("SSE is UTF-8"));
-                    }
-                }
-                Some(Err(e)) => panic!("stream body error: {e}"),
-                None => {
-                    assert!(self.buffer.is_empty(), "truncated event: {:?}", self.buffer);
-                    return None;
-                }
-            }
-        }
-    }
-
-    /// The next event's JSON; `None` at `[DONE]`.
-    pub async fn next_json(&mut self) -> Option<Value> {
-        let data = self.next_data().await.expect("the stream ended without data: [DONE]");
-        if data == "[DONE]" {
-            return None;
-        }
-        Some(serde_json::from_str(&data).unwrap_or_else(|e| panic!("SSE data is not JSON ({e}): {data}")))
-    }
-
-    /// Every event up to `[DONE]`, then checks that nothing follows it.
-    pub async fn read_to_done(&mut self) -> Vec<Value> {
-        let mut events = Vec::new();
-        while let Some(v) = self.next_json().await {
-            events.push(v);
-        }
-        assert_eq!(self.next_data().await, None, "data after [DONE]");
-        events
-    }
-}
-
-/// `/metrics` as `series → value`, where a series is the name with its labels as rendered
-/// (`pagekv_generations_finished_total{reason="cancelled"}`).
-#[derive(Debug, Clone)]
-pub struct Metrics(BTreeMap<String, f64>);
-
-impl Metrics {
-    pub fn parse(text: &str) -> Metrics {
-        let mut m = BTreeMap::new();
-        for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
-            let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad metrics line {line:?}"));
-            let v = match value {
-                "+Inf" => f64::INFINITY,
-                "-Inf" => f64::NEG_INFINITY,
-                v => v.parse().unwrap_or_else(|e| panic!("bad value in {line:?}: {e}")),
-            };
-            m.insert(series.to_string(), v);
-        }
-        Metrics(m)
-    }
-
-    /// The value of `series`; fails if the server does not export it.
-    pub fn get(&self, series: &str) -> f64 {
-        *self.0.get(series).unwrap_or_else(|| panic!("no series {series} in /metrics"))
-    }
-
-    /// The gauges and counters that matter when a test fails (no histogram buckets).
-    pub fn summary(&self) -> String {
-        self.0
-            .iter()
-            .filter(|(k, _)| !k.contains("_bucket{"))
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
+    let (status, _, reader) = pagekv_testkit::open_stream(REQUEST_TIMEOUT, addr, path, body).await;
+    (status, reader)
 }
 
 /// The generated text of a non-streaming `/v1/chat/completions` or `/v1/completions` reply.

@@ -1,6 +1,6 @@
-//! A small HTTP/1.1 client over hyper (one connection per request), an SSE parser, and the
-//! test server harness. Every wait is bounded: a stalled server fails the test instead of
-//! hanging it.
+//! The test server harness: a server over the fake backend on 127.0.0.1, driven by the shared
+//! HTTP test client (`pagekv_testkit`). Every wait is bounded (10 s): a stalled server fails the
+//! test instead of hanging it.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -8,25 +8,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::header::HeaderMap;
-use hyper::Request;
-use hyper_util::rt::TokioIo;
 use pagekv_server::{Server, ServerConfig, ServerError};
+pub use pagekv_testkit::{Reply, SseEvent, SseReader};
 use serde_json::Value;
-use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::fake::{FakeBackend, FakeConfig};
 
+/// Longest a request or stream may take against the fake backend.
+const LIMIT: Duration = Duration::from_secs(10);
+
 /// Fails the test if `fut` takes longer than 10 s (the server stalled).
 pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(Duration::from_secs(10), fut).await {
-        Ok(v) => v,
-        Err(_) => panic!("stalled: {what}"),
-    }
+    pagekv_testkit::within(LIMIT, what, fut).await
 }
 
 /// A running server over a fake backend.
@@ -84,18 +79,11 @@ impl TestServer {
 
     /// Starts a streaming POST and returns the status and the open body.
     pub async fn open_stream(&self, path: &str, body: &Value) -> (u16, SseReader) {
-        let response = within(
-            "stream headers",
-            request(self.addr, "POST", path, &[("content-type", "application/json")], Bytes::from(body.to_string())),
-        )
-        .await;
-        let status = response.status().as_u16();
-        let content_type =
-            response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        let (status, content_type, reader) = pagekv_testkit::open_stream(LIMIT, self.addr, path, body).await;
         if status == 200 {
             assert_eq!(content_type, "text/event-stream");
         }
-        (status, SseReader { body: response.into_body(), buffer: String::new() })
+        (status, reader)
     }
 
     /// A complete streaming POST, parsed into events.
@@ -112,114 +100,7 @@ impl Drop for TestServer {
     }
 }
 
-/// A complete response.
-#[derive(Debug)]
-pub struct Reply {
-    pub status: u16,
-    pub headers: HeaderMap,
-    pub body: Bytes,
-}
-
-impl Reply {
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("response is not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
-    }
-
-    pub fn text(&self) -> String {
-        String::from_utf8(self.body.to_vec()).expect("response is not UTF-8")
-    }
-}
-
-async fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Bytes,
-) -> hyper::Response<Incoming> {
-    let stream = TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.expect("handshake");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let mut builder = Request::builder().method(method).uri(path).header("host", addr.to_string());
-    for (k, v) in headers {
-        builder = builder.header(*k, *v);
-    }
-    let req = builder.body(Full::new(body)).expect("request");
-    sender.send_request(req).await.expect("send request")
-}
-
 /// One request on a fresh connection; waits for the whole body.
 pub async fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: Bytes) -> Reply {
-    within(&format!("{method} {path}"), async {
-        let response = request(addr, method, path, headers, body).await;
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let body = response.into_body().collect().await.expect("read body").to_bytes();
-        Reply { status, headers, body }
-    })
-    .await
-}
-
-/// One server-sent event.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SseEvent {
-    pub event: Option<String>,
-    pub data: String,
-}
-
-impl SseEvent {
-    pub fn json(&self) -> Value {
-        serde_json::from_str(&self.data).unwrap_or_else(|e| panic!("SSE data is not JSON ({e}): {}", self.data))
-    }
-}
-
-/// Reads server-sent events from a streaming body as they arrive.
-pub struct SseReader {
-    body: Incoming,
-    buffer: String,
-}
-
-impl SseReader {
-    /// The next event, or `None` at the end of the body.
-    pub async fn next(&mut self) -> Option<SseEvent> {
-        loop {
-            if let Some(end) = self.buffer.find("\n\n") {
-                let block: String = self.buffer.drain(..end + 2).collect();
-                let mut event = SseEvent { event: None, data: String::new() };
-                for line in block.lines() {
-                    if let Some(v) = line.strip_prefix("event: ") {
-                        event.event = Some(v.to_string());
-                    } else if let Some(v) = line.strip_prefix("data: ") {
-                        event.data.push_str(v);
-                    } else if !line.is_empty() {
-                        panic!("unexpected SSE line: {line:?}");
-                    }
-                }
-                return Some(event);
-            }
-            match self.body.frame().await {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.buffer.push_str(std::str::from_utf8(&data).expect("SSE is UTF-8"));
-                    }
-                }
-                Some(Err(e)) => panic!("stream body error: {e}"),
-                None => {
-                    assert!(self.buffer.is_empty(), "truncated event: {:?}", self.buffer);
-                    return None;
-                }
-            }
-        }
-    }
-
-    pub async fn read_all(&mut self) -> Vec<SseEvent> {
-        let mut events = Vec::new();
-        while let Some(e) = self.next().await {
-            events.push(e);
-        }
-        events
-    }
+    pagekv_testkit::send(LIMIT, addr, method, path, headers, body).await
 }

@@ -1,5 +1,5 @@
 //! Integration tests: the real server on 127.0.0.1 (port 0) over a deterministic fake
-//! backend (fake.rs), driven by a hyper HTTP/1.1 client (client.rs).
+//! backend (fake.rs), driven by the shared HTTP test client (`pagekv_testkit`, wrapped in client.rs).
 //!
 //! - openai.rs: chat and completions, streaming and not, finish reasons, parameters,
 //!   logprobs, usage with cached tokens, models, health.
