@@ -9,7 +9,6 @@
 //! - [`Batch`]: the plain arrays one forward step consumes.
 //! - [`backend::Forward`]: one forward step over a backend's pages (the CPU [`Model`]; with the
 //!   `cuda` feature, `cuda::CudaModel` on a GPU).
-//! - [`testing`]: where tests find the default model.
 pub mod backend;
 pub mod batch;
 #[cfg(feature = "cuda")]
@@ -18,7 +17,6 @@ pub mod error;
 pub mod gguf;
 pub mod llama;
 pub mod template;
-pub mod testing;
 pub mod tokenizer;
 
 pub use backend::Forward;

@@ -389,7 +389,7 @@ mod gpu {
     fn smollm2_greedy_on_the_gpu_follows_the_cpu() {
         let test = "smollm2_greedy_on_the_gpu_follows_the_cpu";
         let Some(dev) = device(test) else { return };
-        let Some(path) = pagekv_model::testing::default_model(test) else { return };
+        let Some(path) = pagekv_testkit::default_model(test) else { return };
         // The build's source tree, else the repository root as the current directory (a test
         // binary carried to the GPU machine runs from a copy of the repository).
         let rel = "tests/data/smollm2/llamacpp.json";

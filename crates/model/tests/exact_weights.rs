@@ -39,7 +39,7 @@ fn argmax(x: &[f32]) -> usize {
 
 #[test]
 fn dequantized_weights_are_f32_and_give_nearly_the_same_logits() {
-    let Some(path) = pagekv_model::testing::default_model("exact_weights") else { return };
+    let Some(path) = pagekv_testkit::default_model("exact_weights") else { return };
     let mut quantized = Model::load(&path, AttentionConfig::default()).unwrap();
     let mut exact = Model::load(&path, AttentionConfig::default()).unwrap();
     exact.weights.dequantize_to_f32().unwrap();

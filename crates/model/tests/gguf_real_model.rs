@@ -6,7 +6,7 @@
 use pagekv_model::gguf::{GgmlType, GgufFile, MetaValue};
 
 fn open_model() -> Option<GgufFile> {
-    let path = pagekv_model::testing::default_model("gguf_real_model")?;
+    let path = pagekv_testkit::default_model("gguf_real_model")?;
     Some(GgufFile::open(&path).expect("the default model must parse"))
 }
 

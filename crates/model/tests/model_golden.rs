@@ -57,7 +57,7 @@ const GGML_MAX_LP_DIFF: f64 = 1e-5;
 const GGML_MIN_GREEDY_MATCHES: usize = 6;
 
 fn model_path() -> Option<PathBuf> {
-    pagekv_model::testing::default_model("model_golden")
+    pagekv_testkit::default_model("model_golden")
 }
 
 fn golden() -> Value {

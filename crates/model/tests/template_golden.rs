@@ -11,7 +11,7 @@ const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/smollm2/ll
 
 #[test]
 fn chat_cases_render_and_tokenize_like_llama_cpp() {
-    let Some(model) = pagekv_model::testing::default_model("chat golden cases") else { return };
+    let Some(model) = pagekv_testkit::default_model("chat golden cases") else { return };
     let file = GgufFile::open(&model).unwrap();
     let template = ChatTemplate::from_gguf(file.metadata()).unwrap();
     assert_eq!(template.origin(), TemplateOrigin::Gguf);

@@ -10,7 +10,7 @@ const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/smollm2/ll
 
 /// The tokenizer and golden data, or `None` (after printing why) when either is missing.
 fn setup(test: &str) -> Option<(Tokenizer, Value)> {
-    let model = pagekv_model::testing::default_model(test)?;
+    let model = pagekv_testkit::default_model(test)?;
     let file = GgufFile::open(&model).expect("open model");
     let tok = Tokenizer::from_gguf(file.metadata()).expect("tokenizer from metadata");
     let golden: Value = serde_json::from_str(&std::fs::read_to_string(GOLDEN).expect("read golden")).unwrap();

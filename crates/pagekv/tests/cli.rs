@@ -144,7 +144,7 @@ fn bench_cache_prints_one_json_object_per_format_with_exact_bytes() {
 
 #[test]
 fn run_completes_greedily_on_the_default_model() {
-    if pagekv_model::testing::default_model("cli run").is_none() {
+    if pagekv_testkit::default_model("cli run").is_none() {
         return;
     }
     let o = pagekv(&["run", "--temperature", "0", "--max-tokens", "8", "The capital of France is"], &[]);
@@ -161,7 +161,7 @@ fn run_completes_greedily_on_the_default_model() {
 
 #[test]
 fn inspect_reports_the_default_model() {
-    let Some(path) = pagekv_model::testing::default_model("cli inspect") else { return };
+    let Some(path) = pagekv_testkit::default_model("cli inspect") else { return };
     let o = pagekv(&["inspect", "--json", path.to_str().unwrap()], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -177,7 +177,7 @@ fn inspect_reports_the_default_model() {
 
 #[test]
 fn eval_scores_formats_against_f16_with_and_without_exact_weights() {
-    if pagekv_model::testing::default_model("cli eval").is_none() {
+    if pagekv_testkit::default_model("cli eval").is_none() {
         return;
     }
     let rows = |extra: &[&str]| -> Vec<serde_json::Value> {
@@ -225,7 +225,7 @@ fn bench_decode_passes_llama_cpp_kv_setups_through() {
     assert!(!o.status.success() && stderr(&o).contains("q8_0"), "{}", stderr(&o));
     let o = pagekv(&["bench", "decode", "--llama-cpp-kv", "q8_0"], &[]);
     assert!(!o.status.success() && stderr(&o).contains("--llama-cpp PYTHON"), "{}", stderr(&o));
-    if pagekv_model::testing::default_model("cli bench decode --llama-cpp-kv").is_none() {
+    if pagekv_testkit::default_model("cli bench decode --llama-cpp-kv").is_none() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("pagekv-cli-llama-{}", std::process::id()));

@@ -554,7 +554,7 @@ async fn sigterm_finishes_in_flight_requests_and_exits_zero() {
 /// count, the batching ratio, and a session-bank row whose hit is faster than its miss.
 #[test]
 fn bench_serve_prints_one_json_row_per_measurement() {
-    let Some(model) = pagekv_model::testing::default_model("bench_serve") else { return };
+    let Some(model) = pagekv_testkit::default_model("bench_serve") else { return };
     let _serial = support::serial();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_pagekv"));
     for (k, _) in std::env::vars_os() {

@@ -3,8 +3,14 @@
 //! ([`send`], [`request`]), complete replies ([`Reply`]) with OpenAI-shape assertions, a
 //! server-sent-events reader ([`SseReader`]) and a Prometheus text parser ([`Metrics`]).
 //!
+//! [`default_model`] says where tests find the default model ([`dev`]: the harness's switches).
+//!
 //! Every wait is bounded by a limit the caller gives: a stalled server fails the test instead of
 //! hanging it. Test code: failures panic with what was expected and what arrived.
+
+pub mod dev;
+
+pub use dev::{default_model, default_model_location};
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -61,7 +61,7 @@ impl ServerProcess {
     }
 
     pub fn start_with_env(test: &str, args: &[&str], env: &[(&str, &str)]) -> Option<ServerProcess> {
-        let model_path = pagekv_model::testing::default_model(test)?;
+        let model_path = pagekv_testkit::default_model(test)?;
         let serial = serial();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_pagekv"));
         cmd.args(["serve", "--host", "127.0.0.1", "--port", "0", "--model"]).arg(&model_path).args(args);

@@ -1,4 +1,5 @@
-//! Where tests find the default model: `$PAGEKV_TEST_MODEL`, else
+//! The test harness's developer switches (the one place the test kit reads the environment):
+//! where tests find the default model — `$PAGEKV_TEST_MODEL`, else
 //! `$PAGEKV_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf` (`PAGEKV_HOME` defaults to
 //! `~/.cache/pagekv`, where `pagekv` fetches it). Real-model tests skip with a visible message
 //! when it is absent — unless `PAGEKV_REQUIRE_MODEL=1` (CI sets it), when absence fails them.
