@@ -150,7 +150,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         }) => {
             runtime.install();
             let device = runtime.device.unwrap_or(Device::Cpu);
-            let opts = commands::bench::AttentionOpts {
+            let opts = commands::AttentionOpts {
                 formats: formats.as_deref(),
                 shapes: shapes.as_deref(),
                 impls: impls.as_deref(),
@@ -162,7 +162,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Bench(BenchCommand::Decode(a)) => {
             a.model.install();
-            commands::decode::run(a)
+            match commands::run::device()? {
+                Device::Cpu => commands::decode::run(a),
+                Device::Cuda(n) => commands::bench_decode_cuda::run(n, a),
+            }
         }
         Command::Bench(BenchCommand::Serve(a)) => {
             a.model.install();

@@ -8,7 +8,7 @@ use pagekv_cpu::attention::AttnImpl;
 use pagekv_cpu::threadpool::ThreadPool;
 use serde_json::json;
 
-use crate::commands::{parse_formats, parse_shapes};
+use crate::commands::{parse_formats, parse_shapes, AttentionOpts};
 use crate::settings::Device;
 
 /// `pagekv bench cache`.
@@ -62,22 +62,6 @@ pub fn cache(json_out: bool, formats: Option<&str>, runs: usize, geometry: (usiz
         );
     }
     Ok(())
-}
-
-/// What `pagekv bench attention` measures (its flags besides `--json` and the device).
-pub struct AttentionOpts<'a> {
-    /// Comma-separated KV formats; `None`: all.
-    pub formats: Option<&'a str>,
-    /// Comma-separated `BATCHxCONTEXT` shapes; `None`: the default cases.
-    pub shapes: Option<&'a str>,
-    /// Comma-separated paths (CPU: reference, primitive, partitioned, auto; CUDA: primitive,
-    /// partitioned, stream-k); `None`: the device's default set.
-    pub impls: Option<&'a str>,
-    pub runs: usize,
-    /// CUDA: launch the tensor-core decode as a programmatic dependent launch (rows `<route>-pdl`).
-    pub programmatic: bool,
-    /// CUDA: idle pause (ms) before each timed row; `None`: the benchmark's default.
-    pub cooldown_ms: Option<u64>,
 }
 
 /// `pagekv bench attention`.

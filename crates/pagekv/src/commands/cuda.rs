@@ -123,7 +123,7 @@ pub fn device_memory(_device: usize) -> Result<usize> {
 
 /// `pagekv bench attention --device cuda:N`.
 #[cfg(feature = "cuda")]
-pub fn bench_attention(device: usize, json_out: bool, opts: &super::bench::AttentionOpts<'_>) -> Result<()> {
+pub fn bench_attention(device: usize, json_out: bool, opts: &super::AttentionOpts<'_>) -> Result<()> {
     use pagekv_cuda::bench::{bench_attention, BenchConfig};
     use pagekv_cuda::CudaDevice;
 
@@ -187,7 +187,7 @@ fn cuda_routes(list: &str) -> Result<Vec<&'static str>> {
 
 /// `pagekv bench attention --device cuda:N` in a build without CUDA.
 #[cfg(not(feature = "cuda"))]
-pub fn bench_attention(_device: usize, _json: bool, _opts: &super::bench::AttentionOpts<'_>) -> Result<()> {
+pub fn bench_attention(_device: usize, _json: bool, _opts: &super::AttentionOpts<'_>) -> Result<()> {
     anyhow::bail!(NO_CUDA)
 }
 

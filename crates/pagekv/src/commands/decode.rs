@@ -116,10 +116,8 @@ impl DecodeArgs {
     }
 }
 
+/// `pagekv bench decode` on the CPU (`--device cuda` runs [`super::bench_decode_cuda::run`]).
 pub fn run(a: DecodeArgs) -> Result<()> {
-    if let crate::settings::Device::Cuda(n) = super::run::device()? {
-        return super::bench_decode_cuda::run(n, a);
-    }
     if a.model.model.as_ref().is_some_and(|m| m.to_string_lossy().starts_with("synthetic:")) {
         bail!("synthetic models run on the GPU only: add --device cuda");
     }

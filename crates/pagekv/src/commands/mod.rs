@@ -15,6 +15,22 @@ pub mod serve;
 use anyhow::{bail, Result};
 use kvcache::KvFormat;
 
+/// What `pagekv bench attention` measures (its flags besides `--json` and the device).
+pub struct AttentionOpts<'a> {
+    /// Comma-separated KV formats; `None`: all.
+    pub formats: Option<&'a str>,
+    /// Comma-separated `BATCHxCONTEXT` shapes; `None`: the default cases.
+    pub shapes: Option<&'a str>,
+    /// Comma-separated paths (CPU: reference, primitive, partitioned, auto; CUDA: primitive,
+    /// partitioned, stream-k); `None`: the device's default set.
+    pub impls: Option<&'a str>,
+    pub runs: usize,
+    /// CUDA: launch the tensor-core decode as a programmatic dependent launch (rows `<route>-pdl`).
+    pub programmatic: bool,
+    /// CUDA: idle pause (ms) before each timed row; `None`: the benchmark's default.
+    pub cooldown_ms: Option<u64>,
+}
+
 /// Every KV format, in the order tables list them.
 pub fn all_formats() -> Vec<KvFormat> {
     vec![
