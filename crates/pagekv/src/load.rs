@@ -13,7 +13,7 @@ use pagekv_model::template::ChatTemplate;
 use pagekv_model::tokenizer::Tokenizer;
 use pagekv_model::Model;
 
-use crate::default_model;
+use crate::registry;
 
 /// A loaded model and everything needed to talk to it.
 pub struct Loaded {
@@ -23,10 +23,10 @@ pub struct Loaded {
     pub model: Model,
 }
 
-/// Opens `explicit` (or the default model) with a spinner on a terminal. `template_override`
-/// replaces the file's chat template.
-pub fn load(explicit: Option<&Path>, template_override: Option<&Path>) -> Result<Loaded> {
-    let path = default_model::resolve(explicit)?;
+/// Opens `model` (a known name or a file; none means the default model, fetched if needed) with
+/// a spinner on a terminal. `template_override` replaces the file's chat template.
+pub fn load(model: Option<&str>, template_override: Option<&Path>) -> Result<Loaded> {
+    let path = registry::resolve(model)?;
     let spinner = progress(&format!("loading {}", path.display()));
     let file = Arc::new(GgufFile::open(&path).with_context(|| format!("cannot read model {}", path.display()))?);
     let tokenizer = Tokenizer::from_gguf(file.metadata()).context("cannot build the tokenizer")?;

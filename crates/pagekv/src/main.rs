@@ -5,12 +5,11 @@
 
 mod commands;
 mod config;
-mod default_model;
 mod engine_backend;
 mod load;
+mod registry;
 mod settings;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -32,12 +31,20 @@ enum Command {
     Chat(commands::chat::ChatArgs),
     /// OpenAI-compatible HTTP server (and Anthropic Messages) with continuous batching.
     Serve(commands::serve::ServeArgs),
-    /// Architecture, sizes, tensor types, tokenizer, template and KV bytes per token of a GGUF file.
+    /// Architecture, sizes, tensor types, tokenizer, template and KV bytes per token of a GGUF
+    /// file (or a known model, fetched if needed), and what the runtime cannot run in it.
     Inspect {
-        file: PathBuf,
+        #[arg(value_name = "NAME|FILE")]
+        model: String,
         #[arg(long)]
         json: bool,
+        /// Exit non-zero when the runtime cannot run the model (architecture or tensor types).
+        #[arg(long)]
+        check: bool,
     },
+    /// The known models: size, sha256 and whether each is in PAGEKV_HOME; `models fetch NAME`
+    /// downloads one without running it.
+    Models(commands::models::ModelsArgs),
     /// Perplexity and agreement with f16 KV for each KV format, teacher-forced over a text.
     Eval(commands::eval::EvalArgs),
     /// Benchmarks.
@@ -125,7 +132,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             a.model.export();
             commands::serve::run(a)
         }
-        Command::Inspect { file, json } => commands::inspect::run(&file, json),
+        Command::Inspect { model, json, check } => commands::inspect::run(&model, json, check),
+        Command::Models(a) => commands::models::run(a),
         Command::Eval(a) => {
             a.model.export();
             commands::eval::run(a)

@@ -12,9 +12,10 @@ use clap::Args;
 /// The model and every setting of the runtime under it.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched once) [env: PAGEKV_MODEL].
-    #[arg(long, short = 'm', value_name = "FILE", env = "PAGEKV_MODEL", hide_env = true)]
-    pub model: Option<PathBuf>,
+    /// A known model's name (`pagekv models` lists them; fetched once) or a GGUF file
+    /// (default: smollm2-135m) [env: PAGEKV_MODEL].
+    #[arg(long, short = 'm', value_name = "NAME|FILE", env = "PAGEKV_MODEL", hide_env = true)]
+    pub model: Option<String>,
     /// Chat template file (Jinja) replacing the model's.
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
