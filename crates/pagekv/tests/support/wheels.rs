@@ -1,5 +1,6 @@
 //! Fake wheels for the registry tests: zip files with the members pip needs to accept them from a
-//! `--find-links` directory (`*.dist-info/METADATA`, `WHEEL`, `RECORD`) and one data member.
+//! `--find-links` directory (`*.dist-info/METADATA`, `WHEEL`, `RECORD`) and one data member; and
+//! the scratch directories they live in.
 
 #![allow(dead_code)]
 
@@ -68,4 +69,30 @@ fn b64url(bytes: &[u8]) -> String {
         }
     }
     out
+}
+
+/// A scratch directory under the system temp dir, removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    /// `pagekv-{test}-{pid}`, emptied first.
+    pub fn new(test: &str) -> Scratch {
+        let p = std::env::temp_dir().join(format!("pagekv-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create scratch dir");
+        Scratch(p)
+    }
+
+    /// The subdirectory `name`, created.
+    pub fn dir(&self, name: &str) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::create_dir_all(&p).expect("create scratch subdir");
+        p
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
