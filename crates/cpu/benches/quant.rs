@@ -22,7 +22,7 @@ fn weights(ty: WeightType, m: usize, k: usize) -> Vec<u8> {
 }
 
 fn bench(c: &mut Criterion) {
-    let pool = ThreadPool::from_env().expect("PAGEKV_THREADS");
+    let pool = ThreadPool::global().expect("thread pool");
     let mut scratch = QuantScratch::new();
     // (k, m): GGUF dims [k, m].
     let shapes = [(576, 1536), (1536, 576), (576, 49152)];

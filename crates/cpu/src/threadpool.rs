@@ -69,6 +69,9 @@ pub enum ThreadPoolError {
     /// An OS thread could not be spawned.
     #[error("could not spawn thread pool worker: {0}")]
     Spawn(String),
+    /// The process-wide pool was already sized (or built) with another thread count.
+    #[error("the process-wide thread pool already has {chosen} threads; {asked} were asked for")]
+    GlobalAlreadySized { chosen: usize, asked: usize },
 }
 
 thread_local! {
@@ -187,16 +190,25 @@ impl ThreadPool {
         Ok(pool)
     }
 
-    /// A pool sized from `PAGEKV_THREADS`, or from the number of available cores when unset.
-    pub fn from_env() -> Result<ThreadPool, ThreadPoolError> {
-        Self::try_new(threads_from_env()?)
+    /// Sets the size of the process-wide pool ([`ThreadPool::global`]) before its first use.
+    /// Once the pool exists its size is fixed: asking for another size is an error.
+    pub fn set_global_threads(n_threads: usize) -> Result<(), ThreadPoolError> {
+        let n_threads = n_threads.clamp(1, MAX_THREADS);
+        let chosen = *GLOBAL_THREADS.get_or_init(|| n_threads);
+        if chosen != n_threads {
+            return Err(ThreadPoolError::GlobalAlreadySized { chosen, asked: n_threads });
+        }
+        Ok(())
     }
 
-    /// The process-wide pool, built on first use by [`ThreadPool::from_env`].
-    /// An invalid `PAGEKV_THREADS` is an error here (every time), never a silent default.
+    /// The process-wide pool, built on first use with the size given to
+    /// [`ThreadPool::set_global_threads`], else one thread per available core.
     pub fn global() -> Result<&'static ThreadPool, ThreadPoolError> {
         static GLOBAL: OnceLock<Result<ThreadPool, ThreadPoolError>> = OnceLock::new();
-        GLOBAL.get_or_init(ThreadPool::from_env).as_ref().map_err(Clone::clone)
+        GLOBAL
+            .get_or_init(|| ThreadPool::try_new(*GLOBAL_THREADS.get_or_init(available_threads)))
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// Threads taking part in `run`, the caller included.
@@ -455,16 +467,20 @@ impl Backoff {
     }
 }
 
-/// Thread count from `PAGEKV_THREADS`, or the number of available cores when it is unset.
-pub fn threads_from_env() -> Result<usize, ThreadPoolError> {
-    match std::env::var(THREADS_ENV) {
-        Ok(value) => parse_thread_count(&value),
-        Err(std::env::VarError::NotPresent) => {
-            Ok(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(MAX_THREADS))
-        }
-        Err(std::env::VarError::NotUnicode(v)) => {
-            Err(ThreadPoolError::InvalidThreadCount { value: v.to_string_lossy().into_owned() })
-        }
+/// Size of the process-wide pool, fixed at its first use.
+static GLOBAL_THREADS: OnceLock<usize> = OnceLock::new();
+
+/// One thread per available core (at most [`MAX_THREADS`]).
+pub fn available_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(MAX_THREADS)
+}
+
+/// Thread count from `PAGEKV_THREADS` as `lookup` gives it, or the number of available cores
+/// when it is unset.
+pub fn threads_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<usize, ThreadPoolError> {
+    match lookup(THREADS_ENV) {
+        Some(value) => parse_thread_count(&value),
+        None => Ok(available_threads()),
     }
 }
 

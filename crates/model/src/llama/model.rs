@@ -8,8 +8,8 @@
 //!
 //! Attention runs on the kernels that round as llama.cpp does (`pagekv_cpu::attention::ggml`,
 //! for agreement with llama.cpp to the bit) where their SIMD form serves the cache (f16), and on
-//! the router's fast kernels for every other format: `PAGEKV_ATTN_NUMERICS` (default `auto`),
-//! [`Model::set_attn_numerics`].
+//! the router's fast kernels for every other format: `auto` unless the caller chooses with
+//! [`Model::set_attn_numerics`] (the binary passes `--attn-numerics` / `PAGEKV_ATTN_NUMERICS`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -91,7 +91,7 @@ pub struct Model {
 
 impl Model {
     /// Loads a GGUF file (mapped, not read) with the attention configuration given; the
-    /// attention numerics come from `PAGEKV_ATTN_NUMERICS` (default `auto`).
+    /// attention numerics start as `auto` ([`Model::set_attn_numerics`] changes them).
     pub fn load(path: &Path, attention: AttentionConfig) -> Result<Model, ModelError> {
         let file = GgufFile::open(path)?;
         Model::from_file(Arc::new(file), attention)
@@ -110,7 +110,7 @@ impl Model {
             config.rope_linear_scale,
             factors.as_deref(),
         );
-        let numerics = AttnNumerics::from_env().map_err(|e| ModelError::Attention(e.to_string()))?;
+        let numerics = AttnNumerics::Auto;
         Ok(Model {
             rope,
             attention: Attention::new(attention, threads),

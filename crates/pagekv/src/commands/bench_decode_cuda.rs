@@ -54,7 +54,7 @@ mod imp {
         let max_ctx = *contexts.iter().max().unwrap_or(&1);
         let dev = CudaDevice::new(device)?;
         let dtype = crate::commands::cuda::weight_dtype()?;
-        let explicit = a.model.model.as_ref().map(|p| p.to_string_lossy().into_owned());
+        let explicit = a.model.model.clone();
         let (mut model, prompts, model_name) = match explicit.as_deref().and_then(|m| m.strip_prefix("synthetic:")) {
             Some(name) => {
                 let model = CudaModel::synthetic(name, dev, dtype, 1)?;

@@ -118,7 +118,7 @@ impl DecodeArgs {
 
 /// `pagekv bench decode` on the CPU (`--device cuda` runs [`super::bench_decode_cuda::run`]).
 pub fn run(a: DecodeArgs) -> Result<()> {
-    if a.model.model.as_ref().is_some_and(|m| m.to_string_lossy().starts_with("synthetic:")) {
+    if a.model.model.as_ref().is_some_and(|m| m.starts_with("synthetic:")) {
         bail!("synthetic models run on the GPU only: add --device cuda");
     }
     if a.batch != 1 {
@@ -207,7 +207,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
         model = g.into_model();
     }
     if let Some(python) = &a.llama_cpp {
-        let path = crate::default_model::resolve(a.model.model.as_deref())?;
+        let path = crate::registry::resolve(a.model.model.as_deref())?;
         let kv: Vec<_> = a.llama_cpp_kv.iter().map(|k| k.spec()).collect();
         for row in llama_cpp(python, &path, &prompt, &contexts, &kv, a.decode_tokens, a.runs, threads)? {
             let row =

@@ -9,6 +9,7 @@ pub mod decode;
 pub mod eval;
 pub mod generation;
 pub mod inspect;
+pub mod models;
 pub mod run;
 pub mod serve;
 
