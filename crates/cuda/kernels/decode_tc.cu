@@ -1710,7 +1710,7 @@ PK_DECODE_TC_KERNEL(pk_decode_tc_vreg, PK_TC_VREG_BOUNDS, true)
 
 // The kernel before packed columns and the rounded-query shortcut (one n-tile per part, query
 // pre-scaled): same arguments and results; kept for same-call comparisons
-// (PAGEKV_CUDA_TC_BASE=1).
+// (PAGEKV_DEV_CUDA_TC_BASE=1).
 extern "C" __global__ void PK_TC_BOUNDS
 pk_decode_tc_base(float* __restrict__ out,          // [num_seqs, num_heads, D]            (1 partition)
              float* __restrict__ part_acc,     // [num_seqs, num_heads, max_parts, D] (partitions)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the paged decode kernels (run tool, carry ["target-attn/dist"]):
 # bench_attention alternating the previous kernel
-# (PAGEKV_CUDA_TC_BASE=1, tag "base") with the current one (tag "new", queries rounded to the
+# (PAGEKV_DEV_CUDA_TC_BASE=1, tag "base") with the current one (tag "new", queries rounded to the
 # page type as the GPU model passes them; "newf32": full f32 queries), $REPEAT processes each;
 # medians per tag; then the kernel, prefill and model tests; the summary last. Stage first (git-ignored target-attn/dist):
 #   export CARGO_TARGET_DIR=target-attn CARGO_PROFILE_RELEASE_DEBUG=0
@@ -37,7 +37,7 @@ for i in $(seq 1 "${REPEAT:-0}"); do
 done
 for i in $(seq 1 "${REPEAT:-0}"); do
     [ -z "${VARIANTS:-}" ] || continue
-    PAGEKV_CUDA_TC_BASE=1 $B 2>> "$OUT/bench-err.log" | sed "s/^{/{\"tag\":\"base\",\"rep\":$i,/" >> "$OUT/bench.jsonl"
+    PAGEKV_DEV_CUDA_TC_BASE=1 $B 2>> "$OUT/bench-err.log" | sed "s/^{/{\"tag\":\"base\",\"rep\":$i,/" >> "$OUT/bench.jsonl"
     $B 2>> "$OUT/bench-err.log" | sed "s/^{/{\"tag\":\"new\",\"rep\":$i,/" >> "$OUT/bench.jsonl"
     if [ "$i" -le "${REPEAT_F32:-2}" ]; then
         $B --f32-queries 2>> "$OUT/bench-err.log" | sed "s/^{/{\"tag\":\"newf32\",\"rep\":$i,/" >> "$OUT/bench.jsonl"

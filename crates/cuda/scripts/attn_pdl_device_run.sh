@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B of PAGEKV_CUDA_ATTN_PDL (the model step's cache write and tensor-core decode kernel as
+# A/B of PAGEKV_DEV_CUDA_ATTN_PDL (the model step's cache write and tensor-core decode kernel as
 # programmatic dependent launches) on the GPU machine (run tool, carry ["dist-cuda"]): batch-1
 # decode of synthetic:llama3-8b alternated 3x off/on, then gpu_model_ops, cuda_forward and
 # gpu_kernels. Logs under $OUT (one per step); a table is printed last.
@@ -23,8 +23,8 @@ run() { # name, timeout, command...
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 L3="$D/pagekv bench decode --device cuda --model synthetic:llama3-8b --contexts 128,1024 --decode-tokens 64 --runs 3"
 for i in 1 2 3; do
-    run "pdl_off_$i" 60 env PAGEKV_CUDA_ATTN_PDL=0 $L3
-    run "pdl_on_$i" 60 env PAGEKV_CUDA_ATTN_PDL=1 $L3
+    run "pdl_off_$i" 60 env PAGEKV_DEV_CUDA_ATTN_PDL=0 $L3
+    run "pdl_on_$i" 60 env PAGEKV_DEV_CUDA_ATTN_PDL=1 $L3
 done
 run gpu_model_ops 60 $D/gpu_model_ops
 run cuda_forward 90 $D/cuda_forward --test-threads 1

@@ -2,7 +2,7 @@
 # The whole-backend check of main on the GPU machine (run tool, carry ["dist-cuda"]): every GPU
 # test binary, the decode benchmarks of synthetic:llama3-8b at batch 1 and 64 (the step at
 # context 128 beside 1024 separates the KV reads from the weights), the attention kernel alone
-# at the batch-64 shape and the issue's shapes, and one bad PAGEKV_CUDA_* value. Logs under $OUT
+# at the batch-64 shape and the issue's shapes, and one bad PAGEKV_DEV_CUDA_* value. Logs under $OUT
 # (one per step); a table is printed last.
 #
 # Stage first (this machine): build as crates/cuda/scripts/stage_model.sh says, then
@@ -32,7 +32,7 @@ run b64 $L3 --contexts 128,1024 --batch 64 --decode-tokens 32
 run attn64x1024 $D/bench_attention --formats bf16 --cases 64x1024 --runs 50
 run attn_issue $D/bench_attention --formats bf16,q8,q4 --runs 50
 # A bad switch must be one error line naming the accepted values (exit code non-zero).
-run bad_env env PAGEKV_CUDA_GRAPH=on $D/pagekv bench decode --device cuda --model synthetic:smollm2 --contexts 128
+run bad_env env PAGEKV_DEV_CUDA_GRAPH=on $D/pagekv bench decode --device cuda --model synthetic:smollm2 --contexts 128
 grep -q 'accepted values are 0, 1' "$OUT/bad_env.log" && summary+=("bad_env: error line as expected") || summary+=("bad_env: NO error line")
 grep -hE 'GB/s|ratio|roofline' "$OUT/attn_issue.log" | tail -30 > "$OUT/attn_table.txt"
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

@@ -5,7 +5,7 @@
 #   (bench_attention $BENCH_ARGS, then $REPEAT more processes of $REPEAT_ARGS, medians in
 #   median.md); 4. tuning sweeps, one per "tag:VAR=V,VAR=V" in $SWEEP over
 #   $SWEEP_ARGS (and $SWEEP2 over $SWEEP2_ARGS); 5. a short table last. Logs and JSON lines under $OUT.
-# Usage: DIST=target-attn/dist BENCH_ARGS="--runs 50" SWEEP="a:PAGEKV_CUDA_TC_QSTAGES=2 b:..." \
+# Usage: DIST=target-attn/dist BENCH_ARGS="--runs 50" SWEEP="a:PAGEKV_DEV_CUDA_TC_QSTAGES=2 b:..." \
 #        SWEEP_ARGS="--formats q8,q4 --cases 64x16384" bash crates/cuda/scripts/decode_device_run.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

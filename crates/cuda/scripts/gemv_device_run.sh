@@ -2,7 +2,7 @@
 # Device run of the split decode product (run tool, carry ["target-gemv/dist"]; stage first with a
 # copy of crates/cuda/scripts/stage_model.sh writing target-gemv/dist): the kernel tests, the forward tests,
 # then `pagekv bench decode` on synthetic:llama3-8b with the earlier kernel and routing ("base":
-# PAGEKV_CUDA_GEMV_KERNEL=rows, PAGEKV_CUDA_GEMV_PDL=0, products ≤ 64 MiB fused) and the split
+# PAGEKV_DEV_CUDA_GEMV_KERNEL=rows, PAGEKV_DEV_CUDA_GEMV_PDL=0, products ≤ 64 MiB fused) and the split
 # kernel, alternated, then single variants. Every command's output goes to $OUT/<name>.log; a
 # table of tg tok/s and roofline share is printed last.
 #   gemv_device_run.sh [VARIANT_SET]   (VARIANT_SET: main (default), tune or final)
@@ -24,19 +24,19 @@ run() { # name, command...
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
 L3="$D/pagekv bench decode --device cuda --model synthetic:llama3-8b --decode-tokens 64 --runs 3 --text README.md"
 SM="$D/pagekv bench decode --device cuda --model synthetic:smollm2 --contexts 128 --decode-tokens 128 --runs 3 --text README.md"
-BASE="PAGEKV_CUDA_GEMV_KERNEL=rows PAGEKV_CUDA_GEMV_PDL=0 PAGEKV_CUDA_GEMV_MAX_BYTES=67108864"
+BASE="PAGEKV_DEV_CUDA_GEMV_KERNEL=rows PAGEKV_DEV_CUDA_GEMV_PDL=0 PAGEKV_DEV_CUDA_GEMV_MAX_BYTES=67108864"
 case "$SET" in
 main)
     run ops_tests $D/gpu_model_ops --test-threads 1
     run forward_tests $D/cuda_forward --test-threads 1
     for i in 1 2; do
         run base_$i env $BASE $L3 --contexts 128,1024
-        run split_all_$i env PAGEKV_CUDA_GEMV_MAX_BYTES=536870912 $L3 --contexts 128,1024
+        run split_all_$i env PAGEKV_DEV_CUDA_GEMV_MAX_BYTES=536870912 $L3 --contexts 128,1024
     done
-    run split_small env PAGEKV_CUDA_GEMV_MAX_BYTES=67108864 $L3 --contexts 128
-    run split_all_nopdl env PAGEKV_CUDA_GEMV_PDL=0 PAGEKV_CUDA_GEMV_MAX_BYTES=536870912 $L3 --contexts 128
-    run split_all_w16 env PAGEKV_CUDA_GEMV_WARPS=16 PAGEKV_CUDA_GEMV_BPS=2 PAGEKV_CUDA_GEMV_MAX_BYTES=536870912 $L3 --contexts 128
-    run split_out env PAGEKV_CUDA_GEMV_MAX_BYTES=100000000000 $L3 --contexts 128
+    run split_small env PAGEKV_DEV_CUDA_GEMV_MAX_BYTES=67108864 $L3 --contexts 128
+    run split_all_nopdl env PAGEKV_DEV_CUDA_GEMV_PDL=0 PAGEKV_DEV_CUDA_GEMV_MAX_BYTES=536870912 $L3 --contexts 128
+    run split_all_w16 env PAGEKV_DEV_CUDA_GEMV_WARPS=16 PAGEKV_DEV_CUDA_GEMV_BPS=2 PAGEKV_DEV_CUDA_GEMV_MAX_BYTES=536870912 $L3 --contexts 128
+    run split_out env PAGEKV_DEV_CUDA_GEMV_MAX_BYTES=100000000000 $L3 --contexts 128
     run smollm2_split $SM
     ;;
 tune)
@@ -48,10 +48,10 @@ tune)
         run base_$i env $BASE $L3 --contexts 128,1024
         run default_$i $L3 --contexts 128,1024
     done
-    run prefetch0 env PAGEKV_CUDA_GEMV_PREFETCH=0 $L3 --contexts 128,1024
-    run prefetch4 env PAGEKV_CUDA_GEMV_PREFETCH=4 $L3 --contexts 128,1024
-    run w16_bps1 env PAGEKV_CUDA_GEMV_WARPS=16 $L3 --contexts 128,1024
-    run max512m env PAGEKV_CUDA_GEMV_MAX_BYTES=536870912 $L3 --contexts 128,1024
+    run prefetch0 env PAGEKV_DEV_CUDA_GEMV_PREFETCH=0 $L3 --contexts 128,1024
+    run prefetch4 env PAGEKV_DEV_CUDA_GEMV_PREFETCH=4 $L3 --contexts 128,1024
+    run w16_bps1 env PAGEKV_DEV_CUDA_GEMV_WARPS=16 $L3 --contexts 128,1024
+    run max512m env PAGEKV_DEV_CUDA_GEMV_MAX_BYTES=536870912 $L3 --contexts 128,1024
     NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
     echo "nsys: ${NSYS:-none}; ncu: $(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)" > "$OUT/tools.txt"
     if [ -n "$NSYS" ]; then
@@ -77,7 +77,7 @@ final)
     run smollm2_default $SM
     # One decode step's five products (output, then layer 0's QKV, wo, gate|up, down), each alone
     # (ncu serializes and flushes caches), clocks as found.
-    run ncu_products env PAGEKV_CUDA_GRAPH=0 /usr/local/cuda/bin/ncu --clock-control none --section SpeedOfLight \
+    run ncu_products env PAGEKV_DEV_CUDA_GRAPH=0 /usr/local/cuda/bin/ncu --clock-control none --section SpeedOfLight \
         -k regex:pk_gemv_split --launch-skip 128 --launch-count 5 \
         $D/pagekv bench decode --device cuda --model synthetic:llama3-8b --contexts 128 --decode-tokens 4 --runs 1 --text README.md
     ;;

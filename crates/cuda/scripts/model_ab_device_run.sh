@@ -5,7 +5,7 @@
 # "tag:DIR:VAR=V,..." — DIR holds a `pagekv` binary and its kernel cache `home/` (empty: dist-cuda),
 # then environment assignments (may be empty). $UNPACK names .tar.xz files to unpack in dist-cuda/
 # first (for variants that together pass one call's carry limit).
-#   VARIANTS="new:: old:dist-cuda/old: nogemv::PAGEKV_CUDA_GEMV_PDL=0" bash crates/cuda/scripts/model_ab_device_run.sh
+#   VARIANTS="new:: old:dist-cuda/old: nogemv::PAGEKV_DEV_CUDA_GEMV_PDL=0" bash crates/cuda/scripts/model_ab_device_run.sh
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -31,9 +31,9 @@ tests)
     [ "${KERNEL_TESTS:-1}" = 1 ] && run kernel_tests $D/gpu_kernels --test-threads 8
     run bench_llama3_b1 $D/pagekv bench decode --device cuda --model synthetic:llama3-8b --contexts 128,1024 --decode-tokens 64 --runs 3 --text README.md
     run bench_smollm2_b1 $D/pagekv bench decode --device cuda --model synthetic:smollm2 --contexts 128,1024 --decode-tokens 128 --runs 3 --text README.md
-    run bench_llama3_b1_nograph env PAGEKV_CUDA_GRAPH=0 $D/pagekv bench decode --device cuda --model synthetic:llama3-8b --contexts 128 --decode-tokens 64 --runs 3 --text README.md
-    run bench_smollm2_b1_nograph env PAGEKV_CUDA_GRAPH=0 $D/pagekv bench decode --device cuda --model synthetic:smollm2 --contexts 128 --decode-tokens 128 --runs 3 --text README.md
-    run bench_llama3_b1_cublas env PAGEKV_CUDA_GEMV=0 $D/pagekv bench decode --device cuda --model synthetic:llama3-8b --contexts 128 --decode-tokens 64 --runs 3 --text README.md
+    run bench_llama3_b1_nograph env PAGEKV_DEV_CUDA_GRAPH=0 $D/pagekv bench decode --device cuda --model synthetic:llama3-8b --contexts 128 --decode-tokens 64 --runs 3 --text README.md
+    run bench_smollm2_b1_nograph env PAGEKV_DEV_CUDA_GRAPH=0 $D/pagekv bench decode --device cuda --model synthetic:smollm2 --contexts 128 --decode-tokens 128 --runs 3 --text README.md
+    run bench_llama3_b1_cublas env PAGEKV_DEV_CUDA_GEMV=0 $D/pagekv bench decode --device cuda --model synthetic:llama3-8b --contexts 128 --decode-tokens 64 --runs 3 --text README.md
     run bench_llama3_b64 $D/pagekv bench decode --device cuda --model synthetic:llama3-8b --batch 64 --contexts 1024 --decode-tokens 32 --runs 2 --text README.md
     ;;
 sweep)
@@ -41,18 +41,18 @@ sweep)
     run ops_tests $D/gpu_model_ops --test-threads 1
     run forward_tests $D/cuda_forward --nocapture
     for r in 1 2 4; do for bps in 2 4 8 16; do
-        run bench_r${r}_bps$bps env PAGEKV_CUDA_GEMV_R=$r PAGEKV_CUDA_GEMV_BPS=$bps $D/pagekv bench decode --device cuda \
+        run bench_r${r}_bps$bps env PAGEKV_DEV_CUDA_GEMV_R=$r PAGEKV_DEV_CUDA_GEMV_BPS=$bps $D/pagekv bench decode --device cuda \
             --model synthetic:llama3-8b --contexts 128 --decode-tokens 32 --runs 3 --text README.md
     done; done
-    run bench_smollm2_r2_bps8 env PAGEKV_CUDA_GEMV_R=2 PAGEKV_CUDA_GEMV_BPS=8 $D/pagekv bench decode --device cuda \
+    run bench_smollm2_r2_bps8 env PAGEKV_DEV_CUDA_GEMV_R=2 PAGEKV_DEV_CUDA_GEMV_BPS=8 $D/pagekv bench decode --device cuda \
         --model synthetic:smollm2 --contexts 128 --decode-tokens 128 --runs 3 --text README.md
     ;;
 threshold)
     # Which products use the fused matrix-vector kernel: none (cuBLAS), ≤ 64 MiB (default), all.
     for t in 0 67108864 100000000000; do
-        run bench_llama3_max$t env PAGEKV_CUDA_GEMV_MAX_BYTES=$t $D/pagekv bench decode --device cuda \
+        run bench_llama3_max$t env PAGEKV_DEV_CUDA_GEMV_MAX_BYTES=$t $D/pagekv bench decode --device cuda \
             --model synthetic:llama3-8b --contexts 128 --decode-tokens 64 --runs 3 --text README.md
-        run bench_smollm2_max$t env PAGEKV_CUDA_GEMV_MAX_BYTES=$t $D/pagekv bench decode --device cuda \
+        run bench_smollm2_max$t env PAGEKV_DEV_CUDA_GEMV_MAX_BYTES=$t $D/pagekv bench decode --device cuda \
             --model synthetic:smollm2 --contexts 128 --decode-tokens 128 --runs 3 --text README.md
     done
     run bench_llama3_default_1024 $D/pagekv bench decode --device cuda --model synthetic:llama3-8b --contexts 128,1024 \
@@ -69,7 +69,7 @@ smollm2)
     run run_cuda_chat $D/pagekv run --device cuda -m $M --temperature 0 -n 48 -v --chat "What is the capital of France?"
     run run_cpu $D/pagekv run --device cpu -m $M --temperature 0 -n 48 -v "The capital of France is"
     run bench_smollm2_real $D/pagekv bench decode --device cuda -m $M --contexts 128,1024 --decode-tokens 128 --runs 3 --text README.md
-    run bench_smollm2_real_f32 env PAGEKV_CUDA_WEIGHTS=f32 $D/pagekv bench decode --device cuda -m $M --contexts 128 --decode-tokens 128 --runs 3 --text README.md
+    run bench_smollm2_real_f32 env PAGEKV_DEV_CUDA_WEIGHTS=f32 $D/pagekv bench decode --device cuda -m $M --contexts 128 --decode-tokens 128 --runs 3 --text README.md
     ;;
 esac
 cat "$OUT/gpu.txt"

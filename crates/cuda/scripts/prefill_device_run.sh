@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue-6 prefill device run (run tool, carry ["dist-prefill"]): the prefill kernel tests, the
-# forward tests, the kernel timing, then `pagekv bench decode` pp before (PAGEKV_CUDA_PREFILL=0)
+# forward tests, the kernel timing, then `pagekv bench decode` pp before (PAGEKV_DEV_CUDA_PREFILL=0)
 # and after, alternating, REPEAT times each. Logs under $OUT; a short table last.
 # Stage first: binaries of target-prefill/release into dist-prefill/ (see RESULTS.md).
 set -uo pipefail
@@ -20,12 +20,12 @@ run() { # name, command...
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 run prefill_tests $D/gpu_prefill --nocapture --test-threads 1
 run forward_tests $D/cuda_forward --nocapture
-run forward_tests_min2 env PAGEKV_CUDA_PREFILL_MIN=2 $D/cuda_forward --nocapture
-run forward_tests_noprefill env PAGEKV_CUDA_PREFILL=0 $D/cuda_forward --nocapture
+run forward_tests_min2 env PAGEKV_DEV_CUDA_PREFILL_MIN=2 $D/cuda_forward --nocapture
+run forward_tests_noprefill env PAGEKV_DEV_CUDA_PREFILL=0 $D/cuda_forward --nocapture
 [ "${KERNEL_TESTS:-0}" = 1 ] && run kernel_tests $D/gpu_kernels --test-threads 8
 run prefill_timing env PAGEKV_PREFILL_BENCH=1 $D/gpu_prefill prefill_kernel_timing --nocapture
 for i in $(seq 1 "$REPEAT"); do
-    run bench_before_$i env PAGEKV_CUDA_PREFILL=0 $D/pagekv bench decode --device cuda --model synthetic:llama3-8b \
+    run bench_before_$i env PAGEKV_DEV_CUDA_PREFILL=0 $D/pagekv bench decode --device cuda --model synthetic:llama3-8b \
         --contexts 1024,4096 --decode-tokens 8 --runs 1 --text README.md
     run bench_after_$i $D/pagekv bench decode --device cuda --model synthetic:llama3-8b \
         --contexts 1024,4096 --decode-tokens 8 --runs 1 --text README.md

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tuning sweep on the GPU machine: one bench_attention run per variant, a variant being a tag
 # and environment assignments (tag:VAR=V,VAR=V); JSON lines tagged, then the summary table.
-# Usage: bash crates/cuda/scripts/tune_env.sh "tag:PAGEKV_CUDA_TC_QSTAGES=2" ... -- BENCH ARGS
+# Usage: bash crates/cuda/scripts/tune_env.sh "tag:PAGEKV_DEV_CUDA_TC_QSTAGES=2" ... -- BENCH ARGS
 set -o pipefail
 OUT=${OUT:-/tmp/out}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} PAGEKV_HOME=$PWD/dist-cuda/home

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call (run tool, carry ["dist-cuda"], staged with stage_model.sh, plus the modules of
-# PAGEKV_CUDA_TC_VREG=0 prebuilt): the GPU model's tests, `pagekv bench decode` of the synthetic
+# PAGEKV_DEV_CUDA_TC_VREG=0 prebuilt): the GPU model's tests, `pagekv bench decode` of the synthetic
 # Llama-3-8B at batch 64 × context 1024 with pk_decode_tc_vreg off (v0) and routed (auto),
 # $REPEAT rounds alternated, batch 1 once, and the issue's `pagekv bench attention --device cuda
 # --json` (bf16, q8, q4) in $ATTN_REPEAT processes (medians over them, each process's µs after).
@@ -25,10 +25,10 @@ for l in sys.stdin:
     grep -iE "error|panick" "$OUT/decode-$tag.log" | head -3 >> "$S"
 }
 for i in $(seq 1 "${REPEAT:-2}"); do
-    bench "b64-v0-$i" PAGEKV_CUDA_TC_VREG=0 --batch 64 --contexts 1024 --decode-tokens 32 --runs 2
-    bench "b64-auto-$i" PAGEKV_CUDA_TC_VREG=auto --batch 64 --contexts 1024 --decode-tokens 32 --runs 2
+    bench "b64-v0-$i" PAGEKV_DEV_CUDA_TC_VREG=0 --batch 64 --contexts 1024 --decode-tokens 32 --runs 2
+    bench "b64-auto-$i" PAGEKV_DEV_CUDA_TC_VREG=auto --batch 64 --contexts 1024 --decode-tokens 32 --runs 2
 done
-bench b1 PAGEKV_CUDA_TC_VREG=auto --contexts 1024 --decode-tokens 64 --runs 3
+bench b1 PAGEKV_DEV_CUDA_TC_VREG=auto --contexts 1024 --decode-tokens 64 --runs 3
 for i in $(seq 1 "${ATTN_REPEAT:-1}"); do
     $D/pagekv bench attention --device cuda --json --formats bf16,q8,q4 --shapes 1x4096,1x32768,16x4096,64x4096,64x16384 \
         --runs 30 > "$OUT/attention-$i.jsonl" 2>> "$OUT/attention-err.log"

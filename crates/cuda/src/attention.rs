@@ -11,10 +11,10 @@
 //!   split into exact parts, so it meets the same error bounds as the SIMT kernel. Groups of at
 //!   most 4 query heads share the mma columns with the split parts, and queries already rounded
 //!   to the page type (as the GPU model passes them for f16/bf16 caches) skip the QK mma of the
-//!   parts past the first — same results, fewer mma. `PAGEKV_CUDA_TC_BASE=1` selects the kernel
+//!   parts past the first — same results, fewer mma. `PAGEKV_DEV_CUDA_TC_BASE=1` selects the kernel
 //!   before those two changes (`pk_decode_tc_base`, for same-call comparisons);
 //!   f16/bf16/q8 pages put an L2 evict-first policy on their page copies
-//!   ([`crate::compile::tc_evict_first`], `PAGEKV_CUDA_TC_L2`).
+//!   ([`crate::compile::tc_evict_first`], `PAGEKV_DEV_CUDA_TC_L2`).
 //! - SIMT (`kernels/decode.cu`, `pk_decode`): every format and head_dim (f32, turbo, odd
 //!   head dims); fp32 FMA.
 //!
@@ -25,21 +25,21 @@
 //!   its pages are read once for all query heads of the group.
 //! - [`DecodeRoute::Partitioned`]: split-K — the visible context is cut into partitions of
 //!   `partition_size` tokens, one CTA each, and `pk_merge` combines the partial softmaxes
-//!   exactly (or, with `PAGEKV_CUDA_FUSED_MERGE=1`, the last CTA of each head group does, in the
-//!   same launch). `pk_merge` is a programmatic dependent launch (`PAGEKV_CUDA_PDL=0`: a plain
+//!   exactly (or, with `PAGEKV_DEV_CUDA_FUSED_MERGE=1`, the last CTA of each head group does, in the
+//!   same launch). `pk_merge` is a programmatic dependent launch (`PAGEKV_DEV_CUDA_PDL=0`: a plain
 //!   one): it is scheduled while the decode kernel runs and waits for its results in-kernel,
 //!   which hides the launch gap (about 1 µs of the ~15 µs of a 1 × 4096 bf16 call on the H200).
 //!   [`DecodeAttention::auto_route`] picks the route and partition size from the H200
 //!   measurements ([`tc_partition_size`] for the tensor-core kernel,
 //!   [`auto_partition_size`] for the SIMT kernel).
 //!
-//! Grids of the tensor-core kernel ([`DecodeGrid`], `PAGEKV_CUDA_TC_GRID`): the partitioned one
+//! Grids of the tensor-core kernel ([`DecodeGrid`], `PAGEKV_DEV_CUDA_TC_GRID`): the partitioned one
 //! above (default), or stream-K (`pk_decode_tc_sk`): about one CTA per SM, each over a balanced
 //! contiguous share of all (sequence, kv head, 16-token tile) work, its warps' copy pipelines
 //! running on across unit boundaries, units split between CTAs merged by the last of them.
 //!
 //! In the model step the tensor-core kernel itself is a programmatic dependent launch after the
-//! cache write ([`DecodeAttention::set_programmatic`], `PAGEKV_CUDA_ATTN_PDL`).
+//! cache write ([`DecodeAttention::set_programmatic`], `PAGEKV_DEV_CUDA_ATTN_PDL`).
 //!
 //! Visibility matches the CPU: the query of a sequence with context `C` sees keys `[lo, C)`,
 //! `lo = C − W` with a sliding window `W`, else 0. Rotated formats: the kernel rotates the query
@@ -82,7 +82,7 @@ impl DecodeRoute {
 /// The grid of the tensor-core decode kernel ([`DecodeAttention::set_grid`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DecodeGrid {
-    /// `PAGEKV_CUDA_TC_GRID` (default `partitioned`).
+    /// `PAGEKV_DEV_CUDA_TC_GRID` (default `partitioned`).
     #[default]
     Auto,
     /// One CTA per (kv head, sequence, partition) of the route (`pk_decode_tc`).
@@ -97,12 +97,12 @@ pub enum DecodeGrid {
 }
 
 impl DecodeGrid {
-    /// `Auto` resolved through `PAGEKV_CUDA_TC_GRID` (checked by [`crate::knobs::check_environment`];
+    /// `Auto` resolved through `PAGEKV_DEV_CUDA_TC_GRID` (checked by [`crate::dev::check_environment`];
     /// read once per process).
     pub fn resolve(self) -> DecodeGrid {
         static ENV: std::sync::OnceLock<DecodeGrid> = std::sync::OnceLock::new();
         match self {
-            DecodeGrid::Auto => *ENV.get_or_init(|| match crate::knobs::decode_grid() {
+            DecodeGrid::Auto => *ENV.get_or_init(|| match crate::dev::decode_grid() {
                 Ok("stream-k") => DecodeGrid::StreamK,
                 _ => DecodeGrid::Partitioned,
             }),
@@ -298,7 +298,7 @@ impl DecodeAttention {
     /// kernel's results in-kernel (`pdl_wait`) before it reads pages or queries or writes
     /// anything. So block tables and context lengths must not be written by the kernels just
     /// before it — true of the model step, which uploads them before its kernels
-    /// (`knobs::attention_pdl`). The SIMT kernel stays a plain launch.
+    /// (`dev::attention_pdl`). The SIMT kernel stays a plain launch.
     pub fn set_programmatic(&mut self, on: bool) {
         self.programmatic = on;
     }
@@ -544,7 +544,7 @@ impl DecodeAttention {
 
 impl DecodeAttention {
     /// The stream-K grid (`pk_decode_tc_sk`): as many CTAs as fit on the device at once (the
-    /// occupancy of the function at `smem` bytes, or `PAGEKV_CUDA_TC_SK_CTAS` if fewer, times the
+    /// occupancy of the function at `smem` bytes, or `PAGEKV_DEV_CUDA_TC_SK_CTAS` if fewer, times the
     /// SMs); the kernel uses at most one per 2 × warps tiles.
     fn forward_stream_k(
         &mut self,
@@ -574,7 +574,7 @@ impl DecodeAttention {
                 n.max(1)
             }
         };
-        let per_sm = match crate::knobs::stream_k_ctas_per_sm().unwrap_or(0) {
+        let per_sm = match crate::dev::stream_k_ctas_per_sm().unwrap_or(0) {
             0 => per_sm,
             n => n.min(per_sm),
         };
@@ -648,7 +648,7 @@ impl DecodeAttention {
     }
 }
 
-/// `PAGEKV_CUDA_TC_BASE=1`: the tensor-core route runs `pk_decode_tc_base` (one n-tile per split
+/// `PAGEKV_DEV_CUDA_TC_BASE=1`: the tensor-core route runs `pk_decode_tc_base` (one n-tile per split
 /// part, no rounded-query shortcut), the kernel before packed columns, for comparisons in the same
 /// process. Read once.
 fn tc_base() -> bool {
@@ -656,9 +656,9 @@ fn tc_base() -> bool {
     *BASE.get_or_init(|| tc_base_from_env().unwrap_or(false))
 }
 
-/// `PAGEKV_CUDA_TC_BASE` (`0|1`, default 0), checked by [`crate::knobs::check_environment`].
+/// `PAGEKV_DEV_CUDA_TC_BASE` (`0|1`, default 0), checked by [`crate::dev::check_environment`].
 pub(crate) fn tc_base_from_env() -> Result<bool, CudaError> {
-    crate::knobs::switch("PAGEKV_CUDA_TC_BASE", false)
+    crate::dev::switch("PAGEKV_DEV_CUDA_TC_BASE", false)
 }
 
 /// `pk_decode_tc_base` of `module`, with its dynamic shared memory limit raised like the module

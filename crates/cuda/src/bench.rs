@@ -479,7 +479,7 @@ pub fn bench_attention(dev: &Arc<CudaDevice>, cfg: &BenchConfig) -> Result<Vec<R
                 .collect();
             for (route_name, kernel, route, ps) in runs {
                 attn.set_kernel(kernel);
-                // Rows name their grid explicitly, whatever PAGEKV_CUDA_TC_GRID says.
+                // Rows name their grid explicitly, whatever PAGEKV_DEV_CUDA_TC_GRID says.
                 attn.set_grid(if route_name.starts_with("stream-k") {
                     DecodeGrid::StreamK
                 } else {

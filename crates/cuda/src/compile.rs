@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use kvcache::{Codec, KvFormat};
 
-use crate::{knobs, CudaError};
+use crate::{dev, CudaError};
 
 const COMMON: &str = include_str!("../kernels/common.cuh");
 const CACHE_WRITE: &str = include_str!("../kernels/cache_write.cu");
@@ -108,12 +108,9 @@ impl ModuleSpec {
     }
 }
 
-/// Directory of the on-disk kernel cache.
+/// Directory of the on-disk kernel cache ([`dev::kernel_cache_dir`]).
 pub fn cache_dir() -> Option<PathBuf> {
-    if let Some(home) = std::env::var_os("PAGEKV_HOME") {
-        return Some(PathBuf::from(home).join("kernels"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/pagekv/kernels"))
+    dev::kernel_cache_dir()
 }
 
 /// FNV-1a 64: a stable hash for cache keys (std's hasher may change between Rust versions).
@@ -187,7 +184,7 @@ fn compile_cubin(src: &str, opts: &[String], arch: (u32, u32)) -> Result<Vec<u8>
     let prog = nvrtc::create_program(&csrc, Some(&name)).map_err(nv("nvrtcCreateProgram"))?;
     // SAFETY: prog is a live program until destroy_program below; buffers are sized by NVRTC.
     let result = unsafe {
-        let verbose = std::env::var_os("PAGEKV_NVRTC_VERBOSE").is_some();
+        let verbose = dev::nvrtc_verbose().unwrap_or(false);
         let mut all: Vec<String> = opts.to_vec();
         if verbose {
             all.push("--ptxas-options=-v".into());
@@ -238,9 +235,9 @@ pub fn prebuild(spec: &ModuleSpec, arch: (u32, u32)) -> Result<usize, CudaError>
 
 /// Tuning of the tensor-core decode kernel (`kernels/decode_tc.cu`): warps per CTA, pipeline
 /// stages per warp, and the most kv heads one CTA serves. Defaults measured on the H200 (see
-/// RESULTS.md); `PAGEKV_CUDA_TC_WARPS`, `PAGEKV_CUDA_TC_STAGES` (float pages),
-/// `PAGEKV_CUDA_TC_QWARPS`, `PAGEKV_CUDA_TC_QSTAGES`, `PAGEKV_CUDA_TC_MINB` (quantized pages),
-/// `PAGEKV_CUDA_TC_HPC`, `PAGEKV_CUDA_FUSED_MERGE`, `PAGEKV_CUDA_PDL` and `PAGEKV_CUDA_TC_L2`
+/// RESULTS.md); `PAGEKV_DEV_CUDA_TC_WARPS`, `PAGEKV_DEV_CUDA_TC_STAGES` (float pages),
+/// `PAGEKV_DEV_CUDA_TC_QWARPS`, `PAGEKV_DEV_CUDA_TC_QSTAGES`, `PAGEKV_DEV_CUDA_TC_MINB` (quantized pages),
+/// `PAGEKV_DEV_CUDA_TC_HPC`, `PAGEKV_DEV_CUDA_FUSED_MERGE`, `PAGEKV_DEV_CUDA_PDL` and `PAGEKV_DEV_CUDA_TC_L2`
 /// override them (read once per process) for tuning runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TcTuning {
@@ -256,25 +253,25 @@ pub struct TcTuning {
     /// registers) for quantized pages; 0: the measured default (see [`tc_min_blocks`]).
     pub quant_min_blocks: usize,
     /// The partitioned route merges inside the decode launch (the last CTA of each head group)
-    /// instead of in `pk_merge` (`PAGEKV_CUDA_FUSED_MERGE=1`). Off by default: measured slower
+    /// instead of in `pk_merge` (`PAGEKV_DEV_CUDA_FUSED_MERGE=1`). Off by default: measured slower
     /// on the H200 (RESULTS.md, run 8: 1×4096 bf16 881 vs 957 GB/s).
     pub fused_merge: bool,
     /// `pk_merge` is launched as a programmatic dependent launch (it may start while the
-    /// decode kernel still runs, and waits for its results in-kernel); `PAGEKV_CUDA_PDL=0`
+    /// decode kernel still runs, and waits for its results in-kernel); `PAGEKV_DEV_CUDA_PDL=0`
     /// launches it plainly.
     pub pdl: bool,
-    /// L2 policy of the page copies (`PAGEKV_CUDA_TC_L2`, `PK_TC_EF`): `auto` (the measured
+    /// L2 policy of the page copies (`PAGEKV_DEV_CUDA_TC_L2`, `PK_TC_EF`): `auto` (the measured
     /// choice per format, [`tc_evict_first`]), `normal` or `evict-first`.
     pub l2: &'static str,
     /// A warp whose tiles all fit in its stages issues every copy at once (`PK_TC_EAGER`,
-    /// `PAGEKV_CUDA_TC_EAGER`): `auto` (the measured choice per format, [`tc_eager`]), `0`, `1`.
+    /// `PAGEKV_DEV_CUDA_TC_EAGER`): `auto` (the measured choice per format, [`tc_eager`]), `0`, `1`.
     pub eager: &'static str,
     /// Calls whose grid has more CTAs than SMs take `pk_decode_tc_vreg`, the V rows in registers
-    /// (`PAGEKV_CUDA_TC_VREG`): `auto` (that rule, [`tc_vreg_call`]), `0` never, `1` always
+    /// (`PAGEKV_DEV_CUDA_TC_VREG`): `auto` (that rule, [`tc_vreg_call`]), `0` never, `1` always
     /// where the shape allows it.
     pub vreg: &'static str,
     /// Quantized pages attend two tiles per step of the tensor-core loop (`PK_TC_PAIR`,
-    /// `PAGEKV_CUDA_TC_PAIR`): `auto` (the measured choice, [`tc_pair`]), `0`, `1`.
+    /// `PAGEKV_DEV_CUDA_TC_PAIR`): `auto` (the measured choice, [`tc_pair`]), `0`, `1`.
     pub pair: &'static str,
 }
 
@@ -297,36 +294,36 @@ impl TcTuning {
         pair: "auto",
     };
 
-    /// [`Self::DEFAULT`] with the `PAGEKV_CUDA_TC_*`, `PAGEKV_CUDA_FUSED_MERGE` and
-    /// `PAGEKV_CUDA_PDL` overrides; a value outside the accepted ones is an error.
+    /// [`Self::DEFAULT`] with the `PAGEKV_DEV_CUDA_TC_*`, `PAGEKV_DEV_CUDA_FUSED_MERGE` and
+    /// `PAGEKV_DEV_CUDA_PDL` overrides; a value outside the accepted ones is an error.
     pub fn from_env() -> Result<TcTuning, CudaError> {
         let d = TcTuning::DEFAULT;
         let pow2 = |v: usize| v.is_power_of_two() && v <= 16;
         let stages = |v: usize| (2..=8).contains(&v);
         Ok(TcTuning {
-            warps: knobs::count("PAGEKV_CUDA_TC_WARPS", d.warps, pow2, "1, 2, 4, 8, 16")?,
-            stages: knobs::count("PAGEKV_CUDA_TC_STAGES", d.stages, stages, "2..=8")?,
-            max_heads_per_cta: knobs::count(
-                "PAGEKV_CUDA_TC_HPC",
+            warps: dev::count("PAGEKV_DEV_CUDA_TC_WARPS", d.warps, pow2, "1, 2, 4, 8, 16")?,
+            stages: dev::count("PAGEKV_DEV_CUDA_TC_STAGES", d.stages, stages, "2..=8")?,
+            max_heads_per_cta: dev::count(
+                "PAGEKV_DEV_CUDA_TC_HPC",
                 d.max_heads_per_cta,
                 |v| v == 0 || pow2(v),
                 "0 (the measured rule), 1, 2, 4, 8, 16",
             )?,
-            quant_warps: knobs::count("PAGEKV_CUDA_TC_QWARPS", d.quant_warps, pow2, "1, 2, 4, 8, 16")?,
-            quant_stages: knobs::count("PAGEKV_CUDA_TC_QSTAGES", d.quant_stages, stages, "2..=8")?,
-            quant_min_blocks: knobs::count("PAGEKV_CUDA_TC_MINB", d.quant_min_blocks, |v| v <= 8, "0..=8")?,
-            fused_merge: knobs::switch("PAGEKV_CUDA_FUSED_MERGE", d.fused_merge)?,
-            pdl: knobs::switch("PAGEKV_CUDA_PDL", d.pdl)?,
-            l2: knobs::choice("PAGEKV_CUDA_TC_L2", d.l2, &["auto", "normal", "evict-first"])?,
-            eager: knobs::choice("PAGEKV_CUDA_TC_EAGER", d.eager, &["auto", "0", "1"])?,
-            vreg: knobs::choice("PAGEKV_CUDA_TC_VREG", d.vreg, &["auto", "0", "1"])?,
-            pair: knobs::choice("PAGEKV_CUDA_TC_PAIR", d.pair, &["auto", "0", "1"])?,
+            quant_warps: dev::count("PAGEKV_DEV_CUDA_TC_QWARPS", d.quant_warps, pow2, "1, 2, 4, 8, 16")?,
+            quant_stages: dev::count("PAGEKV_DEV_CUDA_TC_QSTAGES", d.quant_stages, stages, "2..=8")?,
+            quant_min_blocks: dev::count("PAGEKV_DEV_CUDA_TC_MINB", d.quant_min_blocks, |v| v <= 8, "0..=8")?,
+            fused_merge: dev::switch("PAGEKV_DEV_CUDA_FUSED_MERGE", d.fused_merge)?,
+            pdl: dev::switch("PAGEKV_DEV_CUDA_PDL", d.pdl)?,
+            l2: dev::choice("PAGEKV_DEV_CUDA_TC_L2", d.l2, &["auto", "normal", "evict-first"])?,
+            eager: dev::choice("PAGEKV_DEV_CUDA_TC_EAGER", d.eager, &["auto", "0", "1"])?,
+            vreg: dev::choice("PAGEKV_DEV_CUDA_TC_VREG", d.vreg, &["auto", "0", "1"])?,
+            pair: dev::choice("PAGEKV_DEV_CUDA_TC_PAIR", d.pair, &["auto", "0", "1"])?,
         })
     }
 }
 
 /// The tensor-core kernel's tuning for this process (read once). [`CudaDevice::new`] has
-/// checked the variables ([`knobs::check_environment`]); a caller that compiles without a
+/// checked the variables ([`dev::check_environment`]); a caller that compiles without a
 /// device and meets a bad value is told so once and gets the defaults.
 ///
 /// [`CudaDevice::new`]: crate::CudaDevice::new
@@ -381,7 +378,7 @@ pub fn tc_pair(format: KvFormat, head_dim: usize, group: usize) -> bool {
 /// the stages hold K only (half the shared memory, so two CTAs of 8 warps fit an SM) and the
 /// query fragments move to shared memory, the kernel held to 128 registers. Float pages with
 /// head_dim 64 or 128, 2 stages (the kernel's condition, `tc::VREG`) and at most 4 query heads per
-/// kv head ([`tc_vreg_fits`]); not with `PAGEKV_CUDA_TC_VREG=0`.
+/// kv head ([`tc_vreg_fits`]); not with `PAGEKV_DEV_CUDA_TC_VREG=0`.
 pub fn tc_vreg(format: KvFormat, head_dim: usize, group: usize) -> bool {
     tc_vreg_fits(format, head_dim, group) && tc_tuning().vreg != "0"
 }
@@ -399,7 +396,7 @@ pub fn tc_vreg_fits(format: KvFormat, head_dim: usize, group: usize) -> bool {
 /// H200 (RESULTS.md, session 12, bf16, 32 × 8 heads, d128, GB/s): 64 × 4096 (512 CTAs) 3964 →
 /// 4017, 64 × 16384 4142 → 4220, 32 × 8192 (256) 3984 → 4032, 128 × 1024 3532 → 3656; but
 /// 16 × 4096 (128 CTAs) 3642 → 3428 and 1 × 4096, 1 × 32768 (128) 6 % slower with it.
-/// `PAGEKV_CUDA_TC_VREG=1`: every call it can serve.
+/// `PAGEKV_DEV_CUDA_TC_VREG=1`: every call it can serve.
 pub fn tc_vreg_call(format: KvFormat, head_dim: usize, group: usize, ctas: usize, sm_count: usize) -> bool {
     tc_vreg(format, head_dim, group) && (tc_tuning().vreg == "1" || ctas > sm_count.max(1))
 }
@@ -516,7 +513,7 @@ fn tc_shape_with(format: KvFormat, head_dim: usize, pair: bool) -> (usize, usize
 /// `__launch_bounds__` minimum CTAs per SM of the tensor-core kernel for quantized pages (0:
 /// none given — ptxas then keeps the issue's shape, q8/q4 at head_dim 128 with 4 query heads
 /// per kv head, at 128 registers without spills, and larger shapes spill-free at up to 255);
-/// a tuning knob only (`PAGEKV_CUDA_TC_MINB`).
+/// a tuning knob only (`PAGEKV_DEV_CUDA_TC_MINB`).
 pub fn tc_min_blocks(format: KvFormat) -> usize {
     if tc_quantized(format) {
         tc_tuning().quant_min_blocks
@@ -525,7 +522,7 @@ pub fn tc_min_blocks(format: KvFormat) -> usize {
     }
 }
 
-/// The measured rule for the most kv heads per CTA (`PAGEKV_CUDA_TC_HPC=0`, the default): 2 for
+/// The measured rule for the most kv heads per CTA (`PAGEKV_DEV_CUDA_TC_HPC=0`, the default): 2 for
 /// quantized pages once a batch of `num_seqs` fills the `sm_count` SMs with them (`num_seqs ×
 /// num_kv_heads / 2 ≥ sm_count`), else 1. Two adjacent heads make each token's codes one run of
 /// twice the bytes, and with 8 warps each head keeps 4 (H200, RESULTS.md 2026-12-02, 3
@@ -689,7 +686,7 @@ mod tests {
 
     #[test]
     fn default_shapes_keep_stages_and_the_widest_merge_in_shared_memory() {
-        // Run without PAGEKV_CUDA_TC_* in the environment: the defaults.
+        // Run without PAGEKV_DEV_CUDA_TC_* in the environment: the defaults.
         assert_eq!(tc_tuning(), TcTuning::DEFAULT);
         assert_eq!(tc_shape(KvFormat::Bf16, 128), (8, 2));
         assert_eq!(tc_shape(KvFormat::Q8, 128), (8, 2));

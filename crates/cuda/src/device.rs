@@ -71,11 +71,11 @@ impl std::fmt::Debug for CudaDevice {
 }
 
 impl CudaDevice {
-    /// Opens device `ordinal`. Errors (never panics) when a `PAGEKV_CUDA_*` variable has a value
-    /// outside the accepted ones ([`crate::knobs`]), the driver library is missing, the driver
+    /// Opens device `ordinal`. Errors (never panics) when a `PAGEKV_DEV_CUDA_*` variable has a value
+    /// outside the accepted ones ([`crate::dev`]), the driver library is missing, the driver
     /// does not initialize, or the device does not exist.
     pub fn new(ordinal: usize) -> Result<Arc<CudaDevice>, CudaError> {
-        crate::knobs::check_environment()?;
+        crate::dev::check_environment()?;
         let count = device_count()?;
         if ordinal >= count {
             return Err(CudaError::NoDevice { ordinal, count });

@@ -36,9 +36,9 @@ pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod compile;
 #[cfg(feature = "cuda")]
-mod device;
+pub mod dev;
 #[cfg(feature = "cuda")]
-pub mod knobs;
+mod device;
 #[cfg(feature = "cuda")]
 mod model_ops;
 #[cfg(feature = "cuda")]

@@ -23,7 +23,7 @@ use half::bf16;
 use crate::compile::ModuleSpec;
 use crate::device::{arg, launch_kernel};
 use crate::pages::dptr;
-use crate::{knobs, CudaDevice, CudaError};
+use crate::{dev, CudaDevice, CudaError};
 
 /// Element type of a [`DeviceMatrix`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -239,23 +239,23 @@ impl GemvShape {
     /// Warps per block the split kernel is compiled for.
     pub const SPLIT_WARPS: [usize; 2] = [16, 32];
 
-    /// The default, or what `PAGEKV_CUDA_GEMV_KERNEL` (`split|rows`), `PAGEKV_CUDA_GEMV_WARPS`
-    /// (16, 32), `PAGEKV_CUDA_GEMV_R` (1, 2, 4), `PAGEKV_CUDA_GEMV_BPS` (1..=32) and
-    /// `PAGEKV_CUDA_GEMV_PDL` (`0|1`) ask for (tuning runs). An unknown value is an error naming
+    /// The default, or what `PAGEKV_DEV_CUDA_GEMV_KERNEL` (`split|rows`), `PAGEKV_DEV_CUDA_GEMV_WARPS`
+    /// (16, 32), `PAGEKV_DEV_CUDA_GEMV_R` (1, 2, 4), `PAGEKV_DEV_CUDA_GEMV_BPS` (1..=32) and
+    /// `PAGEKV_DEV_CUDA_GEMV_PDL` (`0|1`) ask for (tuning runs). An unknown value is an error naming
     /// the accepted ones.
     pub fn from_env() -> Result<GemvShape, CudaError> {
-        let split = knobs::choice("PAGEKV_CUDA_GEMV_KERNEL", "split", &["split", "rows"])? == "split";
-        let pdl = knobs::switch("PAGEKV_CUDA_GEMV_PDL", true)?;
-        let warps = knobs::count("PAGEKV_CUDA_GEMV_WARPS", 32, |v| GemvShape::SPLIT_WARPS.contains(&v), "16, 32")?;
+        let split = dev::choice("PAGEKV_DEV_CUDA_GEMV_KERNEL", "split", &["split", "rows"])? == "split";
+        let pdl = dev::switch("PAGEKV_DEV_CUDA_GEMV_PDL", true)?;
+        let warps = dev::count("PAGEKV_DEV_CUDA_GEMV_WARPS", 32, |v| GemvShape::SPLIT_WARPS.contains(&v), "16, 32")?;
         Ok(GemvShape {
             split_warps: split.then_some(warps),
             // Measured on the H200 (RESULTS.md, model run 5): one row per warp and 8 blocks per
             // SM streamed Llama 3 8B's matrices fastest of {1, 2, 4} × {2, 4, 8, 16} with the
             // earlier kernel; the split kernel is meant to run one block of 32 warps per SM
             // (RESULTS.md, GEMV section).
-            rows_per_warp: knobs::count("PAGEKV_CUDA_GEMV_R", 1, |v| GEMV_ROWS_PER_WARP.contains(&v), "1, 2, 4")?,
-            blocks_per_sm: knobs::count(
-                "PAGEKV_CUDA_GEMV_BPS",
+            rows_per_warp: dev::count("PAGEKV_DEV_CUDA_GEMV_R", 1, |v| GEMV_ROWS_PER_WARP.contains(&v), "1, 2, 4")?,
+            blocks_per_sm: dev::count(
+                "PAGEKV_DEV_CUDA_GEMV_BPS",
                 if split { 1 } else { 8 },
                 |v| (1..=32).contains(&v),
                 "1..=32",

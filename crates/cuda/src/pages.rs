@@ -184,7 +184,7 @@ impl DevicePages {
     /// it may be scheduled while the kernel before it on the stream still runs, reads its slots,
     /// then waits for that kernel's results in-kernel (`pdl_wait`) before it reads keys and
     /// values or writes a page. For the model step, whose slots are uploaded before its kernels
-    /// (`knobs::attention_pdl`). Host-side writes ([`Self::try_write`]) stay plain launches.
+    /// (`dev::attention_pdl`). Host-side writes ([`Self::try_write`]) stay plain launches.
     pub fn set_programmatic_writes(&mut self, on: bool) {
         self.programmatic_writes = on;
     }

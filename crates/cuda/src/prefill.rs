@@ -15,9 +15,9 @@
 //! caller counts that as a fallback.
 //!
 //! Routing rule ([`prefill_min_tokens`]): a sequence whose step brings at least
-//! `PAGEKV_CUDA_PREFILL_MIN` new tokens (default 96) goes through this kernel; shorter ones
+//! `PAGEKV_DEV_CUDA_PREFILL_MIN` new tokens (default 96) goes through this kernel; shorter ones
 //! (decode, speculative verification, short chunks) stay on the decode kernel.
-//! `PAGEKV_CUDA_PREFILL=0` turns the kernel off. The default comes from the H200
+//! `PAGEKV_DEV_CUDA_PREFILL=0` turns the kernel off. The default comes from the H200
 //! (crates/cuda/RESULTS.md, prefill run 2, `gpu_prefill prefill_kernel_timing`, Llama-3-8B
 //! attention shape, bf16): one CTA per (tile, kv head) walks the whole prefix, so the kernel's
 //! time is flat up to 128 tokens (79 µs at context 1024, 271 µs at 4096) while the decode rows
@@ -35,11 +35,11 @@ use crate::{CudaDevice, CudaError, DevicePages};
 pub use crate::compile::prefill_supported;
 
 /// New tokens of one sequence from which its step takes the prefill kernel (see the module doc);
-/// `usize::MAX` when `PAGEKV_CUDA_PREFILL=0` ([`crate::knobs::prefill_min_tokens`]; read once per
+/// `usize::MAX` when `PAGEKV_DEV_CUDA_PREFILL=0` ([`crate::dev::prefill_min_tokens`]; read once per
 /// process, after [`CudaDevice::new`] checked the variables).
 pub fn prefill_min_tokens() -> usize {
     static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MIN.get_or_init(|| crate::knobs::prefill_min_tokens().unwrap_or(96))
+    *MIN.get_or_init(|| crate::dev::prefill_min_tokens().unwrap_or(96))
 }
 
 /// Appends the tiles of one sequence's chunk — tokens `[first, first + len)` of the batch — to

@@ -94,9 +94,9 @@ impl TopKPlan {
     }
 }
 
-/// `PAGEKV_CUDA_TOPK_CHUNK` (1024, 2048 or 4096): a fixed chunk for tuning runs; unset: none.
+/// `PAGEKV_DEV_CUDA_TOPK_CHUNK` (1024, 2048 or 4096): a fixed chunk for tuning runs; unset: none.
 pub(crate) fn forced_chunk_from_env() -> Result<Option<usize>, CudaError> {
-    let chunk = crate::knobs::count("PAGEKV_CUDA_TOPK_CHUNK", 0, |c| TOP_K_CHUNKS.contains(&c), "1024, 2048, 4096")?;
+    let chunk = crate::dev::count("PAGEKV_DEV_CUDA_TOPK_CHUNK", 0, |c| TOP_K_CHUNKS.contains(&c), "1024, 2048, 4096")?;
     Ok((chunk != 0).then_some(chunk))
 }
 

@@ -560,7 +560,7 @@ mod gpu {
 
     /// Runs `case` through the reference and the given routes, on every kernel that serves the
     /// format (tensor-core and SIMT for f16/bf16), the routes on the default grid
-    /// (`PAGEKV_CUDA_TC_GRID`), then once on the stream-K grid where it serves the case; returns
+    /// (`PAGEKV_DEV_CUDA_TC_GRID`), then once on the stream-K grid where it serves the case; returns
     /// (kernel, route or "stream-k", error) triples.
     fn run_case(dev: &Arc<CudaDevice>, case: &Case, routes: &[DecodeRoute]) -> Vec<(&'static str, &'static str, f32)> {
         run_built(dev, case, &build(dev, case), routes)

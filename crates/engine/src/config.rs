@@ -20,6 +20,10 @@ pub struct EngineConfig {
     /// Most sequences running at once, `--max-seqs`.
     pub max_seqs: usize,
     pub bank: BankConfig,
+    /// Steps whose samplers need only the argmax (or a small top-k) of each row take those from
+    /// the backend instead of the full logit rows — the same tokens and seeded draws
+    /// (`PAGEKV_REDUCED_SAMPLING`, default on; off reads every full row, for comparisons).
+    pub reduced_sampling: bool,
 }
 
 /// The session bank: prefix reuse across requests.
@@ -44,7 +48,7 @@ impl Default for BankConfig {
 impl EngineConfig {
     /// Defaults around a cache configuration: 512 tokens and 64 sequences per step, bank on.
     pub fn new(cache: CacheConfig) -> EngineConfig {
-        EngineConfig { cache, max_batch_tokens: 512, max_seqs: 64, bank: BankConfig::default() }
+        EngineConfig { cache, max_batch_tokens: 512, max_seqs: 64, bank: BankConfig::default(), reduced_sampling: true }
     }
 
     /// Defaults for `model`, with the pool sized to `kv_bytes` of KV memory (at least one block).

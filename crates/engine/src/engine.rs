@@ -202,28 +202,11 @@ fn assemble<M: Forward>(
         vocab_size: mc.vocab_size,
         identity,
         watermark: (cache.num_blocks / 100).max(1),
-        reduced_sampling: reduced_sampling_from_env()?,
+        reduced_sampling: config.reduced_sampling,
     };
     let bank = SessionBank::new(bank_config, cache.num_blocks, bs, block_bytes);
     let scheduler = Scheduler::new(model, tokenizer, pool, template, bank, limits, metrics, rx);
     Ok((scheduler, info))
-}
-
-/// `PAGEKV_REDUCED_SAMPLING`: whether steps whose samplers need only the argmax take the
-/// backend's greedy ids instead of the full logit rows (`1`/`on`, the default) or always read
-/// the full rows (`0`/`off`, for comparisons). Any other value is an error naming the accepted ones.
-fn reduced_sampling_from_env() -> Result<bool, EngineError> {
-    match std::env::var("PAGEKV_REDUCED_SAMPLING") {
-        Err(std::env::VarError::NotPresent) => Ok(true),
-        Ok(v) => match v.trim() {
-            "1" | "on" => Ok(true),
-            "0" | "off" => Ok(false),
-            other => {
-                Err(EngineError::Config(format!("PAGEKV_REDUCED_SAMPLING must be one of 1, on, 0, off; got {other:?}")))
-            }
-        },
-        Err(e) => Err(EngineError::Config(format!("PAGEKV_REDUCED_SAMPLING: {e}"))),
-    }
 }
 
 impl Drop for Engine {

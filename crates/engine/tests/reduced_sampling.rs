@@ -10,9 +10,9 @@
 //! is plain greedy (no penalty, no logprobs; stop strings and tokens allowed), the top-k path
 //! when they draw with a small top-k and no penalty or logprobs, and that the
 //! events (ids, text, logprobs, finish reason, stop string, usage) are the same with it as with
-//! `PAGEKV_REDUCED_SAMPLING=0`, which reads every full row.
+//! `EngineConfig::reduced_sampling` off, which reads every full row.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kvcache::{CacheConfig, HostPages, KvPool};
@@ -28,13 +28,6 @@ use rand::{Rng, SeedableRng};
 mod common;
 
 use common::{tokenizer, CONTEXT, VOCAB};
-
-/// Engines of this file start one at a time: `PAGEKV_REDUCED_SAMPLING` is read at start.
-static ENV: Mutex<()> = Mutex::new(());
-
-fn env_lock() -> MutexGuard<'static, ()> {
-    ENV.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The tiny model of these tests.
 fn tiny_model() -> Model {
@@ -164,18 +157,17 @@ fn config() -> EngineConfig {
     c
 }
 
-/// An engine over [`Counting`] with `PAGEKV_REDUCED_SAMPLING` set to `reduced` at its start.
-fn start(reduced: &str) -> Result<(Engine, Arc<Mutex<Rows>>), EngineError> {
-    let _env = env_lock();
+/// An engine over [`Counting`] with reduced sampling on or off.
+fn start(reduced: bool) -> Result<(Engine, Arc<Mutex<Rows>>), EngineError> {
     let rows = Arc::new(Mutex::new(Rows::default()));
     let r = rows.clone();
-    std::env::set_var("PAGEKV_REDUCED_SAMPLING", reduced);
+    let mut config = config();
+    config.reduced_sampling = reduced;
     let engine = Engine::start(
         Counting { model: tiny_model(), logits: Vec::new(), hidden: Vec::new(), rows: r },
         tokenizer(),
-        config(),
+        config,
     );
-    std::env::remove_var("PAGEKV_REDUCED_SAMPLING");
     Ok((engine?, rows))
 }
 
@@ -310,7 +302,7 @@ fn rows_and_metrics(engine: &Engine, rows: &Arc<Mutex<Rows>>) -> (Rows, EngineMe
 
 #[test]
 fn the_greedy_path_is_taken_exactly_when_every_sampler_needs_only_the_argmax() {
-    let (engine, rows) = start("1").unwrap();
+    let (engine, rows) = start(true).unwrap();
     let reqs = requests(&engine);
     let h = engine.handle();
     let mut fallbacks = 0;
@@ -353,7 +345,7 @@ fn the_greedy_path_is_taken_exactly_when_every_sampler_needs_only_the_argmax() {
     engine.shutdown(Duration::from_secs(5));
 
     // Off: no greedy id is ever asked for.
-    let (engine, rows) = start("off").unwrap();
+    let (engine, rows) = start(false).unwrap();
     for (_, r, _) in kinds().into_iter().take(4) {
         drop(events(engine.handle().submit(r).unwrap()));
     }
@@ -364,7 +356,7 @@ fn the_greedy_path_is_taken_exactly_when_every_sampler_needs_only_the_argmax() {
 }
 
 /// Every request's events, one at a time and then all at once.
-fn run_all(reduced: &str) -> (Vec<Vec<Event>>, Vec<Vec<Event>>, Rows) {
+fn run_all(reduced: bool) -> (Vec<Vec<Event>>, Vec<Vec<Event>>, Rows) {
     let (engine, rows) = start(reduced).unwrap();
     let reqs = requests(&engine);
     let h = engine.handle();
@@ -386,8 +378,8 @@ fn run_all(reduced: &str) -> (Vec<Vec<Event>>, Vec<Vec<Event>>, Rows) {
 
 #[test]
 fn events_are_identical_with_and_without_the_greedy_path() {
-    let (want_serial, want_together, off) = run_all("0");
-    let (serial, together, on) = run_all("1");
+    let (want_serial, want_together, off) = run_all(false);
+    let (serial, together, on) = run_all(true);
     assert_eq!(serial, want_serial, "one at a time");
     // (Steps that began before `before` was read may have read either way; the rest are greedy.)
     assert_eq!(together, want_together, "all at once");
@@ -397,13 +389,4 @@ fn events_are_identical_with_and_without_the_greedy_path() {
     let done = |e: &[Event]| e.last().cloned();
     assert!(matches!(done(&serial[1]), Some(Event::Done { stop_sequence: Some(_), .. })), "{:?}", done(&serial[1]));
     assert!(serial[2].len() < 15, "the stop token ended the request early");
-}
-
-#[test]
-fn an_unknown_reduced_sampling_value_is_refused() {
-    let e = start("maybe").err().expect("refused");
-    assert_eq!(
-        e.to_string(),
-        "invalid engine configuration: PAGEKV_REDUCED_SAMPLING must be one of 1, on, 0, off; got \"maybe\""
-    );
 }

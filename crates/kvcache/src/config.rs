@@ -63,12 +63,8 @@ impl CacheConfig {
         }
     }
 
-    /// Overlays the `PAGEKV_*` variables of the process environment.
-    pub fn with_env(self) -> Result<CacheConfig, ConfigError> {
-        self.with_env_from(|k| std::env::var(k).ok())
-    }
-
-    /// Overlays variables read through `lookup` (tests pass a map).
+    /// Overlays the `PAGEKV_*` settings read through `lookup` (the binary passes its flags over
+    /// the environment; tests pass a map).
     pub fn with_env_from(mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<CacheConfig, ConfigError> {
         let var = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         if let Some(v) = var("PAGEKV_KV_QUANT") {

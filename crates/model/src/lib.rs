@@ -22,4 +22,4 @@ pub mod tokenizer;
 pub use backend::Forward;
 pub use batch::{Batch, BatchSeq, Logits};
 pub use error::ModelError;
-pub use llama::{Model, ModelConfig};
+pub use llama::{LoadOptions, Model, ModelConfig};

@@ -23,7 +23,27 @@ pub fn install(given: Vec<(&'static str, String)>) -> anyhow::Result<()> {
     let _ = GIVEN.set(given.into_iter().collect());
     let threads = pagekv_cpu::threadpool::threads_from_lookup(env_lookup)?;
     pagekv_cpu::threadpool::ThreadPool::set_global_threads(threads)?;
+    pagekv_cpu::quant::Isa::set_cap(pagekv_cpu::quant::Isa::cap_from_lookup(env_lookup)?)?;
     Ok(())
+}
+
+/// `PAGEKV_COPY_WEIGHTS` (default on): copy weight matrices into huge pages at load.
+pub fn copy_weights() -> anyhow::Result<bool> {
+    boolean("PAGEKV_COPY_WEIGHTS", true)
+}
+
+/// `PAGEKV_REDUCED_SAMPLING` (default on): engine steps take only the argmax / best entries of
+/// each logit row from the backend when their samplers allow it.
+pub fn reduced_sampling() -> anyhow::Result<bool> {
+    boolean("PAGEKV_REDUCED_SAMPLING", true)
+}
+
+/// A boolean setting in the one grammar; unset or empty is `default`.
+fn boolean(name: &str, default: bool) -> anyhow::Result<bool> {
+    match env_lookup(name).filter(|v| !v.trim().is_empty()) {
+        None => Ok(default),
+        Some(v) => parse_bool(&v).map_err(|e| anyhow::anyhow!("{name}: {e}")),
+    }
 }
 
 /// One setting's text: the parsed flag or variable, else the environment; `None` when unset
@@ -104,6 +124,17 @@ fn env_of(cmd: &clap::Command, long: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn boolean_settings_default_when_unset_and_name_the_variable_when_bad() {
+        assert!(boolean("PAGEKV_TEST_UNSET_SWITCH_X", true).unwrap());
+        assert!(!boolean("PAGEKV_TEST_UNSET_SWITCH_X", false).unwrap());
+        std::env::set_var("PAGEKV_TEST_BAD_SWITCH_X", "maybe");
+        let e = boolean("PAGEKV_TEST_BAD_SWITCH_X", true).unwrap_err().to_string();
+        assert!(e.contains("PAGEKV_TEST_BAD_SWITCH_X") && e.contains(BOOL_VALUES), "{e}");
+        std::env::set_var("PAGEKV_TEST_OFF_SWITCH_X", "Off");
+        assert!(!boolean("PAGEKV_TEST_OFF_SWITCH_X", true).unwrap());
+    }
 
     #[test]
     fn booleans_have_one_grammar_and_bad_ones_list_it() {

@@ -12,7 +12,7 @@ use pagekv_cpu::attention::AttentionConfig;
 use pagekv_model::gguf::GgufFile;
 use pagekv_model::template::ChatTemplate;
 use pagekv_model::tokenizer::Tokenizer;
-use pagekv_model::Model;
+use pagekv_model::{LoadOptions, Model};
 
 use crate::registry;
 
@@ -42,8 +42,9 @@ pub fn load(model: Option<&str>, template_override: Option<&Path>) -> Result<Loa
         None => ChatTemplate::from_gguf(file.metadata()).context("invalid chat template in the model")?,
     };
     let attention = AttentionConfig::from_lookup(crate::config::env_lookup)?;
-    let mut model =
-        Model::from_file(file.clone(), attention).with_context(|| format!("cannot load model {}", path.display()))?;
+    let options = LoadOptions { copy_weights: crate::config::copy_weights()? };
+    let mut model = Model::from_file_with(file.clone(), attention, options)
+        .with_context(|| format!("cannot load model {}", path.display()))?;
     model.set_attn_numerics(AttnNumerics::from_lookup(crate::config::env_lookup)?);
     if let Some(s) = spinner {
         s.finish_and_clear();

@@ -136,12 +136,7 @@ impl AttnNumerics {
         }
     }
 
-    /// Reads `PAGEKV_ATTN_NUMERICS` (default [`AttnNumerics::Auto`]).
-    pub fn from_env() -> Result<AttnNumerics, AttentionError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
-    }
-
-    /// Like [`Self::from_env`] over any lookup.
+    /// Parses `PAGEKV_ATTN_NUMERICS` as `lookup` gives it (default [`AttnNumerics::Auto`]).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<AttnNumerics, AttentionError> {
         match lookup(ATTN_NUMERICS_ENV) {
             Some(v) => AttnNumerics::parse(&v),

@@ -63,11 +63,11 @@ pub const ATTN_IMPL_ENV: &str = "PAGEKV_ATTN_IMPL";
 /// Environment variable setting the partition size (tokens) of the partitioned path.
 pub const PARTITION_SIZE_ENV: &str = "PAGEKV_PARTITION_SIZE";
 /// Environment variable setting the context length from which `auto` considers partitioning.
-pub const PARTITION_THRESHOLD_ENV: &str = "PAGEKV_PARTITION_THRESHOLD";
+pub const PARTITION_THRESHOLD_ENV: &str = "PAGEKV_DEV_PARTITION_THRESHOLD";
 /// Accepted values of [`ATTN_IMPL_ENV`].
 pub const ATTN_IMPL_VALUES: &str = "auto, reference, primitive, partitioned";
 /// Environment variable pinning the instruction set of the fast kernels.
-pub const ATTN_ISA_ENV: &str = "PAGEKV_ATTN_ISA";
+pub const ATTN_ISA_ENV: &str = "PAGEKV_DEV_ATTN_ISA";
 /// Accepted values of [`ATTN_ISA_ENV`].
 pub const ATTN_ISA_VALUES: &str = "auto, avx2, avx512";
 
@@ -262,13 +262,9 @@ impl AttentionConfig {
         *self != AttentionConfig::default()
     }
 
-    /// Reads `PAGEKV_ATTN_IMPL`, `PAGEKV_PARTITION_SIZE`, `PAGEKV_PARTITION_THRESHOLD`,
-    /// `PAGEKV_ATTN_ISA`.
-    pub fn from_env() -> Result<AttentionConfig, AttentionError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
-    }
-
-    /// Like [`Self::from_env`] over any lookup (tests, flags merged over the environment).
+    /// Parses `PAGEKV_ATTN_IMPL`, `PAGEKV_PARTITION_SIZE`, `PAGEKV_DEV_PARTITION_THRESHOLD` and
+    /// `PAGEKV_DEV_ATTN_ISA` as `lookup` gives them (the binary passes its flags over the
+    /// environment; tests pass a map). Unset names keep the defaults.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<AttentionConfig, AttentionError> {
         let mut c = AttentionConfig::default();
         if let Some(v) = lookup(ATTN_IMPL_ENV) {
@@ -333,11 +329,6 @@ pub struct Attention {
 impl Attention {
     pub fn new(config: AttentionConfig, pool: impl Into<PoolHandle>) -> Attention {
         Attention { config, pool: pool.into(), workspace: Workspace::default() }
-    }
-
-    /// Configuration from the environment, on the process-wide thread pool.
-    pub fn from_env() -> Result<Attention, AttentionError> {
-        Ok(Attention::new(AttentionConfig::from_env()?, ThreadPool::global()?))
     }
 
     pub fn config(&self) -> &AttentionConfig {

@@ -125,6 +125,25 @@ pub enum Isa {
     Avx512Vnni,
 }
 
+/// The developer switch that caps the matrix kernels' instruction family.
+pub const ISA_CAP_ENV: &str = "PAGEKV_DEV_ISA";
+
+/// The family chosen by [`Isa::best`], once.
+static BEST: OnceLock<Isa> = OnceLock::new();
+/// The cap [`Isa::best`] honours, set by [`Isa::set_cap`] before first use.
+static ISA_CAP: OnceLock<Isa> = OnceLock::new();
+
+/// A bad `PAGEKV_DEV_ISA`, or a cap set after the kernels chose.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IsaCapError {
+    #[error("invalid {ISA_CAP_ENV} {0:?}: accepted values are scalar, avx2, avx512")]
+    Invalid(String),
+    #[error(
+        "the matrix kernels' instruction family was already chosen; {ISA_CAP_ENV} must be set before the first product"
+    )]
+    AlreadyChosen,
+}
+
 impl Isa {
     /// Whether this CPU can run the family.
     pub fn is_available(self) -> bool {
@@ -154,21 +173,36 @@ impl Isa {
         matches!(self, Isa::Avx2 | Isa::Avx512Vnni)
     }
 
-    /// The best available family (detected once per process). `PAGEKV_ISA=scalar|avx2`
-    /// caps it (for comparisons and tests of the slower paths).
+    /// The best available family under the process's cap ([`Isa::set_cap`]), fixed at first use.
     pub fn best() -> Isa {
-        static BEST: OnceLock<Isa> = OnceLock::new();
         *BEST.get_or_init(|| {
-            let cap = match std::env::var("PAGEKV_ISA").as_deref() {
-                Ok("scalar") => Isa::Scalar,
-                Ok("avx2") => Isa::Avx2,
-                _ => Isa::Avx512Vnni,
-            };
+            let cap = *ISA_CAP.get_or_init(|| Isa::Avx512Vnni);
             [Isa::Avx512Vnni, Isa::Avx2, Isa::Scalar]
                 .into_iter()
                 .find(|i| i.rank() <= cap.rank() && i.is_available())
                 .unwrap_or(Isa::Scalar)
         })
+    }
+
+    /// Caps the family [`Isa::best`] may pick (comparisons and tests of the slower paths). Call
+    /// before the first matrix product; once [`Isa::best`] has chosen, another cap is an error.
+    pub fn set_cap(cap: Isa) -> Result<(), IsaCapError> {
+        let chosen = *ISA_CAP.get_or_init(|| cap);
+        if chosen != cap || BEST.get().is_some_and(|b| b.rank() > cap.rank()) {
+            return Err(IsaCapError::AlreadyChosen);
+        }
+        Ok(())
+    }
+
+    /// Parses `PAGEKV_DEV_ISA` as `lookup` gives it: `scalar`, `avx2`, `avx512` (the default
+    /// when unset: no cap).
+    pub fn cap_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Isa, IsaCapError> {
+        match lookup(ISA_CAP_ENV).as_deref().map(str::trim) {
+            None | Some("") | Some("avx512") => Ok(Isa::Avx512Vnni),
+            Some("avx2") => Ok(Isa::Avx2),
+            Some("scalar") => Ok(Isa::Scalar),
+            Some(other) => Err(IsaCapError::Invalid(other.to_string())),
+        }
     }
 
     fn rank(self) -> u8 {

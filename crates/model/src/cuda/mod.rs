@@ -7,12 +7,12 @@
 //! residual) → final RMSNorm of the rows whose logits are wanted → output product. Products go
 //! through cuBLAS with f32 accumulation; weights are bf16 (default) or f32 ([`DType`]). Steps of
 //! at most [`pagekv_cuda::GEMV_MAX_N`] tokens with bf16 weights (decode) multiply every matrix
-//! (`PAGEKV_CUDA_GEMV_MAX_BYTES` caps it) with the fused matrix-vector kernel instead, which
+//! (`PAGEKV_DEV_CUDA_GEMV_MAX_BYTES` caps it) with the fused matrix-vector kernel instead, which
 //! streams each weight matrix once with the op before the product (RMSNorm, SiLU·mul, the
 //! conversion of the attention output) in its prologue.
 //!
 //! Attention: a sequence that brings at least [`pagekv_cuda::prefill_min_tokens`] new tokens
-//! (96 by default, `PAGEKV_CUDA_PREFILL_MIN`; `PAGEKV_CUDA_PREFILL=0` turns it off) goes through
+//! (96 by default, `PAGEKV_DEV_CUDA_PREFILL_MIN`; `PAGEKV_DEV_CUDA_PREFILL=0` turns it off) goes through
 //! the tiled causal prefill kernel ([`PrefillAttention`]: one CTA per tile of query tokens and
 //! kv head reads the prefix once per tile, tensor cores) where the pages' format allows it (f16,
 //! bf16); every other token (decode, short chunks, other formats — counted as a fallback) is one
@@ -29,7 +29,7 @@
 //!
 //! A step's launches are captured as a CUDA graph the second time its shape (tokens, logit
 //! rows, table width, context rounded up to 256, attention route, pages) is seen, and replayed
-//! from then on (`PAGEKV_CUDA_GRAPH=0` turns this off). While a step runs, the device's stream
+//! from then on (`PAGEKV_DEV_CUDA_GRAPH=0` turns this off). While a step runs, the device's stream
 //! must be this model's thread's alone: work another thread queued on it during a capture
 //! would be recorded into the graph. Give each concurrently used model its own
 //! [`CudaDevice`] (each has its own stream).
@@ -209,7 +209,7 @@ struct GraphKey {
 }
 
 /// Captured forward steps (CUDA graphs): the step's ~8 launches per layer replayed with one
-/// launch. `PAGEKV_CUDA_GRAPH=0` turns them off.
+/// launch. `PAGEKV_DEV_CUDA_GRAPH=0` turns them off.
 struct Graphs {
     enabled: bool,
     /// (scratch, attention) buffer generations the graphs were captured with.
@@ -276,11 +276,11 @@ pub struct CudaModel {
     /// `Some(name)` for random weights (`synthetic:NAME`).
     synthetic: Option<String>,
     /// Decode steps multiply matrices of at most this many bytes with the fused matrix-vector
-    /// kernel, larger ones through cuBLAS (no limit by default: [`pagekv_cuda::knobs::gemv_max_bytes`]).
-    /// `PAGEKV_CUDA_GEMV_MAX_BYTES` sets it; `PAGEKV_CUDA_GEMV=0` means 0 (cuBLAS only).
+    /// kernel, larger ones through cuBLAS (no limit by default: [`pagekv_cuda::dev::gemv_max_bytes`]).
+    /// `PAGEKV_DEV_CUDA_GEMV_MAX_BYTES` sets it; `PAGEKV_DEV_CUDA_GEMV=0` means 0 (cuBLAS only).
     gemv_max_bytes: usize,
     /// The step's cache write and tensor-core decode kernel are programmatic dependent launches
-    /// ([`pagekv_cuda::knobs::attention_pdl`], `PAGEKV_CUDA_ATTN_PDL`, default on).
+    /// ([`pagekv_cuda::dev::attention_pdl`], `PAGEKV_DEV_CUDA_ATTN_PDL`, default on).
     attention_pdl: bool,
     graphs: Graphs,
     top_k: DeviceTopK,
@@ -356,7 +356,7 @@ impl CudaModel {
         };
         let top_k = DeviceTopK { kernels: TopK::new(device.clone()).map_err(dev)?, out: None };
         device.synchronize().map_err(dev)?;
-        let attention_pdl = pagekv_cuda::knobs::attention_pdl().map_err(dev)?;
+        let attention_pdl = pagekv_cuda::dev::attention_pdl().map_err(dev)?;
         let mut attention = DecodeAttention::new(device.clone());
         attention.set_programmatic(attention_pdl);
         Ok(CudaModel {
@@ -370,9 +370,9 @@ impl CudaModel {
             ops,
             weights,
             synthetic,
-            gemv_max_bytes: pagekv_cuda::knobs::gemv_max_bytes().map_err(dev)?,
+            gemv_max_bytes: pagekv_cuda::dev::gemv_max_bytes().map_err(dev)?,
             attention_pdl,
-            graphs: Graphs::new(pagekv_cuda::knobs::graphs_enabled().map_err(dev)?),
+            graphs: Graphs::new(pagekv_cuda::dev::graphs_enabled().map_err(dev)?),
             top_k,
             device_logit_rows: None,
         })

@@ -7,4 +7,4 @@ pub mod silu;
 pub mod weights;
 
 pub use config::{Architecture, ModelConfig, RopeStyle};
-pub use model::Model;
+pub use model::{LoadOptions, Model};

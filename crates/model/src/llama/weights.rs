@@ -4,8 +4,9 @@
 //! The matrices a decode step streams are copied once, at load, into memory backed by
 //! transparent huge pages ([`Resident`]): the page cache behind the mapping uses 4 KiB pages,
 //! and a step that reads ~100 MB through them pays a TLB miss every 4 KiB. The copy is skipped
-//! when it would take more than a quarter of the available memory, or with
-//! `PAGEKV_COPY_WEIGHTS=0`; the kernels then read the mapping.
+//! when it would take more than a quarter of the available memory, or when the caller asks not
+//! to ([`crate::LoadOptions`]; `PAGEKV_COPY_WEIGHTS=0` in the binary); the kernels then read the
+//! mapping.
 
 use std::sync::Arc;
 
@@ -62,7 +63,7 @@ pub struct Weights {
 }
 
 impl Weights {
-    pub fn load(file: Arc<GgufFile>, c: &ModelConfig) -> Result<Weights, ModelError> {
+    pub fn load(file: Arc<GgufFile>, c: &ModelConfig, copy_weights: bool) -> Result<Weights, ModelError> {
         let get = |name: &str, rows: usize, cols: usize| tensor(&file, name, rows, cols);
         let opt = |name: &str, rows: usize, cols: usize| -> Result<Option<Tensor>, ModelError> {
             if file.tensor(name).is_some() {
@@ -122,7 +123,7 @@ impl Weights {
             file,
             resident: None,
         };
-        if std::env::var("PAGEKV_COPY_WEIGHTS").as_deref() != Ok("0") {
+        if copy_weights {
             weights.resident = Resident::build(&weights);
         }
         Ok(weights)

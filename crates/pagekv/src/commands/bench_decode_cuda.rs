@@ -6,7 +6,7 @@
 //! `--model synthetic:llama3-8b` / `synthetic:smollm2` generates random weights of that shape on
 //! the device — for throughput only, labelled "synthetic, not a real model" in every row; its
 //! prompts are pseudo-random token ids. A GGUF model is loaded as on the CPU, its weights
-//! dequantized to the product type (`PAGEKV_CUDA_WEIGHTS`, bf16 by default), and its prompts
+//! dequantized to the product type (`PAGEKV_DEV_CUDA_WEIGHTS`, bf16 by default), and its prompts
 //! cut from `--text`.
 //!
 //! For each (format, context): every sequence is prefilled with `context` tokens (timed: pp

@@ -134,6 +134,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         max_batch_tokens: a.max_batch_tokens as usize,
         max_seqs: a.max_seqs as usize,
         bank: BankConfig::default(),
+        reduced_sampling: crate::config::reduced_sampling()?,
     };
     let model_id = model_id(&loaded.path);
     let tokenizer = Arc::new(loaded.tokenizer);

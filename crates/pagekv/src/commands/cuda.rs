@@ -73,7 +73,7 @@ impl pagekv_model::Forward for GpuModel {
 /// Opens GPU `device` now (no driver, no such device: one clear error before anything else
 /// happens) and returns what builds the GPU model from `model`'s weights — to be called on the
 /// thread that will run it (the engine's scheduler thread: `Engine::start_with`). The weights
-/// are bf16 (`PAGEKV_CUDA_WEIGHTS`), f32 with `exact_weights`.
+/// are bf16 (`PAGEKV_DEV_CUDA_WEIGHTS`), f32 with `exact_weights`.
 #[cfg(feature = "cuda")]
 pub fn gpu_model_builder(
     device: usize,
@@ -191,12 +191,12 @@ pub fn bench_attention(_device: usize, _json: bool, _opts: &super::AttentionOpts
     anyhow::bail!(NO_CUDA)
 }
 
-/// The weight type of the GPU model: `PAGEKV_CUDA_WEIGHTS` (`bf16`, the default, or `f32`).
+/// The weight type of the GPU model: `PAGEKV_DEV_CUDA_WEIGHTS` (`bf16`, the default, or `f32`).
 #[cfg(feature = "cuda")]
 pub(crate) fn weight_dtype() -> Result<pagekv_cuda::DType> {
-    match crate::config::env_lookup("PAGEKV_CUDA_WEIGHTS") {
+    match crate::config::env_lookup("PAGEKV_DEV_CUDA_WEIGHTS") {
         Some(v) if !v.trim().is_empty() => {
-            Ok(pagekv_cuda::DType::parse(v.trim()).map_err(|e| anyhow::anyhow!("PAGEKV_CUDA_WEIGHTS: {e}"))?)
+            Ok(pagekv_cuda::DType::parse(v.trim()).map_err(|e| anyhow::anyhow!("PAGEKV_DEV_CUDA_WEIGHTS: {e}"))?)
         }
         _ => Ok(pagekv_cuda::DType::Bf16),
     }

@@ -80,8 +80,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_bytes: a.session_bank_bytes.as_deref().map(|b| parse_memory(b, "--session-bank-bytes")).transpose()?,
         ttl: a.session_bank_ttl.map(|s| seconds(s, "--session-bank-ttl")).transpose()?,
     };
-    let config =
-        EngineConfig { cache, max_batch_tokens: a.max_batch_tokens as usize, max_seqs: a.max_seqs as usize, bank };
+    let config = EngineConfig {
+        cache,
+        max_batch_tokens: a.max_batch_tokens as usize,
+        max_seqs: a.max_seqs as usize,
+        bank,
+        reduced_sampling: crate::config::reduced_sampling()?,
+    };
     let grace = seconds(a.grace_period, "--grace-period")?;
     let request_timeout = Some(seconds(a.request_timeout, "--request-timeout")?).filter(|t| !t.is_zero());
     let model_id = model_id(&loaded.path);
