@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release -p pagekv-cpu --example attention_bench -- [shapes] [formats] [impls] [runs]`
 //! e.g. `-- 1x4096,16x4096 f16,q8 primitive,partitioned 5`; `all` (or nothing) keeps the defaults.
-//! `PAGEKV_ATTN_ISA=avx2|avx512`, `PAGEKV_PARTITION_SIZE` and `PAGEKV_THREADS` are honoured;
+//! `PAGEKV_DEV_ATTN_ISA=avx2|avx512`, `PAGEKV_PARTITION_SIZE` and `PAGEKV_THREADS` are honoured;
 //! `PAGEKV_BENCH_KV_HEADS=n` measures n kv heads (4 query heads each) instead of 8.
 
 use kvcache::KvFormat;

@@ -22,7 +22,7 @@ pub struct EngineConfig {
     pub bank: BankConfig,
     /// Steps whose samplers need only the argmax (or a small top-k) of each row take those from
     /// the backend instead of the full logit rows — the same tokens and seeded draws
-    /// (`PAGEKV_REDUCED_SAMPLING`, default on; off reads every full row, for comparisons).
+    /// (`PAGEKV_DEV_REDUCED_SAMPLING`, default on; off reads every full row, for comparisons).
     pub reduced_sampling: bool,
 }
 

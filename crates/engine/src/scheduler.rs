@@ -25,7 +25,7 @@
 //!    with the largest `top_k + 1`: each sampler draws from its row's best entries with the
 //!    same result and RNG use as from the full row (`Sampler::sample_top_k`), and the rare row
 //!    those entries cannot decide is sampled from `Forward::fetch_logits`.
-//!    `PAGEKV_REDUCED_SAMPLING=0` turns both off (every step reads the full rows).
+//!    `PAGEKV_DEV_REDUCED_SAMPLING=0` turns both off (every step reads the full rows).
 //!
 //! Planning takes no block; it counts the blocks it promises (`Budget::promised`), so the
 //! appends it then opens cannot fail for lack of blocks. Every request ends exactly once, with
@@ -69,7 +69,7 @@ pub(crate) struct Limits {
     /// Free blocks kept back when admitting next to running sequences (their next decodes).
     pub watermark: usize,
     /// Steps whose samplers need only the argmax take the backend's greedy ids
-    /// (`PAGEKV_REDUCED_SAMPLING`, on by default).
+    /// (`PAGEKV_DEV_REDUCED_SAMPLING`, on by default).
     pub reduced_sampling: bool,
 }
 

@@ -32,10 +32,10 @@ pub fn copy_weights() -> anyhow::Result<bool> {
     boolean("PAGEKV_COPY_WEIGHTS", true)
 }
 
-/// `PAGEKV_REDUCED_SAMPLING` (default on): engine steps take only the argmax / best entries of
+/// `PAGEKV_DEV_REDUCED_SAMPLING` (default on): engine steps take only the argmax / best entries of
 /// each logit row from the backend when their samplers allow it.
 pub fn reduced_sampling() -> anyhow::Result<bool> {
-    boolean("PAGEKV_REDUCED_SAMPLING", true)
+    boolean("PAGEKV_DEV_REDUCED_SAMPLING", true)
 }
 
 /// A boolean setting in the one grammar; unset or empty is `default`.

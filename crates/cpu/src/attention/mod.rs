@@ -17,7 +17,7 @@
 //!
 //! Both fast paths run the same tile kernels (`tile`, `simd`), built for two instruction sets
 //! chosen at run time ([`KernelIsa`]): AVX-512F/VL (32 registers, wider blocking) where the CPU
-//! has it, else AVX2 + FMA + F16C; `PAGEKV_ATTN_ISA` pins one (tests run both).
+//! has it, else AVX2 + FMA + F16C; `PAGEKV_DEV_ATTN_ISA` pins one (tests run both).
 //!
 //! [`router`] picks primitive or partitioned for `auto`; `PAGEKV_ATTN_IMPL` overrides. When a
 //! requested fast path cannot serve a call (no AVX2/FMA/F16C or the pinned instruction set,
@@ -181,7 +181,7 @@ impl KernelIsa {
     }
 }
 
-/// Which instruction set the fast kernels use (`PAGEKV_ATTN_ISA`).
+/// Which instruction set the fast kernels use (`PAGEKV_DEV_ATTN_ISA`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum IsaChoice {
     /// The strongest one the CPU has ([`KernelIsa::detect`]).
@@ -192,7 +192,7 @@ pub enum IsaChoice {
 }
 
 impl IsaChoice {
-    /// Parses a `PAGEKV_ATTN_ISA` value.
+    /// Parses a `PAGEKV_DEV_ATTN_ISA` value.
     pub fn parse(value: &str) -> Result<IsaChoice, AttentionError> {
         match value.trim().to_ascii_lowercase().as_str() {
             "auto" => Ok(IsaChoice::Auto),

@@ -11,7 +11,7 @@
 //!
 //! Measured on this machine (2 Zen 4 cores shared with other jobs, load average 3-4; decode,
 //! 32 query heads, head_dim 128, block 16, f16; AVX-512 kernels; median wall ms of 3
-//! interleaved rounds of 7 runs, `PAGEKV_ATTN_ISA=avx512 cargo run --release -p pagekv-cpu
+//! interleaved rounds of 7 runs, `PAGEKV_DEV_ATTN_ISA=avx512 cargo run --release -p pagekv-cpu
 //! --example attention_bench -- 1x512,1x4096,1x16384,4x4096,16x4096 f16
 //! primitive,partitioned 7`):
 //!
@@ -44,7 +44,7 @@ use super::AttentionParams;
 pub const DEFAULT_PARTITION_SIZE: usize = 512;
 
 /// Default context length (tokens read) from which `auto` considers partitioning
-/// (`PAGEKV_PARTITION_THRESHOLD`).
+/// (`PAGEKV_DEV_PARTITION_THRESHOLD`).
 pub const DEFAULT_PARTITION_THRESHOLD: usize = 1024;
 
 /// (sequence, kv head) pairs per thread below which the primitive path leaves threads idle.
