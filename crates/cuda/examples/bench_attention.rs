@@ -6,16 +6,13 @@
 //!     [--formats bf16,q8,q4] [--cases 1x4096,64x16384] [--routes primitive,partitioned,stream-k] \
 //!     [--partition-sizes 256,512] [--kernels auto,simt] [--runs 50] [--warmup 5] [--device 0]
 //!     [--cooldown-ms 100] (idle pause before each timed row, so it starts from a rested power budget)
-//!     [--probes pipe:8:2:0:0,read:8:1024]  (probe kernels on the bf16 pages: the decode's copy
-//!                       pipeline without arithmetic — warps:stages:FMAs per tile:partition —
-//!                       and the linear paged read — warps:partition; partition 0 = whole context)
 //!     [--contiguous]   (consecutive block ids per sequence instead of scattered pages)
 //!     [--programmatic] (the tensor-core decode as a programmatic dependent launch, as in the
 //!                       model step; rows named <route>-pdl)
 //!     [--f32-queries]  (full f32 queries; default: rounded to the pages' mma type, as the GPU
 //!                       model passes them for f16/bf16 caches)
 //! ```
-//! Defaults: the issue's shapes (32 query heads, 8 kv heads, head_dim 128, block 16), cases
+//! Defaults: the headline shapes (32 query heads, 8 kv heads, head_dim 128, block 16), cases
 //! 1×4096, 1×32768, 16×4096, 64×4096, 64×16384, formats bf16 f16 f32 q8 q4 q4r turbo, both
 //! routes with the automatic partition size.
 
@@ -68,7 +65,6 @@ fn parse_args(args: &[String]) -> Result<(BenchConfig, usize), String> {
                     _ => None,
                 })?
             }
-            "--probes" => cfg.probes = list(value, pagekv_cuda::bench::Probe::parse)?,
             "--partition-sizes" => cfg.partition_sizes = list(value, |s| s.parse().ok())?,
             "--runs" => cfg.runs = value.parse().map_err(|_| format!("--runs {value}"))?,
             "--warmup" => cfg.warmup = value.parse().map_err(|_| format!("--warmup {value}"))?,

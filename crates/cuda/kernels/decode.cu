@@ -327,7 +327,7 @@ pk_merge(float* __restrict__ out, const float* __restrict__ part_acc, const floa
     const u64 base = ((u64)seq * num_heads + head) * max_parts;
     // No pdl_trigger here: the launch after this one (in the model step, the o-projection's GEMV,
     // one block per SM) starts when this grid ends. Triggering it first thing cost the batch-1
-    // model step 4 % at context 128 and 2 % at 1024 on the H200 (RESULTS.md, session 17).
+    // model step 4 % at context 128 and 2 % at 1024 on the H200 (alternated `pagekv bench decode --device cuda --model synthetic:llama3-8b`).
     pdl_wait();
     constexpr int PRE = 16;
     // Few partitions, unrotated pages (the small batches this route serves): every thread loads

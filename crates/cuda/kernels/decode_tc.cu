@@ -642,7 +642,7 @@ __device__ __forceinline__ bool query_fragments(const float* qw, int lane, float
 
 // (The partitioned kernel keeps its tile loop and query fragments inline, as measured: the q4
 // kernel is sensitive to ptxas's scheduling, and the same code through tc::attend_tile /
-// tc::query_fragments measured q4 64 × 16384 about 10 % slower — RESULTS.md, 2026-12-02. The
+// tc::query_fragments measured q4 64 × 16384 about 10 % slower (`pagekv bench attention --device cuda --formats q4`, 2026-12-02). The
 // stream-K kernel below uses those functions.)
 // The kernel body (pk_decode_tc below). PACK (groups of at most 4 heads): the split parts share
 // the mma columns with the heads (tc::GP, tc::PPT), one n-tile per set of PPT parts instead of one

@@ -374,7 +374,7 @@ PK_GEMV_R(4)
 //     reducing it;
 //   - launched as a programmatic dependent launch: its blocks are scheduled while the previous
 //     kernel drains, and wait for its results in `pdl_wait()`. (Prefetching the first items'
-//     weights into L2 before the wait measured slower: RESULTS.md, split GEMV section.)
+//     weights into L2 before the wait measured slower with `pagekv bench decode --device cuda`.)
 // Dynamic shared memory: N · cols · 2 bytes (x') + ceil(rows / G) · ceil(cols / 8 / (32·L))
 // · N · 4 bytes (partials). Block 32 · WARPS threads.
 

@@ -126,7 +126,7 @@ __device__ u64 threshold(const u64 (&keys)[ITEMS], u32 k, Shared& s) {
 // (zeroing) every key below a bound: the k-th largest of the threads' own maxima. k threads hold
 // a key at least that large, so the k best keys all stay; for small k few keys remain and the
 // rounds over all keys (most lanes idle) cost little — for k near 64 the bound is loose and the
-// extra select costs more than it saves (RESULTS.md). (Needs k ≤ blockDim.x.)
+// extra select costs more than it saves. (Needs k ≤ blockDim.x.)
 template <int ITEMS>
 __device__ u64 select_threshold(u64 (&keys)[ITEMS], u32 k, u32 prefilter, Shared& s) {
     if (!prefilter) return threshold<ITEMS>(keys, k, s);

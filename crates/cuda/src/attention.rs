@@ -92,7 +92,7 @@ pub enum DecodeGrid {
     /// (`pk_decode_tc_sk`). Serves the tensor-core kernel's unrotated formats (f16, bf16, q4 —
     /// not q8 or q4r, whose pages are rotated) where its shared memory fits; a call it does not
     /// serve takes the route as given. The route's partition size is not used. Measured on the
-    /// H200 no faster than the partitioned grid (RESULTS.md, 2026-12-02), so not the default.
+    /// H200 no faster than the partitioned grid (`pagekv bench attention --device cuda`, 2026-12-02), so not the default.
     StreamK,
 }
 
@@ -157,7 +157,7 @@ impl DecodeKernel {
 /// (`num_seqs × num_kv_heads × partitions ≤ sm_count`: a few CTAs more would start a second,
 /// nearly empty round on some SMs), in multiples of 64 tokens; the whole context (one
 /// partition) once the batch alone fills the machine.
-/// Measured on the H200 (RESULTS.md, issue-6 run 1): 1×4096 best at 256, 1×32768 at 2048
+/// Measured on the H200 (`pagekv bench attention --device cuda`): 1×4096 best at 256, 1×32768 at 2048
 /// (1984, 17 partitions of 8 CTAs, was 4 % slower), 16×4096 and larger with one partition.
 pub fn tc_partition_size(num_seqs: usize, num_kv_heads: usize, max_context: usize, sm_count: usize) -> usize {
     let units = (num_seqs * num_kv_heads).max(1);

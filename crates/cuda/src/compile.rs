@@ -234,8 +234,8 @@ pub fn prebuild(spec: &ModuleSpec, arch: (u32, u32)) -> Result<usize, CudaError>
 }
 
 /// Tuning of the tensor-core decode kernel (`kernels/decode_tc.cu`): warps per CTA, pipeline
-/// stages per warp, and the most kv heads one CTA serves. Defaults measured on the H200 (see
-/// RESULTS.md); `PAGEKV_DEV_CUDA_TC_WARPS`, `PAGEKV_DEV_CUDA_TC_STAGES` (float pages),
+/// stages per warp, and the most kv heads one CTA serves. Defaults measured on the H200 with
+/// `pagekv bench attention --device cuda` (docs/performance.md); `PAGEKV_DEV_CUDA_TC_WARPS`, `PAGEKV_DEV_CUDA_TC_STAGES` (float pages),
 /// `PAGEKV_DEV_CUDA_TC_QWARPS`, `PAGEKV_DEV_CUDA_TC_QSTAGES`, `PAGEKV_DEV_CUDA_TC_MINB` (quantized pages),
 /// `PAGEKV_DEV_CUDA_TC_HPC`, `PAGEKV_DEV_CUDA_FUSED_MERGE`, `PAGEKV_DEV_CUDA_PDL` and `PAGEKV_DEV_CUDA_TC_L2`
 /// override them (read once per process) for tuning runs.
@@ -254,7 +254,7 @@ pub struct TcTuning {
     pub quant_min_blocks: usize,
     /// The partitioned route merges inside the decode launch (the last CTA of each head group)
     /// instead of in `pk_merge` (`PAGEKV_DEV_CUDA_FUSED_MERGE=1`). Off by default: measured slower
-    /// on the H200 (RESULTS.md, run 8: 1×4096 bf16 881 vs 957 GB/s).
+    /// on the H200 (`pagekv bench attention --device cuda`: 1×4096 bf16 881 vs 957 GB/s).
     pub fused_merge: bool,
     /// `pk_merge` is launched as a programmatic dependent launch (it may start while the
     /// decode kernel still runs, and waits for its results in-kernel); `PAGEKV_DEV_CUDA_PDL=0`
@@ -276,7 +276,7 @@ pub struct TcTuning {
 }
 
 impl TcTuning {
-    /// The measured defaults (RESULTS.md, 2026-12-01, and session 9 of 2026-12-02, "New default:
+    /// The measured defaults (`pagekv bench attention --device cuda`, 2026-12-01 and 2026-12-02, "New default:
     /// quantized pages with 8 warps …"): quantized pages take 8 warps per CTA and the
     /// heads-per-CTA rule ([`measured_heads_per_cta`]).
     pub const DEFAULT: TcTuning = TcTuning {
@@ -338,8 +338,8 @@ pub fn tc_tuning() -> TcTuning {
 }
 
 /// Whether the tensor-core decode kernel for `format` is compiled with the eager prologue
-/// (`PK_TC_EAGER`). `auto`: q4 pages only. Measured on the H200 (RESULTS.md, 2026-12-01, call
-/// 4): for bf16 the eager prologue itself is slower at 1 × 4096 (1092 → 1018 GB/s); q4 is
+/// (`PK_TC_EAGER`). `auto`: q4 pages only. Measured on the H200 (`pagekv bench attention --device cuda`, 2026-12-01):
+/// for bf16 the eager prologue itself is slower at 1 × 4096 (1092 → 1018 GB/s); q4 is
 /// 2–13 % faster with it compiled in at every shape (16 × 4096 59.0 → 51.5 µs, 64 × 16384 488
 /// → 477) — at shapes where no warp takes the eager branch, so that is ptxas scheduling the
 /// loop differently (same 128 registers), while q8 is up to 12 % slower with it.
@@ -367,8 +367,8 @@ fn tc_pair_wanted(format: KvFormat, head_dim: usize) -> bool {
 /// compiled with `PK_TC_PAIR`: the loop of `pk_decode_tc` attends two 16-token tiles per step —
 /// their QK chains side by side, one softmax reduction and one rescale per 32 tokens. Groups of
 /// at most 4 (the kernel's rule too, `tc::TS`: at group 8 the loop needs 255 registers instead of
-/// 128), and 4 stages, which [`tc_shape_for`] gives such modules by default (RESULTS.md, session
-/// 18: q4 1.7–2.8 % faster).
+/// 128), and 4 stages, which [`tc_shape_for`] gives such modules by default (`pagekv bench attention
+/// --device cuda --formats q4`: q4 1.7–2.8 % faster).
 pub fn tc_pair(format: KvFormat, head_dim: usize, group: usize) -> bool {
     tc_pair_wanted(format, head_dim) && group <= 4 && tc_shape_for(format, head_dim, group).1 >= 4
 }
@@ -393,7 +393,7 @@ pub fn tc_vreg_fits(format: KvFormat, head_dim: usize, group: usize) -> bool {
 /// `pk_decode_tc_vreg` ([`tc_vreg`] for its shape): `auto` where the grid has more CTAs than the
 /// device has SMs — the stage kernel fits one CTA of 8 warps per SM (139 KB of stages), this one
 /// two, and the 16 warps per SM are what V in registers needs to hide its loads. Measured on the
-/// H200 (RESULTS.md, session 12, bf16, 32 × 8 heads, d128, GB/s): 64 × 4096 (512 CTAs) 3964 →
+/// H200 (`pagekv bench attention --device cuda`, bf16, 32 × 8 heads, d128, GB/s): 64 × 4096 (512 CTAs) 3964 →
 /// 4017, 64 × 16384 4142 → 4220, 32 × 8192 (256) 3984 → 4032, 128 × 1024 3532 → 3656; but
 /// 16 × 4096 (128 CTAs) 3642 → 3428 and 1 × 4096, 1 × 32768 (128) 6 % slower with it.
 /// `PAGEKV_DEV_CUDA_TC_VREG=1`: every call it can serve.
@@ -404,7 +404,7 @@ pub fn tc_vreg_call(format: KvFormat, head_dim: usize, group: usize, ctas: usize
 /// Whether the tensor-core decode kernel for `format` puts an L2 evict-first policy on its page
 /// copies (`PK_TC_EF`: `createpolicy.fractional.L2::evict_first` and the `cp.async …
 /// .L2::cache_hint` forms; each page is read once per call). `auto` (the default) takes
-/// evict-first for f16/bf16 and q8 pages, measured on the H200 (RESULTS.md, 2026-12-01: bf16
+/// evict-first for f16/bf16 and q8 pages, measured on the H200 (`pagekv bench attention --device cuda`, 2026-12-01: bf16
 /// 1 × 32768 +1.3–2 %, 16 × 4096 +0.3–1.2 %, q8 +1–2.5 %, the large bf16 batches unchanged;
 /// q4 64 × 16384 2.4 % slower, so q4 keeps the normal policy).
 pub fn tc_evict_first(format: KvFormat) -> bool {
@@ -490,7 +490,7 @@ fn tc_shape_with(format: KvFormat, head_dim: usize, pair: bool) -> (usize, usize
     let t = tc_tuning();
     let stage = tc_stage_bytes(format, head_dim);
     let mut warps = if tc_quantized(format) { t.quant_warps } else { t.warps };
-    // Quantized pages: stages measured on the H200 (RESULTS.md, issue-6 run 1: at 64 × 16384
+    // Quantized pages: stages measured on the H200 (`pagekv bench attention --device cuda`: at 64 × 16384
     // q8 3258 GB/s with 2 stages, 3024 with 3; q4 2404 with 3, 2338 with 4, 2359 with 2).
     // Two tiles per step ([`tc_pair`]) keep a step's tiles in flight: 4 stages.
     let mut stages = match (tc_quantized(format), t.quant_stages) {
@@ -525,7 +525,7 @@ pub fn tc_min_blocks(format: KvFormat) -> usize {
 /// The measured rule for the most kv heads per CTA (`PAGEKV_DEV_CUDA_TC_HPC=0`, the default): 2 for
 /// quantized pages once a batch of `num_seqs` fills the `sm_count` SMs with them (`num_seqs ×
 /// num_kv_heads / 2 ≥ sm_count`), else 1. Two adjacent heads make each token's codes one run of
-/// twice the bytes, and with 8 warps each head keeps 4 (H200, RESULTS.md 2026-12-02, 3
+/// twice the bytes, and with 8 warps each head keeps 4 (H200, `pagekv bench attention --device cuda`, 2026-12-02, 3
 /// processes: 8 warps, 64 × 16384 q8 625 → 600 µs and q4 489 → 474 µs with two heads, against
 /// 623 / 520 with one; 16 × 4096 and smaller batches are faster with one head per CTA, q8 64.1
 /// → 54.0 µs). f16/bf16 gain nothing (2026-12-01).

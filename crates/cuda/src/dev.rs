@@ -73,7 +73,7 @@ pub fn graphs_enabled() -> Result<bool, CudaError> {
 /// The largest matrix (bytes) the model multiplies with the fused decode product rather than
 /// cuBLAS: `PAGEKV_DEV_CUDA_GEMV=0` means 0 (cuBLAS only); `PAGEKV_DEV_CUDA_GEMV_MAX_BYTES` caps it (the
 /// earlier row-per-warp kernel was routed ≤ 64 MiB); unset: no cap — measured on the H200
-/// (crates/cuda/RESULTS.md, split GEMV section), the split kernel streams Llama 3 8B's 235 MB
+/// (`pagekv bench decode --device cuda --model synthetic:llama3-8b`), the split kernel streams Llama 3 8B's 235 MB
 /// gate|up, 117 MB down and 1 GB output matrices faster than cuBLAS, besides saving the separate
 /// norm/SiLU/conversion launches.
 pub fn gemv_max_bytes() -> Result<usize, CudaError> {

@@ -20,7 +20,7 @@
 //!   (bf16 or f32); the forward pass itself is `pagekv-model`'s `CudaModel`.
 //! - [`mod@bench`]: the attention benchmark ([`bench::bench_attention`] → [`bench::Row`]s, JSON
 //!   lines via [`bench::Row::to_json`]) with its roofline rows; measured figures in
-//!   `crates/cuda/RESULTS.md`.
+//!   `docs/performance.md`.
 //! - [`TopK`]: each logit row's `k` best entries (ids, values) selected on the device.
 //!
 //! No device is touched before [`CudaDevice::new`]; it checks that the driver library exists

@@ -249,10 +249,10 @@ impl GemvShape {
         let warps = dev::count("PAGEKV_DEV_CUDA_GEMV_WARPS", 32, |v| GemvShape::SPLIT_WARPS.contains(&v), "16, 32")?;
         Ok(GemvShape {
             split_warps: split.then_some(warps),
-            // Measured on the H200 (RESULTS.md, model run 5): one row per warp and 8 blocks per
+            // Measured on the H200 (`pagekv bench decode --device cuda --model synthetic:llama3-8b`): one row per warp and 8 blocks per
             // SM streamed Llama 3 8B's matrices fastest of {1, 2, 4} × {2, 4, 8, 16} with the
             // earlier kernel; the split kernel is meant to run one block of 32 warps per SM
-            // (RESULTS.md, GEMV section).
+            //.
             rows_per_warp: dev::count("PAGEKV_DEV_CUDA_GEMV_R", 1, |v| GEMV_ROWS_PER_WARP.contains(&v), "1, 2, 4")?,
             blocks_per_sm: dev::count(
                 "PAGEKV_DEV_CUDA_GEMV_BPS",

@@ -18,7 +18,7 @@
 //! `PAGEKV_DEV_CUDA_PREFILL_MIN` new tokens (default 96) goes through this kernel; shorter ones
 //! (decode, speculative verification, short chunks) stay on the decode kernel.
 //! `PAGEKV_DEV_CUDA_PREFILL=0` turns the kernel off. The default comes from the H200
-//! (crates/cuda/RESULTS.md, prefill run 2, `gpu_prefill prefill_kernel_timing`, Llama-3-8B
+//! (`gpu_prefill prefill_kernel_timing`, Llama-3-8B
 //! attention shape, bf16): one CTA per (tile, kv head) walks the whole prefix, so the kernel's
 //! time is flat up to 128 tokens (79 µs at context 1024, 271 µs at 4096) while the decode rows
 //! grow with the chunk (1024: 71 µs at 64 tokens, 127 at 128; 4096: 210 at 64, 405 at 128) —

@@ -34,7 +34,7 @@ pub const TOP_K_MERGE_CAP: usize = 512 * 16;
 
 /// Largest `k` for which both selections of a plan with 4096-entry chunks first drop the keys
 /// below the k-th largest of the threads' own maxima (`prefilter`). Measured on the H200
-/// (RESULTS.md, issue-6 top-k, run 3): at 256 rows of 128256 with 4096-entry chunks, k = 1 117.6
+/// (`bench_topk` example on the H200): at 256 rows of 128256 with 4096-entry chunks, k = 1 117.6
 /// vs 149 µs without, k = 16 143 vs 160; at k = 41 and 65 it costs more than it saves (the bound
 /// is loose when k nears a quarter of the threads), and with 1024-entry chunks it saves nothing.
 pub const TOP_K_PREFILTER_MAX_K: usize = 16;

@@ -24,7 +24,7 @@
 //! no rounding change short of reproducing all of ggml's steps reaches the issue's 97 % / 5 of 6
 //! reliably, so its bounds stay where they were (96 %, 4 of 6) and the ggml mode's bounds hold
 //! the issue's targets (and more). Since ggml's numerics run vectorized (f16 decode at 0.96× /
-//! 0.81× of the fast kernels' speed at 128 / 4096 tokens, docs/results.md), they are what the
+//! 0.81× of the fast kernels' speed at 128 / 4096 tokens, docs/performance.md), they are what the
 //! default `auto` picks for an f16 cache, so the engine as a user runs it meets the issue's
 //! targets (`default_numerics_meet_the_issues_targets`).
 

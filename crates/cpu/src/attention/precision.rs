@@ -6,7 +6,7 @@
 //! product would see them, on the tests' distribution (queries `3·N(0,1)/√d`, keys and values
 //! N(0,1); the key codes themselves are exact in every route), and measures the worst
 //! `‖o − o_exact‖∞ / ‖o_exact‖∞` over random cases in f64. The test below pins the findings
-//! the kernels are designed by (see `docs/results.md`, CPU attention):
+//! the kernels are designed by (see `docs/performance.md`, CPU attention):
 //! - int16 query (two int8 VNNI parts, per-32 scale) and int16 weights (per tile of 32) reach
 //!   ~1e-4 on their own: not usable;
 //! - bf16 hi + lo parts (two `vdpbf16ps` per product, no faster than an f32 FMA on Zen 4) and

@@ -5,7 +5,7 @@
 //! Why: turbo's 3-bit values with one scale per 32 lose 2.9–3.9 % perplexity on SmolLM2; a
 //! scale per 8 values follows the rotated vector's local magnitude (the RMS of 8 values varies
 //! by about 25 % around the head's, as for Gaussian values) and cuts that to 0.6–1.6 %, for 6
-//! bytes of scales per head vector of 64 instead of 4 (docs/kv-formats.md, docs/results.md).
+//! bytes of scales per head vector of 64 instead of 4 (docs/kv-formats.md).
 //!
 //! Scale slots of one head vector (`1 + ceil(d/32)` f16 slots, [`scale_slots`]):
 //! - slot 0: `D` (f16);
