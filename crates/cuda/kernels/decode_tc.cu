@@ -597,8 +597,38 @@ __device__ __forceinline__ void attend_tile(const u8* st, u32 t0, u32 end, int l
     }
 }
 
-// (The stream-K kernel's copy of decode_tc_body's build_bq.) The query of one kv head (qw:
-// [PK_G][D]) as the B fragments of QK for this lane: heads
+// The query of one kv head (qw: [PK_G][D]) as this lane's B fragments of QK, bq[nt][kk][j]
+// (heads nt·8 + lane/4; PACK: the packed columns), the dims qk_dim gives, scaled by scale·log2 e
+// (QX: not scaled) and split into exact parts; leaves `exact`: whether every part past the first
+// is zero for this lane. Expanded by tc::query_fragments and, inline as measured, by
+// decode_tc_body's build_bq, so the two cannot drift apart.
+#define PK_QUERY_FRAGMENTS(qw)                                                                                                            \
+    const float qs = QX ? 1.0f : qk_scale_log2;                                                                                           \
+    bool exact = true;                                                                                                                    \
+    _Pragma("unroll") for (int nt = 0; nt < NS; nt++) {                                                                                   \
+        const int n = lane >> 2;                                                                                                          \
+        const int g = PACK ? n % GP : nt * 8 + n;                                                                                         \
+        _Pragma("unroll") for (int kk = 0; kk < KSTEPS; kk++) {                                                                           \
+            _Pragma("unroll") for (int half = 0; half < 2; half++) {                                                                      \
+                float2 v = make_float2(0.0f, 0.0f);                                                                                       \
+                if (g < PK_G) {                                                                                                           \
+                    const float* qh = qw + g * D;                                                                                         \
+                    if constexpr (QUANT) {                                                                                                \
+                        v.x = qh[qk_dim(kk, half, 0, lane & 3)];                                                                          \
+                        v.y = qh[qk_dim(kk, half, 1, lane & 3)];                                                                          \
+                    } else {                                                                                                              \
+                        v = *(const float2*)(qh + qk_dim(kk, half, 0, lane & 3));                                                         \
+                    }                                                                                                                     \
+                }                                                                                                                         \
+                u32 parts[SQ];                                                                                                            \
+                split2<SQ>(v.x * qs, v.y * qs, parts);                                                                                    \
+                _Pragma("unroll") for (int j = 1; j < SQ; j++) exact &= (parts[j] & 0x7fff7fffu) == 0;                                    \
+                _Pragma("unroll") for (int j = 0; j < QP; j++) bq[nt][kk][j][half] = PACK ? pick<SQ>(parts, PPT * j + n / GP) : parts[j]; \
+            }                                                                                                                             \
+        }                                                                                                                                 \
+    }
+
+// The query of one kv head (qw: [PK_G][D]) as the B fragments of QK for this lane: heads
 // nt·8 + lane/4 (PACK: the packed columns), the dims qk_dim gives, scaled by scale·log2 e (QX: not
 // scaled) and split into exact parts. Returns (QX) whether every part past the first is zero for
 // the whole warp, so that the QK mma of those parts may be skipped.
@@ -607,35 +637,7 @@ __device__ __forceinline__ bool query_fragments(const float* qw, int lane, float
                                                 u32 (&bq)[PACK ? 1 : NT][KSTEPS][PACK ? PACKQ : SQ][2]) {
     constexpr int NS = PACK ? 1 : NT;
     constexpr int QP = PACK ? PACKQ : SQ;
-    const float qs = QX ? 1.0f : qk_scale_log2;
-    bool exact = true;
-#pragma unroll
-    for (int nt = 0; nt < NS; nt++) {
-        const int n = lane >> 2;
-        const int g = PACK ? n % GP : nt * 8 + n;
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; kk++) {
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                float2 v = make_float2(0.0f, 0.0f);
-                if (g < PK_G) {
-                    const float* qh = qw + g * D;
-                    if constexpr (QUANT) {
-                        v.x = qh[qk_dim(kk, half, 0, lane & 3)];
-                        v.y = qh[qk_dim(kk, half, 1, lane & 3)];
-                    } else {
-                        v = *(const float2*)(qh + qk_dim(kk, half, 0, lane & 3));
-                    }
-                }
-                u32 parts[SQ];
-                split2<SQ>(v.x * qs, v.y * qs, parts);
-#pragma unroll
-                for (int j = 1; j < SQ; j++) exact &= (parts[j] & 0x7fff7fffu) == 0;
-#pragma unroll
-                for (int j = 0; j < QP; j++) bq[nt][kk][j][half] = PACK ? pick<SQ>(parts, PPT * j + n / GP) : parts[j];
-            }
-        }
-    }
+    PK_QUERY_FRAGMENTS(qw)
     return QX && __all_sync(0xffffffffu, exact);
 }
 } // namespace tc
@@ -727,35 +729,7 @@ __device__ __forceinline__ void decode_tc_body(float* __restrict__ out,         
     u32 bq[NS][KSTEPS][QP][2];
     bool q_exact = false; // QX: every part past the first is zero for this warp's queries
     auto build_bq = [&](const float* qw) { // qw: [PK_G][D], this warp's kv head
-        const float qs = QX ? 1.0f : qk_scale_log2;
-        bool exact = true;
-#pragma unroll
-        for (int nt = 0; nt < NS; nt++) {
-            const int n = lane >> 2;
-            const int g = PACK ? n % GP : nt * 8 + n;
-#pragma unroll
-            for (int kk = 0; kk < KSTEPS; kk++) {
-#pragma unroll
-                for (int half = 0; half < 2; half++) {
-                    float2 v = make_float2(0.0f, 0.0f);
-                    if (g < PK_G) {
-                        const float* qh = qw + g * D;
-                        if constexpr (QUANT) {
-                            v.x = qh[qk_dim(kk, half, 0, lane & 3)];
-                            v.y = qh[qk_dim(kk, half, 1, lane & 3)];
-                        } else {
-                            v = *(const float2*)(qh + qk_dim(kk, half, 0, lane & 3));
-                        }
-                    }
-                    u32 parts[SQ];
-                    split2<SQ>(v.x * qs, v.y * qs, parts);
-#pragma unroll
-                    for (int j = 1; j < SQ; j++) exact &= (parts[j] & 0x7fff7fffu) == 0;
-#pragma unroll
-                    for (int j = 0; j < QP; j++) bq[nt][kk][j][half] = PACK ? pick<SQ>(parts, PPT * j + n / GP) : parts[j];
-                }
-            }
-        }
+        PK_QUERY_FRAGMENTS(qw)
         q_exact = QX && __all_sync(0xffffffffu, exact);
     };
     if (rotated) {
