@@ -1,5 +1,6 @@
-//! `Generator`: one sequence over its own pool — the single-user path behind `pagekv run`,
-//! `chat`, `eval` and `bench decode`. It keeps the tokens whose K/V are cached, so a new
+//! `Generator`: one sequence over its own pool, stepped by the caller — the runner behind
+//! `pagekv eval` (teacher-forced scoring) and `bench decode` (timing). It samples nothing;
+//! generation goes through the engine. It keeps the tokens whose K/V are cached, so a new
 //! prompt that extends them (the next chat turn) computes only the new tokens: the cache is
 //! trimmed back to the common prefix and only the rest is prefilled.
 //!

@@ -10,8 +10,9 @@
 //!   hashes, and new prompts share them by reference; LRU eviction, tail first; byte budget, TTL.
 //! - [`EngineConfig`], [`BankConfig`], [`EngineInfo`] (`config.rs`); [`EngineMetrics`]
 //!   (`metrics.rs`); [`GenerationRequest`], [`Event`], [`Usage`], [`EngineError`] (`request.rs`).
-//! - [`generate`]: one sequence over its own pool (the CLI's `run`, `chat` and `eval`), reusing
-//!   the cached prefix of the previous call.
+//! - [`generate`]: one sequence over its own pool, stepped by the caller — the runner of
+//!   `eval`'s teacher-forced scoring and `bench decode`'s timing. It samples nothing: every
+//!   generation (`run`, `chat`, `serve`) goes through the engine.
 //! - [`sampling`]: [`SamplingParams`] (validated), [`Sampler`] (seeded, allocation-free after the
 //!   first call), [`logprobs`](sampling::logprobs) for OpenAI `logprobs`.
 //! - [`stop`]: [`StopConditions`], the streaming [`StopMatcher`], [`FinishReason`].

@@ -594,3 +594,33 @@ fn bench_serve_prints_one_json_row_per_measurement() {
     assert_eq!(bank["cached_tokens"], 256, "{bank}");
     assert!(bank["ttft_hit_ms"].as_f64() < bank["ttft_miss_ms"].as_f64(), "{bank}");
 }
+
+/// `run` and `serve` generate through one loop (the engine): with the same numerics, the same
+/// greedy completion, stop string included, comes out of both.
+#[tokio::test]
+async fn run_and_the_server_give_the_same_greedy_completion() {
+    let Some(s) = ServerProcess::start("run_equals_serve", DEFAULT_ARGS) else { return };
+    for (prompt, stop) in [("The capital of France is", None), ("def fibonacci(n):", Some("return"))] {
+        let mut body = completion(&s.model, prompt, 40);
+        let mut args = vec!["run", "--temperature", "0", "-n", "40", "--attn-numerics", "fast", "--model"];
+        let model = pagekv_testkit::default_model("run_equals_serve").expect("the server found it");
+        let model = model.to_string_lossy().into_owned();
+        args.push(&model);
+        if let Some(stop) = stop {
+            body["stop"] = json!([stop]);
+            args.extend(["--stop", stop]);
+        }
+        args.push(prompt);
+        let served = reply_text(&s.post("/v1/completions", &body).await.ok());
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pagekv"))
+            .args(&args)
+            .env_remove("PAGEKV_ATTN_NUMERICS")
+            .output()
+            .expect("run pagekv");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let ran = String::from_utf8(out.stdout).expect("UTF-8");
+        // `run` ends its output with a newline.
+        assert_eq!(ran.strip_suffix('\n'), Some(served.as_str()), "{prompt:?}");
+        assert!(!served.is_empty(), "{prompt:?}");
+    }
+}

@@ -1,21 +1,21 @@
-//! `pagekv chat`: an interactive conversation in the terminal. The whole conversation is
-//! re-rendered with the chat template each turn, and the generator keeps the cache of the
-//! tokens it has seen, so a turn computes only what is new (the common prefix is reused).
-//! Commands: `/reset`, `/stats`, `/quit`. `--device cuda[:N]` runs the same loop over the GPU
-//! model (feature `cuda`; the KV cache is bf16 there unless `--kv-quant` says otherwise).
+//! `pagekv chat`: an interactive conversation in the terminal, through the engine with one
+//! sequence at a time. The whole conversation is re-rendered with the chat template each turn;
+//! the engine's session bank keeps the blocks of the turns before, so a turn computes only what
+//! is new (whole blocks of the common prefix are reused). Commands: `/reset`, `/stats`, `/quit`.
+//! `--device cuda[:N]` runs the same engine over the GPU model (feature `cuda`; the KV cache is
+//! bf16 there unless `--kv-quant` says otherwise).
 
 use std::io::{BufRead, Write};
+use std::sync::Arc;
 
 use anyhow::Result;
 use clap::Args;
-use pagekv_engine::Generator;
 use pagekv_model::template::{ChatMessage, ChatTemplate};
 use pagekv_model::tokenizer::Tokenizer;
-use pagekv_model::Forward;
 
-use super::generation::{generate, SamplingArgs};
+use super::generation::{generate, GenerationStats, SamplingArgs, SingleUser};
 use crate::load::{cache_config, load};
-use crate::settings::{Device, ModelArgs};
+use crate::settings::ModelArgs;
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
@@ -31,24 +31,15 @@ pub struct ChatArgs {
 pub fn run(a: ChatArgs) -> Result<()> {
     let device = super::run::device()?;
     let loaded = load(a.model.model.as_deref(), a.model.chat_template.as_deref())?;
-    let (tok, template) = (loaded.tokenizer, loaded.template);
     let cache = cache_config(&loaded.model)?;
-    match device {
-        Device::Cpu => converse(Generator::new(loaded.model, cache)?, &tok, &template, &a),
-        Device::Cuda(n) => {
-            let gpu = super::cuda::gpu_model(n, loaded.model, false)?;
-            converse(Generator::new(gpu, super::cuda::gpu_cache(cache))?, &tok, &template, &a)
-        }
-    }
+    let tok = Arc::new(loaded.tokenizer);
+    let user = SingleUser::start(loaded.model, tok.clone(), cache, device)?;
+    converse(&user, &tok, &loaded.template, &a)
 }
 
-/// The conversation loop over one generator (CPU or GPU model).
-fn converse<M: Forward>(
-    mut generator: Generator<M>,
-    tok: &Tokenizer,
-    template: &ChatTemplate,
-    a: &ChatArgs,
-) -> Result<()> {
+/// The conversation loop: each turn re-renders the whole conversation and submits it; the
+/// engine's session bank holds the earlier turns' blocks, so only the new tokens are computed.
+fn converse(user: &SingleUser, tok: &Tokenizer, template: &ChatTemplate, a: &ChatArgs) -> Result<()> {
     let opening: Vec<ChatMessage> = a.system.iter().map(|s| ChatMessage::new("system", s.as_str())).collect();
     let mut messages = opening.clone();
     let mut last = None;
@@ -65,16 +56,19 @@ fn converse<M: Forward>(
             "/quit" | "/exit" => break,
             "/reset" => {
                 messages = opening.clone();
-                generator.reset()?;
                 eprintln!("(conversation reset)");
                 continue;
             }
             "/stats" => {
                 if let Some(s) = &last {
-                    eprintln!("last turn: {}", super::generation::GenerationStats::summary(s));
+                    eprintln!("last turn: {}", GenerationStats::summary(s));
                 }
-                eprintln!("{}", super::cache_summary(generator.pool()));
-                eprintln!("{}", generator.sequence());
+                let m = user.metrics();
+                eprintln!("{}", super::cache_summary(&m.cache));
+                eprintln!(
+                    "session bank: {} hits, {} misses, {} prompt tokens reused, {} blocks cached",
+                    m.bank_hits, m.bank_misses, m.bank_hit_tokens, m.blocks_cached
+                );
                 continue;
             }
             _ => {}
@@ -83,7 +77,7 @@ fn converse<M: Forward>(
         let ids = tok.encode(&template.render(&messages, true)?, true)?;
         let mut reply = String::new();
         let mut out = std::io::stdout().lock();
-        let stats = generate(&mut generator, tok, &ids, &a.sampling, |s| {
+        let stats = generate(user, ids, &a.sampling, |s| {
             reply.push_str(s);
             out.write_all(s.as_bytes())?;
             out.flush()?;

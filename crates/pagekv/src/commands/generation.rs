@@ -1,14 +1,22 @@
-//! The single-user generation loop shared by `run` and `chat`: prefill (reusing the cached
-//! prefix), then sample, stream and stop.
+//! `run` and `chat` generate through the engine — the scheduler that serves `serve` — with one
+//! sequence at a time: [`SingleUser`] starts it over the CPU or GPU model, and [`generate`]
+//! submits one prompt and streams its text. Sampling, penalties, stop strings, `max_tokens` and
+//! seeds are the engine's, written once for every front end; the session bank keeps a
+//! conversation's blocks between turns, so a chat turn computes only what is new.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::Args;
-use pagekv_engine::sampling::{Sampler, SamplingParams, DEFAULT_SEED};
-use pagekv_engine::stop::{FinishReason, StopMatcher};
-use pagekv_engine::Generator;
-use pagekv_model::tokenizer::{StreamDecoder, Tokenizer};
+use kvcache::CacheConfig;
+use pagekv_engine::sampling::{SamplingParams, DEFAULT_SEED};
+use pagekv_engine::stop::{FinishReason, StopConditions};
+use pagekv_engine::{BankConfig, Engine, EngineConfig, EngineHandle, EngineMetrics, Event, GenerationRequest};
+use pagekv_model::tokenizer::Tokenizer;
+use pagekv_model::Model;
+
+use crate::settings::Device;
 
 /// Sampling and stopping flags.
 #[derive(Args, Debug, Clone)]
@@ -93,58 +101,100 @@ impl GenerationStats {
     }
 }
 
-/// Generates after `prompt`, calling `emit` with each piece of text ready to show. The
-/// generated tokens stay in the generator's cache (the next chat turn reuses them).
-pub fn generate<M: pagekv_model::Forward>(
-    generator: &mut Generator<M>,
-    tokenizer: &Tokenizer,
-    prompt: &[u32],
+/// The engine of one user: the scheduler with one sequence slot over the model's pool.
+pub struct SingleUser {
+    engine: Engine,
+}
+
+impl SingleUser {
+    /// Starts the engine over `model` on `device` with the pool of `cache`. The attention numerics
+    /// the model resolves for the cache's format (`auto`: llama.cpp's rounding on f16) are fixed
+    /// before the engine starts, so one user's tokens are the ones `--attn-numerics` asks for.
+    pub fn start(
+        mut model: Model,
+        tokenizer: Arc<Tokenizer>,
+        cache: CacheConfig,
+        device: Device,
+    ) -> Result<SingleUser> {
+        let mut config = EngineConfig::new(cache);
+        config.max_seqs = 1;
+        config.bank = BankConfig::default();
+        config.reduced_sampling = crate::config::reduced_sampling()?;
+        let engine = match device {
+            Device::Cpu => {
+                let numerics = model.attn_numerics_for(config.cache.format);
+                model.set_attn_numerics(numerics);
+                Engine::start(model, tokenizer, config)?
+            }
+            Device::Cuda(n) => {
+                config.cache = super::cuda::gpu_cache(config.cache);
+                Engine::start_with(super::cuda::gpu_model_builder(n, model, false)?, tokenizer, config)?
+            }
+        };
+        Ok(SingleUser { engine })
+    }
+
+    pub fn handle(&self) -> EngineHandle {
+        self.engine.handle()
+    }
+
+    /// The engine's counters and pool state as of its last step.
+    pub fn metrics(&self) -> EngineMetrics {
+        self.engine.handle().metrics()
+    }
+
+    /// Where the model runs (`cpu`, or the GPU's name).
+    pub fn device(&self) -> String {
+        self.engine.handle().info().device.clone()
+    }
+}
+
+/// Generates after `prompt` through the engine, calling `emit` with each piece of text ready to
+/// show; returns the request's figures.
+pub fn generate(
+    user: &SingleUser,
+    prompt: Vec<u32>,
     sampling: &SamplingArgs,
     mut emit: impl FnMut(&str) -> Result<()>,
 ) -> Result<GenerationStats> {
-    let mut sampler = Sampler::new(sampling.params())?;
-    let mut stop = StopMatcher::new(&sampling.stop);
-    let mut decoder = StreamDecoder::new(true);
-    let mut history = prompt.to_vec();
     let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
     if sampling.max_tokens == 0 {
         stats.finish = Some(FinishReason::Length);
         return Ok(stats);
     }
-
+    let request = GenerationRequest {
+        prompt,
+        sampling: sampling.params(),
+        stop: StopConditions {
+            stop_strings: sampling.stop.clone(),
+            max_tokens: sampling.max_tokens,
+            ..Default::default()
+        },
+        logprobs: None,
+        ignore_eos: false,
+    };
     let t0 = Instant::now();
-    let (prefill, logits) = generator.prefill(prompt)?;
-    stats.reused_tokens = prefill.reused;
-    let mut token = sampler.sample(logits, &history);
-    stats.prefill_s = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
+    let mut stream = user.handle().submit(request)?;
+    let mut first: Option<Instant> = None;
     loop {
-        stats.generated += 1;
-        history.push(token);
-        if tokenizer.is_eot(token) {
-            stats.finish = Some(FinishReason::Stop);
-            break;
+        match stream.recv() {
+            Some(Event::Token { text, .. }) => {
+                first.get_or_insert_with(Instant::now);
+                emit(&text)?;
+            }
+            Some(Event::Done { finish_reason, usage, text, .. }) => {
+                emit(&text)?;
+                let end = Instant::now();
+                let first = first.unwrap_or(end);
+                stats.reused_tokens = usage.cached_tokens;
+                stats.generated = usage.completion_tokens;
+                stats.prefill_s = (first - t0).as_secs_f64();
+                stats.decode_s = (end - first).as_secs_f64();
+                stats.finish = Some(finish_reason);
+                return Ok(stats);
+            }
+            Some(Event::Error(e)) => return Err(e.into()),
+            None => bail!("the engine ended the generation without a result"),
         }
-        let out = stop.push(&decoder.push(tokenizer, token)?);
-        emit(&out.text)?;
-        if out.finish.is_some() {
-            stats.finish = out.finish;
-            break;
-        }
-        if stats.generated >= sampling.max_tokens {
-            stats.finish = Some(FinishReason::Length);
-            break;
-        }
-        let logits = generator.step(token)?;
-        token = sampler.sample(logits, &history);
     }
-    if !stop.stopped() {
-        let tail = decoder.finish();
-        let out = stop.push(&tail);
-        emit(&out.text)?;
-        emit(&stop.flush())?;
-    }
-    // The last sampled token is not in the cache yet; the next turn's prompt will carry it.
-    stats.decode_s = t1.elapsed().as_secs_f64();
-    Ok(stats)
 }

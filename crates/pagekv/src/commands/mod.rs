@@ -66,8 +66,7 @@ pub fn parse_shapes(list: &str) -> Result<Vec<(usize, usize)>> {
 }
 
 /// One line about a pool: format, blocks, bytes, appends, growth, attention routes.
-pub fn cache_summary<S: kvcache::PageStore>(pool: &kvcache::KvPool<S>) -> String {
-    let s = pool.stats();
+pub fn cache_summary(s: &kvcache::CacheStats) -> String {
     let routes = s.attention_calls.iter().map(|(r, n)| format!("{}={n}", r.name())).collect::<Vec<_>>().join(" ");
     let fallbacks: u64 = s.fallbacks.iter().map(|(_, n)| n).sum();
     format!(

@@ -1,17 +1,16 @@
 //! `pagekv run [PROMPT]`: one completion streamed to stdout (the prompt from the argument or
-//! stdin); `--chat` wraps it as a single user message in the chat template. `--device cuda[:N]`
-//! runs it on the GPU (feature `cuda`): the same loop over the GPU model.
+//! stdin); `--chat` wraps it as a single user message in the chat template. It runs through the
+//! engine with one sequence ([`SingleUser`]); `--device cuda[:N]` runs the same engine over the
+//! GPU model (feature `cuda`).
 
 use std::io::{Read, Write};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pagekv_engine::Generator;
 use pagekv_model::template::ChatMessage;
-use pagekv_model::tokenizer::Tokenizer;
-use pagekv_model::Forward;
 
-use super::generation::{generate, SamplingArgs};
+use super::generation::{generate, SamplingArgs, SingleUser};
 use crate::load::{cache_config, load};
 use crate::settings::{Device, ModelArgs};
 
@@ -62,32 +61,22 @@ pub fn run(a: RunArgs) -> Result<()> {
     // A chat render carries its own BOS text; a raw prompt gets BOS when the model asks for it.
     let ids = if a.chat { tok.encode(&text, true)? } else { tok.encode_with_bos(&text, true)? };
     let cache = cache_config(&loaded.model)?;
-    match device {
-        Device::Cpu => complete(Generator::new(loaded.model, cache)?, &tok, &ids, &a),
-        Device::Cuda(n) => {
-            // The weights move to the GPU; the host copy is dropped once they are there.
-            let gpu = super::cuda::gpu_model(n, loaded.model, false)?;
-            complete(Generator::new(gpu, super::cuda::gpu_cache(cache))?, &tok, &ids, &a)
-        }
-    }
-}
-
-/// Streams the completion of `ids` to stdout; timing and cache figures with `--verbose`.
-fn complete<M: Forward>(mut generator: Generator<M>, tok: &Tokenizer, ids: &[u32], a: &RunArgs) -> Result<()> {
+    // The weights move to the GPU with `--device cuda`; the host copy is dropped once they are there.
+    let user = SingleUser::start(loaded.model, Arc::new(tok), cache, device)?;
     let mut out = std::io::stdout().lock();
-    let stats = generate(&mut generator, tok, ids, &a.sampling, |s| {
+    let stats = generate(&user, ids, &a.sampling, |s| {
         out.write_all(s.as_bytes())?;
         out.flush()?;
         Ok(())
     })?;
     writeln!(out)?;
     if a.verbose {
-        let label = generator.model().device_label();
+        let label = user.device();
         if label != "cpu" {
             eprintln!("pagekv: {label}");
         }
         eprintln!("pagekv: {}", stats.summary());
-        eprintln!("pagekv: {}", super::cache_summary(generator.pool()));
+        eprintln!("pagekv: {}", super::cache_summary(&user.metrics().cache));
     }
     Ok(())
 }
