@@ -31,8 +31,6 @@
 
 pub mod bench;
 pub mod ggml;
-#[cfg(target_arch = "x86_64")]
-mod ggml_simd;
 mod group;
 pub mod partitioned;
 #[cfg(test)]

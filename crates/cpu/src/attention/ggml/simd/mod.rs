@@ -1,7 +1,7 @@
-//! The fast form of ggml-numerics attention (`super::ggml`): the same rounding, step for step
-//! and bit for bit, vectorized (AVX-512 or AVX2, chosen at run time) and threaded. The scalar
-//! `ggml::attention` stays the reference; the tests compare the two on every shape they
-//! serve, bit patterns and all.
+//! The fast form of ggml-numerics attention (its scalar reference is `super`, `ggml/mod.rs`):
+//! the same rounding, step for step and bit for bit, vectorized (AVX-512 or AVX2, chosen at
+//! run time) and threaded. The scalar `ggml::attention` stays the reference; the tests compare
+//! the two on every shape they serve, bit patterns and all.
 //!
 //! Order of every sum is fixed by ggml (see `ggml`'s module docs); what this module chooses is
 //! only how the work is cut, and no cut splits a sum:
@@ -41,9 +41,9 @@ use self::kernels::{
     stage_keys,
 };
 use self::lanes::{Lanes16, YmmPair, Zmm};
-use super::group::QueryBounds;
-use super::workspace::{AlignedF32, SyncPtr};
-use super::{AttentionParams, KernelIsa, MAX_FAST_HEAD_DIM};
+use crate::attention::group::QueryBounds;
+use crate::attention::workspace::{AlignedF32, SyncPtr};
+use crate::attention::{AttentionParams, KernelIsa, MAX_FAST_HEAD_DIM};
 use crate::threadpool::ThreadPool;
 
 /// Tasks per thread a call is cut into at least, where it can be.

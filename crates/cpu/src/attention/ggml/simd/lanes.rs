@@ -1,6 +1,6 @@
 //! Sixteen f32 lanes, the width of ggml's AVX-512 accumulators, on two instruction sets
 //! ([`Lanes16`]): [`Zmm`] (one AVX-512 register) and [`YmmPair`] (two AVX2 registers, lanes
-//! 0–7 and 8–15). Every operation rounds exactly as the scalar code of `super::super::ggml`
+//! 0–7 and 8–15). Every operation rounds exactly as the scalar code of `super::super` (`ggml/mod.rs`)
 //! does lane by lane, so a kernel written once over [`Lanes16`] gives the same bits on both.
 //!
 //! The one non-elementwise operation is GCC's `_mm512_reduce_add_ps` tree (`ggml::reduce16`):
