@@ -23,13 +23,13 @@ pub fn install(given: Vec<(&'static str, String)>) -> anyhow::Result<()> {
     let _ = GIVEN.set(given.into_iter().collect());
     let threads = pagekv_cpu::threadpool::threads_from_lookup(env_lookup)?;
     pagekv_cpu::threadpool::ThreadPool::set_global_threads(threads)?;
-    pagekv_cpu::quant::Isa::set_cap(pagekv_cpu::quant::Isa::cap_from_lookup(env_lookup)?)?;
+    let isa_cap = pagekv_cpu::quant::IsaCap::from_lookup(env_lookup)?;
+    anyhow::ensure!(
+        pagekv_cpu::quant::set_isa_cap(isa_cap),
+        "{} changed after the kernels started",
+        pagekv_cpu::quant::types::ISA_CAP_ENV
+    );
     Ok(())
-}
-
-/// `PAGEKV_COPY_WEIGHTS` (default on): copy weight matrices into huge pages at load.
-pub fn copy_weights() -> anyhow::Result<bool> {
-    boolean("PAGEKV_COPY_WEIGHTS", true)
 }
 
 /// `PAGEKV_DEV_REDUCED_SAMPLING` (default on): engine steps take only the argmax / best entries of

@@ -10,9 +10,10 @@ use kvcache::{CacheConfig, KvFormat};
 use pagekv_cpu::attention::ggml::AttnNumerics;
 use pagekv_cpu::attention::AttentionConfig;
 use pagekv_model::gguf::GgufFile;
+use pagekv_model::llama::weights::LoadOptions;
 use pagekv_model::template::ChatTemplate;
 use pagekv_model::tokenizer::Tokenizer;
-use pagekv_model::{LoadOptions, Model};
+use pagekv_model::Model;
 
 use crate::registry;
 
@@ -42,7 +43,7 @@ pub fn load(model: Option<&str>, template_override: Option<&Path>) -> Result<Loa
         None => ChatTemplate::from_gguf(file.metadata()).context("invalid chat template in the model")?,
     };
     let attention = AttentionConfig::from_lookup(crate::config::env_lookup)?;
-    let options = LoadOptions { copy_weights: crate::config::copy_weights()? };
+    let options = LoadOptions::from_lookup(crate::config::env_lookup)?;
     let mut model = Model::from_file_with(file.clone(), attention, options)
         .with_context(|| format!("cannot load model {}", path.display()))?;
     model.set_attn_numerics(AttnNumerics::from_lookup(crate::config::env_lookup)?);

@@ -10,34 +10,10 @@
 //! F32/F16/BF16 weights use the f32 activations directly.
 
 use super::blocks::{BlockQ8K, QK, QK_K};
-use super::matmul::Isa;
 use super::quantize::{quantize_q8_0_act, quantize_q8_1_act, quantize_q8_k};
-use super::WeightType;
+pub use super::types::Q8Kind;
+use super::types::{Isa, SyncPtr};
 use crate::threadpool::ThreadPool;
-
-/// Which ggml activation block the Q8 layout holds (ggml's `vec_dot_type` of the weights).
-/// The codes and `d` are the same for both; they differ in the offset sum `s`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Q8Kind {
-    /// `block_q8_0`, the activations of Q4_0 and Q8_0 weights: `s = d · Σqs` in f32 with the
-    /// f16-rounded `d`. Q8_0 ignores it; Q4_0's offset `-8 d_w · s` then equals ggml's
-    /// integer `d_w d_x Σ(q_w - 8) q_x` up to f32 rounding.
-    Q8_0,
-    /// `block_q8_1`, the activations of Q4_1 weights: `s = f16(d · Σqs)` with the unrounded
-    /// `d`, as ggml stores it (its Q4_1 dot product takes the offset `m_w · s` from that f16).
-    Q8_1,
-}
-
-impl Q8Kind {
-    /// The activation block ggml pairs with weights of type `ty`, if it is a Q8 one.
-    pub fn for_weights(ty: WeightType) -> Option<Q8Kind> {
-        match ty {
-            WeightType::Q4_0 | WeightType::Q8_0 => Some(Q8Kind::Q8_0),
-            WeightType::Q4_1 => Some(Q8Kind::Q8_1),
-            _ => None,
-        }
-    }
-}
 
 /// One block in the Q8 layout: codes and `(d, s)`. The reference for every ISA's quantizer.
 pub fn quantize_q8_block(kind: Q8Kind, x: &[f32; QK]) -> ([i8; QK], [f32; 2]) {
@@ -66,21 +42,6 @@ pub struct QuantScratch {
     q8k: Vec<BlockQ8K>,
     /// Shape of the last quantization, `(n, k)`.
     shape: (usize, usize),
-}
-
-/// Raw pointer that may be shared with pool tasks writing disjoint parts.
-#[derive(Clone, Copy)]
-pub(crate) struct SyncPtr<T>(pub(crate) *mut T);
-// SAFETY: users write disjoint index ranges from different tasks (documented at each use).
-unsafe impl<T> Sync for SyncPtr<T> {}
-unsafe impl<T> Send for SyncPtr<T> {}
-
-impl<T> SyncPtr<T> {
-    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
-    #[inline(always)]
-    pub(crate) fn get(&self) -> *mut T {
-        self.0
-    }
 }
 
 /// Rows quantized per pool task.

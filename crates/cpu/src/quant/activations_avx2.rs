@@ -3,8 +3,8 @@
 //! ggml-cpu's x86 `quantize_row_q8_0`/`quantize_row_q8_1` (`id = 127 / amax`, round half to
 //! even, f16 conversions by F16C with round-to-nearest-even, like `half::f16::from_f32`).
 
-use super::activations::Q8Kind;
 use super::blocks::QK;
+use super::types::Q8Kind;
 use std::arch::x86_64::*;
 
 /// Quantizes one row `x: [k]` into codes `qs: [k]` and `ds: [k / 32]` of `(d, s)`, `s` as

@@ -15,7 +15,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::blocks::QK;
-use super::matmul::{Acts, TileOut};
+use super::types::{Acts, TileOut};
 use std::arch::x86_64::*;
 
 /// How many 4-row tiles ahead decode prefetches the weights. Measured with

@@ -4,7 +4,7 @@
 //! handles `k % 16`.
 
 use super::dot_avx2::{dispatch_nj, hsum};
-use super::matmul::Acts;
+use super::types::Acts;
 use half::{bf16, f16};
 use std::arch::x86_64::*;
 

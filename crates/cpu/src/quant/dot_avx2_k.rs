@@ -12,7 +12,7 @@
 
 use super::blocks::{scale_min_k4, BlockQ8K, K_SCALE_SIZE, QK_K};
 use super::dot_avx2::{dispatch_nj, hsum};
-use super::matmul::Acts;
+use super::types::Acts;
 use std::arch::x86_64::*;
 
 /// Header of a Q4_K/Q5_K block at `blk`: `(d, dmin)` and the eight 6-bit scales and mins.

@@ -29,7 +29,7 @@
 
 use super::blocks::QK;
 use super::dot_avx2::{self, prefetch_share, PREFETCH_TILES};
-use super::matmul::{Acts, TileOut};
+use super::types::{Acts, TileOut};
 use std::arch::x86_64::*;
 
 /// Sum of 8 lanes given as two 4-lane halves, in the order of [`dot_avx2::hsum`]:

@@ -20,7 +20,7 @@
 
 use super::blocks::{BlockQ8K, QK_K};
 use super::dot_avx2::hsum;
-use super::matmul::Acts;
+use super::types::Acts;
 use std::arch::x86_64::*;
 
 /// The eight 6-bit scales (bytes 0..8) and mins (bytes 8..16) of a Q4_K/Q5_K block, from its

@@ -6,7 +6,7 @@
 //! [`RowFn`](super::matmul::RowFn) signature.
 
 use super::blocks::*;
-use super::matmul::Acts;
+use super::types::Acts;
 use bytemuck::pod_read_unaligned;
 use half::{bf16, f16};
 

@@ -16,11 +16,11 @@
 //! float operations in the same order whatever the tile shape, so results do not depend on
 //! the tiling, the thread count or the fusion.
 
-use super::activations::{Q8Kind, SyncPtr};
-use super::blocks::BlockQ8K;
-use super::{dot_scalar, QuantError, QuantScratch, WeightType, WeightView};
+use super::activations::QuantScratch;
+use super::dot_scalar;
+pub use super::types::{Acts, Isa, TileOut, TILE_MAX_ACTS, TILE_MAX_ROWS};
+use super::types::{Q8Kind, QuantError, SyncPtr, WeightType, WeightView};
 use crate::threadpool::ThreadPool;
-use std::sync::OnceLock;
 
 /// Activation rows per panel (see the module docs).
 pub const ACT_PANEL: usize = 64;
@@ -28,31 +28,8 @@ pub const ACT_PANEL: usize = 64;
 const TASKS_PER_THREAD: usize = 4;
 /// Fewest weight rows per task, so tiny tasks do not drown in scheduling.
 const MIN_ROWS_PER_TASK: usize = 8;
-/// Most weight rows of a tile.
-pub const TILE_MAX_ROWS: usize = 4;
-/// Most activation rows of a tile.
-pub const TILE_MAX_ACTS: usize = 4;
 /// Most matrices in one [`matmul_fused`] call.
 pub const MAX_FUSED: usize = 4;
-
-/// A tile of results, `[weight row][activation row]`.
-pub type TileOut = [[f32; TILE_MAX_ACTS]; TILE_MAX_ROWS];
-
-/// Activations in the layout the row kernel of a weight type expects; the unused fields are
-/// empty. All are row-major with `k` values per row.
-#[derive(Debug, Clone, Copy)]
-pub struct Acts<'a> {
-    /// Values per activation row.
-    pub k: usize,
-    /// Q8 codes `[n, k]`.
-    pub q8_qs: &'a [i8],
-    /// Q8 `(d, s)` per block `[n, k / 32]` (`s` as [`Q8Kind`] defines it).
-    pub q8_ds: &'a [[f32; 2]],
-    /// Q8_K super-blocks `[n, k / 256]`.
-    pub q8k: &'a [BlockQ8K],
-    /// Raw f32 activations `[n, k]` (float weight types).
-    pub x: &'a [f32],
-}
 
 /// A row kernel: `out[t] = W_row · x_{j0 + t}` for `t < nj`, `1 <= nj <= 4`.
 ///
@@ -111,112 +88,6 @@ mod avx2_rows {
     tile_from_rows!(f32_row, f::f32_row);
     tile_from_rows!(f16_row, f::f16_row);
     tile_from_rows!(bf16_row, f::bf16_row);
-}
-
-/// Instruction-set families with tile kernels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Isa {
-    /// Portable Rust, any CPU.
-    Scalar,
-    /// x86-64 AVX2 + FMA + F16C.
-    Avx2,
-    /// x86-64 AVX-512 F/BW/VL with VNNI, plus everything of [`Isa::Avx2`] (whose kernels it
-    /// uses for the types without AVX-512 ones).
-    Avx512Vnni,
-}
-
-/// The developer switch that caps the matrix kernels' instruction family.
-pub const ISA_CAP_ENV: &str = "PAGEKV_DEV_ISA";
-
-/// The family chosen by [`Isa::best`], once.
-static BEST: OnceLock<Isa> = OnceLock::new();
-/// The cap [`Isa::best`] honours, set by [`Isa::set_cap`] before first use.
-static ISA_CAP: OnceLock<Isa> = OnceLock::new();
-
-/// A bad `PAGEKV_DEV_ISA`, or a cap set after the kernels chose.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum IsaCapError {
-    #[error("invalid {ISA_CAP_ENV} {0:?}: accepted values are scalar, avx2, avx512")]
-    Invalid(String),
-    #[error(
-        "the matrix kernels' instruction family was already chosen; {ISA_CAP_ENV} must be set before the first product"
-    )]
-    AlreadyChosen,
-}
-
-impl Isa {
-    /// Whether this CPU can run the family.
-    pub fn is_available(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let avx2 =
-                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
-            match self {
-                Isa::Scalar => true,
-                Isa::Avx2 => avx2,
-                Isa::Avx512Vnni => {
-                    avx2 && is_x86_feature_detected!("avx512f")
-                        && is_x86_feature_detected!("avx512bw")
-                        && is_x86_feature_detected!("avx512vl")
-                        && is_x86_feature_detected!("avx512vnni")
-                }
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            self == Isa::Scalar
-        }
-    }
-
-    /// Whether the family includes AVX2 + FMA + F16C (so their kernels may run).
-    pub fn has_avx2(self) -> bool {
-        matches!(self, Isa::Avx2 | Isa::Avx512Vnni)
-    }
-
-    /// The best available family under the process's cap ([`Isa::set_cap`]), fixed at first use.
-    pub fn best() -> Isa {
-        *BEST.get_or_init(|| {
-            let cap = *ISA_CAP.get_or_init(|| Isa::Avx512Vnni);
-            [Isa::Avx512Vnni, Isa::Avx2, Isa::Scalar]
-                .into_iter()
-                .find(|i| i.rank() <= cap.rank() && i.is_available())
-                .unwrap_or(Isa::Scalar)
-        })
-    }
-
-    /// Caps the family [`Isa::best`] may pick (comparisons and tests of the slower paths). Call
-    /// before the first matrix product; once [`Isa::best`] has chosen, another cap is an error.
-    pub fn set_cap(cap: Isa) -> Result<(), IsaCapError> {
-        let chosen = *ISA_CAP.get_or_init(|| cap);
-        if chosen != cap || BEST.get().is_some_and(|b| b.rank() > cap.rank()) {
-            return Err(IsaCapError::AlreadyChosen);
-        }
-        Ok(())
-    }
-
-    /// Parses `PAGEKV_DEV_ISA` as `lookup` gives it: `scalar`, `avx2`, `avx512` (the default
-    /// when unset: no cap).
-    pub fn cap_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Isa, IsaCapError> {
-        match lookup(ISA_CAP_ENV).as_deref().map(str::trim) {
-            None | Some("") | Some("avx512") => Ok(Isa::Avx512Vnni),
-            Some("avx2") => Ok(Isa::Avx2),
-            Some("scalar") => Ok(Isa::Scalar),
-            Some(other) => Err(IsaCapError::Invalid(other.to_string())),
-        }
-    }
-
-    fn rank(self) -> u8 {
-        match self {
-            Isa::Scalar => 0,
-            Isa::Avx2 => 1,
-            Isa::Avx512Vnni => 2,
-        }
-    }
-
-    /// Every family this CPU can run, for tests and benches.
-    pub fn available() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni].into_iter().filter(|i| i.is_available()).collect()
-    }
 }
 
 /// A tile kernel and the tile shapes it takes.

@@ -8,7 +8,7 @@
 //!   is also what ggml-cpu runs on x86).
 
 use super::blocks::*;
-use super::{QuantError, WeightType};
+use super::types::{QuantError, WeightType};
 use half::{bf16, f16};
 
 /// Q8_0 weights (ggml `quantize_row_q8_0_ref`): `d = amax / 127`, `qs = round(x / d)` (ties away

@@ -6,7 +6,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::blocks::*;
-use super::{QuantError, WeightType};
+use super::types::{QuantError, WeightType};
 use bytemuck::pod_read_unaligned;
 use half::{bf16, f16};
 

@@ -7,4 +7,5 @@ pub mod silu;
 pub mod weights;
 
 pub use config::{Architecture, ModelConfig, RopeStyle};
-pub use model::{LoadOptions, Model};
+pub use model::Model;
+pub use weights::LoadOptions;

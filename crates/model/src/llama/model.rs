@@ -23,24 +23,10 @@ use pagekv_cpu::threadpool::ThreadPool;
 use super::config::ModelConfig;
 use super::ops::{add_in_place, rms_norm, rms_norm_chunks, round_queries_for, Rope};
 use super::silu::silu_mul;
-use super::weights::{Tensor, Weights};
+use super::weights::{LoadOptions, Tensor, Weights};
 use crate::batch::{Batch, Logits};
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
-
-/// How a model's weights are brought into memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LoadOptions {
-    /// Copy the weight matrices out of the file mapping into huge pages (faster decode, a copy
-    /// at load); `false` keeps the kernels reading the mapping.
-    pub copy_weights: bool,
-}
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        LoadOptions { copy_weights: true }
-    }
-}
 
 /// Working buffers, sized for `cap` tokens and `cap_logits` logit rows.
 #[derive(Default)]
@@ -115,14 +101,14 @@ impl Model {
         Model::from_file_with(file, attention, LoadOptions::default())
     }
 
-    /// Like [`Model::from_file`], with the load options given.
+    /// [`Model::from_file`] with explicit [`LoadOptions`].
     pub fn from_file_with(
         file: Arc<GgufFile>,
         attention: AttentionConfig,
         options: LoadOptions,
     ) -> Result<Model, ModelError> {
         let config = ModelConfig::from_metadata(file.metadata())?;
-        let weights = Weights::load(file, &config, options.copy_weights)?;
+        let weights = Weights::load_with(file, &config, options)?;
         let threads = ThreadPool::global().map_err(|e| ModelError::Invalid(e.to_string()))?;
         let factors = weights.rope_freqs.as_ref().map(|t| weights.f32s(t).to_vec());
         let rope = Rope::new(

@@ -4,8 +4,8 @@
 //! The matrices a decode step streams are copied once, at load, into memory backed by
 //! transparent huge pages ([`Resident`]): the page cache behind the mapping uses 4 KiB pages,
 //! and a step that reads ~100 MB through them pays a TLB miss every 4 KiB. The copy is skipped
-//! when it would take more than a quarter of the available memory, or when the caller asks not
-//! to ([`crate::LoadOptions`]; `PAGEKV_COPY_WEIGHTS=0` in the binary); the kernels then read the
+//! when it would take more than a quarter of the available memory, or when the caller's
+//! [`LoadOptions::copy_weights`] is off (`PAGEKV_COPY_WEIGHTS=0`); the kernels then read the
 //! mapping.
 
 use std::sync::Arc;
@@ -16,6 +16,34 @@ use pagekv_cpu::quant::{WeightType, WeightView};
 use super::config::{Architecture, ModelConfig};
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
+
+/// How the weights are loaded; the caller decides (the binary from `PAGEKV_COPY_WEIGHTS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Copy the streamed matrices into huge pages at load (faster decode, slower load).
+    pub copy_weights: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { copy_weights: true }
+    }
+}
+
+/// The environment variable [`LoadOptions::from_lookup`] reads for `copy_weights`.
+pub const COPY_WEIGHTS_ENV: &str = "PAGEKV_COPY_WEIGHTS";
+
+impl LoadOptions {
+    /// The options named by `PAGEKV_COPY_WEIGHTS` (a boolean: 1/0/true/false/on/off/yes/no)
+    /// in `lookup`, the defaults where unset. Pure: the caller supplies the variables.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<LoadOptions, kvcache::ConfigError> {
+        let mut o = LoadOptions::default();
+        if let Some(v) = lookup(COPY_WEIGHTS_ENV) {
+            o.copy_weights = kvcache::config::parse_bool(&v, COPY_WEIGHTS_ENV)?;
+        }
+        Ok(o)
+    }
+}
 
 /// A matrix `[rows, cols]` (GGUF dims `[cols, rows]`) or a vector (`rows = 1`).
 #[derive(Clone, Debug)]
@@ -63,7 +91,13 @@ pub struct Weights {
 }
 
 impl Weights {
-    pub fn load(file: Arc<GgufFile>, c: &ModelConfig, copy_weights: bool) -> Result<Weights, ModelError> {
+    /// Loads with the default [`LoadOptions`].
+    pub fn load(file: Arc<GgufFile>, c: &ModelConfig) -> Result<Weights, ModelError> {
+        Weights::load_with(file, c, LoadOptions::default())
+    }
+
+    /// Loads the tensors `c` names from `file`, as `options` say.
+    pub fn load_with(file: Arc<GgufFile>, c: &ModelConfig, options: LoadOptions) -> Result<Weights, ModelError> {
         let get = |name: &str, rows: usize, cols: usize| tensor(&file, name, rows, cols);
         let opt = |name: &str, rows: usize, cols: usize| -> Result<Option<Tensor>, ModelError> {
             if file.tensor(name).is_some() {
@@ -123,7 +157,7 @@ impl Weights {
             file,
             resident: None,
         };
-        if copy_weights {
+        if options.copy_weights {
             weights.resident = Resident::build(&weights);
         }
         Ok(weights)
@@ -297,4 +331,26 @@ fn tensor(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Tenso
         return Err(bad("F32 data is not 4-byte aligned".into()));
     }
     Ok(Tensor { name: name.into(), ty, rows, cols, index, len })
+}
+
+#[cfg(test)]
+mod load_options_tests {
+    use super::LoadOptions;
+
+    fn with(v: Option<&str>) -> impl Fn(&str) -> Option<String> + '_ {
+        move |name| if name == "PAGEKV_COPY_WEIGHTS" { v.map(str::to_string) } else { None }
+    }
+
+    #[test]
+    fn copy_weights_follows_the_boolean_grammar() {
+        assert!(LoadOptions::from_lookup(with(None)).unwrap().copy_weights);
+        for (text, want) in [("1", true), ("0", false), (" Off ", false), ("YES", true), ("no", false), ("true", true)]
+        {
+            assert_eq!(LoadOptions::from_lookup(with(Some(text))).unwrap().copy_weights, want, "{text:?}");
+        }
+        let msg = LoadOptions::from_lookup(with(Some("maybe"))).unwrap_err().to_string();
+        for word in ["PAGEKV_COPY_WEIGHTS", "maybe", "true", "off", "yes"] {
+            assert!(msg.contains(word), "{msg}");
+        }
+    }
 }

@@ -1,0 +1,336 @@
+//! The quantization module's shared vocabulary, a leaf that the kernel files all use and that
+//! uses only [`blocks`](super::blocks): errors ([`QuantError`]), weight formats ([`WeightType`],
+//! [`WeightView`]), instruction-set families ([`Isa`], [`IsaCap`]), activation layouts
+//! ([`Q8Kind`], [`Acts`]) and the tile result type ([`TileOut`]).
+
+use super::blocks::{self, BlockQ8K};
+use std::sync::OnceLock;
+
+/// Errors from the quantized kernels: all are bad input (shapes, lengths, types).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantError {
+    /// A GGML type id that this crate has no kernel for.
+    #[error("unsupported ggml tensor type id {0} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)")]
+    UnsupportedType(u32),
+    /// A row length that is not a whole number of blocks.
+    #[error("{ty:?} rows need a multiple of {block} values, got {cols}")]
+    RaggedRow { ty: WeightType, cols: usize, block: usize },
+    /// A buffer whose length does not match the shape.
+    #[error("{what}: expected {expected} elements/bytes, got {actual}")]
+    Length { what: &'static str, expected: usize, actual: usize },
+    /// A format without a reference quantizer (the K-quants).
+    #[error("no reference quantizer for {0:?}")]
+    NoQuantizer(WeightType),
+    /// Matrices that cannot share one [`matmul_fused`] call.
+    #[error("cannot fuse these matrices: {0}")]
+    Fusion(&'static str),
+    /// A bad `PAGEKV_DEV_ISA` value.
+    #[error("{var}={value:?} is not valid (accepted: scalar, avx2, avx512, auto)")]
+    BadIsaCap { var: &'static str, value: String },
+    /// A kernel family this CPU cannot run.
+    #[error("instruction set {0:?} is not available on this CPU")]
+    IsaUnavailable(Isa),
+}
+
+/// The weight formats with matrix kernels. Discriminants are the GGML type ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum WeightType {
+    F32 = 0,
+    F16 = 1,
+    Q4_0 = 2,
+    Q4_1 = 3,
+    Q8_0 = 8,
+    Q4K = 12,
+    Q5K = 13,
+    Q6K = 14,
+    BF16 = 30,
+}
+
+impl WeightType {
+    /// Every supported type, for tests and tables.
+    pub const ALL: [WeightType; 9] = [
+        WeightType::F32,
+        WeightType::F16,
+        WeightType::BF16,
+        WeightType::Q8_0,
+        WeightType::Q4_0,
+        WeightType::Q4_1,
+        WeightType::Q4K,
+        WeightType::Q5K,
+        WeightType::Q6K,
+    ];
+
+    /// The type for a GGML/GGUF type id.
+    pub fn from_ggml_id(id: u32) -> Result<WeightType, QuantError> {
+        WeightType::ALL.into_iter().find(|t| *t as u32 == id).ok_or(QuantError::UnsupportedType(id))
+    }
+
+    /// The GGML/GGUF type id.
+    pub fn ggml_id(self) -> u32 {
+        self as u32
+    }
+
+    /// Values per block.
+    pub fn block_elems(self) -> usize {
+        match self {
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
+            WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q4_1 => blocks::QK,
+            WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => blocks::QK_K,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        use std::mem::size_of;
+        match self {
+            WeightType::F32 => 4,
+            WeightType::F16 | WeightType::BF16 => 2,
+            WeightType::Q8_0 => size_of::<blocks::BlockQ8_0>(),
+            WeightType::Q4_0 => size_of::<blocks::BlockQ4_0>(),
+            WeightType::Q4_1 => size_of::<blocks::BlockQ4_1>(),
+            WeightType::Q4K => size_of::<blocks::BlockQ4K>(),
+            WeightType::Q5K => size_of::<blocks::BlockQ5K>(),
+            WeightType::Q6K => size_of::<blocks::BlockQ6K>(),
+        }
+    }
+
+    /// Bytes of one row of `cols` values; an error when `cols` is not a whole number of blocks.
+    pub fn row_bytes(self, cols: usize) -> Result<usize, QuantError> {
+        let block = self.block_elems();
+        if !cols.is_multiple_of(block) {
+            return Err(QuantError::RaggedRow { ty: self, cols, block });
+        }
+        Ok(cols / block * self.block_bytes())
+    }
+}
+
+/// A borrowed weight matrix: `rows` (m) rows of `cols` (k) values, row-major, in format `ty`.
+/// This is a GGUF tensor with dims `[cols, rows]`.
+#[derive(Debug, Clone, Copy)]
+pub struct WeightView<'a> {
+    pub ty: WeightType,
+    /// m: output features.
+    pub rows: usize,
+    /// k: input features (the reduction dimension).
+    pub cols: usize,
+    /// `rows * row_bytes(cols)` bytes.
+    pub data: &'a [u8],
+}
+
+impl<'a> WeightView<'a> {
+    /// A checked view: `data` must hold exactly `rows` rows of `cols` values.
+    pub fn new(ty: WeightType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, QuantError> {
+        let view = WeightView { ty, rows, cols, data };
+        view.check()?;
+        Ok(view)
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> Result<usize, QuantError> {
+        self.ty.row_bytes(self.cols)
+    }
+
+    /// Checks that `data` holds exactly `rows` rows.
+    pub fn check(&self) -> Result<(), QuantError> {
+        let expected = self.row_bytes()? * self.rows;
+        if self.data.len() != expected {
+            return Err(QuantError::Length { what: "weight bytes", expected, actual: self.data.len() });
+        }
+        Ok(())
+    }
+
+    /// The bytes of row `r`.
+    pub fn row(&self, r: usize) -> Result<&'a [u8], QuantError> {
+        let rb = self.row_bytes()?;
+        self.data.get(r * rb..(r + 1) * rb).ok_or(QuantError::Length {
+            what: "weight row",
+            expected: (r + 1) * rb,
+            actual: self.data.len(),
+        })
+    }
+}
+
+/// Instruction-set families with tile kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust, any CPU.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86-64 AVX-512 F/BW/VL with VNNI, plus everything of [`Isa::Avx2`] (whose kernels it
+    /// uses for the types without AVX-512 ones).
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// Whether this CPU can run the family.
+    pub fn is_available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 =
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+            match self {
+                Isa::Scalar => true,
+                Isa::Avx2 => avx2,
+                Isa::Avx512Vnni => {
+                    avx2 && is_x86_feature_detected!("avx512f")
+                        && is_x86_feature_detected!("avx512bw")
+                        && is_x86_feature_detected!("avx512vl")
+                        && is_x86_feature_detected!("avx512vnni")
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Isa::Scalar
+        }
+    }
+
+    /// Whether the family includes AVX2 + FMA + F16C (so their kernels may run).
+    pub fn has_avx2(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::Avx512Vnni)
+    }
+
+    /// The best available family within the process's [`IsaCap`] (see [`set_isa_cap`]),
+    /// detected once per process.
+    pub fn best() -> Isa {
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        *BEST.get_or_init(|| isa_cap().best())
+    }
+
+    fn rank(self) -> u8 {
+        match self {
+            Isa::Scalar => 0,
+            Isa::Avx2 => 1,
+            Isa::Avx512Vnni => 2,
+        }
+    }
+
+    /// Every family this CPU can run, for tests and benches.
+    pub fn available() -> Vec<Isa> {
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni].into_iter().filter(|i| i.is_available()).collect()
+    }
+}
+
+/// The most capable [`Isa`] family the kernels may use: a developer switch for comparing and
+/// testing the slower paths (`PAGEKV_DEV_ISA`). `Auto` takes the best one available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum IsaCap {
+    Scalar,
+    Avx2,
+    Avx512,
+    #[default]
+    Auto,
+}
+
+/// The environment variable [`IsaCap::from_lookup`] reads.
+pub const ISA_CAP_ENV: &str = "PAGEKV_DEV_ISA";
+
+impl IsaCap {
+    /// Parses `scalar|avx2|avx512|auto` (case-insensitive, trimmed).
+    pub fn parse(v: &str) -> Result<IsaCap, QuantError> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "scalar" => Ok(IsaCap::Scalar),
+            "avx2" => Ok(IsaCap::Avx2),
+            "avx512" => Ok(IsaCap::Avx512),
+            "auto" => Ok(IsaCap::Auto),
+            _ => Err(QuantError::BadIsaCap { var: ISA_CAP_ENV, value: v.to_string() }),
+        }
+    }
+
+    /// The cap named by `PAGEKV_DEV_ISA` in `lookup` (`Auto` when unset). Pure: the caller
+    /// supplies the variables.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<IsaCap, QuantError> {
+        lookup(ISA_CAP_ENV).map_or(Ok(IsaCap::Auto), |v| IsaCap::parse(&v))
+    }
+
+    /// The best available family within the cap.
+    pub fn best(self) -> Isa {
+        let cap = match self {
+            IsaCap::Scalar => Isa::Scalar,
+            IsaCap::Avx2 => Isa::Avx2,
+            IsaCap::Avx512 | IsaCap::Auto => Isa::Avx512Vnni,
+        };
+        [Isa::Avx512Vnni, Isa::Avx2, Isa::Scalar]
+            .into_iter()
+            .find(|i| i.rank() <= cap.rank() && i.is_available())
+            .unwrap_or(Isa::Scalar)
+    }
+}
+
+static ISA_CAP: OnceLock<IsaCap> = OnceLock::new();
+
+/// Sets the process's [`IsaCap`] (the binary's configuration does this once, before the first
+/// kernel runs). Returns `false`, changing nothing, when a cap was already fixed (set before,
+/// or read by [`Isa::best`]) with a different value.
+pub fn set_isa_cap(cap: IsaCap) -> bool {
+    *ISA_CAP.get_or_init(|| cap) == cap
+}
+
+/// The process's [`IsaCap`] (`Auto` unless [`set_isa_cap`] said otherwise).
+pub fn isa_cap() -> IsaCap {
+    *ISA_CAP.get_or_init(IsaCap::default)
+}
+
+/// Which ggml activation block the Q8 layout holds (ggml's `vec_dot_type` of the weights).
+/// The codes and `d` are the same for both; they differ in the offset sum `s`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Q8Kind {
+    /// `block_q8_0`, the activations of Q4_0 and Q8_0 weights: `s = d · Σqs` in f32 with the
+    /// f16-rounded `d`. Q8_0 ignores it; Q4_0's offset `-8 d_w · s` then equals ggml's
+    /// integer `d_w d_x Σ(q_w - 8) q_x` up to f32 rounding.
+    Q8_0,
+    /// `block_q8_1`, the activations of Q4_1 weights: `s = f16(d · Σqs)` with the unrounded
+    /// `d`, as ggml stores it (its Q4_1 dot product takes the offset `m_w · s` from that f16).
+    Q8_1,
+}
+
+impl Q8Kind {
+    /// The activation block ggml pairs with weights of type `ty`, if it is a Q8 one.
+    pub fn for_weights(ty: WeightType) -> Option<Q8Kind> {
+        match ty {
+            WeightType::Q4_0 | WeightType::Q8_0 => Some(Q8Kind::Q8_0),
+            WeightType::Q4_1 => Some(Q8Kind::Q8_1),
+            _ => None,
+        }
+    }
+}
+
+/// Most weight rows of a tile.
+pub const TILE_MAX_ROWS: usize = 4;
+/// Most activation rows of a tile.
+pub const TILE_MAX_ACTS: usize = 4;
+/// A tile of results, `[weight row][activation row]`.
+pub type TileOut = [[f32; TILE_MAX_ACTS]; TILE_MAX_ROWS];
+
+/// Activations in the layout the row kernel of a weight type expects; the unused fields are
+/// empty. All are row-major with `k` values per row.
+#[derive(Debug, Clone, Copy)]
+pub struct Acts<'a> {
+    /// Values per activation row.
+    pub k: usize,
+    /// Q8 codes `[n, k]`.
+    pub q8_qs: &'a [i8],
+    /// Q8 `(d, s)` per block `[n, k / 32]` (`s` as [`Q8Kind`] defines it).
+    pub q8_ds: &'a [[f32; 2]],
+    /// Q8_K super-blocks `[n, k / 256]`.
+    pub q8k: &'a [BlockQ8K],
+    /// Raw f32 activations `[n, k]` (float weight types).
+    pub x: &'a [f32],
+}
+
+/// Raw pointer that may be shared with pool tasks writing disjoint parts.
+#[derive(Clone, Copy)]
+pub(crate) struct SyncPtr<T>(pub(crate) *mut T);
+// SAFETY: users write disjoint index ranges from different tasks (documented at each use).
+unsafe impl<T> Sync for SyncPtr<T> {}
+unsafe impl<T> Send for SyncPtr<T> {}
+
+impl<T> SyncPtr<T> {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
+    #[inline(always)]
+    pub(crate) fn get(&self) -> *mut T {
+        self.0
+    }
+}
