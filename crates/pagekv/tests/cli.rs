@@ -263,3 +263,25 @@ for k in c["kv"]:
     assert!(rows.iter().any(|r| r["engine"] == "pagekv" && r["format"] == "f16"), "{rows:?}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A pool too small for the generation is an error naming the pool, after the text that fit —
+/// never a silently short answer.
+#[test]
+fn run_out_of_pool_is_one_error_line() {
+    if pagekv_testkit::default_model("cli run out of pool").is_none() {
+        return;
+    }
+    let o = pagekv(
+        &["run", "--num-blocks", "2", "--block-size", "8", "--temperature", "0", "-n", "64", "Once upon a time"],
+        &[],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.lines()
+            .last()
+            .is_some_and(|l| l.starts_with("pagekv: error: KV pool exhausted") && l.contains("--num-blocks")),
+        "{err}"
+    );
+    assert!(!o.stdout.is_empty(), "the tokens that fit are printed");
+}

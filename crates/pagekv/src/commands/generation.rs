@@ -149,6 +149,24 @@ impl SingleUser {
     }
 }
 
+/// A generation that ended on `length` before `max_tokens` and before the context window ran
+/// out stopped because the pool had no block left for it: that is an error naming the pool,
+/// never a silently short answer.
+fn check_pool_room(user: &SingleUser, stats: &GenerationStats, max_tokens: usize) -> Result<()> {
+    let window = user.handle().info().context_window;
+    let held = stats.prompt_tokens + stats.generated;
+    if stats.finish == Some(FinishReason::Length) && stats.generated < max_tokens && held < window {
+        let m = user.metrics();
+        bail!(
+            "KV pool exhausted after {} generated tokens: the pool holds {} blocks of {} tokens; raise --num-blocks or --block-size",
+            stats.generated,
+            m.blocks_total,
+            m.block_size
+        );
+    }
+    Ok(())
+}
+
 /// Generates after `prompt` through the engine, calling `emit` with each piece of text ready to
 /// show; returns the request's figures.
 pub fn generate(
@@ -191,6 +209,7 @@ pub fn generate(
                 stats.prefill_s = (first - t0).as_secs_f64();
                 stats.decode_s = (end - first).as_secs_f64();
                 stats.finish = Some(finish_reason);
+                check_pool_room(user, &stats, sampling.max_tokens)?;
                 return Ok(stats);
             }
             Some(Event::Error(e)) => return Err(e.into()),
