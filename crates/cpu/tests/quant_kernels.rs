@@ -51,22 +51,32 @@ fn random_f16(rng: &mut StdRng, lo: f32, hi: f32) -> [u8; 2] {
     f16::from_f32(rng.gen_range(lo..hi)).to_le_bytes()
 }
 
+/// Where a format without a reference quantizer keeps its f16 scales: `(offset, lo, hi)`.
+fn scale_fields(ty: WeightType) -> Vec<(usize, f32, f32)> {
+    match ty {
+        WeightType::Q4K | WeightType::Q5K => vec![(0, 1e-4, 2e-3), (2, 1e-4, 2e-3)],
+        WeightType::Q6K => vec![(208, 1e-4, 2e-3)],
+        WeightType::Q2K => vec![(80, 1e-4, 2e-3), (82, 1e-4, 2e-3)],
+        WeightType::Q3K => vec![(108, 1e-4, 2e-3)],
+        WeightType::IQ4XS => vec![(0, 1e-5, 2e-4)],
+        WeightType::Q5_0 | WeightType::IQ4NL => vec![(0, 1e-3, 2e-2)],
+        WeightType::Q5_1 => vec![(0, 1e-3, 2e-2), (2, -0.05, 0.05)],
+        _ => vec![],
+    }
+}
+
 /// Random weight bytes for `rows × cols` of `ty`: quantized normal data where a reference
-/// quantizer exists, random packed fields with sane f16 scales for the K-quants.
+/// quantizer exists, else random packed fields with sane f16 scales.
 fn random_weights(rng: &mut StdRng, ty: WeightType, rows: usize, cols: usize) -> Vec<u8> {
     let mut data = Vec::new();
-    match ty {
-        WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => {
-            let n_blocks = rows * cols / QK_K;
+    match scale_fields(ty) {
+        fields if !fields.is_empty() => {
+            let n_blocks = rows * cols / ty.block_elems();
             for _ in 0..n_blocks {
                 let mut block = vec![0u8; ty.block_bytes()];
                 rng.fill_bytes(&mut block);
-                match ty {
-                    WeightType::Q6K => block[208..210].copy_from_slice(&random_f16(rng, 1e-4, 2e-3)),
-                    _ => {
-                        block[0..2].copy_from_slice(&random_f16(rng, 1e-4, 2e-3));
-                        block[2..4].copy_from_slice(&random_f16(rng, 1e-4, 2e-3));
-                    }
+                for &(at, lo, hi) in &fields {
+                    block[at..at + 2].copy_from_slice(&random_f16(rng, lo, hi));
                 }
                 data.extend_from_slice(&block);
             }
@@ -108,7 +118,7 @@ fn quantized_activations(ty: WeightType, x: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<
         return (xq, err, s_delta);
     }
     match ty {
-        WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => {
+        ty if ty.reads_q8k() => {
             let mut xq = Vec::with_capacity(x.len());
             let mut err = Vec::with_capacity(x.len());
             for chunk in x.chunks_exact(QK_K) {
@@ -135,7 +145,7 @@ fn check_scratch(ty: WeightType, scratch: &QuantScratch, x: &[f32], seed: u64) {
         return;
     }
     match ty {
-        WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => {
+        ty if ty.reads_q8k() => {
             let blocks = scratch.q8k();
             for (b, chunk) in x.chunks_exact(QK_K).enumerate() {
                 let r = quantize_q8_k(chunk.try_into().unwrap());
@@ -164,12 +174,14 @@ fn check_case(isa: Isa, ty: WeightType, m: usize, k: usize, n: usize, pool: &Thr
             let wr = &wf[r * k..(r + 1) * k];
             let (xj, xqj, ej) = (&x[j * k..(j + 1) * k], &xq[j * k..(j + 1) * k], &xerr[j * k..(j + 1) * k]);
             let got = out[j * m + r] as f64;
-            // Q4_1: Σ_b m_b (s_b - d_b Σq_b), the offset term's departure from the codes' sum.
+            // Q4_1/Q5_1: Σ_b m_b (s_b - d_b Σq_b), the offset term's departure from the codes'
+            // sum (`m` is the second f16 of their blocks).
             let offset_delta: Vec<f64> = match ty {
-                WeightType::Q4_1 => (0..nb)
+                WeightType::Q4_1 | WeightType::Q5_1 => (0..nb)
                     .map(|b| {
-                        let blk: BlockQ4_1 = bytemuck::pod_read_unaligned(&w.row(r).unwrap()[b * 20..(b + 1) * 20]);
-                        blk.m.to_f32() as f64 * s_delta[j * nb + b]
+                        let at = b * ty.block_bytes() + 2;
+                        let m = f16::from_le_bytes([w.row(r).unwrap()[at], w.row(r).unwrap()[at + 1]]);
+                        m.to_f32() as f64 * s_delta[j * nb + b]
                     })
                     .collect(),
                 _ => vec![],
@@ -327,10 +339,13 @@ fn fused_matmul_equals_separate_matmuls() {
     // for every family, thread count and a range of activation rows.
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
     let mut scratch = QuantScratch::new();
-    let groups: [&[(WeightType, usize)]; 4] = [
+    let groups: [&[(WeightType, usize)]; 7] = [
         &[(WeightType::Q4_1, 64), (WeightType::Q4_1, 24), (WeightType::Q4_1, 24)],
         &[(WeightType::Q4_0, 37), (WeightType::Q8_0, 13)],
+        &[(WeightType::Q5_0, 21), (WeightType::IQ4NL, 13), (WeightType::Q8_0, 6)],
+        &[(WeightType::Q5_1, 17), (WeightType::Q4_1, 9)],
         &[(WeightType::Q4K, 19), (WeightType::Q6K, 9), (WeightType::Q5K, 8)],
+        &[(WeightType::Q2K, 11), (WeightType::Q3K, 7), (WeightType::IQ4XS, 9), (WeightType::Q6K, 3)],
         &[(WeightType::F16, 11), (WeightType::F32, 5), (WeightType::BF16, 3), (WeightType::F16, 1)],
     ];
     for isa in Isa::available() {

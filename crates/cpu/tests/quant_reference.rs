@@ -160,7 +160,7 @@ fn dequantize_row_checks_lengths() {
     let mut out = [0.0; 31];
     assert!(matches!(dequantize_row(WeightType::Q4_1, &[0; 20], &mut out), Err(QuantError::RaggedRow { .. })));
     assert_eq!(WeightType::from_ggml_id(3), Ok(WeightType::Q4_1));
-    assert_eq!(WeightType::from_ggml_id(6), Err(QuantError::UnsupportedType(6)));
+    assert_eq!(WeightType::from_ggml_id(16), Err(QuantError::UnsupportedType(16)));
     for ty in WeightType::ALL {
         assert_eq!(WeightType::from_ggml_id(ty.ggml_id()), Ok(ty));
     }
@@ -253,4 +253,29 @@ fn q8_k_quantizer_properties() {
     }
     let z = quantize_q8_k(&[0.0; 256]);
     assert_eq!((z.d, z.qs, z.bsums), (0.0, [0; 256], [0; 16]));
+}
+
+/// The formats without a reference quantizer against the values llama.cpp's own `gguf` Python
+/// package dequantizes hand-made blocks to (`data/gguf_dequant.json`, made by
+/// `data/make_gguf_dequant.py`).
+#[test]
+fn dequantizers_match_the_gguf_package() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/gguf_dequant.json")).unwrap();
+    let data: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for case in data["cases"].as_array().unwrap() {
+        let name = case["type"].as_str().unwrap();
+        let ty = WeightType::ALL.into_iter().find(|t| t.ggml_name() == name).unwrap_or_else(|| panic!("{name}"));
+        let hex = case["block_hex"].as_str().unwrap();
+        let block: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+        let want: Vec<f32> = case["values"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        let mut got = vec![f32::NAN; ty.block_elems()];
+        dequantize_row(ty, &block, &mut got).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            // Both compute in f32 from the same f16 fields; allow one rounding of difference.
+            assert!((g - w).abs() <= 1e-6 * w.abs().max(1e-3), "{name} value {i}: {g} vs gguf {w}");
+        }
+        seen.insert(ty);
+    }
+    assert!(seen.len() >= 9, "every format of the data file is checked");
 }

@@ -1,6 +1,8 @@
-//! AVX2 + FMA + F16C tile kernels for Q4_0, Q4_1 and Q8_0 weights × Q8 activations.
+//! AVX2 + FMA + F16C tile kernels for the 32-value formats (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
+//! Q8_0) × Q8 activations.
 //!
-//! Per 32-value block (as llama.cpp): unpack the 4-bit codes to 32 unsigned bytes,
+//! Per 32-value block (as llama.cpp): unpack the 4-bit codes to 32 unsigned bytes (the 5-bit
+//! formats OR in their fifth bits, IQ4_NL looks its levels up with one byte shuffle),
 //! `_mm256_maddubs_epi16` against the signed activation codes (u8 × i8 → pairs of i16; no
 //! saturation: |15·127·2| and |127·127·2| < 2^15), `_mm256_madd_epi16` with ones → 8 × i32,
 //! convert and FMA with the block's combined scale `d_w · d_x`.
@@ -14,7 +16,7 @@
 // Kernels and references index several parallel arrays by the same lane or row.
 #![allow(clippy::needless_range_loop)]
 
-use super::blocks::QK;
+use super::blocks::{KVALUES_IQ4NL, QK};
 use super::types::{Acts, TileOut};
 use std::arch::x86_64::*;
 
@@ -61,39 +63,123 @@ unsafe fn load_2xf16(p: *const u8) -> __m128 {
 /// The 32 4-bit codes of `qs[16]` as bytes: low nibbles (values 0..16) then high nibbles.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn unpack_nibbles(qs: *const u8) -> __m256i {
+pub(super) unsafe fn unpack_nibbles(qs: *const u8) -> __m256i {
     let q = _mm_loadu_si128(qs as *const __m128i);
     let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
     _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
 }
 
-/// The block header as `[d_w, off_w, _, _]`: Q4_1 `[d, m]`, Q4_0 `[d, -8 d]`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn header_scales<const Q4_1: bool>(blk: *const u8) -> __m128 {
-    if Q4_1 {
-        load_2xf16(blk)
-    } else {
-        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const u16) as i32));
-        _mm_mul_ps(_mm_broadcastss_ps(d), _mm_setr_ps(1.0, -8.0, 0.0, 0.0))
+/// The 32-value formats the nibble kernels take (a const parameter of [`nibble_tile`]).
+pub(super) mod fmt {
+    pub const Q4_0: u8 = 0;
+    pub const Q4_1: u8 = 1;
+    pub const Q5_0: u8 = 2;
+    pub const Q5_1: u8 = 3;
+    pub const IQ4_NL: u8 = 4;
+
+    /// `(block bytes, offset of qs, offset of qh)` (`qh` only for the 5-bit formats).
+    pub const fn layout(f: u8) -> (usize, usize, usize) {
+        match f {
+            Q4_0 | IQ4_NL => (18, 2, 0),
+            Q4_1 => (20, 4, 0),
+            Q5_0 => (22, 6, 2),
+            _ => (24, 8, 4),
+        }
+    }
+
+    /// Whether the block header holds an offset `m` after `d`.
+    pub const fn has_min(f: u8) -> bool {
+        f == Q4_1 || f == Q5_1
+    }
+
+    /// The fixed code offset of a format without `m` (`x = d (q - offset)`).
+    pub const fn code_offset(f: u8) -> f32 {
+        match f {
+            Q4_0 => 8.0,
+            Q5_0 => 16.0,
+            _ => 0.0,
+        }
     }
 }
 
-/// Shared body of Q4_0/Q4_1 (`Q4_1` selects the format): `NR` weight rows × `NJ` activation
-/// rows, `NR * NJ <= 4` independent accumulator chains (which also hides the FMA latency).
+/// The block header as `[d_w, off_w, _, _]`: with a min `[d, m]`, else `[d, -offset d]`
+/// (Q4_0 `-8 d`, Q5_0 `-16 d`, IQ4_NL 0).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn nibble_tile<const NR: usize, const NJ: usize, const Q4_1: bool>(
+unsafe fn header_scales<const FMT: u8>(blk: *const u8) -> __m128 {
+    if fmt::has_min(FMT) {
+        load_2xf16(blk)
+    } else {
+        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const u16) as i32));
+        _mm_mul_ps(_mm_broadcastss_ps(d), _mm_setr_ps(1.0, -fmt::code_offset(FMT), 0.0, 0.0))
+    }
+}
+
+/// Byte `i` of the result is 0xFF when bit `i` of the little-endian u32 at `p` is set, else 0.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
+    let x = std::ptr::read_unaligned(p as *const i32);
+    // Byte i takes source byte i / 8, then every bit but bit i % 8 is forced on.
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(x),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
+    );
+    let others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe_u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1))
+}
+
+/// The 32 codes of a block of format `FMT` as bytes in value order: unsigned (0..15, 0..31)
+/// for the linear formats; for IQ4_NL the signed levels of [`KVALUES_IQ4NL`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn block_codes<const FMT: u8>(blk: *const u8) -> __m256i {
+    let (_, qs_off, qh_off) = fmt::layout(FMT);
+    let q = unpack_nibbles(blk.add(qs_off));
+    match FMT {
+        fmt::Q5_0 | fmt::Q5_1 => {
+            _mm256_or_si256(q, _mm256_and_si256(bytes_from_bits_32(blk.add(qh_off)), _mm256_set1_epi8(0x10)))
+        }
+        fmt::IQ4_NL => _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(iq4nl_table()), q),
+        _ => q,
+    }
+}
+
+/// [`KVALUES_IQ4NL`] as one 16-byte vector.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn iq4nl_table() -> __m128i {
+    _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i)
+}
+
+/// `Σ w y` per 4-byte lane group, as 8 × i32: unsigned codes straight into
+/// `_mm256_maddubs_epi16`; signed ones (`SIGNED`, never -128) as `|y| × (w with y's sign)`,
+/// which stays exact for an activation code of -128 (Q8_K makes them).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn dot_bytes<const SIGNED: bool>(w: __m256i, y: __m256i) -> __m256i {
+    let ones = _mm256_set1_epi16(1);
+    if SIGNED {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(y), _mm256_sign_epi8(w, y)), ones)
+    } else {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), ones)
+    }
+}
+
+/// Shared body of the 32-value formats of [`fmt`]: `NR` weight rows × `NJ` activation rows,
+/// `NR * NJ <= 4` independent accumulator chains (which also hides the FMA latency).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn nibble_tile<const NR: usize, const NJ: usize, const FMT: u8>(
     w: &[u8],
     a: &Acts,
     j0: usize,
     out: &mut TileOut,
 ) {
-    let (block, qs_off) = if Q4_1 { (20, 4) } else { (18, 2) };
+    let (block, _, _) = fmt::layout(FMT);
     let nb = a.k / QK;
     let row_bytes = nb * block;
     debug_assert!(w.len() == NR * row_bytes && a.q8_qs.len() >= (j0 + NJ) * a.k);
-    let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); NJ]; NR];
     let mut acc_off = [[_mm_setzero_ps(); NJ]; NR];
     let wp = w.as_ptr();
@@ -111,12 +197,14 @@ unsafe fn nibble_tile<const NR: usize, const NJ: usize, const Q4_1: bool>(
         }
         for i in 0..NR {
             let blk = wp.add(i * row_bytes + b * block);
-            let dw = header_scales::<Q4_1>(blk);
-            let qw = unpack_nibbles(blk.add(qs_off));
+            let dw = header_scales::<FMT>(blk);
+            let qw = block_codes::<FMT>(blk);
             for t in 0..NJ {
                 let prod = _mm_mul_ps(dw, dx[t]); // [d_w d_x, off_w s_x]
-                acc_off[i][t] = _mm_add_ps(acc_off[i][t], prod);
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qw, y[t]), ones);
+                if fmt::has_min(FMT) || fmt::code_offset(FMT) != 0.0 {
+                    acc_off[i][t] = _mm_add_ps(acc_off[i][t], prod);
+                }
+                let p = if FMT == fmt::IQ4_NL { dot_bytes::<true>(qw, y[t]) } else { dot_bytes::<false>(qw, y[t]) };
                 acc[i][t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), _mm256_cvtepi32_ps(p), acc[i][t]);
             }
         }
@@ -128,15 +216,21 @@ unsafe fn nibble_tile<const NR: usize, const NJ: usize, const Q4_1: bool>(
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_1_t<const NR: usize, const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut TileOut) {
-    nibble_tile::<NR, NJ, true>(w, a, j0, out)
+/// Defines the `(NR, NJ)` kernel of one [`fmt`] format over [`nibble_tile`].
+macro_rules! nibble_format {
+    ($name:ident, $fmt:path) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name<const NR: usize, const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut TileOut) {
+            nibble_tile::<NR, NJ, { $fmt }>(w, a, j0, out)
+        }
+    };
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0_t<const NR: usize, const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut TileOut) {
-    nibble_tile::<NR, NJ, false>(w, a, j0, out)
-}
+nibble_format!(q4_0_t, fmt::Q4_0);
+nibble_format!(q4_1_t, fmt::Q4_1);
+nibble_format!(q5_0_t, fmt::Q5_0);
+nibble_format!(q5_1_t, fmt::Q5_1);
+nibble_format!(iq4_nl_t, fmt::IQ4_NL);
 
 /// Q8_0: `NR` weight rows × `NJ` activation rows, `NR * NJ <= 4`.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -202,6 +296,9 @@ macro_rules! dispatch_tile {
 
 dispatch_tile!(q4_0, q4_0_t);
 dispatch_tile!(q4_1, q4_1_t);
+dispatch_tile!(q5_0, q5_0_t);
+dispatch_tile!(q5_1, q5_1_t);
+dispatch_tile!(iq4_nl, iq4_nl_t);
 dispatch_tile!(q8_0, q8_0_t);
 
 /// Defines a single-row kernel with the [`RowFn`](super::matmul::RowFn) signature from a

@@ -1,17 +1,20 @@
-//! AVX2 + FMA + F16C row kernels for the K-quants (Q4_K, Q5_K, Q6_K) × Q8_K activations.
+//! AVX2 + FMA + F16C row kernels for the 256-value formats (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+//! IQ4_XS) × Q8_K activations.
 //!
 //! Per 256-value super-block: the weight codes are unpacked once into eight vectors of 32
 //! unsigned bytes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63 without its -32 offset), then for each
 //! activation row: `_mm256_maddubs_epi16` (no saturation: 2·63·127 < 2^15), `_mm256_madd_epi16`
 //! with the sub-block scales broadcast as i16, summed as i32 over the super-block and converted
 //! once. The min terms (Q4_K/Q5_K `dmin · mn_j`) and the Q6_K offset (`-32 · sc_g`) use the
-//! activation block sums `bsums`, in scalar integers.
+//! activation block sums `bsums`, in scalar integers. Q2_K (0..3) and Q3_K (0..7, its -4
+//! offset through `bsums` like Q6_K's) take the same path with 16 group scales; IQ4_XS looks
+//! its signed levels up with a byte shuffle and multiplies them as signed bytes.
 
 // Kernels and references index several parallel arrays by the same lane or row.
 #![allow(clippy::needless_range_loop)]
 
-use super::blocks::{scale_min_k4, BlockQ8K, K_SCALE_SIZE, QK_K};
-use super::dot_avx2::{dispatch_nj, hsum};
+use super::blocks::{iq4xs_scale, scale_min_k4, scales_q3k, BlockQ8K, K_SCALE_SIZE, QK_K};
+use super::dot_avx2::{dispatch_nj, hsum, iq4nl_table, unpack_nibbles};
 use super::types::Acts;
 use std::arch::x86_64::*;
 
@@ -141,6 +144,132 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     }
 }
 
+/// The f16 at `p` as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load_f16(p: *const u8) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const u16) as i32)))
+}
+
+/// Sixteen group scales (groups of 16 values) as the i16 vectors [`k4_dot`] takes: vector `v`
+/// covers values `32 v..32 v + 32`, group `2 v` in its low 128 bits and `2 v + 1` in the high.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn group_scales(sc: [i16; 16]) -> [__m256i; 8] {
+    std::array::from_fn(|v| _mm256_set_m128i(_mm_set1_epi16(sc[2 * v + 1]), _mm_set1_epi16(sc[2 * v])))
+}
+
+/// The 2-bit fields of 64 bytes at `qs` in value order: vector `4 n + j` holds
+/// `(qs[32 n + l] >> 2 j) & 3`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn two_bit_codes(qs: *const u8) -> [__m256i; 8] {
+    let three = _mm256_set1_epi8(3);
+    let mut q = [_mm256_setzero_si256(); 8];
+    for n in 0..2 {
+        let raw = _mm256_loadu_si256(qs.add(32 * n) as *const __m256i);
+        for j in 0..4 {
+            q[4 * n + j] = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * j as i32)), three);
+        }
+    }
+    q
+}
+
+/// Q2_K: `d d_x Σ_g sc_g Σ q y - dmin d_x Σ_g mn_g bsums_g`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
+    const BLOCK: usize = 84;
+    let nb = a.k / QK_K;
+    debug_assert!(w.len() == nb * BLOCK && a.q8k.len() >= (j0 + NJ) * nb);
+    let mut acc = [_mm256_setzero_ps(); NJ];
+    let mut acc_min = [0.0f32; NJ];
+    for b in 0..nb {
+        let blk = w.as_ptr().add(b * BLOCK);
+        let scales: [u8; 16] = std::ptr::read_unaligned(blk as *const [u8; 16]);
+        let (d, dmin) = (load_f16(blk.add(80)), load_f16(blk.add(82)));
+        let scv = group_scales(scales.map(|s| (s & 0xF) as i16));
+        let q = two_bit_codes(blk.add(16));
+        for t in 0..NJ {
+            let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
+            let sumi = k4_dot(&q, &scv, y.qs.as_ptr());
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
+            let summ: i32 = (0..16).map(|g| (scales[g] >> 4) as i32 * y.bsums[g] as i32).sum();
+            acc_min[t] += dmin * y.d * summ as f32;
+        }
+    }
+    for t in 0..NJ {
+        out[t] = hsum(acc[t]) - acc_min[t];
+    }
+}
+
+/// Q3_K: codes unpacked to 0..7 (`q + 4`), so the dot is `Σ sc_g Σ q y - 4 Σ sc_g bsums_g`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
+    const BLOCK: usize = 110;
+    let nb = a.k / QK_K;
+    debug_assert!(w.len() == nb * BLOCK && a.q8k.len() >= (j0 + NJ) * nb);
+    let one = _mm256_set1_epi8(1);
+    let mut acc = [_mm256_setzero_ps(); NJ];
+    for b in 0..nb {
+        let blk = w.as_ptr().add(b * BLOCK);
+        let sc = scales_q3k(&std::ptr::read_unaligned(blk.add(96) as *const [u8; K_SCALE_SIZE]));
+        let d = load_f16(blk.add(108));
+        let scv = group_scales(sc.map(|s| s as i16));
+        let hm = _mm256_loadu_si256(blk as *const __m256i);
+        let mut q = two_bit_codes(blk.add(32));
+        for (v, qv) in q.iter_mut().enumerate() {
+            let high = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(v as i32)), one);
+            *qv = _mm256_or_si256(*qv, _mm256_slli_epi16(high, 2));
+        }
+        for t in 0..NJ {
+            let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
+            let sumi = k4_dot(&q, &scv, y.qs.as_ptr());
+            let offset: i32 = (0..16).map(|g| sc[g] as i32 * y.bsums[g] as i32).sum();
+            let s = _mm256_cvtepi32_ps(sumi);
+            let s = _mm256_sub_ps(s, _mm256_setr_ps(4.0 * offset as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), s, acc[t]);
+        }
+    }
+    for t in 0..NJ {
+        out[t] = hsum(acc[t]);
+    }
+}
+
+/// IQ4_XS: `d d_x Σ_b sc_b Σ KVALUES_IQ4NL[q] y`, the levels as signed bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_xs_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
+    const BLOCK: usize = 136;
+    let nb = a.k / QK_K;
+    debug_assert!(w.len() == nb * BLOCK && a.q8k.len() >= (j0 + NJ) * nb);
+    let table = _mm256_broadcastsi128_si256(iq4nl_table());
+    let mut acc = [_mm256_setzero_ps(); NJ];
+    for b in 0..nb {
+        let blk = w.as_ptr().add(b * BLOCK);
+        let d = load_f16(blk);
+        let scales_h = std::ptr::read_unaligned(blk.add(2) as *const u16);
+        let scales_l: [u8; 4] = std::ptr::read_unaligned(blk.add(4) as *const [u8; 4]);
+        let scv: [__m256i; 8] = std::array::from_fn(|v| _mm256_set1_epi16(iq4xs_scale(scales_h, &scales_l, v) as i16));
+        let q: [__m256i; 8] = std::array::from_fn(|v| _mm256_shuffle_epi8(table, unpack_nibbles(blk.add(8 + 16 * v))));
+        for t in 0..NJ {
+            let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
+            let mut sumi = _mm256_setzero_si256();
+            for v in 0..8 {
+                let yv = _mm256_loadu_si256(y.qs.as_ptr().add(32 * v) as *const __m256i);
+                // |y| × (level with y's sign): exact for y = -128; pairs fit i16 (2·128·127).
+                let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(yv), _mm256_sign_epi8(q[v], yv));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pairs, scv[v]));
+            }
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
+        }
+    }
+    for t in 0..NJ {
+        out[t] = hsum(acc[t]);
+    }
+}
+
+dispatch_nj!(q2_k, q2_k_n);
+dispatch_nj!(q3_k, q3_k_n);
+dispatch_nj!(iq4_xs, iq4_xs_n);
 dispatch_nj!(q4_k, q4_k_n);
 dispatch_nj!(q5_k, q5_k_n);
 dispatch_nj!(q6_k, q6_k_n);

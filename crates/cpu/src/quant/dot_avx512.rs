@@ -1,4 +1,5 @@
-//! AVX-512 (F, BW, VL) + VNNI tile kernels for Q4_0, Q4_1 and Q8_0 weights × Q8 activations,
+//! AVX-512 (F, BW, VL) + VNNI tile kernels for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights × Q8
+//! activations,
 //! bit-exact with the AVX2 kernels of [`dot_avx2`](super::dot_avx2).
 //!
 //! Exactness: the AVX2 kernel keeps, per (weight row, activation row), eight f32 lanes; lane
@@ -12,7 +13,7 @@
 //! instruction doubles and the two integer multiply steps become one.
 //!
 //! Lane layouts, in 128-bit quarters of a 512-bit register:
-//! - Q4_0/Q4_1 take **four** rows at a time: their 16 code bytes side by side, split into low
+//! - Q4_0/Q4_1/Q5_0/Q5_1 take **four** rows at a time: their 16 code bytes side by side, split into low
 //!   nibbles (row `i`'s AVX2 lanes 0-3 in quarter `i`) and high nibbles (lanes 4-7), against
 //!   the activation halves `y[0..16]` and `y[16..32]` broadcast to every quarter; one scale
 //!   vector serves both halves.
@@ -28,7 +29,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::blocks::QK;
-use super::dot_avx2::{self, prefetch_share, PREFETCH_TILES};
+use super::dot_avx2::{self, fmt, prefetch_share, PREFETCH_TILES};
 use super::types::{Acts, TileOut};
 use std::arch::x86_64::*;
 
@@ -50,12 +51,12 @@ fn hsum_tree(a: &[f32], b: &[f32]) -> f32 {
     ((a[0] + b[0]) + (a[2] + b[2])) + ((a[1] + b[1]) + (a[3] + b[3]))
 }
 
-/// The headers of four Q4 blocks as `[d0, off0, d1, off1, d2, off2, d3, off3]`: Q4_1 `[d, m]`,
-/// Q4_0 `[d, -8d]` (exact: a power-of-two scaling, as in the AVX2 kernel).
+/// The headers of four blocks as `[d0, off0, d1, off1, d2, off2, d3, off3]`: with a min
+/// `[d, m]`, else `[d, -offset d]` (exact: a power-of-two scaling, as in the AVX2 kernel).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn quad_header<const Q4_1: bool>(b: [*const u8; 4]) -> __m256 {
-    if Q4_1 {
+unsafe fn quad_header<const FMT: u8>(b: [*const u8; 4]) -> __m256 {
+    if fmt::has_min(FMT) {
         let mut h = _mm_cvtsi32_si128(std::ptr::read_unaligned(b[0] as *const i32));
         h = _mm_insert_epi32(h, std::ptr::read_unaligned(b[1] as *const i32), 1);
         h = _mm_insert_epi32(h, std::ptr::read_unaligned(b[2] as *const i32), 2);
@@ -68,19 +69,22 @@ unsafe fn quad_header<const Q4_1: bool>(b: [*const u8; 4]) -> __m256 {
         h = _mm_insert_epi16(h, std::ptr::read_unaligned(b[3] as *const u16) as i32, 3);
         let d = _mm256_castps128_ps256(_mm_cvtph_ps(h)); // [d0, d1, d2, d3, ..]
         let dd = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-        _mm256_mul_ps(dd, _mm256_setr_ps(1.0, -8.0, 1.0, -8.0, 1.0, -8.0, 1.0, -8.0))
+        let o = -fmt::code_offset(FMT);
+        _mm256_mul_ps(dd, _mm256_setr_ps(1.0, o, 1.0, o, 1.0, o, 1.0, o))
     }
 }
 
-/// Q4_0/Q4_1 tile: one quad of four weight rows × `NJ` activation rows. Row `i >= nr` of the
+/// Q4_0/Q4_1/Q5_0/Q5_1 tile: one quad of four weight rows × `NJ` activation rows. Row `i >= nr` of the
 /// quad repeats row `nr - 1` (its results are not stored), so any `1 <= nr <= 4` works.
 ///
 /// Lane layout: the four rows' 16 code bytes side by side, split into low nibbles (`lo`, the
 /// AVX2 lanes 0-3 of each row, row `i` in quarter `i`) and high nibbles (`hi`, lanes 4-7),
-/// against the activation halves `y[0..16]` and `y[16..32]` in every quarter.
+/// against the activation halves `y[0..16]` and `y[16..32]` in every quarter. The 5-bit
+/// formats add 16 to the bytes whose bit is set in `qh` (bits 0-15 of row `i` to quarter `i`
+/// of `lo`, bits 16-31 to quarter `i` of `hi`), one masked add each.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn nibble_quad<const NJ: usize, const Q4_1: bool>(
+unsafe fn nibble_quad<const NJ: usize, const FMT: u8>(
     w: *const u8,
     row_bytes: usize,
     nr: usize,
@@ -88,7 +92,8 @@ unsafe fn nibble_quad<const NJ: usize, const Q4_1: bool>(
     j0: usize,
     out: &mut TileOut,
 ) {
-    let (block, qs_off) = if Q4_1 { (20, 4) } else { (18, 2) };
+    let (block, qs_off, qh_off) = fmt::layout(FMT);
+    let five = FMT == fmt::Q5_0 || FMT == fmt::Q5_1;
     let nb = a.k / QK;
     // d_w d_x of row i (f32 lane 2i of the header product) into quarter i.
     let scale_idx = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
@@ -114,13 +119,24 @@ unsafe fn nibble_quad<const NJ: usize, const Q4_1: bool>(
             dx[t] = _mm256_castpd_ps(_mm256_broadcast_sd(&*ds.add(t * nb + b)));
         }
         let blk: [*const u8; 4] = std::array::from_fn(|i| rows[i].add(b * block));
-        let h = quad_header::<Q4_1>(blk);
+        let h = quad_header::<FMT>(blk);
         let mut z = _mm512_castsi128_si512(_mm_loadu_si128(blk[0].add(qs_off) as *const __m128i));
         z = _mm512_inserti32x4(z, _mm_loadu_si128(blk[1].add(qs_off) as *const __m128i), 1);
         z = _mm512_inserti32x4(z, _mm_loadu_si128(blk[2].add(qs_off) as *const __m128i), 2);
         z = _mm512_inserti32x4(z, _mm_loadu_si128(blk[3].add(qs_off) as *const __m128i), 3);
-        let lo = _mm512_and_si512(z, nibble);
-        let hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nibble);
+        let mut lo = _mm512_and_si512(z, nibble);
+        let mut hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nibble);
+        if five {
+            let (mut mask_lo, mut mask_hi) = (0u64, 0u64);
+            for (i, bp) in blk.iter().enumerate() {
+                let qh = std::ptr::read_unaligned(bp.add(qh_off) as *const u32) as u64;
+                mask_lo |= (qh & 0xFFFF) << (16 * i);
+                mask_hi |= (qh >> 16) << (16 * i);
+            }
+            let sixteen = _mm512_set1_epi8(16);
+            lo = _mm512_mask_add_epi8(lo, mask_lo, lo, sixteen);
+            hi = _mm512_mask_add_epi8(hi, mask_hi, hi, sixteen);
+        }
         for t in 0..NJ {
             let prod = _mm256_mul_ps(h, dx[t]); // [d_i d_x, off_i s_x] for i < 4
             acc_off[t] = _mm256_add_ps(acc_off[t], prod);
@@ -244,9 +260,9 @@ macro_rules! pair_tile {
 
 pair_tile!(q8_0, q8_pairs, dot_avx2::q8_0);
 
-/// Defines a Q4 [`TileFn`](super::matmul::TileFn) over [`nibble_quad`].
+/// Defines a [`TileFn`](super::matmul::TileFn) over [`nibble_quad`] for one format.
 macro_rules! quad_tile {
-    ($name:ident, $q4_1:literal) => {
+    ($name:ident, $fmt:path) => {
         /// Tile kernel (see [`TileFn`](super::matmul::TileFn)): `1 <= nr <= 4` rows,
         /// `1 <= nj <= 4` activation rows. Requires AVX-512 F/BW/VL/VNNI, AVX2, FMA, F16C.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -254,14 +270,16 @@ macro_rules! quad_tile {
             debug_assert!((1..=4).contains(&nr) && (1..=4).contains(&nj));
             let (wp, rb) = (w.as_ptr(), w.len() / nr);
             match nj {
-                1 => nibble_quad::<1, $q4_1>(wp, rb, nr, a, j0, out),
-                2 => nibble_quad::<2, $q4_1>(wp, rb, nr, a, j0, out),
-                3 => nibble_quad::<3, $q4_1>(wp, rb, nr, a, j0, out),
-                _ => nibble_quad::<4, $q4_1>(wp, rb, nr, a, j0, out),
+                1 => nibble_quad::<1, { $fmt }>(wp, rb, nr, a, j0, out),
+                2 => nibble_quad::<2, { $fmt }>(wp, rb, nr, a, j0, out),
+                3 => nibble_quad::<3, { $fmt }>(wp, rb, nr, a, j0, out),
+                _ => nibble_quad::<4, { $fmt }>(wp, rb, nr, a, j0, out),
             }
         }
     };
 }
 
-quad_tile!(q4_0, false);
-quad_tile!(q4_1, true);
+quad_tile!(q4_0, fmt::Q4_0);
+quad_tile!(q4_1, fmt::Q4_1);
+quad_tile!(q5_0, fmt::Q5_0);
+quad_tile!(q5_1, fmt::Q5_1);

@@ -16,6 +16,116 @@ fn for_rows(nj: usize, out: &mut [f32; 4], mut f: impl FnMut(usize) -> f32) {
     }
 }
 
+/// Runs `block_dot(block bytes, activation codes, [d_x, s_x])` over the `B`-byte blocks of a
+/// 32-value format and sums the results, for each of the `nj` activation rows.
+fn legacy_rows<const B: usize>(
+    w: &[u8],
+    a: &Acts,
+    j0: usize,
+    nj: usize,
+    out: &mut [f32; 4],
+    block_dot: impl Fn(&[u8], &[i8], [f32; 2]) -> f32,
+) {
+    for_rows(nj, out, |t| {
+        let j = j0 + t;
+        w.chunks_exact(B)
+            .enumerate()
+            .map(|(b, bytes)| block_dot(bytes, &a.q8_qs[j * a.k + b * QK..][..QK], a.q8_ds[j * a.k / QK + b]))
+            .sum()
+    })
+}
+
+/// Runs `block_dot(block bytes, activation super-block)` over the `B`-byte super-blocks of a
+/// 256-value format and sums the results, for each of the `nj` activation rows.
+fn k_rows<const B: usize>(
+    w: &[u8],
+    a: &Acts,
+    j0: usize,
+    nj: usize,
+    out: &mut [f32; 4],
+    block_dot: impl Fn(&[u8], &BlockQ8K) -> f32,
+) {
+    let nb = a.k / QK_K;
+    for_rows(nj, out, |t| w.chunks_exact(B).enumerate().map(|(b, bytes)| block_dot(bytes, &a.q8k[(j0 + t) * nb + b])).sum())
+}
+
+fn dot_i32(q: impl IntoIterator<Item = i32>, y: &[i8]) -> i32 {
+    q.into_iter().zip(y).map(|(q, &y)| q * y as i32).sum()
+}
+
+/// Q5_0 × Q8_0: `d_w (d_x Σ q_w q_x) - 16 d_w s_x` per block, `q_w` the 5-bit code (0..31).
+pub fn q5_0(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
+    legacy_rows::<22>(w, a, j0, nj, out, |bytes, y, [dx, sx]| {
+        let blk: BlockQ5_0 = pod_read_unaligned(bytes);
+        let sumi = dot_i32(super::reference::q5_codes(&blk.qh, &blk.qs).map(i32::from), y);
+        let d = blk.d.to_f32();
+        d * dx * sumi as f32 - 16.0 * d * sx
+    })
+}
+
+/// Q5_1 × Q8_1: `d_w (d_x Σ q_w q_x) + m_w s_x` per block.
+pub fn q5_1(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
+    legacy_rows::<24>(w, a, j0, nj, out, |bytes, y, [dx, sx]| {
+        let blk: BlockQ5_1 = pod_read_unaligned(bytes);
+        let sumi = dot_i32(super::reference::q5_codes(&blk.qh, &blk.qs).map(i32::from), y);
+        blk.d.to_f32() * dx * sumi as f32 + blk.m.to_f32() * sx
+    })
+}
+
+/// IQ4_NL × Q8_0: `d_w d_x Σ KVALUES_IQ4NL[q_w] q_x` per block.
+pub fn iq4_nl(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
+    legacy_rows::<18>(w, a, j0, nj, out, |bytes, y, [dx, _]| {
+        let blk: BlockIQ4NL = pod_read_unaligned(bytes);
+        let lo = blk.qs.map(|q| KVALUES_IQ4NL[(q & 0xF) as usize] as i32);
+        let hi = blk.qs.map(|q| KVALUES_IQ4NL[(q >> 4) as usize] as i32);
+        let sumi = dot_i32(lo, &y[..16]) + dot_i32(hi, &y[16..]);
+        blk.d.to_f32() * dx * sumi as f32
+    })
+}
+
+/// Q2_K × Q8_K: `d d_x Σ_g sc_g Σ q y - dmin d_x Σ_g mn_g bsums_g` over 16 groups of 16.
+pub fn q2_k(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
+    k_rows::<84>(w, a, j0, nj, out, |bytes, y| {
+        let blk: BlockQ2K = pod_read_unaligned(bytes);
+        let q = super::reference::two_bit_codes(&blk.qs);
+        let (mut sumi, mut summ) = (0i32, 0i32);
+        for g in 0..16 {
+            let sc = blk.scales[g];
+            sumi += (sc & 0xF) as i32 * dot_i32(q[16 * g..16 * g + 16].iter().map(|&v| v as i32), &y.qs[16 * g..]);
+            summ += (sc >> 4) as i32 * y.bsums[g] as i32;
+        }
+        blk.d.to_f32() * y.d * sumi as f32 - blk.dmin.to_f32() * y.d * summ as f32
+    })
+}
+
+/// Q3_K × Q8_K: `d d_x Σ_g sc_g Σ q y` over 16 groups of 16, `q` in -4..3.
+pub fn q3_k(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
+    k_rows::<110>(w, a, j0, nj, out, |bytes, y| {
+        let blk: BlockQ3K = pod_read_unaligned(bytes);
+        let (q, sc) = (super::reference::q3_k_codes(&blk), scales_q3k(&blk.scales));
+        let sumi: i32 = (0..16)
+            .map(|g| sc[g] as i32 * dot_i32(q[16 * g..16 * g + 16].iter().map(|&v| v as i32), &y.qs[16 * g..]))
+            .sum();
+        blk.d.to_f32() * y.d * sumi as f32
+    })
+}
+
+/// IQ4_XS × Q8_K: `d d_x Σ_b sc_b Σ KVALUES_IQ4NL[q] y` over 8 sub-blocks of 32.
+pub fn iq4_xs(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
+    k_rows::<136>(w, a, j0, nj, out, |bytes, y| {
+        let blk: BlockIQ4XS = pod_read_unaligned(bytes);
+        let sumi: i32 = (0..8)
+            .map(|sb| {
+                let qs = &blk.qs[16 * sb..16 * sb + 16];
+                let lo = qs.iter().map(|q| KVALUES_IQ4NL[(q & 0xF) as usize] as i32);
+                let hi = qs.iter().map(|q| KVALUES_IQ4NL[(q >> 4) as usize] as i32);
+                blk.scale(sb) * (dot_i32(lo, &y.qs[32 * sb..]) + dot_i32(hi, &y.qs[32 * sb + 16..]))
+            })
+            .sum();
+        blk.d.to_f32() * y.d * sumi as f32
+    })
+}
+
 /// Q4_0 × Q8_0: `Σ_b d_w (d_x Σ q_w q_x) - 8 d_w s_x`, `q_w` the raw nibble, `s_x = d_x Σ q_x`.
 pub fn q4_0(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
     for_rows(nj, out, |t| {

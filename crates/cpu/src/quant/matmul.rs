@@ -63,6 +63,12 @@ macro_rules! tile_from_rows {
 tile_from_rows!(scalar_q4_0, dot_scalar::q4_0);
 tile_from_rows!(scalar_q4_1, dot_scalar::q4_1);
 tile_from_rows!(scalar_q8_0, dot_scalar::q8_0);
+tile_from_rows!(scalar_q5_0, dot_scalar::q5_0);
+tile_from_rows!(scalar_q5_1, dot_scalar::q5_1);
+tile_from_rows!(scalar_iq4_nl, dot_scalar::iq4_nl);
+tile_from_rows!(scalar_q2_k, dot_scalar::q2_k);
+tile_from_rows!(scalar_q3_k, dot_scalar::q3_k);
+tile_from_rows!(scalar_iq4_xs, dot_scalar::iq4_xs);
 tile_from_rows!(scalar_q4_k, dot_scalar::q4_k);
 tile_from_rows!(scalar_q5_k, dot_scalar::q5_k);
 tile_from_rows!(scalar_q6_k, dot_scalar::q6_k);
@@ -85,6 +91,9 @@ mod avx2_rows {
     tile_from_rows!(q4_k, kq::q4_k);
     tile_from_rows!(q5_k, kq::q5_k);
     tile_from_rows!(q6_k, kq::q6_k);
+    tile_from_rows!(q2_k, kq::q2_k);
+    tile_from_rows!(q3_k, kq::q3_k);
+    tile_from_rows!(iq4_xs, kq::iq4_xs);
     tile_from_rows!(f32_row, f::f32_row);
     tile_from_rows!(f16_row, f::f16_row);
     tile_from_rows!(bf16_row, f::bf16_row);
@@ -111,6 +120,8 @@ fn kernel_for(isa: Isa, ty: WeightType) -> Kernel {
         match ty {
             WeightType::Q4_0 => return quads(v::q4_0),
             WeightType::Q4_1 => return quads(v::q4_1),
+            WeightType::Q5_0 => return quads(v::q5_0),
+            WeightType::Q5_1 => return quads(v::q5_1),
             WeightType::Q8_0 => return quads(v::q8_0),
             WeightType::Q4K => return rows(avx512_rows::q4_k),
             WeightType::Q5K => return rows(avx512_rows::q5_k),
@@ -128,6 +139,12 @@ fn kernel_for(isa: Isa, ty: WeightType) -> Kernel {
             WeightType::Q4K => avx2_rows::q4_k,
             WeightType::Q5K => avx2_rows::q5_k,
             WeightType::Q6K => avx2_rows::q6_k,
+            WeightType::Q5_0 => v::q5_0,
+            WeightType::Q5_1 => v::q5_1,
+            WeightType::IQ4NL => v::iq4_nl,
+            WeightType::Q2K => avx2_rows::q2_k,
+            WeightType::Q3K => avx2_rows::q3_k,
+            WeightType::IQ4XS => avx2_rows::iq4_xs,
             WeightType::F32 => avx2_rows::f32_row,
             WeightType::F16 => avx2_rows::f16_row,
             WeightType::BF16 => avx2_rows::bf16_row,
@@ -141,6 +158,12 @@ fn kernel_for(isa: Isa, ty: WeightType) -> Kernel {
         WeightType::Q4K => scalar_q4_k,
         WeightType::Q5K => scalar_q5_k,
         WeightType::Q6K => scalar_q6_k,
+        WeightType::Q5_0 => scalar_q5_0,
+        WeightType::Q5_1 => scalar_q5_1,
+        WeightType::IQ4NL => scalar_iq4_nl,
+        WeightType::Q2K => scalar_q2_k,
+        WeightType::Q3K => scalar_q3_k,
+        WeightType::IQ4XS => scalar_iq4_xs,
         WeightType::F32 => scalar_f32,
         WeightType::F16 => scalar_f16,
         WeightType::BF16 => scalar_bf16,
@@ -159,7 +182,7 @@ impl ActLayout {
     fn of(ty: WeightType) -> ActLayout {
         match (Q8Kind::for_weights(ty), ty) {
             (Some(kind), _) => ActLayout::Q8(kind),
-            (None, WeightType::Q4K | WeightType::Q5K | WeightType::Q6K) => ActLayout::Q8K,
+            (None, ty) if ty.reads_q8k() => ActLayout::Q8K,
             (None, _) => ActLayout::F32,
         }
     }

@@ -121,7 +121,8 @@ pub fn quantize_q8_k(x: &[f32; QK_K]) -> BlockQ8K {
 }
 
 /// Quantizes one row of `x` into `ty`'s bytes, appended to `out`. Supported: F32, F16, BF16,
-/// Q8_0, Q4_0, Q4_1 (the K-quants have no reference quantizer here).
+/// Q8_0, Q4_0, Q4_1 (the 5-bit, K- and non-linear formats have no reference quantizer here:
+/// their kernels are tested on random blocks).
 pub fn quantize_row(ty: WeightType, x: &[f32], out: &mut Vec<u8>) -> Result<(), QuantError> {
     ty.row_bytes(x.len())?;
     match ty {
@@ -131,7 +132,15 @@ pub fn quantize_row(ty: WeightType, x: &[f32], out: &mut Vec<u8>) -> Result<(), 
         WeightType::Q8_0 => blocks32(x, out, quantize_q8_0),
         WeightType::Q4_0 => blocks32(x, out, quantize_q4_0),
         WeightType::Q4_1 => blocks32(x, out, quantize_q4_1),
-        WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => return Err(QuantError::NoQuantizer(ty)),
+        WeightType::Q5_0
+        | WeightType::Q5_1
+        | WeightType::IQ4NL
+        | WeightType::Q2K
+        | WeightType::Q3K
+        | WeightType::Q4K
+        | WeightType::Q5K
+        | WeightType::Q6K
+        | WeightType::IQ4XS => return Err(QuantError::NoQuantizer(ty)),
     }
     Ok(())
 }

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuantError {
     /// A GGML type id that this crate has no kernel for.
-    #[error("unsupported ggml tensor type id {0} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)")]
+    #[error("unsupported ggml tensor type id {0} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS)")]
     UnsupportedType(u32),
     /// A row length that is not a whole number of blocks.
     #[error("{ty:?} rows need a multiple of {block} values, got {cols}")]
@@ -40,25 +40,37 @@ pub enum WeightType {
     F16 = 1,
     Q4_0 = 2,
     Q4_1 = 3,
+    Q5_0 = 6,
+    Q5_1 = 7,
     Q8_0 = 8,
+    Q2K = 10,
+    Q3K = 11,
     Q4K = 12,
     Q5K = 13,
     Q6K = 14,
+    IQ4NL = 20,
+    IQ4XS = 23,
     BF16 = 30,
 }
 
 impl WeightType {
     /// Every supported type, for tests and tables.
-    pub const ALL: [WeightType; 9] = [
+    pub const ALL: [WeightType; 15] = [
         WeightType::F32,
         WeightType::F16,
         WeightType::BF16,
         WeightType::Q8_0,
         WeightType::Q4_0,
         WeightType::Q4_1,
+        WeightType::Q5_0,
+        WeightType::Q5_1,
+        WeightType::IQ4NL,
+        WeightType::Q2K,
+        WeightType::Q3K,
         WeightType::Q4K,
         WeightType::Q5K,
         WeightType::Q6K,
+        WeightType::IQ4XS,
     ];
 
     /// The type for a GGML/GGUF type id.
@@ -75,8 +87,18 @@ impl WeightType {
     pub fn block_elems(self) -> usize {
         match self {
             WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
-            WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q4_1 => blocks::QK,
-            WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => blocks::QK_K,
+            WeightType::Q8_0
+            | WeightType::Q4_0
+            | WeightType::Q4_1
+            | WeightType::Q5_0
+            | WeightType::Q5_1
+            | WeightType::IQ4NL => blocks::QK,
+            WeightType::Q2K
+            | WeightType::Q3K
+            | WeightType::Q4K
+            | WeightType::Q5K
+            | WeightType::Q6K
+            | WeightType::IQ4XS => blocks::QK_K,
         }
     }
 
@@ -89,9 +111,41 @@ impl WeightType {
             WeightType::Q8_0 => size_of::<blocks::BlockQ8_0>(),
             WeightType::Q4_0 => size_of::<blocks::BlockQ4_0>(),
             WeightType::Q4_1 => size_of::<blocks::BlockQ4_1>(),
+            WeightType::Q5_0 => size_of::<blocks::BlockQ5_0>(),
+            WeightType::Q5_1 => size_of::<blocks::BlockQ5_1>(),
+            WeightType::IQ4NL => size_of::<blocks::BlockIQ4NL>(),
+            WeightType::Q2K => size_of::<blocks::BlockQ2K>(),
+            WeightType::Q3K => size_of::<blocks::BlockQ3K>(),
+            WeightType::IQ4XS => size_of::<blocks::BlockIQ4XS>(),
             WeightType::Q4K => size_of::<blocks::BlockQ4K>(),
             WeightType::Q5K => size_of::<blocks::BlockQ5K>(),
             WeightType::Q6K => size_of::<blocks::BlockQ6K>(),
+        }
+    }
+
+    /// Whether the K-quant activations (Q8_K super-blocks) feed this type's kernels.
+    pub fn reads_q8k(self) -> bool {
+        self.block_elems() == blocks::QK_K
+    }
+
+    /// The name llama.cpp gives the type (`Q4_K`, `IQ4_NL`, …).
+    pub fn ggml_name(self) -> &'static str {
+        match self {
+            WeightType::F32 => "F32",
+            WeightType::F16 => "F16",
+            WeightType::BF16 => "BF16",
+            WeightType::Q4_0 => "Q4_0",
+            WeightType::Q4_1 => "Q4_1",
+            WeightType::Q5_0 => "Q5_0",
+            WeightType::Q5_1 => "Q5_1",
+            WeightType::Q8_0 => "Q8_0",
+            WeightType::IQ4NL => "IQ4_NL",
+            WeightType::Q2K => "Q2_K",
+            WeightType::Q3K => "Q3_K",
+            WeightType::Q4K => "Q4_K",
+            WeightType::Q5K => "Q5_K",
+            WeightType::Q6K => "Q6_K",
+            WeightType::IQ4XS => "IQ4_XS",
         }
     }
 
@@ -290,8 +344,8 @@ impl Q8Kind {
     /// The activation block ggml pairs with weights of type `ty`, if it is a Q8 one.
     pub fn for_weights(ty: WeightType) -> Option<Q8Kind> {
         match ty {
-            WeightType::Q4_0 | WeightType::Q8_0 => Some(Q8Kind::Q8_0),
-            WeightType::Q4_1 => Some(Q8Kind::Q8_1),
+            WeightType::Q4_0 | WeightType::Q5_0 | WeightType::IQ4NL | WeightType::Q8_0 => Some(Q8Kind::Q8_0),
+            WeightType::Q4_1 | WeightType::Q5_1 => Some(Q8Kind::Q8_1),
             _ => None,
         }
     }
