@@ -51,18 +51,19 @@ fn random_f16(rng: &mut StdRng, lo: f32, hi: f32) -> [u8; 2] {
     f16::from_f32(rng.gen_range(lo..hi)).to_le_bytes()
 }
 
-/// Where a format without a reference quantizer keeps its f16 scales: `(offset, lo, hi)`.
+/// A format without a reference quantizer gets random blocks whose f16 scales (at
+/// [`WeightType::f16_scale_offsets`]) are drawn from these ranges: `(offset, lo, hi)`.
 fn scale_fields(ty: WeightType) -> Vec<(usize, f32, f32)> {
-    match ty {
-        WeightType::Q4K | WeightType::Q5K => vec![(0, 1e-4, 2e-3), (2, 1e-4, 2e-3)],
-        WeightType::Q6K => vec![(208, 1e-4, 2e-3)],
-        WeightType::Q2K => vec![(80, 1e-4, 2e-3), (82, 1e-4, 2e-3)],
-        WeightType::Q3K => vec![(108, 1e-4, 2e-3)],
-        WeightType::IQ4XS => vec![(0, 1e-5, 2e-4)],
-        WeightType::Q5_0 | WeightType::IQ4NL => vec![(0, 1e-3, 2e-2)],
-        WeightType::Q5_1 => vec![(0, 1e-3, 2e-2), (2, -0.05, 0.05)],
-        _ => vec![],
+    if quantize_row(ty, &[0.0; QK_K], &mut Vec::new()).is_ok() {
+        return vec![];
     }
+    let range = |i: usize| match (ty, i) {
+        (WeightType::Q5_1, 1) => (-0.05, 0.05),
+        (WeightType::Q5_0 | WeightType::Q5_1 | WeightType::IQ4NL, _) => (1e-3, 2e-2),
+        (WeightType::IQ4XS, _) => (1e-5, 2e-4),
+        _ => (1e-4, 2e-3),
+    };
+    ty.f16_scale_offsets().iter().enumerate().map(|(i, &at)| (at, range(i).0, range(i).1)).collect()
 }
 
 /// Random weight bytes for `rows × cols` of `ty`: quantized normal data where a reference

@@ -123,6 +123,20 @@ impl WeightType {
         }
     }
 
+    /// Byte offsets of the f16 scale fields in a block (`d`, then `m` or `dmin` where the format
+    /// has one); empty for the float types. Test data generators set these to sane values
+    /// in otherwise random blocks.
+    pub fn f16_scale_offsets(self) -> &'static [usize] {
+        match self {
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => &[],
+            WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 | WeightType::IQ4NL | WeightType::IQ4XS => &[0],
+            WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q4K | WeightType::Q5K => &[0, 2],
+            WeightType::Q2K => &[80, 82],
+            WeightType::Q3K => &[108],
+            WeightType::Q6K => &[208],
+        }
+    }
+
     /// Whether the K-quant activations (Q8_K super-blocks) feed this type's kernels.
     pub fn reads_q8k(self) -> bool {
         self.block_elems() == blocks::QK_K
