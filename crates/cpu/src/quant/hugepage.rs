@@ -8,18 +8,26 @@
 //! removes both costs. Where the kernel grants no huge pages the buffer still works, as
 //! ordinary memory.
 
-use memmap2::{Advice, MmapMut, MmapOptions};
+use memmap2::{Advice, MmapOptions, MmapRaw};
 
 /// Size of a transparent huge page on x86-64 (also the alignment asked for).
 pub const HUGE_PAGE: usize = 2 << 20;
 
 /// A zero-initialized, 2 MiB-aligned byte buffer advised for transparent huge pages.
 pub struct HugePageBuf {
-    map: MmapMut,
+    /// Held for its lifetime (unmapped on drop); accessed through `base`.
+    _map: MmapRaw,
+    /// The mapping's first byte.
+    base: *mut u8,
     /// Offset of the aligned start inside `map`.
     start: usize,
     len: usize,
 }
+
+// SAFETY: the buffer owns its mapping; shared access is reads (and the documented disjoint
+// writes through `as_mut_ptr`), so it may move to and be shared between threads.
+unsafe impl Send for HugePageBuf {}
+unsafe impl Sync for HugePageBuf {}
 
 impl std::fmt::Debug for HugePageBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -31,14 +39,22 @@ impl HugePageBuf {
     /// `len` zero bytes, 2 MiB-aligned. Huge pages are advised before any page is touched, so
     /// the first write to each 2 MiB range can fault in a huge page.
     pub fn zeroed(len: usize) -> std::io::Result<HugePageBuf> {
-        let map = MmapOptions::new().len(len + HUGE_PAGE).map_anon()?;
+        let map = MmapRaw::from(MmapOptions::new().len(len + HUGE_PAGE).map_anon()?);
         // Not every kernel supports the advice; the buffer is fine without it.
         #[cfg(target_os = "linux")]
         let _ = map.advise(Advice::HugePage);
         #[cfg(not(target_os = "linux"))]
         let _ = Advice::Normal;
-        let start = (map.as_ptr() as usize).next_multiple_of(HUGE_PAGE) - map.as_ptr() as usize;
-        Ok(HugePageBuf { map, start, len })
+        let base = map.as_mut_ptr();
+        let start = (base as usize).next_multiple_of(HUGE_PAGE) - base as usize;
+        Ok(HugePageBuf { _map: map, base, start, len })
+    }
+
+    /// The first byte, for writers that fill disjoint ranges from several threads while others
+    /// read ranges already filled (see [`HugePageBuf::as_slice`]'s contract).
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        // SAFETY: `start <= HUGE_PAGE` lies inside the mapping.
+        unsafe { self.base.add(self.start) }
     }
 
     /// A copy of `data`.
@@ -48,12 +64,16 @@ impl HugePageBuf {
         Ok(buf)
     }
 
+    /// The bytes. Callers that write through [`HugePageBuf::as_mut_ptr`] while the buffer is
+    /// shared only read ranges whose writes have finished (and are ordered before the read).
     pub fn as_slice(&self) -> &[u8] {
-        &self.map[self.start..self.start + self.len]
+        // SAFETY: the mapping holds `start + len` bytes and lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.as_mut_ptr(), self.len) }
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.map[self.start..self.start + self.len]
+        // SAFETY: as `as_slice`, and `&mut self` excludes every other access.
+        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len) }
     }
 
     pub fn len(&self) -> usize {

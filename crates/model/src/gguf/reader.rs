@@ -56,16 +56,17 @@ impl TensorInfo {
     }
 }
 
-/// The bytes behind a `GgufFile`: a read-only mapping, or an owned buffer for tests/fuzzing.
+/// The bytes behind a `GgufFile`: a read-only mapping (with the open file, for reading tensor
+/// data without touching the mapping), or an owned buffer for tests/fuzzing.
 enum Bytes {
-    Mapped(Mmap),
+    Mapped(Mmap, File),
     Owned(Vec<u8>),
 }
 
 impl Bytes {
     fn as_slice(&self) -> &[u8] {
         match self {
-            Bytes::Mapped(m) => m,
+            Bytes::Mapped(m, _) => m,
             Bytes::Owned(v) => v,
         }
     }
@@ -111,7 +112,7 @@ impl GgufFile {
         // SAFETY: the mapping is read-only and private to this value; the file is a model
         // the caller asked for, not expected to change underneath us (see the doc above).
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        GgufFile::parse(Bytes::Mapped(mmap))
+        GgufFile::parse(Bytes::Mapped(mmap, file))
     }
 
     /// Parses an in-memory file with the same parser as `open` (tests, fuzzing).
@@ -176,6 +177,60 @@ impl GgufFile {
     ///
     /// Infos returned by this file were range-checked at open, so this cannot fail for
     /// them. Panics if `info` was built by hand with a range outside the file.
+    /// Copies `dst.len()` bytes of tensor `info`'s data, from byte `at` of it, into `dst`.
+    /// A mapped file is read with `pread`, so the mapping's pages are never faulted in: the
+    /// copy is the only resident memory the data costs (the page cache is not the process's).
+    pub fn read_tensor_data(&self, info: &TensorInfo, at: u64, dst: &mut [u8]) -> std::io::Result<()> {
+        let end = at.checked_add(dst.len() as u64).filter(|&e| e <= info.n_bytes);
+        if end.is_none() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("tensor '{}': {} bytes from {at} exceed its {} bytes", info.name, dst.len(), info.n_bytes),
+            ));
+        }
+        match &self.bytes {
+            #[cfg(unix)]
+            Bytes::Mapped(_, file) => {
+                use std::os::unix::fs::FileExt;
+                file.read_exact_at(dst, info.offset + at)
+            }
+            #[cfg(not(unix))]
+            Bytes::Mapped(..) => {
+                let at = at as usize;
+                dst.copy_from_slice(&self.tensor_data(info)[at..at + dst.len()]);
+                Ok(())
+            }
+            Bytes::Owned(_) => {
+                let at = at as usize;
+                dst.copy_from_slice(&self.tensor_data(info)[at..at + dst.len()]);
+                Ok(())
+            }
+        }
+    }
+
+    /// Drops the mapping's resident pages that lie wholly inside tensor `info`'s data (a hint:
+    /// the data stays readable, from the page cache, on the next touch). A loader that copied
+    /// the tensor elsewhere calls this so the process does not hold the bytes twice.
+    pub fn release_tensor_pages(&self, info: &TensorInfo) {
+        #[cfg(unix)]
+        if let Bytes::Mapped(map, _) = &self.bytes {
+            const PAGE: u64 = 4096;
+            let (start, end) = (info.offset.next_multiple_of(PAGE), (info.offset + info.n_bytes) / PAGE * PAGE);
+            if end > start {
+                // SAFETY: a read-only, file-backed mapping: dropping its pages loses nothing
+                // (they are read back from the file), and no reference into them is
+                // invalidated (the bytes do not change).
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start as usize,
+                        (end - start) as usize,
+                    )
+                };
+            }
+        }
+    }
+
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
         let range = usize::try_from(info.offset)
             .ok()

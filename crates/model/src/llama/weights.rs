@@ -1,14 +1,18 @@
 //! The model's tensors as typed references into the mapped GGUF file: a [`Tensor`] names where
 //! its bytes lie and [`Weights::view`] borrows them for a kernel.
 //!
-//! The matrices a decode step streams are copied once, at load, into memory backed by
-//! transparent huge pages ([`Resident`]): the page cache behind the mapping uses 4 KiB pages,
-//! and a step that reads ~100 MB through them pays a TLB miss every 4 KiB. The copy is skipped
+//! The matrices a decode step streams are read once, at load, from the file into memory backed
+//! by transparent huge pages ([`Resident`]): the page cache behind the mapping uses 4 KiB pages,
+//! and a step that reads ~100 MB through them pays a TLB miss every 4 KiB. A background thread
+//! reads them with `pread` while the model already runs from the mapping, and each tensor's
+//! mapped pages are dropped once its copy is in place, so the model costs its bytes once.
+//! The copy is skipped
 //! when it would take more than a quarter of the available memory, or when the caller's
 //! [`LoadOptions::copy_weights`] is off (`PAGEKV_COPY_WEIGHTS=0`); the kernels then read the
 //! mapping.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 use pagekv_cpu::quant::hugepage::HugePageBuf;
 use pagekv_cpu::quant::{WeightType, WeightView};
@@ -78,8 +82,9 @@ pub struct LayerWeights {
 
 pub struct Weights {
     file: Arc<GgufFile>,
-    /// Copies of the matrices in huge pages, if made.
-    resident: Option<Resident>,
+    /// Copies of the matrices in huge pages, if made (filled in the background, see
+    /// [`Resident`]).
+    resident: Option<Arc<Resident>>,
     pub token_embd: Tensor,  // [vocab, hidden]
     pub output_norm: Tensor, // [1, hidden]
     /// `[vocab, hidden]`; the token embedding when the model ties them.
@@ -158,7 +163,7 @@ impl Weights {
             resident: None,
         };
         if options.copy_weights {
-            weights.resident = Resident::build(&weights);
+            weights.resident = Resident::start(&weights);
         }
         Ok(weights)
     }
@@ -173,9 +178,17 @@ impl Weights {
         v
     }
 
-    /// Whether the streamed matrices are read from a huge-page copy.
+    /// Whether the streamed matrices are (or are being) copied into huge pages.
     pub fn is_resident(&self) -> bool {
         self.resident.is_some()
+    }
+
+    /// Blocks until the background copy into huge pages (if any) is complete, so a benchmark
+    /// measures the steady state. The model is correct before it too.
+    pub fn wait_until_resident(&self) {
+        if let Some(r) = &self.resident {
+            r.wait();
+        }
     }
 
     /// The bytes of `t` as a kernel operand.
@@ -185,8 +198,8 @@ impl Weights {
 
     pub fn bytes(&self, t: &Tensor) -> &[u8] {
         if let Some(r) = &self.resident {
-            if let Some(off) = r.offsets[t.index] {
-                return &r.buf.as_slice()[off..off + t.len];
+            if let Some(bytes) = r.get(t.index, t.len) {
+                return bytes;
             }
         }
         self.file.tensor_data(&self.file.tensors()[t.index])
@@ -252,7 +265,8 @@ impl Weights {
         }
         to_f32(&mut self.output);
         to_f32(&mut self.token_embd);
-        self.resident = Some(Resident { buf, offsets });
+        let ready = offsets.iter().map(|o| AtomicBool::new(o.is_some())).collect();
+        self.resident = Some(Arc::new(Resident { buf, offsets, ready, done: (Mutex::new(true), Condvar::new()) }));
         Ok(())
     }
 
@@ -267,36 +281,90 @@ impl Weights {
 }
 
 /// The streamed matrices copied into one huge-page buffer, laid out in reading order.
+///
+/// Faulting in huge pages is slow on some hosts (seconds per GB under virtualization), so the
+/// copy is made by a background thread while the model already runs from the mapping: each
+/// tensor switches to its copy once it is complete (`ready`, release/acquire), and the
+/// mapping's pages of that tensor are then dropped, so at any time each byte is held about
+/// once. The data is the same either way, so results do not depend on when a tensor switches.
 struct Resident {
     buf: HugePageBuf,
     /// Per tensor of the file (by index): where its copy starts in `buf`, if it has one.
     offsets: Vec<Option<usize>>,
+    /// Per tensor of the file: whether its copy is complete and may be read.
+    ready: Vec<AtomicBool>,
+    /// Whether the whole copy has finished (with or without errors), and its signal.
+    done: (Mutex<bool>, Condvar),
 }
 
 impl Resident {
     /// Alignment of each copied tensor (a cache line).
     const ALIGN: usize = 64;
 
-    /// The copy, or `None` when it is too large for the available memory or cannot be made.
-    fn build(w: &Weights) -> Option<Resident> {
+    /// The copy of tensor `index` (`len` bytes), once it is complete.
+    fn get(&self, index: usize, len: usize) -> Option<&[u8]> {
+        let off = self.offsets[index]?;
+        // Acquire: the filler's writes to these bytes happen before this read.
+        self.ready[index].load(Ordering::Acquire).then(|| &self.buf.as_slice()[off..off + len])
+    }
+
+    fn wait(&self) {
+        let (lock, signal) = &self.done;
+        let mut done = lock.lock().unwrap_or_else(|p| p.into_inner());
+        while !*done {
+            done = signal.wait(done).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Lays out the copy and starts the thread that fills it; `None` when it is too large for
+    /// the available memory or the buffer cannot be allocated (the model then reads the
+    /// mapping, as with `copy_weights` off).
+    fn start(w: &Weights) -> Option<Arc<Resident>> {
         let mut offsets = vec![None; w.file.tensors().len()];
+        let mut order = Vec::new();
         let mut len = 0;
         for t in w.streamed() {
             if offsets[t.index].is_none() {
                 offsets[t.index] = Some(len);
+                order.push(t.index);
                 len = (len + t.len).next_multiple_of(Self::ALIGN);
             }
         }
-        if len == 0 || len > available_memory()? / 4 {
+        if len == 0 || available_memory().is_none_or(|avail| len > avail / 4) {
             return None;
         }
-        let mut buf = HugePageBuf::zeroed(len).ok()?;
-        let dst = buf.as_mut_slice();
-        for t in w.streamed() {
-            let off = offsets[t.index].expect("laid out above");
-            dst[off..off + t.len].copy_from_slice(w.file.tensor_data(&w.file.tensors()[t.index]));
+        let buf = HugePageBuf::zeroed(len).ok()?;
+        let ready = offsets.iter().map(|_| AtomicBool::new(false)).collect();
+        let resident = Arc::new(Resident { buf, offsets, ready, done: (Mutex::new(false), Condvar::new()) });
+        let (r, file) = (resident.clone(), w.file.clone());
+        let spawned = std::thread::Builder::new().name("pagekv-weights".into()).spawn(move || r.fill(&file, &order));
+        if spawned.is_err() {
+            return None;
         }
-        Some(Resident { buf, offsets })
+        Some(resident)
+    }
+
+    /// Copies the tensors `order` names from `file` (read with `pread`, never through the
+    /// mapping), publishing each when complete. A tensor that cannot be read stays on the
+    /// mapping (logged); the model is correct either way.
+    fn fill(&self, file: &GgufFile, order: &[usize]) {
+        for &index in order {
+            let info = &file.tensors()[index];
+            let off = self.offsets[index].expect("laid out in start");
+            // SAFETY: tensor copies occupy disjoint ranges of the buffer, this thread alone
+            // writes them, and nobody reads this range before `ready[index]` is set below.
+            let dst = unsafe { std::slice::from_raw_parts_mut(self.buf.as_mut_ptr().add(off), info.n_bytes as usize) };
+            match file.read_tensor_data(info, 0, dst) {
+                Ok(()) => {
+                    self.ready[index].store(true, Ordering::Release);
+                    file.release_tensor_pages(info);
+                }
+                Err(e) => tracing::warn!(tensor = %info.name, "weights stay on the file mapping: {e}"),
+            }
+        }
+        let (lock, signal) = &self.done;
+        *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        signal.notify_all();
     }
 }
 

@@ -117,6 +117,8 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
             })
             .collect::<Result<_>>()?;
     let loaded = load(a.model.model.as_deref(), a.model.chat_template.as_deref())?;
+    // Measure the steady state: the weights' background copy into huge pages complete.
+    loaded.model.weights.wait_until_resident();
     let mut cache = cache_config(&loaded.model)?;
     if let Device::Cuda(_) = device {
         cache = super::cuda::gpu_cache(cache);

@@ -133,6 +133,8 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     }
     let text = std::fs::read_to_string(&a.text).with_context(|| format!("cannot read {}", a.text.display()))?;
     let loaded = load(a.model.model.as_deref(), None)?;
+    // Measure the steady state: the weights' background copy into huge pages complete.
+    loaded.model.weights.wait_until_resident();
     let base = cache_config(&loaded.model)?;
     let formats = match (&a.formats, &a.model.cache.kv_quant) {
         (Some(list), _) => super::parse_formats(list)?,

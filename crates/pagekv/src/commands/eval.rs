@@ -64,6 +64,8 @@ pub fn run(a: EvalArgs) -> Result<()> {
     let device = super::run::device()?;
     let text = std::fs::read_to_string(&a.text).with_context(|| format!("cannot read {}", a.text.display()))?;
     let loaded = load(a.model.model.as_deref(), a.model.chat_template.as_deref())?;
+    // Measure the steady state: the weights' background copy into huge pages complete.
+    loaded.model.weights.wait_until_resident();
     let mut ids = loaded.tokenizer.encode_with_bos(&text, false)?;
     if let Some(m) = a.max_tokens {
         ids.truncate(m);
