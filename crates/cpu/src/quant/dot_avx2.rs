@@ -27,6 +27,10 @@ use std::arch::x86_64::*;
 /// ~168 at 1 or 2 tiles, which is why decode takes 4 rows at a time).
 pub(super) const PREFETCH_TILES: usize = 3;
 
+/// How many rows ahead the 256-value (K-quant) row kernels prefetch in decode: the same
+/// distance as [`PREFETCH_TILES`] tiles of 4 rows.
+pub(super) const K_PREFETCH_ROWS: usize = 4 * PREFETCH_TILES;
+
 /// Decode streams the weights from memory with little work per byte, so the hardware
 /// prefetchers (which stop at page boundaries and see many interleaved short row streams)
 /// fall behind. A tile's rows are contiguous and its `nb` block steps each consume an equal

@@ -14,7 +14,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::blocks::{iq4xs_scale, scale_min_k4, scales_q3k, BlockQ8K, K_SCALE_SIZE, QK_K};
-use super::dot_avx2::{dispatch_nj, hsum, iq4nl_table, unpack_nibbles};
+use super::dot_avx2::{dispatch_nj, hsum, iq4nl_table, prefetch_share, unpack_nibbles, K_PREFETCH_ROWS};
 use super::types::Acts;
 use std::arch::x86_64::*;
 
@@ -60,6 +60,9 @@ unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usi
     let mut acc = [_mm256_setzero_ps(); NJ];
     let mut acc_min = [0.0f32; NJ];
     for b in 0..nb {
+        if NJ == 1 {
+            prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
+        }
         let blk = w.as_ptr().add(b * block);
         let (d, dmin, sc, mn) = k4_header(blk);
         let scv: [__m256i; 8] = std::array::from_fn(|v| _mm256_set1_epi16(sc[v]));
@@ -109,6 +112,9 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     let three = _mm256_set1_epi8(3);
     let mut acc = [_mm256_setzero_ps(); NJ];
     for b in 0..nb {
+        if NJ == 1 {
+            prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
+        }
         let blk = w.as_ptr().add(b * BLOCK);
         let sc: [i8; 16] = std::ptr::read_unaligned(blk.add(192) as *const [i8; 16]);
         let d =
@@ -184,6 +190,9 @@ unsafe fn q2_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     let mut acc = [_mm256_setzero_ps(); NJ];
     let mut acc_min = [0.0f32; NJ];
     for b in 0..nb {
+        if NJ == 1 {
+            prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
+        }
         let blk = w.as_ptr().add(b * BLOCK);
         let scales: [u8; 16] = std::ptr::read_unaligned(blk as *const [u8; 16]);
         let (d, dmin) = (load_f16(blk.add(80)), load_f16(blk.add(82)));
@@ -211,6 +220,9 @@ unsafe fn q3_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     let one = _mm256_set1_epi8(1);
     let mut acc = [_mm256_setzero_ps(); NJ];
     for b in 0..nb {
+        if NJ == 1 {
+            prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
+        }
         let blk = w.as_ptr().add(b * BLOCK);
         let sc = scales_q3k(&std::ptr::read_unaligned(blk.add(96) as *const [u8; K_SCALE_SIZE]));
         let d = load_f16(blk.add(108));
@@ -244,6 +256,9 @@ unsafe fn iq4_xs_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f3
     let table = _mm256_broadcastsi128_si256(iq4nl_table());
     let mut acc = [_mm256_setzero_ps(); NJ];
     for b in 0..nb {
+        if NJ == 1 {
+            prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
+        }
         let blk = w.as_ptr().add(b * BLOCK);
         let d = load_f16(blk);
         let scales_h = std::ptr::read_unaligned(blk.add(2) as *const u16);

@@ -19,7 +19,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::blocks::{BlockQ8K, QK_K};
-use super::dot_avx2::hsum;
+use super::dot_avx2::{hsum, prefetch_share, K_PREFETCH_ROWS};
 use super::types::Acts;
 use std::arch::x86_64::*;
 
@@ -75,6 +75,9 @@ unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usi
     let mut acc = [_mm256_setzero_ps(); NJ];
     let mut acc_min = [0.0f32; NJ];
     for b in 0..nb {
+        if NJ == 1 {
+            prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
+        }
         let blk = w.as_ptr().add(b * block);
         let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const i32)));
         let (d, dmin) = (_mm_cvtss_f32(dd), _mm_cvtss_f32(_mm_movehdup_ps(dd)));
@@ -147,6 +150,9 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     let three = _mm512_set1_epi8(3);
     let mut acc = [_mm256_setzero_ps(); NJ];
     for b in 0..nb {
+        if NJ == 1 {
+            prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
+        }
         let blk = w.as_ptr().add(b * BLOCK);
         let sc: [i8; 16] = std::ptr::read_unaligned(blk.add(192) as *const [i8; 16]);
         let sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i)));
