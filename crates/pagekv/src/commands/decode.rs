@@ -51,6 +51,10 @@ pub struct DecodeArgs {
     /// Also measure llama.cpp through this Python interpreter's llama-cpp-python.
     #[arg(long, value_name = "PYTHON")]
     pub llama_cpp: Option<PathBuf>,
+    /// Also measure llama.cpp's own `llama-bench` (this binary) on the same file: after each
+    /// f16 row, its prompt processing of that context and its decoding after that context.
+    #[arg(long, value_name = "PATH")]
+    pub llama_bench: Option<PathBuf>,
     /// llama.cpp KV cache types to measure with --llama-cpp, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "f16")]
     pub llama_cpp_kv: Vec<LlamaCppKv>,
@@ -151,22 +155,54 @@ pub fn run(a: DecodeArgs) -> Result<()> {
         bail!("{} holds no text", a.text.display());
     }
     let prompt: Vec<u32> = text_ids.iter().copied().cycle().take(max_ctx).collect();
-    let threads = pagekv_cpu::threadpool::ThreadPool::global()?.n_threads();
+    let pool = pagekv_cpu::threadpool::ThreadPool::global()?;
+    let threads = pool.n_threads();
     let model_name = loaded.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let gbps = super::anchors::stream_read_gbps(pool)?;
+    let weight_bytes = loaded.model.weight_bytes_per_token();
+    // The decode roofline at a context: every weight byte and every cached K/V byte read once.
+    let roofline = |ctx: usize, kv_bytes_per_token: usize| gbps * 1e9 / (weight_bytes + ctx * kv_bytes_per_token) as f64;
     let mut model = loaded.model;
     if !a.json {
         println!(
             "{model_name}, {threads} threads, {} decoded tokens per run, median of {} runs",
             a.decode_tokens, a.runs
         );
-        println!("{:<12} {:<12} {:>8} {:>10} {:>10}", "engine", "format", "context", "pp tok/s", "tg tok/s");
+        println!(
+            "weights read per token {:.1} MB; streaming read {gbps:.1} GB/s in this run; roofline at context 0: {:.1} tok/s",
+            weight_bytes as f64 / 1e6,
+            roofline(0, 0)
+        );
+        println!(
+            "{:<12} {:<12} {:>8} {:>10} {:>10} {:>10}",
+            "engine", "format", "context", "pp tok/s", "tg tok/s", "roofline"
+        );
     }
+    let f16_kv = KvFormat::F16.bytes_per_token(base.num_kv_heads, base.head_dim) * base.num_layers;
+    let anchor = |ctx: usize| -> Result<()> {
+        if let Some(bin) = &a.llama_bench {
+            let r = super::anchors::llama_bench(bin, &loaded.path, threads, ctx, a.decode_tokens, a.runs)?;
+            let row = Row {
+                engine: "llama-bench",
+                format: "f16",
+                numerics: None,
+                ctx,
+                pp: r.pp,
+                tg: r.tg,
+                roofline: Some(r.tg / roofline(ctx, f16_kv)),
+            };
+            print_row(a.json, &row, threads, &model_name);
+        }
+        Ok(())
+    };
+    let measures_f16 = formats.contains(&KvFormat::F16);
     for (i, format) in formats.into_iter().enumerate() {
         let mut cfg = base.clone();
         cfg.format = format;
         cfg.dynamic_growth = true;
         cfg.num_blocks = cfg.num_blocks.max((max_ctx + a.decode_tokens).div_ceil(cfg.block_size) + 1);
         let numerics = model.attn_numerics_for(format).name();
+        let cfg_bytes_per_token = cfg.bytes_per_token();
         let mut g = Generator::new(model, cfg)?;
         if i == 0 {
             // Untimed warm-up: the process's first forward steps touch the weights, the
@@ -203,17 +239,33 @@ pub fn run(a: DecodeArgs) -> Result<()> {
                 ctx,
                 pp,
                 tg: tg[tg.len() / 2],
+                roofline: Some(tg[tg.len() / 2] / roofline(ctx, cfg_bytes_per_token)),
             };
             print_row(a.json, &row, threads, &model_name);
+            if format == KvFormat::F16 {
+                anchor(ctx)?;
+            }
         }
         model = g.into_model();
+    }
+    if !measures_f16 {
+        for &ctx in &contexts {
+            anchor(ctx)?;
+        }
     }
     if let Some(python) = &a.llama_cpp {
         let path = crate::registry::resolve(a.model.model.as_deref())?;
         let kv: Vec<_> = a.llama_cpp_kv.iter().map(|k| k.spec()).collect();
         for row in llama_cpp(python, &path, &prompt, &contexts, &kv, a.decode_tokens, a.runs, threads)? {
-            let row =
-                Row { engine: "llama.cpp", format: &row.kv, numerics: None, ctx: row.context, pp: row.pp, tg: row.tg };
+            let row = Row {
+                engine: "llama.cpp",
+                format: &row.kv,
+                numerics: None,
+                ctx: row.context,
+                pp: row.pp,
+                tg: row.tg,
+                roofline: None,
+            };
             print_row(a.json, &row, threads, &model_name);
         }
     }
@@ -221,7 +273,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
 }
 
 /// One measured row: engine, KV format, the CPU attention numerics it ran (pagekv only),
-/// context, prompt and decode tokens/s.
+/// context, prompt and decode tokens/s, and decode as a fraction of the memory roofline.
 struct Row<'a> {
     engine: &'a str,
     format: &'a str,
@@ -229,17 +281,19 @@ struct Row<'a> {
     ctx: usize,
     pp: f64,
     tg: f64,
+    roofline: Option<f64>,
 }
 
 fn print_row(json_out: bool, r: &Row, threads: usize, model: &str) {
     if json_out {
         println!(
             "{}",
-            json!({"engine": r.engine, "format": r.format, "attn_numerics": r.numerics, "context": r.ctx, "pp_tokens_per_s": round(r.pp, 1), "tg_tokens_per_s": round(r.tg, 1), "threads": threads, "model": model})
+            json!({"engine": r.engine, "format": r.format, "attn_numerics": r.numerics, "context": r.ctx, "pp_tokens_per_s": round(r.pp, 1), "tg_tokens_per_s": round(r.tg, 1), "roofline_fraction": r.roofline.map(|f| round(f, 3)), "threads": threads, "model": model})
         );
     } else {
         let (engine, format, ctx, pp, tg) = (r.engine, r.format, r.ctx, r.pp, r.tg);
-        println!("{engine:<12} {format:<12} {ctx:>8} {pp:>10.1} {tg:>10.1}");
+        let roof = r.roofline.map(|f| format!("{:.0} %", 100.0 * f)).unwrap_or_default();
+        println!("{engine:<12} {format:<12} {ctx:>8} {pp:>10.1} {tg:>10.1} {roof:>10}");
     }
 }
 

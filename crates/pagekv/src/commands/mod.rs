@@ -1,5 +1,6 @@
 //! The subcommands.
 
+pub mod anchors;
 pub mod bench;
 pub mod bench_decode_cuda;
 pub mod bench_serve;

@@ -1,0 +1,97 @@
+//! What `bench decode` measures pagekv against in the same run: llama.cpp's own `llama-bench`
+//! on the same file ([`llama_bench`]) and this machine's streaming-read bandwidth
+//! ([`stream_read_gbps`]), from which a decode step's memory roofline follows.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use pagekv_cpu::quant::hugepage::HugePageBuf;
+use pagekv_cpu::threadpool::ThreadPool;
+
+/// llama-bench's prompt and decode tokens/s at one context.
+pub struct LlamaBenchRow {
+    pub pp: f64,
+    pub tg: f64,
+}
+
+/// Runs `llama-bench` twice on `model` with `threads` threads and `runs` repetitions: prompt
+/// processing of `context` tokens (`-p context -n 0`), and decoding `decode_tokens` tokens after
+/// a `context`-token prefix (`-p 0 -n decode_tokens -d context`, the prefix untimed), with its
+/// default KV cache (f16). Returns llama-bench's mean tokens/s of each.
+pub fn llama_bench(
+    bin: &Path,
+    model: &Path,
+    threads: usize,
+    context: usize,
+    decode_tokens: usize,
+    runs: usize,
+) -> Result<LlamaBenchRow> {
+    let one = |args: &[String]| -> Result<f64> {
+        // The shared libraries of a llama.cpp build lie beside its tools.
+        let lib_dir = bin.parent().unwrap_or(Path::new("."));
+        let ld_path = match std::env::var_os("LD_LIBRARY_PATH") {
+            Some(p) if !p.is_empty() => format!("{}:{}", lib_dir.display(), p.to_string_lossy()),
+            _ => lib_dir.display().to_string(),
+        };
+        let out = Command::new(bin)
+            .args(["-m", &model.display().to_string(), "-t", &threads.to_string(), "-r", &runs.to_string()])
+            .args(["-o", "json"])
+            .args(args)
+            .env("LD_LIBRARY_PATH", ld_path)
+            .output()
+            .with_context(|| format!("cannot run {}", bin.display()))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            bail!("{} {} failed ({}): {}", bin.display(), args.join(" "), out.status, err.lines().last().unwrap_or(""));
+        }
+        let rows: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("{} printed no JSON result", bin.display()))?;
+        rows.as_array()
+            .and_then(|r| r.first())
+            .and_then(|r| r["avg_ts"].as_f64())
+            .with_context(|| format!("llama-bench JSON without avg_ts: {rows}"))
+    };
+    let pp = one(&["-p".into(), context.to_string(), "-n".into(), "0".into()])?;
+    let tg = one(&["-p".into(), "0".into(), "-n".into(), decode_tokens.to_string(), "-d".into(), context.to_string()])?;
+    Ok(LlamaBenchRow { pp, tg })
+}
+
+/// Bytes of the buffer [`stream_read_gbps`] reads: larger than any cache.
+const STREAM_BYTES: usize = 1 << 30;
+
+/// Streaming-read bandwidth in GB/s with `pool`'s threads: the median of 5 passes summing a
+/// 1 GiB huge-page buffer (written once first), split in 2 MiB pieces over the threads, as a
+/// decode step reads its weights.
+pub fn stream_read_gbps(pool: &ThreadPool) -> Result<f64> {
+    const PIECE: usize = 2 << 20;
+    let mut buf = HugePageBuf::zeroed(STREAM_BYTES).context("cannot allocate the bandwidth probe's buffer")?;
+    for (i, chunk) in buf.as_mut_slice().chunks_mut(4096).enumerate() {
+        chunk[0] = i as u8;
+    }
+    let data = buf.as_slice();
+    let mut passes = Vec::new();
+    for _ in 0..5 {
+        let sums: Vec<std::sync::atomic::AtomicU64> =
+            (0..STREAM_BYTES / PIECE).map(|_| std::sync::atomic::AtomicU64::new(0)).collect();
+        let t = Instant::now();
+        pool.run(STREAM_BYTES / PIECE, |i, _| {
+            let piece = &data[i * PIECE..(i + 1) * PIECE];
+            // Four independent lanes so the adds keep up with the loads.
+            let mut lanes = [0u64; 4];
+            for c in piece.chunks_exact(32) {
+                for (l, w) in lanes.iter_mut().zip(c.chunks_exact(8)) {
+                    *l = l.wrapping_add(u64::from_le_bytes(w.try_into().expect("8 bytes")));
+                }
+            }
+            let s = lanes.iter().fold(0u64, |a, b| a.wrapping_add(*b));
+            sums[i].store(s, std::sync::atomic::Ordering::Relaxed);
+        });
+        let secs = t.elapsed().as_secs_f64();
+        std::hint::black_box(&sums);
+        passes.push(STREAM_BYTES as f64 / secs / 1e9);
+    }
+    passes.sort_by(f64::total_cmp);
+    Ok(passes[passes.len() / 2])
+}
