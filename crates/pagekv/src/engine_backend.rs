@@ -16,7 +16,8 @@ use pagekv_model::template::{ChatMessage as TemplateMessage, ChatTemplate};
 use pagekv_model::tokenizer::Tokenizer;
 use pagekv_server::{
     AttentionCalls, Backend, BackendError, BackendErrorKind, BackendMetrics, Event, EventSender, EventStream,
-    FallbackCalls, FinishReason, GenerationRequest, LogprobEntry, PreparedPrompt, Prompt, Role, TokenLogprob, Usage,
+    FallbackCalls, FinishReason, GenerationRequest, Grammar, LogprobEntry, PreparedPrompt, Prompt, Role, TokenLogprob,
+    Usage, INVALID_GRAMMAR,
 };
 
 /// How often a forwarding thread checks whether the client went away while the engine is quiet.
@@ -61,6 +62,7 @@ impl EngineBackend {
             stop: engine::StopConditions { stop_strings: r.stop, stop_tokens: Vec::new(), max_tokens: r.max_tokens },
             logprobs: r.logprobs,
             ignore_eos: false,
+            grammar: r.grammar.map(grammar),
         }
     }
 }
@@ -204,14 +206,25 @@ fn token_logprob(l: &engine::TokenLogprobs, tokenizer: &Tokenizer) -> TokenLogpr
     TokenLogprob { chosen: entry(l.token, l.logprob), top: l.top.iter().map(|&(id, lp)| entry(id, lp)).collect() }
 }
 
+fn grammar(g: Grammar) -> engine::Grammar {
+    match g {
+        Grammar::JsonSchema { schema, strict } => engine::Grammar::JsonSchema { schema, strict },
+        Grammar::JsonObject => engine::Grammar::JsonObject,
+        Grammar::Regex(rx) => engine::Grammar::Regex(rx),
+        Grammar::Lark(lark) => engine::Grammar::Lark(lark),
+    }
+}
+
 fn backend_error(e: EngineError) -> BackendError {
     let kind = match &e {
         EngineError::ShutDown => BackendErrorKind::ShuttingDown,
         EngineError::Forward(_) | EngineError::Config(_) | EngineError::Model(_) => BackendErrorKind::Internal,
+        EngineError::Grammar(engine::GrammarError::Decoding(_)) => BackendErrorKind::Internal,
         _ => BackendErrorKind::InvalidRequest,
     };
     let code = match &e {
         EngineError::PromptTooLong { .. } | EngineError::PromptExceedsPool { .. } => Some("context_length_exceeded"),
+        EngineError::Grammar(engine::GrammarError::Invalid(_)) => Some(INVALID_GRAMMAR),
         _ => None,
     };
     let error = BackendError::new(kind, e.to_string());

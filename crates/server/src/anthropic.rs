@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 use crate::backend::{ChatMessage, FinishReason, Prompt, Role, Usage};
 use crate::error::{AnthropicError, ApiError, Dialect};
 use crate::generation::{self, collect, sse_event, sse_response, sse_stream, Encoder, Spec, Step};
+use crate::models::ModelNames;
 use crate::openai::content_text;
 use crate::params::{
     check_model, kind_of, max_tokens_bound, parse_object, read_body, sampling, stop_strings, Fields, SamplingRanges,
@@ -39,7 +40,11 @@ pub(crate) struct MessagesRequest {
 }
 
 /// Validates a Messages request body.
-pub(crate) fn parse_messages_request(f: &mut Fields, served: &str, window: usize) -> Result<MessagesRequest, ApiError> {
+pub(crate) fn parse_messages_request(
+    f: &mut Fields,
+    served: &ModelNames,
+    window: usize,
+) -> Result<MessagesRequest, ApiError> {
     let model = check_model(f, served)?;
     let max_tokens = match f.integer("max_tokens")? {
         Some(n) => max_tokens_bound("max_tokens", n, window)?,
@@ -90,6 +95,7 @@ pub(crate) fn parse_messages_request(f: &mut Fields, served: &str, window: usize
             sampling,
             stop,
             logprobs: None,
+            grammar: None,
         },
         stream,
     })
@@ -169,7 +175,7 @@ async fn run(
     let body = read_body(body, state.max_body_bytes)?;
     let mut f = parse_object(&body)?;
     let backend = &state.backend;
-    let req = parse_messages_request(&mut f, backend.model_id(), backend.context_window())?;
+    let req = parse_messages_request(&mut f, &state.models, backend.context_window())?;
     f.finish(IGNORED)?;
     let job = generation::start(&state, arrived, req.spec).await?;
     let id = state.request_id("msg_");
@@ -267,7 +273,7 @@ mod tests {
 
     fn parse(body: &str) -> Result<MessagesRequest, ApiError> {
         let mut f = parse_object(body.as_bytes())?;
-        let r = parse_messages_request(&mut f, "m", 100)?;
+        let r = parse_messages_request(&mut f, &ModelNames::single("m"), 100)?;
         f.finish(IGNORED)?;
         Ok(r)
     }

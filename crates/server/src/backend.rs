@@ -112,7 +112,29 @@ pub struct GenerationRequest {
     /// `None`: no logprobs. `Some(k)`: report the sampled token's log-probability and the
     /// `k` most likely alternatives (`k` may be 0; at most [`MAX_TOP_LOGPROBS`]).
     pub logprobs: Option<usize>,
+    /// Hold the output to this grammar (constrained decoding); `None`: free text. A grammar
+    /// the backend cannot compile is refused by `submit` with [`BackendErrorKind::InvalidRequest`]
+    /// and code [`INVALID_GRAMMAR`].
+    pub grammar: Option<Grammar>,
 }
+
+/// What a constrained output must match (`response_format`, and tool calls under
+/// `tool_choice: required`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Grammar {
+    /// A JSON value valid under `schema`; `strict`: schema keywords the backend cannot enforce
+    /// are an error rather than ignored.
+    JsonSchema { schema: serde_json::Value, strict: bool },
+    /// Any JSON object.
+    JsonObject,
+    /// Text matching a regular expression, whole.
+    Regex(String),
+    /// Text in the language of a Lark grammar (llguidance's dialect).
+    Lark(String),
+}
+
+/// The [`BackendError::code`] of a grammar the backend cannot compile.
+pub const INVALID_GRAMMAR: &str = "invalid_grammar";
 
 /// Most stop strings one request may carry.
 pub const MAX_STOP_SEQUENCES: usize = 16;

@@ -17,7 +17,9 @@ use serde_json::{json, Map, Value};
 
 use crate::backend::{ChatMessage, FinishReason, LogprobEntry, Prompt, Role, TokenLogprob, Usage, MAX_TOP_LOGPROBS};
 use crate::error::ApiError;
+use crate::format::{response_format, SCHEMA_PARAM};
 use crate::generation::{self, collect, sse_data, sse_response, sse_stream, Encoder, Spec, Step};
+use crate::models::ModelNames;
 use crate::params::{
     check_model, kind_of, logprob_json, max_tokens_bound, parse_object, read_body, sampling, stop_strings, unsupported,
     Fields, SamplingRanges,
@@ -110,7 +112,7 @@ pub(crate) struct OpenAiRequest {
 
 /// Validates a chat completion request body (everything except the prompt's length, which
 /// needs the tokenizer).
-pub(crate) fn parse_chat(f: &mut Fields, served: &str, window: usize) -> Result<OpenAiRequest, ApiError> {
+pub(crate) fn parse_chat(f: &mut Fields, served: &ModelNames, window: usize) -> Result<OpenAiRequest, ApiError> {
     let model = check_model(f, served)?;
     let messages = match f.take("messages") {
         None => return Err(ApiError::invalid("messages", "'messages' is required.")),
@@ -140,14 +142,12 @@ pub(crate) fn parse_chat(f: &mut Fields, served: &str, window: usize) -> Result<
     };
     single_choice(f, "n")?;
     reject_unsupported_common(f)?;
+    let grammar = response_format(f)?;
     f.reject_unless("tools", "tool calling is not implemented", is_empty_array)?;
     f.reject_unless("functions", "function calling is not implemented", is_empty_array)?;
     let no_tool_choice = |v: &Value| matches!(v.as_str(), Some("none" | "auto"));
     f.reject_unless("tool_choice", "tool calling is not implemented", no_tool_choice)?;
     f.reject_unless("function_call", "function calling is not implemented", no_tool_choice)?;
-    f.reject_unless("response_format", "only {\"type\": \"text\"} is supported", |v| {
-        v.get("type").and_then(Value::as_str) == Some("text")
-    })?;
     f.reject_unless("modalities", "only text output is supported", |v| {
         v.as_array().is_some_and(|m| m.iter().all(|x| x.as_str() == Some("text")))
     })?;
@@ -164,6 +164,7 @@ pub(crate) fn parse_chat(f: &mut Fields, served: &str, window: usize) -> Result<
             sampling,
             stop,
             logprobs,
+            grammar: grammar.map(|g| (g, SCHEMA_PARAM)),
         },
         stream,
     })
@@ -284,7 +285,7 @@ pub(crate) fn content_text(v: Value, param: &str) -> Result<String, ApiError> {
 }
 
 /// Validates a `/v1/completions` request body.
-pub(crate) fn parse_completion(f: &mut Fields, served: &str, window: usize) -> Result<OpenAiRequest, ApiError> {
+pub(crate) fn parse_completion(f: &mut Fields, served: &ModelNames, window: usize) -> Result<OpenAiRequest, ApiError> {
     let model = check_model(f, served)?;
     let prompt = match f.take("prompt") {
         None => return Err(ApiError::invalid("prompt", "'prompt' is required.")),
@@ -304,6 +305,7 @@ pub(crate) fn parse_completion(f: &mut Fields, served: &str, window: usize) -> R
     single_choice(f, "n")?;
     single_choice(f, "best_of")?;
     reject_unsupported_common(f)?;
+    let grammar = response_format(f)?;
     f.reject_unless("echo", "echoing the prompt is not implemented", |v| v.as_bool() == Some(false))?;
     f.reject_unless("suffix", "insertion (suffix) is not implemented", |v| v.as_str() == Some(""))?;
     Ok(OpenAiRequest {
@@ -316,6 +318,7 @@ pub(crate) fn parse_completion(f: &mut Fields, served: &str, window: usize) -> R
             sampling,
             stop,
             logprobs,
+            grammar: grammar.map(|g| (g, SCHEMA_PARAM)),
         },
         stream,
     })
@@ -400,7 +403,7 @@ async fn respond(
 ) -> Result<Response, ApiError> {
     let body = read_body(body, state.max_body_bytes)?;
     let mut f = parse_object(&body)?;
-    let (served, window) = (state.backend.model_id(), state.backend.context_window());
+    let (served, window) = (&state.models, state.backend.context_window());
     let req = match endpoint {
         Endpoint::Chat => parse_chat(&mut f, served, window)?,
         Endpoint::Completion => parse_completion(&mut f, served, window)?,
@@ -631,7 +634,7 @@ mod tests {
     /// The error a chat body produces, from parsing or from the unknown-field check.
     fn chat_err(body: &str) -> ApiError {
         let mut f = parse_object(body.as_bytes()).unwrap();
-        match parse_chat(&mut f, "m", 100) {
+        match parse_chat(&mut f, &ModelNames::single("m"), 100) {
             Err(e) => e,
             Ok(_) => f.finish(IGNORED).expect_err(body),
         }
@@ -645,7 +648,7 @@ mod tests {
             {"role": "assistant", "content": null}
         ], "max_completion_tokens": 5, "max_tokens": 9, "logprobs": true, "top_logprobs": 2}"#;
         let mut f = parse_object(body.as_bytes()).unwrap();
-        let r = parse_chat(&mut f, "m", 100).unwrap();
+        let r = parse_chat(&mut f, &ModelNames::single("m"), 100).unwrap();
         f.finish(IGNORED).unwrap();
         assert_eq!(
             r.spec.prompt,
@@ -712,7 +715,7 @@ mod tests {
     #[test]
     fn completion_defaults_and_rejections() {
         let mut f = parse_object(br#"{"prompt": "x", "echo": false, "best_of": 1}"#).unwrap();
-        let r = parse_completion(&mut f, "m", 100).unwrap();
+        let r = parse_completion(&mut f, &ModelNames::single("m"), 100).unwrap();
         f.finish(IGNORED).unwrap();
         assert_eq!(r.spec.max_tokens, Some(COMPLETIONS_DEFAULT_MAX_TOKENS));
         for (body, param) in [
@@ -723,7 +726,7 @@ mod tests {
             (r#"{"prompt": "x", "max_tokens": 0}"#, "max_tokens"),
         ] {
             let mut f = parse_object(body.as_bytes()).unwrap();
-            let e = parse_completion(&mut f, "m", 100).unwrap_err();
+            let e = parse_completion(&mut f, &ModelNames::single("m"), 100).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{body}");
         }
     }

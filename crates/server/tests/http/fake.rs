@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use pagekv_server::{
     AttentionCalls, Backend, BackendError, BackendErrorKind, BackendMetrics, ChatMessage, Event, EventSender,
-    EventStream, FallbackCalls, FinishReason, GenerationRequest, LogprobEntry, PreparedPrompt, Prompt, TokenLogprob,
-    Usage,
+    EventStream, FallbackCalls, FinishReason, GenerationRequest, Grammar, LogprobEntry, PreparedPrompt, Prompt,
+    TokenLogprob, Usage, INVALID_GRAMMAR,
 };
 use tokio::sync::Notify;
 
@@ -164,6 +164,14 @@ impl Backend for FakeBackend {
         let text: String = request.prompt.iter().filter_map(|&id| char::from_u32(id)).collect();
         if text.contains("FAIL_SUBMIT") {
             return Err(BackendError::new(BackendErrorKind::Overloaded, "queue is full"));
+        }
+        // The fake's grammar compiler refuses any schema with an `x-invalid` key.
+        if let Some(Grammar::JsonSchema { schema, .. }) = &request.grammar {
+            if schema.get("x-invalid").is_some() {
+                let e =
+                    BackendError::new(BackendErrorKind::InvalidRequest, "invalid grammar: x-invalid is not allowed");
+                return Err(e.with_code(INVALID_GRAMMAR));
+            }
         }
         let fail_midway = text.contains("FAIL_MIDWAY");
         let cached = {
