@@ -744,3 +744,66 @@ async fn json_schema_outputs_parse_and_validate_at_temperature_one() {
     let m = s.metrics().await;
     assert_eq!(m.get("pagekv_kv_blocks_used"), 0.0, "{}", m.summary());
 }
+
+/// Qwen2.5-Coder-1.5B's file beside the default model, or `None` after saying it is skipped.
+fn qwen_model(test: &str) -> Option<std::path::PathBuf> {
+    let p = pagekv_testkit::default_model_location().with_file_name("qwen2.5-coder-1.5b.gguf");
+    if p.is_file() {
+        return Some(p);
+    }
+    eprintln!("skipped: {test}: {} not found (`pagekv models fetch qwen2.5-coder-1.5b`)", p.display());
+    None
+}
+
+/// The real-model tool check: Qwen2.5-Coder's template (Hermes `<tool_call>` blocks) with a
+/// weather function. Under `required` decoding is held to the call format, so the call always
+/// parses, streamed or not; its result then goes back through the template for the next turn.
+#[tokio::test]
+async fn qwen_calls_the_weather_function_under_required() {
+    let Some(path) = qwen_model("qwen_calls_the_weather_function_under_required") else { return };
+    let s = ServerProcess::start_model(&path, &["--context-window", "2048", "--num-blocks", "256"], &[]);
+    let tools = json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "City name"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}]);
+    let messages = json!([{"role": "user", "content": "What is the weather like in Paris today?"}]);
+    let body = json!({"model": s.model, "messages": messages, "tools": tools, "tool_choice": "required",
+                      "temperature": 0, "max_tokens": 60});
+    let v = s.post("/v1/chat/completions", &body).await.ok();
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    let call = &v["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_weather", "{v}");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).expect("JSON arguments");
+    let city = args["city"].as_str().expect("a city");
+    assert!(city.contains("Paris"), "{args}");
+    if let Some(unit) = args.get("unit") {
+        assert!(unit == "celsius" || unit == "fahrenheit", "{args}");
+    }
+
+    // Streamed: the same call as incremental deltas.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = s.stream("/v1/chat/completions", &streamed).await;
+    let name: String =
+        events.iter().filter_map(|e| e["choices"][0]["delta"]["tool_calls"][0]["function"]["name"].as_str()).collect();
+    let arguments: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str())
+        .collect();
+    assert_eq!(name, "get_weather");
+    assert_eq!(serde_json::from_str::<Value>(&arguments).unwrap(), args, "greedy: the same arguments");
+    assert_eq!(streamed_finish(&events), "tool_calls");
+
+    // The result goes back; the next turn is a plain answer (no tool required).
+    let id = call["id"].as_str().unwrap();
+    let history = json!([
+        messages[0],
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": id, "content": "{\"temperature\": 21, \"condition\": \"sunny\"}"},
+    ]);
+    let body = json!({"model": s.model, "messages": history, "tools": tools, "temperature": 0, "max_tokens": 8});
+    let v = s.post("/v1/chat/completions", &body).await.ok();
+    let (prompt_tokens, _, cached) = usage_of(&v);
+    assert!(prompt_tokens > 200 && cached > 0, "the history was rendered and its prefix reused: {v}");
+}

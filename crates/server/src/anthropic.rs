@@ -55,7 +55,7 @@ pub(crate) fn parse_messages_request(
         None => {}
         Some(v) => {
             let content = content_text(v, "system")?;
-            messages.push(ChatMessage { role: Role::System, content });
+            messages.push(ChatMessage::new(Role::System, content));
         }
     }
     match f.take("messages") {
@@ -88,7 +88,7 @@ pub(crate) fn parse_messages_request(
     Ok(MessagesRequest {
         model,
         spec: Spec {
-            prompt: Prompt::Chat(messages),
+            prompt: Prompt::Chat { messages, tools: Vec::new() },
             prompt_param: "messages",
             max_tokens: Some(max_tokens),
             max_tokens_param: "max_tokens",
@@ -138,7 +138,7 @@ fn parse_message(i: usize, item: Value) -> Result<ChatMessage, ApiError> {
         }
         Some(v) => content_text(v, &at(".content"))?,
     };
-    Ok(ChatMessage { role, content })
+    Ok(ChatMessage::new(role, content))
 }
 
 /// Anthropic's `stop_reason`.
@@ -289,10 +289,10 @@ mod tests {
         .unwrap();
         assert_eq!(
             r.spec.prompt,
-            Prompt::Chat(vec![
-                ChatMessage { role: Role::System, content: "sys".into() },
-                ChatMessage { role: Role::User, content: "hi".into() },
-            ])
+            Prompt::Chat {
+                tools: vec![],
+                messages: vec![ChatMessage::new(Role::System, "sys"), ChatMessage::new(Role::User, "hi"),]
+            }
         );
         assert_eq!(r.spec.stop, vec!["x"]);
         assert_eq!(r.spec.max_tokens, Some(8));

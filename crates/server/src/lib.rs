@@ -30,11 +30,13 @@ mod models;
 mod openai;
 mod params;
 mod server;
+mod tools;
 
 pub use backend::{
     AttentionCalls, Backend, BackendError, BackendErrorKind, BackendMetrics, Cancelled, ChatMessage, Event,
     EventSender, EventStream, FallbackCalls, FinishReason, GenerationRequest, Grammar, LogprobEntry, PreparedPrompt,
-    Prompt, Role, SamplingParams, TokenLogprob, Usage, INVALID_GRAMMAR, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS,
+    Prompt, Role, SamplingParams, TokenLogprob, Tool, ToolCall, ToolCallFormat, Usage, INVALID_GRAMMAR,
+    MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS,
 };
 pub use error::ApiError;
 pub use models::{ModelNames, ANY_MODEL};

@@ -92,11 +92,11 @@ async fn bad_chat_parameters() {
         ("missing messages", json!({}), 400, "messages", None),
         ("empty messages", json!({"messages": []}), 400, "messages", None),
         (
-            "unsupported role",
+            "tool result without its call",
             json!({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}),
             400,
-            "messages[0].role",
-            None,
+            "messages[0].tool_call_id",
+            Some("invalid_value"),
         ),
         ("unknown role", json!({"messages": [{"role": "robot", "content": "x"}]}), 400, "messages[0].role", None),
         (
@@ -131,7 +131,7 @@ async fn bad_chat_parameters() {
             Some("context_length_exceeded"),
         ),
         ("n > 1", chat(json!({"n": 3})), 400, "n", Some("unsupported_parameter")),
-        ("tools", chat(json!({"tools": [{"type": "function"}]})), 400, "tools", Some("unsupported_parameter")),
+        ("tools", chat(json!({"tools": [{"type": "function"}]})), 400, "tools[0].function", Some("invalid_value")),
         (
             "bad response_format",
             chat(json!({"response_format": {"type": "yaml"}})),

@@ -8,6 +8,7 @@
 //!   serving; API keys.
 //! - format.rs: `response_format` to the backend's grammar, and its errors.
 //! - models.rs: served model names, aliases and the `*` wildcard.
+//! - tools.rs: tool calling: parsing, streaming deltas, constrained choices, history, errors.
 //! - lifecycle.rs: disconnect mid-stream cancels the backend stream, /metrics format and
 //!   counters, concurrent streams, graceful shutdown (finish within the grace period, cancel
 //!   after it).
@@ -20,3 +21,4 @@ mod format;
 mod lifecycle;
 mod models;
 mod openai;
+mod tools;
