@@ -6,7 +6,7 @@
 //! thread (a GPU model stays on the thread that made it); the pool is built there too, with
 //! `Forward::new_pool`, so it lives in the model's memory. Clients talk to it through cloneable [`EngineHandle`]s:
 //! [`EngineHandle::submit`] validates a request on the caller's thread (bad input is refused
-//! there, with a typed error) and returns its [`RequestStream`]; [`EngineHandle::metrics`]
+//! there, with a typed error; its grammar, if any, is compiled there) and returns its [`RequestStream`]; [`EngineHandle::metrics`]
 //! reads the snapshot the scheduler publishes after every step.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,6 +21,7 @@ use pagekv_model::{Forward, ModelError};
 
 use crate::bank::SessionBank;
 use crate::config::{EngineConfig, EngineInfo};
+use crate::constraint::GrammarCompiler;
 use crate::metrics::EngineMetrics;
 use crate::request::{EngineError, GenerationRequest, MAX_TOP_LOGPROBS};
 use crate::sampling::Sampler;
@@ -44,6 +45,8 @@ pub struct EngineHandle {
     metrics: Arc<Mutex<EngineMetrics>>,
     next_id: Arc<AtomicU64>,
     accepting: Arc<AtomicBool>,
+    /// Compiles requests' grammars (its parser factory is built on the first one).
+    grammars: Arc<GrammarCompiler>,
 }
 
 impl Engine {
@@ -71,6 +74,7 @@ impl Engine {
             return Err(EngineError::Config("max_batch_tokens and max_seqs must be at least 1".into()));
         }
         let metrics = Arc::new(Mutex::new(EngineMetrics::default()));
+        let grammar_tokenizer = tokenizer.clone();
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<EngineInfo, EngineError>>(1);
         let scheduler_metrics = metrics.clone();
@@ -110,8 +114,10 @@ impl Engine {
                 return Err(EngineError::Model("the scheduler thread panicked while starting".into()));
             }
         };
+        let grammars = Arc::new(GrammarCompiler::new(grammar_tokenizer, info.vocab_size));
         let handle = EngineHandle {
             tx,
+            grammars,
             info: Arc::new(info),
             metrics,
             next_id: Arc::new(AtomicU64::new(1)),
@@ -224,6 +230,8 @@ impl EngineHandle {
         }
         self.validate(&request)?;
         let sampler = Sampler::new(request.sampling)?;
+        // Compiled here, on the caller's thread: a bad grammar is this call's error.
+        let constraint = request.grammar.as_ref().map(|g| self.grammars.compile(g)).transpose()?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (out, stream) = channel(id);
         let mut stop = request.stop;
@@ -243,6 +251,7 @@ impl EngineHandle {
             stop,
             decoder: StreamDecoder::new(true),
             logprobs: request.logprobs,
+            constraint,
             generated: 0,
             cached_tokens: None,
             out,

@@ -16,12 +16,16 @@
 //! - [`sampling`]: [`SamplingParams`] (validated), [`Sampler`] (seeded, allocation-free after the
 //!   first call), [`logprobs`](sampling::logprobs) for OpenAI `logprobs`.
 //! - [`stop`]: [`StopConditions`], the streaming [`StopMatcher`], [`FinishReason`].
+//! - [`constraint`]: constrained decoding with llguidance — a request's [`Grammar`] (JSON Schema,
+//!   JSON object, regex, Lark) compiled by the engine's [`GrammarCompiler`] into a per-sequence
+//!   constraint whose token mask is computed beside the forward pass and applied before sampling.
 //!
 //! The engine knows the model and the cache; it knows nothing of HTTP or of kernels, and it
 //! never reads the pages: they may live on a device.
 
 mod bank;
 pub mod config;
+pub mod constraint;
 mod engine;
 pub mod generate;
 pub mod metrics;
@@ -33,6 +37,7 @@ pub mod stop;
 pub mod stream;
 
 pub use config::{num_blocks_for_bytes, BankConfig, EngineConfig, EngineInfo};
+pub use constraint::{Grammar, GrammarCompiler, GrammarError};
 pub use engine::{Engine, EngineHandle};
 pub use generate::{Generator, Prefill};
 pub use metrics::EngineMetrics;

@@ -2,6 +2,7 @@
 //! ([`Event`]: tokens as they are sampled, then one `Done` or one `Error`), with the typed
 //! [`EngineError`] for refused and failed requests.
 
+use crate::constraint::{Grammar, GrammarError};
 use crate::sampling::{SamplingError, SamplingParams, TokenLogprobs};
 use crate::stop::{FinishReason, StopConditions};
 use thiserror::Error;
@@ -23,6 +24,8 @@ pub struct GenerationRequest {
     pub logprobs: Option<usize>,
     /// Do not stop at the model's end-of-generation tokens (benchmarks).
     pub ignore_eos: bool,
+    /// Hold the output to this grammar (constrained decoding); `None`: free text, at no cost.
+    pub grammar: Option<Grammar>,
 }
 
 impl GenerationRequest {
@@ -34,6 +37,7 @@ impl GenerationRequest {
             stop: StopConditions { max_tokens, ..StopConditions::default() },
             logprobs: None,
             ignore_eos: false,
+            grammar: None,
         }
     }
 }
@@ -85,6 +89,9 @@ pub enum EngineError {
     TooManyLogprobs { got: usize, max: usize },
     #[error(transparent)]
     Sampling(#[from] SamplingError),
+    /// The request's grammar cannot be compiled, or failed while decoding.
+    #[error(transparent)]
+    Grammar(#[from] GrammarError),
     #[error("the engine is shut down")]
     ShutDown,
     #[error("forward pass failed: {0}")]

@@ -41,6 +41,7 @@ use pagekv_model::tokenizer::Tokenizer;
 use pagekv_model::{Batch, Forward, Logits};
 
 use crate::bank::{fork_prefix, SessionBank};
+use crate::constraint::{Constraint, GrammarError};
 use crate::metrics::EngineMetrics;
 use crate::request::{EngineError, Event, Usage};
 use crate::sampling::{logprobs, TokenLogprobs};
@@ -133,6 +134,8 @@ pub(crate) struct Scheduler<M: Forward> {
     greedy_ids: Vec<u32>,
     /// `[logit rows, k]` the backend's best entries of each row, when `sampling` is `TopK(k)`.
     top_values: Vec<f32>,
+    /// `[vocab]` a constrained sequence's logit row with the tokens its grammar forbids at −∞.
+    masked_row: Vec<f32>,
     /// Final events of the step, sent after the metrics are published, so a client that sees
     /// its request end also sees the metrics of that end.
     finals: Vec<(EventSender, Event)>,
@@ -168,6 +171,7 @@ impl<M: Forward> Scheduler<M> {
             sampling: Sampling::FullRows,
             greedy_ids: Vec::new(),
             top_values: Vec::new(),
+            masked_row: Vec::new(),
             finals: Vec::new(),
             limits,
             counters: Counters::default(),
@@ -466,12 +470,34 @@ impl<M: Forward> Scheduler<M> {
             None => Sampling::FullRows,
         };
         if result.is_ok() {
-            result = match self.sampling {
-                Sampling::FullRows => self.model.forward(&self.batch, &mut self.pool).map(|_| ()),
-                Sampling::Greedy => self.model.forward_greedy(&self.batch, &mut self.pool, &mut self.greedy_ids),
-                Sampling::TopK(k) => {
-                    self.model.forward_top_k(&self.batch, &mut self.pool, k, &mut self.greedy_ids, &mut self.top_values)
+            // The grammar masks of the sequences that sample in this step are computed on a
+            // worker thread while the forward pass runs (a step without one spawns nothing).
+            let mut constraints: Vec<&mut Constraint> = Vec::new();
+            for (i, seq) in self.running.iter_mut().enumerate() {
+                let planned = self.plan.iter().find(|&&(p, _)| p == i).map(|&(_, t)| t);
+                let samples = planned.is_some_and(|t| seq.computed() + t == seq.tokens.len());
+                if let (true, Some(c)) = (samples, seq.constraint.as_mut()) {
+                    constraints.push(c);
                 }
+            }
+            let (model, batch, pool) = (&mut self.model, &self.batch, &mut self.pool);
+            let (greedy_ids, top_values) = (&mut self.greedy_ids, &mut self.top_values);
+            let sampling = self.sampling;
+            let mut forward = || match sampling {
+                Sampling::FullRows => model.forward(batch, pool).map(|_| ()),
+                Sampling::Greedy => model.forward_greedy(batch, pool, greedy_ids),
+                Sampling::TopK(k) => model.forward_top_k(batch, pool, k, greedy_ids, top_values),
+            };
+            result = if constraints.is_empty() {
+                forward()
+            } else {
+                std::thread::scope(|s| {
+                    let masks = s.spawn(move || constraints.into_iter().for_each(|c| c.compute_mask()));
+                    let r = forward();
+                    // A panicking mask leaves its constraint without a mask: `apply` recomputes it.
+                    let _ = masks.join();
+                    r
+                })
             }
             .map_err(|e| e.to_string());
         }
@@ -508,6 +534,8 @@ impl<M: Forward> Scheduler<M> {
         let mut done: Vec<(usize, FinishReason)> = Vec::new();
         // Sequences whose full row could not be fetched (a device error).
         let mut failed: Vec<usize> = Vec::new();
+        // Sequences whose grammar could not continue.
+        let mut grammar_failed: Vec<(usize, GrammarError)> = Vec::new();
         for &(i, t) in &self.plan {
             let seq = &mut self.running[i];
             let cache = seq.cache.as_mut().expect("running sequences hold a cache");
@@ -524,8 +552,19 @@ impl<M: Forward> Scheduler<M> {
                 let (token, lp) = match self.sampling {
                     Sampling::FullRows => {
                         let row_logits = &self.model.last_logits()[row * v..(row + 1) * v];
-                        let token = seq.sampler.sample(row_logits, &seq.tokens);
                         self.counters.sampled_full_rows += 1;
+                        let token = match seq.constraint.as_mut() {
+                            None => seq.sampler.sample(row_logits, &seq.tokens),
+                            Some(c) => match c.apply(row_logits, &mut self.masked_row) {
+                                Ok(()) => seq.sampler.sample(&self.masked_row, &seq.tokens),
+                                Err(e) => {
+                                    row += 1;
+                                    grammar_failed.push((i, e));
+                                    continue;
+                                }
+                            },
+                        };
+                        // Log-probabilities are of the model's own distribution (the raw row).
                         (token, seq.logprobs.map(|n| logprobs(row_logits, token, n)))
                     }
                     Sampling::Greedy => {
@@ -574,14 +613,32 @@ impl<M: Forward> Scheduler<M> {
                 };
                 row += 1;
                 self.counters.generated_tokens += 1;
-                if let Some(reason) = accept_token(seq, token, lp, &self.tokenizer, self.limits.context_window) {
+                // The grammar takes every token but the ones that end the sequence.
+                if let (Some(c), false) = (seq.constraint.as_mut(), seq.stop.stop_tokens.contains(&token)) {
+                    if let Err(e) = c.commit(token) {
+                        grammar_failed.push((i, e));
+                        continue;
+                    }
+                }
+                let reason = accept_token(seq, token, lp, &self.tokenizer, self.limits.context_window);
+                // A complete grammar allows nothing more: the output ends here.
+                let complete = seq.constraint.as_ref().is_some_and(Constraint::is_finished);
+                if let Some(reason) = reason.or(complete.then_some(FinishReason::Stop)) {
                     done.push((i, reason));
                 }
             }
         }
-        done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
-        for (i, reason) in done {
+        let mut ended: Vec<(usize, Option<FinishReason>)> = done.into_iter().map(|(i, r)| (i, Some(r))).collect();
+        ended.extend(grammar_failed.iter().map(|&(i, _)| (i, None)));
+        ended.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
+        for (i, reason) in ended {
             let seq = self.running.remove(i);
+            let Some(reason) = reason else {
+                let e = grammar_failed.iter().find(|g| g.0 == i).map(|g| g.1.clone());
+                let e = e.unwrap_or_else(|| GrammarError::Decoding("unknown".into()));
+                self.fail(seq, EngineError::Grammar(e));
+                continue;
+            };
             if failed.contains(&i) {
                 let msg = fetch_error.clone().unwrap_or_default();
                 self.fail(seq, EngineError::Forward(format!("cannot fetch the logits: {msg}")));

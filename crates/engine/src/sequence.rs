@@ -10,6 +10,7 @@
 use kvcache::{BlockHash, SequenceCache};
 use pagekv_model::tokenizer::StreamDecoder;
 
+use crate::constraint::Constraint;
 use crate::sampling::Sampler;
 use crate::stop::{StopConditions, StopMatcher};
 use crate::stream::EventSender;
@@ -34,6 +35,8 @@ pub(crate) struct Sequence {
     pub matcher: StopMatcher,
     pub decoder: StreamDecoder,
     pub logprobs: Option<usize>,
+    /// The grammar the output is held to, if any (its state advances with every token).
+    pub constraint: Option<Constraint>,
     /// Tokens sampled so far.
     pub generated: usize,
     /// Prompt tokens found in the bank at first admission (`None` before it).
@@ -48,15 +51,17 @@ impl Sequence {
     }
 
     /// True when this sequence's next token needs nothing but the argmax of its raw logit row:
-    /// a plain greedy sampler and no logprobs (stop strings and tokens act on the chosen id).
+    /// a plain greedy sampler, no logprobs and no grammar (stop strings and tokens act on the
+    /// chosen id).
     pub fn needs_only_argmax(&self) -> bool {
-        self.sampler.is_raw_argmax() && self.logprobs.is_none()
+        self.sampler.is_raw_argmax() && self.logprobs.is_none() && self.constraint.is_none()
     }
 
     /// `Some(top_k)` when this sequence's next token can be drawn from its row's best
-    /// `top_k + 1` entries (`Sampler::sample_top_k`; no logprobs, which need the whole row).
+    /// `top_k + 1` entries (`Sampler::sample_top_k`; no logprobs, which need the whole row, and
+    /// no grammar, whose mask may forbid every one of those entries).
     pub fn reduced_top_k(&self, max_k: usize) -> Option<usize> {
-        self.logprobs.is_none().then(|| self.sampler.reduced_top_k(max_k)).flatten()
+        (self.logprobs.is_none() && self.constraint.is_none()).then(|| self.sampler.reduced_top_k(max_k)).flatten()
     }
 
     /// Tokens still to feed.

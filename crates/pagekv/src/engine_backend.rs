@@ -12,11 +12,12 @@ use std::time::Duration;
 use kvcache::{AttentionRoute, FallbackReason};
 use pagekv_engine::sampling::DEFAULT_SEED;
 use pagekv_engine::{self as engine, EngineError, EngineHandle};
-use pagekv_model::template::{ChatMessage as TemplateMessage, ChatTemplate};
+use pagekv_model::template::{ChatMessage as TemplateMessage, ChatTemplate, ToolCallFormat as TemplateToolFormat};
 use pagekv_model::tokenizer::Tokenizer;
 use pagekv_server::{
     AttentionCalls, Backend, BackendError, BackendErrorKind, BackendMetrics, Event, EventSender, EventStream,
-    FallbackCalls, FinishReason, GenerationRequest, LogprobEntry, PreparedPrompt, Prompt, Role, TokenLogprob, Usage,
+    FallbackCalls, FinishReason, GenerationRequest, Grammar, LogprobEntry, PreparedPrompt, Prompt, Role, TokenLogprob,
+    Tool, ToolCallFormat, Usage, INVALID_GRAMMAR,
 };
 
 /// How often a forwarding thread checks whether the client went away while the engine is quiet.
@@ -61,6 +62,7 @@ impl EngineBackend {
             stop: engine::StopConditions { stop_strings: r.stop, stop_tokens: Vec::new(), max_tokens: r.max_tokens },
             logprobs: r.logprobs,
             ignore_eos: false,
+            grammar: r.grammar.map(grammar),
         }
     }
 }
@@ -77,12 +79,13 @@ impl Backend for EngineBackend {
     fn prepare(&self, prompt: &Prompt) -> Result<PreparedPrompt, BackendError> {
         let invalid = |e: &dyn std::fmt::Display| BackendError::new(BackendErrorKind::InvalidRequest, e.to_string());
         let token_ids = match prompt {
-            Prompt::Chat(messages) => {
-                let msgs: Vec<TemplateMessage> =
-                    messages.iter().map(|m| TemplateMessage::new(m.role.as_str(), m.content.as_str())).collect();
+            Prompt::Chat { messages, tools } => {
+                let msgs: Vec<TemplateMessage> = messages.iter().map(template_message).collect();
+                let tools: Vec<serde_json::Value> = tools.iter().map(template_tool).collect();
                 // A trailing assistant message is continued, not answered.
                 let add_generation_prompt = messages.last().is_none_or(|m| m.role != Role::Assistant);
-                let text = self.template.render(&msgs, add_generation_prompt).map_err(|e| invalid(&e))?;
+                let text =
+                    self.template.render_with_tools(&msgs, &tools, add_generation_prompt).map_err(|e| invalid(&e))?;
                 self.tokenizer.encode(&text, true).map_err(|e| invalid(&e))?
             }
             Prompt::Text(text) => self.tokenizer.encode_with_bos(text, true).map_err(|e| invalid(&e))?,
@@ -111,6 +114,12 @@ impl Backend for EngineBackend {
                 BackendError::new(BackendErrorKind::Overloaded, format!("cannot start a request thread: {e}"))
             })?;
         Ok(rx)
+    }
+
+    fn tool_call_format(&self) -> Option<ToolCallFormat> {
+        self.template.tool_call_format().map(|f| match f {
+            TemplateToolFormat::Hermes => ToolCallFormat::Hermes,
+        })
     }
 
     fn metrics(&self) -> BackendMetrics {
@@ -204,14 +213,55 @@ fn token_logprob(l: &engine::TokenLogprobs, tokenizer: &Tokenizer) -> TokenLogpr
     TokenLogprob { chosen: entry(l.token, l.logprob), top: l.top.iter().map(|&(id, lp)| entry(id, lp)).collect() }
 }
 
+/// A message as Hugging Face templates read it: calls with `arguments` as an object (OpenAI
+/// carries them as JSON text; the server checked that they parse).
+fn template_message(m: &pagekv_server::ChatMessage) -> TemplateMessage {
+    let tool_calls = (!m.tool_calls.is_empty()).then(|| {
+        m.tool_calls
+            .iter()
+            .map(|c| {
+                let arguments: serde_json::Value =
+                    serde_json::from_str(&c.arguments).unwrap_or_else(|_| serde_json::Value::String(c.arguments.clone()));
+                serde_json::json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments}})
+            })
+            .collect()
+    });
+    TemplateMessage {
+        tool_calls,
+        tool_call_id: m.tool_call_id.clone(),
+        ..TemplateMessage::new(m.role.as_str(), m.content.as_str())
+    }
+}
+
+/// A tool as `apply_chat_template` receives it: `{"type": "function", "function": {…}}`.
+fn template_tool(t: &Tool) -> serde_json::Value {
+    let mut function = serde_json::json!({"name": t.name});
+    if let Some(d) = &t.description {
+        function["description"] = serde_json::json!(d);
+    }
+    function["parameters"] = t.parameters.clone();
+    serde_json::json!({"type": "function", "function": function})
+}
+
+fn grammar(g: Grammar) -> engine::Grammar {
+    match g {
+        Grammar::JsonSchema { schema, strict } => engine::Grammar::JsonSchema { schema, strict },
+        Grammar::JsonObject => engine::Grammar::JsonObject,
+        Grammar::Regex(rx) => engine::Grammar::Regex(rx),
+        Grammar::Lark(lark) => engine::Grammar::Lark(lark),
+    }
+}
+
 fn backend_error(e: EngineError) -> BackendError {
     let kind = match &e {
         EngineError::ShutDown => BackendErrorKind::ShuttingDown,
         EngineError::Forward(_) | EngineError::Config(_) | EngineError::Model(_) => BackendErrorKind::Internal,
+        EngineError::Grammar(engine::GrammarError::Decoding(_)) => BackendErrorKind::Internal,
         _ => BackendErrorKind::InvalidRequest,
     };
     let code = match &e {
         EngineError::PromptTooLong { .. } | EngineError::PromptExceedsPool { .. } => Some("context_length_exceeded"),
+        EngineError::Grammar(engine::GrammarError::Invalid(_)) => Some(INVALID_GRAMMAR),
         _ => None,
     };
     let error = BackendError::new(kind, e.to_string());

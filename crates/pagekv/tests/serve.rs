@@ -624,3 +624,186 @@ async fn run_and_the_server_give_the_same_greedy_completion() {
         assert!(!served.is_empty(), "{prompt:?}");
     }
 }
+
+#[tokio::test]
+async fn served_model_names_from_the_flag_or_the_variable() {
+    let args = [DEFAULT_ARGS, &["--served-model-name", "gpt-4o-mini,local"]].concat();
+    let Some(s) =
+        ServerProcess::start_with_env("served_model_names", &args, &[("PAGEKV_SERVED_MODEL_NAME", "env-name")])
+    else {
+        return;
+    };
+    let models = s.get("/v1/models").await.ok();
+    assert_eq!(models["data"][0]["id"], "gpt-4o-mini", "the flag wins over the variable: {models}");
+    let v = s.post("/v1/completions", &completion("local", "Hello", 2)).await.ok();
+    assert_eq!(v["model"], "local");
+    for unknown in [s.model.as_str(), "env-name"] {
+        let r = s.post("/v1/completions", &completion(unknown, "Hello", 2)).await;
+        assert_eq!(r.status, 404, "{unknown}: {}", r.text());
+    }
+    drop(s);
+
+    let Some(s) =
+        ServerProcess::start_with_env("served_model_names", DEFAULT_ARGS, &[("PAGEKV_SERVED_MODEL_NAME", "*")])
+    else {
+        return;
+    };
+    assert_eq!(s.get("/v1/models").await.ok()["data"][0]["id"], s.model.as_str());
+    let v = s.post("/v1/completions", &completion("claude-opus-4", "Hello", 2)).await.ok();
+    assert_eq!(v["model"], "claude-opus-4");
+}
+
+/// The schema of the structured-output tests, checked by hand in [`check_city`].
+fn city_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "population": {"type": "integer", "minimum": 0, "maximum": 100000000},
+            "capital": {"type": "boolean"},
+            "continent": {"enum": ["Africa", "Americas", "Asia", "Europe", "Oceania"]},
+        },
+        "required": ["city", "population", "capital", "continent"],
+        "additionalProperties": false,
+    })
+}
+
+fn check_city(v: &Value) -> Result<(), String> {
+    let o = v.as_object().ok_or("not an object")?;
+    if o.len() != 4 {
+        return Err(format!("{} keys", o.len()));
+    }
+    let city = o.get("city").and_then(Value::as_str).ok_or("city")?;
+    if city.chars().count() > 20 {
+        return Err("city too long".into());
+    }
+    let population = o.get("population").and_then(Value::as_i64).ok_or("population")?;
+    if !(0..=100_000_000).contains(&population) {
+        return Err("population out of range".into());
+    }
+    o.get("capital").and_then(Value::as_bool).ok_or("capital")?;
+    let continent = o.get("continent").and_then(Value::as_str).ok_or("continent")?;
+    if !["Africa", "Americas", "Asia", "Europe", "Oceania"].contains(&continent) {
+        return Err("continent".into());
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn json_schema_outputs_parse_and_validate_at_temperature_one() {
+    let Some(s) = ServerProcess::start("json_schema_outputs", DEFAULT_ARGS) else { return };
+    let format =
+        json!({"type": "json_schema", "json_schema": {"name": "city", "schema": city_schema(), "strict": true}});
+    let messages = json!([{"role": "user", "content": "Describe a city as JSON."}]);
+    // Eight seeds at once (batched with each other, each with its own grammar state).
+    let tasks: Vec<_> = (0..8u64)
+        .map(|seed| {
+            let body = json!({"model": s.model, "messages": messages, "max_tokens": 120, "temperature": 1.0,
+                              "seed": seed, "response_format": format});
+            let addr = s.addr;
+            tokio::spawn(async move { (seed, support::send_json(addr, "/v1/chat/completions", &body).await.ok()) })
+        })
+        .collect();
+    for t in tasks {
+        let (seed, v) = t.await.expect("client task panicked");
+        let text = reply_text(&v);
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "seed {seed}: {text}");
+        let parsed: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("seed {seed}: {e}: {text}"));
+        check_city(&parsed).unwrap_or_else(|e| panic!("seed {seed}: {e}: {text}"));
+    }
+
+    // Streamed, and on /v1/completions, with json_object: an object.
+    let body = json!({"model": s.model, "messages": messages, "max_tokens": 120, "temperature": 1.0, "seed": 3,
+                      "response_format": {"type": "json_object"}});
+    let events = s.stream("/v1/chat/completions", &streaming(body)).await;
+    if streamed_finish(&events) == "stop" {
+        let v: Value = serde_json::from_str(&streamed_text(&events)).expect("a JSON object");
+        assert!(v.is_object(), "{v}");
+    }
+    let body = json!({"model": s.model, "prompt": "City data: ", "max_tokens": 120, "temperature": 0.7, "seed": 5,
+                      "response_format": format});
+    let v = s.post("/v1/completions", &body).await.ok();
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    if v["choices"][0]["finish_reason"] == "stop" {
+        check_city(&serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))).unwrap();
+    }
+
+    // A cut-off object ends on length, and is a prefix of valid JSON text (it starts the object).
+    let body = json!({"model": s.model, "messages": messages, "max_tokens": 5, "response_format": format});
+    let v = s.post("/v1/chat/completions", &body).await.ok();
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert!(reply_text(&v).starts_with("{\"city\": \""), "{v}");
+
+    // A schema llguidance refuses: 400 naming the field and the problem; the server goes on.
+    let bad =
+        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}, "strict": true}});
+    let body = json!({"model": s.model, "messages": messages, "max_tokens": 5, "response_format": bad});
+    let e = s.post("/v1/chat/completions", &body).await.error(400);
+    assert_eq!(e["param"], "response_format.json_schema.schema", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("frobnicate"), "{e}");
+    let m = s.metrics().await;
+    assert_eq!(m.get("pagekv_kv_blocks_used"), 0.0, "{}", m.summary());
+}
+
+/// Qwen2.5-Coder-1.5B's file beside the default model, or `None` after saying it is skipped.
+fn qwen_model(test: &str) -> Option<std::path::PathBuf> {
+    let p = pagekv_testkit::default_model_location().with_file_name("qwen2.5-coder-1.5b.gguf");
+    if p.is_file() {
+        return Some(p);
+    }
+    eprintln!("skipped: {test}: {} not found (`pagekv models fetch qwen2.5-coder-1.5b`)", p.display());
+    None
+}
+
+/// The real-model tool check: Qwen2.5-Coder's template (Hermes `<tool_call>` blocks) with a
+/// weather function. Under `required` decoding is held to the call format, so the call always
+/// parses, streamed or not; its result then goes back through the template for the next turn.
+#[tokio::test]
+async fn qwen_calls_the_weather_function_under_required() {
+    let Some(path) = qwen_model("qwen_calls_the_weather_function_under_required") else { return };
+    let s = ServerProcess::start_model(&path, &["--context-window", "2048", "--num-blocks", "256"], &[]);
+    let tools = json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "City name"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}]);
+    let messages = json!([{"role": "user", "content": "What is the weather like in Paris today?"}]);
+    let body = json!({"model": s.model, "messages": messages, "tools": tools, "tool_choice": "required",
+                      "temperature": 0, "max_tokens": 60});
+    let v = s.post("/v1/chat/completions", &body).await.ok();
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    let call = &v["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_weather", "{v}");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).expect("JSON arguments");
+    let city = args["city"].as_str().expect("a city");
+    assert!(city.contains("Paris"), "{args}");
+    if let Some(unit) = args.get("unit") {
+        assert!(unit == "celsius" || unit == "fahrenheit", "{args}");
+    }
+
+    // Streamed: the same call as incremental deltas.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = s.stream("/v1/chat/completions", &streamed).await;
+    let name: String =
+        events.iter().filter_map(|e| e["choices"][0]["delta"]["tool_calls"][0]["function"]["name"].as_str()).collect();
+    let arguments: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str())
+        .collect();
+    assert_eq!(name, "get_weather");
+    assert_eq!(serde_json::from_str::<Value>(&arguments).unwrap(), args, "greedy: the same arguments");
+    assert_eq!(streamed_finish(&events), "tool_calls");
+
+    // The result goes back; the next turn is a plain answer (no tool required).
+    let id = call["id"].as_str().unwrap();
+    let history = json!([
+        messages[0],
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": id, "content": "{\"temperature\": 21, \"condition\": \"sunny\"}"},
+    ]);
+    let body = json!({"model": s.model, "messages": history, "tools": tools, "temperature": 0, "max_tokens": 8});
+    let v = s.post("/v1/chat/completions", &body).await.ok();
+    let (prompt_tokens, _, cached) = usage_of(&v);
+    assert!(prompt_tokens > 200 && cached > 0, "the history was rendered and its prefix reused: {v}");
+}

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 use crate::backend::{ChatMessage, FinishReason, Prompt, Role, Usage};
 use crate::error::{AnthropicError, ApiError, Dialect};
 use crate::generation::{self, collect, sse_event, sse_response, sse_stream, Encoder, Spec, Step};
+use crate::models::ModelNames;
 use crate::openai::content_text;
 use crate::params::{
     check_model, kind_of, max_tokens_bound, parse_object, read_body, sampling, stop_strings, Fields, SamplingRanges,
@@ -39,7 +40,11 @@ pub(crate) struct MessagesRequest {
 }
 
 /// Validates a Messages request body.
-pub(crate) fn parse_messages_request(f: &mut Fields, served: &str, window: usize) -> Result<MessagesRequest, ApiError> {
+pub(crate) fn parse_messages_request(
+    f: &mut Fields,
+    served: &ModelNames,
+    window: usize,
+) -> Result<MessagesRequest, ApiError> {
     let model = check_model(f, served)?;
     let max_tokens = match f.integer("max_tokens")? {
         Some(n) => max_tokens_bound("max_tokens", n, window)?,
@@ -50,7 +55,7 @@ pub(crate) fn parse_messages_request(f: &mut Fields, served: &str, window: usize
         None => {}
         Some(v) => {
             let content = content_text(v, "system")?;
-            messages.push(ChatMessage { role: Role::System, content });
+            messages.push(ChatMessage::new(Role::System, content));
         }
     }
     match f.take("messages") {
@@ -83,13 +88,14 @@ pub(crate) fn parse_messages_request(f: &mut Fields, served: &str, window: usize
     Ok(MessagesRequest {
         model,
         spec: Spec {
-            prompt: Prompt::Chat(messages),
+            prompt: Prompt::Chat { messages, tools: Vec::new() },
             prompt_param: "messages",
             max_tokens: Some(max_tokens),
             max_tokens_param: "max_tokens",
             sampling,
             stop,
             logprobs: None,
+            grammar: None,
         },
         stream,
     })
@@ -132,7 +138,7 @@ fn parse_message(i: usize, item: Value) -> Result<ChatMessage, ApiError> {
         }
         Some(v) => content_text(v, &at(".content"))?,
     };
-    Ok(ChatMessage { role, content })
+    Ok(ChatMessage::new(role, content))
 }
 
 /// Anthropic's `stop_reason`.
@@ -169,7 +175,7 @@ async fn run(
     let body = read_body(body, state.max_body_bytes)?;
     let mut f = parse_object(&body)?;
     let backend = &state.backend;
-    let req = parse_messages_request(&mut f, backend.model_id(), backend.context_window())?;
+    let req = parse_messages_request(&mut f, &state.models, backend.context_window())?;
     f.finish(IGNORED)?;
     let job = generation::start(&state, arrived, req.spec).await?;
     let id = state.request_id("msg_");
@@ -267,7 +273,7 @@ mod tests {
 
     fn parse(body: &str) -> Result<MessagesRequest, ApiError> {
         let mut f = parse_object(body.as_bytes())?;
-        let r = parse_messages_request(&mut f, "m", 100)?;
+        let r = parse_messages_request(&mut f, &ModelNames::single("m"), 100)?;
         f.finish(IGNORED)?;
         Ok(r)
     }
@@ -283,10 +289,10 @@ mod tests {
         .unwrap();
         assert_eq!(
             r.spec.prompt,
-            Prompt::Chat(vec![
-                ChatMessage { role: Role::System, content: "sys".into() },
-                ChatMessage { role: Role::User, content: "hi".into() },
-            ])
+            Prompt::Chat {
+                tools: vec![],
+                messages: vec![ChatMessage::new(Role::System, "sys"), ChatMessage::new(Role::User, "hi"),]
+            }
         );
         assert_eq!(r.spec.stop, vec!["x"]);
         assert_eq!(r.spec.max_tokens, Some(8));

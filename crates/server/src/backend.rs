@@ -47,15 +47,49 @@ pub trait Backend: Send + Sync + 'static {
 
     /// A snapshot of the engine's gauges and counters (counters are monotonic totals).
     fn metrics(&self) -> BackendMetrics;
+
+    /// How the model writes tool calls (from its chat template), if it was taught a way the
+    /// server can parse. `None`: tools are shown to the template but no call is parsed, and
+    /// `tool_choice: required` is refused.
+    fn tool_call_format(&self) -> Option<ToolCallFormat> {
+        None
+    }
+}
+
+/// A model's tool-call convention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolCallFormat {
+    /// Hermes / Qwen 2.5: `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` blocks.
+    Hermes,
+}
+
+/// A function the model may call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+    /// JSON Schema of the arguments object.
+    pub parameters: serde_json::Value,
+    /// Schema keywords that cannot be enforced are an error rather than ignored.
+    pub strict: bool,
+}
+
+/// A call an assistant message made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments as JSON text (as OpenAI carries them).
+    pub arguments: String,
 }
 
 /// A prompt as the client sent it, before templating and tokenization.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Prompt {
-    /// Chat messages; the backend applies the model's chat template and the generation
-    /// prompt for the assistant's turn (unless the last message is the assistant's, which the
-    /// model should continue).
-    Chat(Vec<ChatMessage>),
+    /// Chat messages and the tools the model may call; the backend applies the model's chat
+    /// template (which receives `tools`) and the generation prompt for the assistant's turn
+    /// (unless the last message is the assistant's, which the model should continue).
+    Chat { messages: Vec<ChatMessage>, tools: Vec<Tool> },
     /// Raw text (`/v1/completions`), tokenized as is (the backend decides about BOS).
     Text(String),
     /// Token ids given by the client (`/v1/completions` with an integer array); the backend
@@ -68,25 +102,39 @@ pub enum Prompt {
 pub struct ChatMessage {
     pub role: Role,
     pub content: String,
+    /// An assistant's calls (empty otherwise).
+    pub tool_calls: Vec<ToolCall>,
+    /// A tool message's answer: the id of the call it answers (checked by the server).
+    pub tool_call_id: Option<String>,
 }
 
-/// Roles the server accepts. OpenAI's `developer` maps to [`Role::System`]; tool and function
-/// roles are rejected before they reach a backend.
+impl ChatMessage {
+    /// A message with text only.
+    pub fn new(role: Role, content: impl Into<String>) -> ChatMessage {
+        ChatMessage { role, content: content.into(), tool_calls: Vec::new(), tool_call_id: None }
+    }
+}
+
+/// Roles the server accepts. OpenAI's `developer` maps to [`Role::System`]; the deprecated
+/// `function` role is rejected before it reaches a backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     System,
     User,
     Assistant,
+    /// A tool's result (`tool_call_id` names the call).
+    Tool,
 }
 
 impl Role {
-    /// The conventional lower-case name (`"system"`, `"user"`, `"assistant"`), as chat
+    /// The conventional lower-case name (`"system"`, `"user"`, `"assistant"`, `"tool"`), as chat
     /// templates expect it.
     pub fn as_str(self) -> &'static str {
         match self {
             Role::System => "system",
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Tool => "tool",
         }
     }
 }
@@ -112,7 +160,29 @@ pub struct GenerationRequest {
     /// `None`: no logprobs. `Some(k)`: report the sampled token's log-probability and the
     /// `k` most likely alternatives (`k` may be 0; at most [`MAX_TOP_LOGPROBS`]).
     pub logprobs: Option<usize>,
+    /// Hold the output to this grammar (constrained decoding); `None`: free text. A grammar
+    /// the backend cannot compile is refused by `submit` with [`BackendErrorKind::InvalidRequest`]
+    /// and code [`INVALID_GRAMMAR`].
+    pub grammar: Option<Grammar>,
 }
+
+/// What a constrained output must match (`response_format`, and tool calls under
+/// `tool_choice: required`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Grammar {
+    /// A JSON value valid under `schema`; `strict`: schema keywords the backend cannot enforce
+    /// are an error rather than ignored.
+    JsonSchema { schema: serde_json::Value, strict: bool },
+    /// Any JSON object.
+    JsonObject,
+    /// Text matching a regular expression, whole.
+    Regex(String),
+    /// Text in the language of a Lark grammar (llguidance's dialect).
+    Lark(String),
+}
+
+/// The [`BackendError::code`] of a grammar the backend cannot compile.
+pub const INVALID_GRAMMAR: &str = "invalid_grammar";
 
 /// Most stop strings one request may carry.
 pub const MAX_STOP_SEQUENCES: usize = 16;

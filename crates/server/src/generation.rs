@@ -21,7 +21,8 @@ use futures_util::stream::{self, Stream, StreamExt};
 use tokio::sync::watch;
 
 use crate::backend::{
-    Event, EventStream, FinishReason, GenerationRequest, Prompt, SamplingParams, TokenLogprob, Usage,
+    Event, EventStream, FinishReason, GenerationRequest, Grammar, Prompt, SamplingParams, TokenLogprob, Usage,
+    INVALID_GRAMMAR,
 };
 use crate::error::ApiError;
 use crate::metrics::Outcome;
@@ -41,6 +42,8 @@ pub(crate) struct Spec {
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub logprobs: Option<usize>,
+    /// The grammar the output is held to, and the field it came from (for compile errors).
+    pub grammar: Option<(Grammar, &'static str)>,
 }
 
 /// One step of a generation, as an endpoint renders it.
@@ -75,12 +78,32 @@ pub(crate) async fn start(state: &Arc<AppState>, arrived: Instant, spec: Spec) -
     }
     let window = state.backend.context_window();
     let max_tokens = fit_context(spec.prompt_param, spec.max_tokens_param, prompt_tokens, spec.max_tokens, window)?;
-    let events = state.backend.submit(GenerationRequest {
+    let (grammar, grammar_param) = spec.grammar.map_or((None, None), |(g, p)| (Some(g), Some(p)));
+    let request = GenerationRequest {
         prompt: prepared.token_ids,
         max_tokens,
         sampling: spec.sampling,
         stop: spec.stop,
         logprobs: spec.logprobs,
+        grammar,
+    };
+    let submitted = if request.grammar.is_some() {
+        // Compiling a grammar takes milliseconds (the first one builds the vocabulary's trie):
+        // not on the async threads.
+        let backend = state.backend.clone();
+        tokio::task::spawn_blocking(move || backend.submit(request))
+            .await
+            .map_err(|e| ApiError::internal(format!("submitting the request failed: {e}")))?
+    } else {
+        state.backend.submit(request)
+    };
+    let events = submitted.map_err(|e| {
+        let invalid_grammar = e.code == Some(INVALID_GRAMMAR);
+        let api = ApiError::from(e);
+        match (invalid_grammar, grammar_param) {
+            (true, Some(param)) => ApiError { param: Some(param.into()), ..api },
+            _ => api,
+        }
     })?;
     state.metrics.generation_started();
     state.metrics.add_prompt_tokens(prompt_tokens, 0);

@@ -23,16 +23,21 @@
 mod anthropic;
 pub mod backend;
 mod error;
+mod format;
 mod generation;
 mod metrics;
+mod models;
 mod openai;
 mod params;
 mod server;
+mod tools;
 
 pub use backend::{
     AttentionCalls, Backend, BackendError, BackendErrorKind, BackendMetrics, Cancelled, ChatMessage, Event,
-    EventSender, EventStream, FallbackCalls, FinishReason, GenerationRequest, LogprobEntry, PreparedPrompt, Prompt,
-    Role, SamplingParams, TokenLogprob, Usage, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS,
+    EventSender, EventStream, FallbackCalls, FinishReason, GenerationRequest, Grammar, LogprobEntry, PreparedPrompt,
+    Prompt, Role, SamplingParams, TokenLogprob, Tool, ToolCall, ToolCallFormat, Usage, INVALID_GRAMMAR,
+    MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS,
 };
 pub use error::ApiError;
+pub use models::{ModelNames, ANY_MODEL};
 pub use server::{serve, Server, ServerConfig, ServerError, CANCEL_DRAIN};

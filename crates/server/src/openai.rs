@@ -15,26 +15,26 @@ use axum::Json;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use crate::backend::{ChatMessage, FinishReason, LogprobEntry, Prompt, Role, TokenLogprob, Usage, MAX_TOP_LOGPROBS};
+use crate::backend::{
+    ChatMessage, FinishReason, LogprobEntry, Prompt, Role, TokenLogprob, ToolCallFormat, Usage, MAX_TOP_LOGPROBS,
+};
 use crate::error::ApiError;
+use crate::format::{response_format, SCHEMA_PARAM};
 use crate::generation::{self, collect, sse_data, sse_response, sse_stream, Encoder, Spec, Step};
+use crate::models::ModelNames;
 use crate::params::{
     check_model, kind_of, logprob_json, max_tokens_bound, parse_object, read_body, sampling, stop_strings, unsupported,
     Fields, SamplingRanges,
 };
 use crate::server::{unix_now, AppState};
+use crate::tools::{
+    call_grammar, call_id, check_tool_results, message_tool_calls, tool_request, HermesParser, ParsedCall, Piece,
+    ToolChoice, ToolRequest,
+};
 
 /// Request fields accepted and ignored (they change nothing here).
-const IGNORED: &[&str] = &[
-    "user",
-    "metadata",
-    "store",
-    "service_tier",
-    "parallel_tool_calls",
-    "reasoning_effort",
-    "safety_identifier",
-    "prompt_cache_key",
-];
+const IGNORED: &[&str] =
+    &["user", "metadata", "store", "service_tier", "reasoning_effort", "safety_identifier", "prompt_cache_key"];
 
 const OPENAI_RANGES: SamplingRanges = SamplingRanges { max_temperature: 2.0 };
 
@@ -96,21 +96,19 @@ fn reject_unsupported_common(f: &mut Fields) -> Result<(), ApiError> {
     f.reject_unless("logit_bias", "logit biases are not implemented", empty_object)
 }
 
-fn is_empty_array(v: &Value) -> bool {
-    v.as_array().is_some_and(Vec::is_empty)
-}
-
 /// A parsed chat or text completion request: the served model name, the generation, how to stream.
 #[derive(Debug)]
 pub(crate) struct OpenAiRequest {
     pub model: String,
+    /// The tool fields (chat only; none for completions).
+    pub tools: ToolRequest,
     pub spec: Spec,
     stream: StreamOptions,
 }
 
 /// Validates a chat completion request body (everything except the prompt's length, which
 /// needs the tokenizer).
-pub(crate) fn parse_chat(f: &mut Fields, served: &str, window: usize) -> Result<OpenAiRequest, ApiError> {
+pub(crate) fn parse_chat(f: &mut Fields, served: &ModelNames, window: usize) -> Result<OpenAiRequest, ApiError> {
     let model = check_model(f, served)?;
     let messages = match f.take("messages") {
         None => return Err(ApiError::invalid("messages", "'messages' is required.")),
@@ -140,14 +138,15 @@ pub(crate) fn parse_chat(f: &mut Fields, served: &str, window: usize) -> Result<
     };
     single_choice(f, "n")?;
     reject_unsupported_common(f)?;
-    f.reject_unless("tools", "tool calling is not implemented", is_empty_array)?;
-    f.reject_unless("functions", "function calling is not implemented", is_empty_array)?;
-    let no_tool_choice = |v: &Value| matches!(v.as_str(), Some("none" | "auto"));
-    f.reject_unless("tool_choice", "tool calling is not implemented", no_tool_choice)?;
-    f.reject_unless("function_call", "function calling is not implemented", no_tool_choice)?;
-    f.reject_unless("response_format", "only {\"type\": \"text\"} is supported", |v| {
-        v.get("type").and_then(Value::as_str) == Some("text")
-    })?;
+    let grammar = response_format(f)?;
+    let tools = tool_request(f)?;
+    let prompt_tools = tools.tools.clone();
+    if grammar.is_some() && matches!(tools.choice, ToolChoice::Required | ToolChoice::Function(_)) {
+        return Err(ApiError::invalid(
+            "response_format",
+            "'response_format' cannot be combined with a 'tool_choice' that forces a call.",
+        ));
+    }
     f.reject_unless("modalities", "only text output is supported", |v| {
         v.as_array().is_some_and(|m| m.iter().all(|x| x.as_str() == Some("text")))
     })?;
@@ -156,14 +155,16 @@ pub(crate) fn parse_chat(f: &mut Fields, served: &str, window: usize) -> Result<
     f.reject_unless("web_search_options", "web search is not supported", |_| false)?;
     Ok(OpenAiRequest {
         model,
+        tools,
         spec: Spec {
-            prompt: Prompt::Chat(messages),
+            prompt: Prompt::Chat { messages, tools: prompt_tools },
             prompt_param: "messages",
             max_tokens,
             max_tokens_param,
             sampling,
             stop,
             logprobs,
+            grammar: grammar.map(|g| (g, SCHEMA_PARAM)),
         },
         stream,
     })
@@ -195,12 +196,8 @@ fn parse_messages(items: Vec<Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 "system" | "developer" => Role::System,
                 "user" => Role::User,
                 "assistant" => Role::Assistant,
-                "tool" | "function" => {
-                    return Err(ApiError::invalid(
-                        at(".role"),
-                        format!("Messages with role '{r}' are not supported (no tool calling)."),
-                    ))
-                }
+                "tool" => Role::Tool,
+                "function" => return Err(unsupported(&at(".role"), "the deprecated 'function' role; use 'tool'")),
                 _ => {
                     return Err(ApiError::invalid(
                         at(".role"),
@@ -222,13 +219,21 @@ fn parse_messages(items: Vec<Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 ))
             }
         };
-        for field in ["tool_calls", "function_call"] {
-            match m.remove(field) {
-                None | Some(Value::Null) => {}
-                Some(v) if is_empty_array(&v) => {}
-                Some(_) => return Err(unsupported(&at(&format!(".{field}")), "tool calling is not implemented")),
-            }
+        let tool_calls = match m.remove("tool_calls") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(v) if role == Role::Assistant => message_tool_calls(v, &at(".tool_calls"))?,
+            Some(_) => return Err(ApiError::invalid(at(".tool_calls"), "Only assistant messages carry 'tool_calls'.")),
+        };
+        if m.remove("function_call").is_some_and(|v| !v.is_null()) {
+            return Err(unsupported(&at(".function_call"), "the deprecated 'function_call'; use 'tool_calls'"));
         }
+        let tool_call_id = match (role, m.remove("tool_call_id")) {
+            (Role::Tool, Some(Value::String(id))) => Some(id),
+            (Role::Tool, _) => {
+                return Err(ApiError::invalid(at(".tool_call_id"), format!("'{}' is required.", at(".tool_call_id"))))
+            }
+            _ => None,
+        };
         let content = match m.remove("content") {
             None | Some(Value::Null) if role == Role::Assistant => String::new(),
             None | Some(Value::Null) => {
@@ -236,8 +241,9 @@ fn parse_messages(items: Vec<Value>) -> Result<Vec<ChatMessage>, ApiError> {
             }
             Some(v) => content_text(v, &at(".content"))?,
         };
-        out.push(ChatMessage { role, content });
+        out.push(ChatMessage { role, content, tool_calls, tool_call_id });
     }
+    check_tool_results(&out)?;
     Ok(out)
 }
 
@@ -284,7 +290,7 @@ pub(crate) fn content_text(v: Value, param: &str) -> Result<String, ApiError> {
 }
 
 /// Validates a `/v1/completions` request body.
-pub(crate) fn parse_completion(f: &mut Fields, served: &str, window: usize) -> Result<OpenAiRequest, ApiError> {
+pub(crate) fn parse_completion(f: &mut Fields, served: &ModelNames, window: usize) -> Result<OpenAiRequest, ApiError> {
     let model = check_model(f, served)?;
     let prompt = match f.take("prompt") {
         None => return Err(ApiError::invalid("prompt", "'prompt' is required.")),
@@ -304,10 +310,12 @@ pub(crate) fn parse_completion(f: &mut Fields, served: &str, window: usize) -> R
     single_choice(f, "n")?;
     single_choice(f, "best_of")?;
     reject_unsupported_common(f)?;
+    let grammar = response_format(f)?;
     f.reject_unless("echo", "echoing the prompt is not implemented", |v| v.as_bool() == Some(false))?;
     f.reject_unless("suffix", "insertion (suffix) is not implemented", |v| v.as_str() == Some(""))?;
     Ok(OpenAiRequest {
         model,
+        tools: ToolRequest { tools: Vec::new(), choice: ToolChoice::None, parallel: false },
         spec: Spec {
             prompt,
             prompt_param: "prompt",
@@ -316,6 +324,7 @@ pub(crate) fn parse_completion(f: &mut Fields, served: &str, window: usize) -> R
             sampling,
             stop,
             logprobs,
+            grammar: grammar.map(|g| (g, SCHEMA_PARAM)),
         },
         stream,
     })
@@ -400,14 +409,19 @@ async fn respond(
 ) -> Result<Response, ApiError> {
     let body = read_body(body, state.max_body_bytes)?;
     let mut f = parse_object(&body)?;
-    let (served, window) = (state.backend.model_id(), state.backend.context_window());
+    let (served, window) = (&state.models, state.backend.context_window());
     let req = match endpoint {
         Endpoint::Chat => parse_chat(&mut f, served, window)?,
         Endpoint::Completion => parse_completion(&mut f, served, window)?,
     };
     f.finish(IGNORED)?;
     let want_logprobs = req.spec.logprobs.is_some();
-    let job = generation::start(&state, arrived, req.spec).await?;
+    let mut spec = req.spec;
+    let tool_format = tool_format(&state, &req.tools)?;
+    if let Some(grammar) = tool_format.and_then(|format| call_grammar(&req.tools, format)) {
+        spec.grammar = Some((grammar, "tools"));
+    }
+    let job = generation::start(&state, arrived, spec).await?;
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl-",
         Endpoint::Completion => "cmpl-",
@@ -416,16 +430,34 @@ async fn respond(
     let include_usage = req.stream.include_usage;
     if req.stream.stream {
         return Ok(match endpoint {
-            Endpoint::Chat => sse_response(sse_stream(job, ChatEncoder { head, include_usage })),
+            Endpoint::Chat => {
+                let calls = tool_format.map(|_| StreamedCalls {
+                    parser: HermesParser::default(),
+                    count: 0,
+                    blank: String::new(),
+                });
+                sse_response(sse_stream(job, ChatEncoder { head, include_usage, calls }))
+            }
             Endpoint::Completion => sse_response(sse_stream(job, CompletionEncoder { head, include_usage, chars: 0 })),
         });
     }
     let c = collect(job).await?;
+    let mut finish_reason = c.finish_reason.as_str();
     let (object, choice) = match endpoint {
         Endpoint::Chat => {
             let logprobs = want_logprobs
                 .then(|| json!({"content": c.logprobs.iter().map(chat_logprob).collect::<Vec<_>>(), "refusal": null}));
-            let message = json!({"role": "assistant", "content": c.text, "refusal": null});
+            let mut message = json!({"role": "assistant", "content": c.text, "refusal": null});
+            if tool_format.is_some() {
+                let (text, calls) = split_calls(&c.text, &head.id);
+                if !calls.is_empty() {
+                    message["content"] = if text.is_empty() { Value::Null } else { json!(text) };
+                    message["tool_calls"] = json!(calls);
+                    if c.finish_reason == FinishReason::Stop {
+                        finish_reason = "tool_calls";
+                    }
+                }
+            }
             ("chat.completion", json!({"index": 0, "message": message, "logprobs": logprobs}))
         }
         Endpoint::Completion => {
@@ -434,7 +466,7 @@ async fn respond(
         }
     };
     let mut choice = choice;
-    choice["finish_reason"] = json!(c.finish_reason.as_str());
+    choice["finish_reason"] = json!(finish_reason);
     Ok(Json(json!({
         "id": head.id,
         "object": object,
@@ -444,6 +476,43 @@ async fn respond(
         "usage": usage_json(&c.usage),
     }))
     .into_response())
+}
+
+/// The model's tool-call format when calls are to be parsed out of this request's output.
+/// A call the model cannot be made to write (`required` or a named function without a known
+/// format) is a 400.
+fn tool_format(state: &AppState, tools: &ToolRequest) -> Result<Option<ToolCallFormat>, ApiError> {
+    if !tools.parses_calls() {
+        return Ok(None);
+    }
+    let format = state.backend.tool_call_format();
+    if format.is_none() && matches!(tools.choice, ToolChoice::Required | ToolChoice::Function(_)) {
+        return Err(ApiError::invalid(
+            "tool_choice",
+            "This model's chat template teaches no tool-call format the server can parse, so a call cannot be required.",
+        ));
+    }
+    Ok(format)
+}
+
+/// One parsed call in OpenAI's response shape.
+fn call_json(call: &ParsedCall, id: String) -> Value {
+    json!({"id": id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}})
+}
+
+/// The text and the calls of a whole output (the text trimmed; calls numbered from 0).
+fn split_calls(text: &str, request_id: &str) -> (String, Vec<Value>) {
+    let mut parser = HermesParser::default();
+    let mut pieces = parser.push(text);
+    pieces.extend(parser.finish());
+    let (mut content, mut calls) = (String::new(), Vec::new());
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => content.push_str(&t),
+            Piece::Call(call) => calls.push(call_json(&call, call_id(request_id, calls.len()))),
+        }
+    }
+    (content.trim().to_string(), calls)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -508,6 +577,18 @@ fn stream_error(e: &ApiError, out: &mut Vec<Bytes>) {
 struct ChatEncoder {
     head: Head,
     include_usage: bool,
+    /// Tool calls parsed out of the stream, when the request has tools the model can call.
+    calls: Option<StreamedCalls>,
+}
+
+/// The tool-call state of a chat stream.
+struct StreamedCalls {
+    parser: HermesParser,
+    /// Calls sent so far (the next one's `index`).
+    count: usize,
+    /// Whitespace at the end of the text so far, held until it is known whether a call (which
+    /// it would only lay out) or more text follows.
+    blank: String,
 }
 
 impl ChatEncoder {
@@ -535,6 +616,44 @@ impl ChatEncoder {
     }
 }
 
+impl ChatEncoder {
+    /// Chunks for parsed pieces: text as `content` deltas (the token's logprobs ride on the
+    /// first chunk, or on an empty one), each call as OpenAI's incremental `tool_calls` deltas —
+    /// its index, id, type and name first, then its arguments.
+    fn pieces(&mut self, pieces: Vec<Piece>, mut logprobs: Option<Value>, out: &mut Vec<Bytes>) {
+        for piece in pieces {
+            match piece {
+                Piece::Text(t) => {
+                    let Some(calls) = self.calls.as_mut() else { continue };
+                    // Blank text around calls is layout, not content (as in the whole response).
+                    let mut text = std::mem::take(&mut calls.blank) + &t;
+                    let end = text.trim_end().len();
+                    calls.blank = text.split_off(end);
+                    if text.trim().is_empty() && calls.count > 0 || text.is_empty() {
+                        continue;
+                    }
+                    out.push(self.chunk(Self::choice(json!({"content": text}), logprobs.take(), None), None));
+                }
+                Piece::Call(call) => {
+                    let Some(calls) = self.calls.as_mut() else { continue };
+                    calls.blank.clear();
+                    let index = calls.count;
+                    calls.count += 1;
+                    let id = call_id(&self.head.id, index);
+                    let first = json!({"tool_calls": [{"index": index, "id": id, "type": "function",
+                                       "function": {"name": call.name, "arguments": ""}}]});
+                    out.push(self.chunk(Self::choice(first, logprobs.take(), None), None));
+                    let args = json!({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]});
+                    out.push(self.chunk(Self::choice(args, None, None), None));
+                }
+            }
+        }
+        if let Some(lp) = logprobs {
+            out.push(self.chunk(Self::choice(json!({"content": ""}), Some(lp), None), None));
+        }
+    }
+}
+
 impl Encoder for ChatEncoder {
     fn start(&mut self, out: &mut Vec<Bytes>) {
         let delta = json!({"role": "assistant", "content": ""});
@@ -544,15 +663,33 @@ impl Encoder for ChatEncoder {
     fn step(&mut self, step: Step, out: &mut Vec<Bytes>) {
         match step {
             Step::Token { text, logprob } => {
-                if text.is_empty() && logprob.is_none() {
-                    return;
-                }
                 let logprobs = logprob.as_ref().map(|lp| json!({"content": [chat_logprob(lp)], "refusal": null}));
-                let choices = Self::choice(json!({"content": text}), logprobs, None);
-                out.push(self.chunk(choices, None));
+                let Some(calls) = self.calls.as_mut() else {
+                    if text.is_empty() && logprobs.is_none() {
+                        return;
+                    }
+                    out.push(self.chunk(Self::choice(json!({"content": text}), logprobs, None), None));
+                    return;
+                };
+                let pieces = calls.parser.push(&text);
+                self.pieces(pieces, logprobs, out);
             }
             Step::Done { finish_reason, usage, .. } => {
-                out.push(self.chunk(Self::choice(json!({}), None, Some(finish_reason)), None));
+                let mut reason = finish_reason.as_str();
+                if let Some(calls) = self.calls.as_mut() {
+                    let pieces = calls.parser.finish();
+                    self.pieces(pieces, None, out);
+                    // Trailing blank text of a plain answer is content.
+                    if let Some(c) = self.calls.as_mut().filter(|c| c.count == 0 && !c.blank.is_empty()) {
+                        let blank = std::mem::take(&mut c.blank);
+                        out.push(self.chunk(Self::choice(json!({"content": blank}), None, None), None));
+                    }
+                    if self.calls.as_ref().is_some_and(|c| c.count > 0) && finish_reason == FinishReason::Stop {
+                        reason = "tool_calls";
+                    }
+                }
+                let choices = json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason}]);
+                out.push(self.chunk(choices, None));
                 if self.include_usage {
                     out.push(self.chunk(json!([]), Some(usage_json(&usage))));
                 }
@@ -631,7 +768,7 @@ mod tests {
     /// The error a chat body produces, from parsing or from the unknown-field check.
     fn chat_err(body: &str) -> ApiError {
         let mut f = parse_object(body.as_bytes()).unwrap();
-        match parse_chat(&mut f, "m", 100) {
+        match parse_chat(&mut f, &ModelNames::single("m"), 100) {
             Err(e) => e,
             Ok(_) => f.finish(IGNORED).expect_err(body),
         }
@@ -645,15 +782,18 @@ mod tests {
             {"role": "assistant", "content": null}
         ], "max_completion_tokens": 5, "max_tokens": 9, "logprobs": true, "top_logprobs": 2}"#;
         let mut f = parse_object(body.as_bytes()).unwrap();
-        let r = parse_chat(&mut f, "m", 100).unwrap();
+        let r = parse_chat(&mut f, &ModelNames::single("m"), 100).unwrap();
         f.finish(IGNORED).unwrap();
         assert_eq!(
             r.spec.prompt,
-            Prompt::Chat(vec![
-                ChatMessage { role: Role::System, content: "be brief".into() },
-                ChatMessage { role: Role::User, content: "a\nb".into() },
-                ChatMessage { role: Role::Assistant, content: String::new() },
-            ])
+            Prompt::Chat {
+                messages: vec![
+                    ChatMessage::new(Role::System, "be brief"),
+                    ChatMessage::new(Role::User, "a\nb"),
+                    ChatMessage::new(Role::Assistant, ""),
+                ],
+                tools: vec![],
+            }
         );
         assert_eq!(r.spec.max_tokens, Some(5));
         assert_eq!(r.spec.max_tokens_param, "max_completion_tokens");
@@ -666,14 +806,16 @@ mod tests {
             (r#"{"messages": []}"#, "messages"),
             (r#"{"messages": "hi"}"#, "messages"),
             (r#"{}"#, "messages"),
-            (r#"{"messages": [{"role": "tool", "content": "x"}]}"#, "messages[0].role"),
+            (r#"{"messages": [{"role": "tool", "content": "x"}]}"#, "messages[0].tool_call_id"),
+            (r#"{"messages": [{"role": "tool", "tool_call_id": "c9", "content": "x"}]}"#, "messages[0].tool_call_id"),
+            (r#"{"messages": [{"role": "function", "content": "x"}]}"#, "messages[0].role"),
             (r#"{"messages": [{"role": "wizard", "content": "x"}]}"#, "messages[0].role"),
             (r#"{"messages": [{"content": "x"}]}"#, "messages[0].role"),
             (r#"{"messages": [{"role": "user"}]}"#, "messages[0].content"),
             (r#"{"messages": [{"role": "user", "content": 5}]}"#, "messages[0].content"),
             (r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#, "messages[0].content[0].type"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#, "n"),
-            (r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{}]}"#, "tools"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{}]}"#, "tools[0].type"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}"#, "max_tokens"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 101}"#, "max_tokens"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}"#, "top_logprobs"),
@@ -712,7 +854,7 @@ mod tests {
     #[test]
     fn completion_defaults_and_rejections() {
         let mut f = parse_object(br#"{"prompt": "x", "echo": false, "best_of": 1}"#).unwrap();
-        let r = parse_completion(&mut f, "m", 100).unwrap();
+        let r = parse_completion(&mut f, &ModelNames::single("m"), 100).unwrap();
         f.finish(IGNORED).unwrap();
         assert_eq!(r.spec.max_tokens, Some(COMPLETIONS_DEFAULT_MAX_TOKENS));
         for (body, param) in [
@@ -723,7 +865,7 @@ mod tests {
             (r#"{"prompt": "x", "max_tokens": 0}"#, "max_tokens"),
         ] {
             let mut f = parse_object(body.as_bytes()).unwrap();
-            let e = parse_completion(&mut f, "m", 100).unwrap_err();
+            let e = parse_completion(&mut f, &ModelNames::single("m"), 100).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{body}");
         }
     }

@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 
 use crate::backend::{SamplingParams, MAX_STOP_SEQUENCES};
 use crate::error::ApiError;
+use crate::models::ModelNames;
 
 /// The fields of a JSON request object, taken out one at a time.
 #[derive(Debug)]
@@ -177,13 +178,9 @@ pub(crate) fn logprob_json(x: f32) -> f64 {
     format!("{x}").parse().unwrap_or(f64::from(x))
 }
 
-/// Checks `model` against the served model. Absent means the served one.
-pub(crate) fn check_model(fields: &mut Fields, served: &str) -> Result<String, ApiError> {
-    match fields.string("model")? {
-        None => Ok(served.to_string()),
-        Some(m) if m == served => Ok(m),
-        Some(m) => Err(ApiError::model_not_found(&m)),
-    }
+/// Checks `model` against the served model's names; absent means the reported one.
+pub(crate) fn check_model(fields: &mut Fields, served: &ModelNames) -> Result<String, ApiError> {
+    served.resolve(fields.string("model")?)
 }
 
 /// Range of the temperature parameter per API (OpenAI 0..=2, Anthropic 0..=1).

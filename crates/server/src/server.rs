@@ -29,6 +29,7 @@ use tokio::sync::{oneshot, watch};
 use crate::backend::Backend;
 use crate::error::{ApiError, Dialect};
 use crate::metrics::ServerMetrics;
+use crate::models::ModelNames;
 use crate::{anthropic, openai};
 
 /// How long to wait for connections to close after in-flight generations were cancelled.
@@ -53,6 +54,10 @@ pub struct ServerConfig {
     /// past it the request is cancelled (its blocks freed within one engine step) and the
     /// client gets 504 `request_timeout`. `None`: no limit.
     pub request_timeout: Option<Duration>,
+    /// The names the model answers to (`--served-model-name`): the first is reported by
+    /// `/v1/models`, any is accepted in requests, `*` accepts every name. Empty: the backend's
+    /// [`Backend::model_id`] only.
+    pub served_model_names: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -64,6 +69,7 @@ impl Default for ServerConfig {
             max_body_bytes: 4 << 20,
             grace_period: Duration::from_secs(10),
             request_timeout: None,
+            served_model_names: Vec::new(),
         }
     }
 }
@@ -84,6 +90,8 @@ pub enum ServerError {
 /// Shared state of every handler.
 pub(crate) struct AppState {
     pub(crate) backend: Arc<dyn Backend>,
+    /// The names requests may give in `model`.
+    pub(crate) models: ModelNames,
     pub(crate) metrics: ServerMetrics,
     pub(crate) api_key: Option<String>,
     pub(crate) max_body_bytes: usize,
@@ -128,8 +136,10 @@ impl Server {
             .await
             .map_err(|source| ServerError::Bind { addr, source })?;
         let (cancel_tx, cancel) = watch::channel(false);
+        let models = ModelNames::new(&config.served_model_names, backend.model_id());
         let state = Arc::new(AppState {
             backend,
+            models,
             metrics: ServerMetrics::default(),
             api_key: config.api_key,
             max_body_bytes: config.max_body_bytes,
@@ -151,7 +161,7 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         let Server { listener, state, cancel_tx, grace_period } = self;
         if let Ok(addr) = listener.local_addr() {
-            tracing::info!(%addr, model = state.backend.model_id(), "serving");
+            tracing::info!(%addr, model = state.models.reported(), "serving");
         }
         let (signalled_tx, signalled_rx) = oneshot::channel::<()>();
         let draining_state = state.clone();
@@ -276,13 +286,13 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let backend = state.backend.metrics();
-    let text = state.metrics.render(state.backend.model_id(), &backend);
+    let text = state.metrics.render(state.models.reported(), &backend);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
-fn model_object(state: &AppState) -> serde_json::Value {
+fn model_object(state: &AppState, id: &str) -> serde_json::Value {
     json!({
-        "id": state.backend.model_id(),
+        "id": id,
         "object": "model",
         "created": state.started_unix,
         "owned_by": "pagekv",
@@ -291,12 +301,12 @@ fn model_object(state: &AppState) -> serde_json::Value {
 }
 
 async fn list_models(State(state): State<Arc<AppState>>) -> Response {
-    Json(json!({"object": "list", "data": [model_object(&state)]})).into_response()
+    Json(json!({"object": "list", "data": [model_object(&state, state.models.reported())]})).into_response()
 }
 
 async fn get_model(State(state): State<Arc<AppState>>, Path(model): Path<String>) -> Response {
-    if model == state.backend.model_id() {
-        Json(model_object(&state)).into_response()
+    if state.models.accepts(&model) {
+        Json(model_object(&state, &model)).into_response()
     } else {
         ApiError::model_not_found(&model).into_response()
     }

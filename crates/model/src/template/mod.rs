@@ -9,7 +9,9 @@
 //! - `raise_exception(msg)` fails the render with `msg`; `strftime_now(fmt)` formats the
 //!   current UTC time (`strftime.rs`);
 //! - `tojson` as `json.dumps(ensure_ascii=False)` (`tojson.rs`);
-//! - variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`.
+//! - variables `messages` (with `tool_calls`, `tool_call_id`, `name` where given), `tools`
+//!   (undefined when none), `add_generation_prompt`, `bos_token`, `eos_token`;
+//! - [`ChatTemplate::tool_call_format`]: the tool-call convention the template teaches.
 //!
 //! Where the template comes from ([`TemplateOrigin`]): the GGUF key `tokenizer.chat_template`;
 //! when that is missing, a ChatML fallback ([`CHATML_TEMPLATE`]) that `inspect` can report;
@@ -32,18 +34,37 @@ pub const CHAT_TEMPLATE_KEY: &str = "tokenizer.chat_template";
 /// The name the template is stored under in the environment.
 const NAME: &str = "chat";
 
-/// One message of a conversation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One message of a conversation, in the shape Hugging Face templates read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant`, `tool`, ... (passed to the template as is).
     pub role: String,
     pub content: String,
+    /// An assistant's tool calls: `{"id", "type": "function", "function": {"name", "arguments"}}`
+    /// with `arguments` an object (templates print it with `tojson`). Absent (undefined in the
+    /// template) when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool message's answer to the call with this id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A tool message's function name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage { role: role.into(), content: content.into(), ..ChatMessage::default() }
     }
+}
+
+/// How a model writes a tool call, detected from its chat template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolCallFormat {
+    /// Hermes / Qwen 2.5: `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`, one block
+    /// per call.
+    Hermes,
 }
 
 /// Where a template's source came from.
@@ -150,15 +171,36 @@ impl ChatTemplate {
     /// Renders `messages`; with `add_generation_prompt`, the text that opens the assistant's
     /// reply is appended (as the template defines it).
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TemplateError> {
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// [`render`](Self::render) with the tools the model may call, as `apply_chat_template`
+    /// passes them: `tools` is the list of `{"type": "function", "function": {…}}` objects, or
+    /// undefined (`None` in Python) when empty.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
         let template = self.env.get_template(NAME).map_err(|e| TemplateError::Render(describe(&e)))?;
+        let tools = (!tools.is_empty()).then_some(tools);
         template
             .render(context! {
                 messages => messages,
+                tools => tools,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
             })
             .map_err(|e| TemplateError::Render(describe(&e)))
+    }
+
+    /// The tool-call convention the template teaches the model, if it teaches one: Hermes/Qwen
+    /// when it writes `<tool_call>` blocks.
+    pub fn tool_call_format(&self) -> Option<ToolCallFormat> {
+        let s = &self.source;
+        (s.contains("<tool_call>") && s.contains("tools")).then_some(ToolCallFormat::Hermes)
     }
 
     /// Where the source came from.

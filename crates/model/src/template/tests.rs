@@ -112,3 +112,32 @@ fn syntax_errors_are_reported_at_construction() {
     let err = ChatTemplate::new("{% for m in messages %}{{ m.content }}").unwrap_err();
     assert!(matches!(err, TemplateError::Syntax(_)), "{err}");
 }
+
+/// Tools and tool calls reach the template as `apply_chat_template` passes them: `tools` is
+/// undefined without tools, assistant `tool_calls` carry `arguments` objects, tool messages
+/// their call id; a Hermes template is recognized, ChatML is not.
+#[test]
+fn tools_and_tool_calls_render_as_in_transformers() {
+    let source = r#"{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>{% endif %}
+{%- for m in messages %}[{{ m.role }}]{{ m.content }}
+{%- for c in m.tool_calls or [] %}<tool_call>{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}</tool_call>{% endfor %}
+{%- if m.tool_call_id %}({{ m.tool_call_id }}){% endif %}{% endfor %}"#;
+    let t = ChatTemplate::new(source).unwrap();
+    assert_eq!(t.tool_call_format(), Some(ToolCallFormat::Hermes));
+    assert_eq!(ChatTemplate::new(CHATML_TEMPLATE).unwrap().tool_call_format(), None);
+
+    let call = serde_json::json!({"id": "c1", "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Paris"}}});
+    let messages = vec![
+        ChatMessage::new("user", "weather?"),
+        ChatMessage { tool_calls: Some(vec![call]), ..ChatMessage::new("assistant", "") },
+        ChatMessage { tool_call_id: Some("c1".into()), ..ChatMessage::new("tool", "sunny") },
+    ];
+    let tool = serde_json::json!({"type": "function", "function": {"name": "get_weather", "parameters": {}}});
+    let out = t.render_with_tools(&messages, &[tool], false).unwrap();
+    assert_eq!(
+        out,
+        r#"<tools>{"type": "function", "function": {"name": "get_weather", "parameters": {}}}</tools>[user]weather?[assistant]<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>[tool]sunny(c1)"#
+    );
+    assert_eq!(t.render(&messages[..1], false).unwrap(), "[user]weather?", "no tools: `tools` is undefined");
+}

@@ -162,6 +162,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
             max_body_bytes: 16 << 20,
             grace_period: Duration::ZERO,
             request_timeout: None,
+            served_model_names: Vec::new(),
         };
         let server = Server::bind(server_config, backend).await?;
         let addr = server.local_addr()?;

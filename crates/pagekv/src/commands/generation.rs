@@ -190,6 +190,7 @@ pub fn generate(
         },
         logprobs: None,
         ignore_eos: false,
+        grammar: None,
     };
     let t0 = Instant::now();
     let mut stream = user.handle().submit(request)?;

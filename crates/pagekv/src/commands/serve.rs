@@ -57,8 +57,23 @@ pub struct ServeArgs {
     /// answered 504 `request_timeout` (0: no limit) [env: PAGEKV_REQUEST_TIMEOUT].
     #[arg(long, env = "PAGEKV_REQUEST_TIMEOUT", hide_env = true, default_value_t = 0.0)]
     pub request_timeout: f64,
+    /// Names the model answers to, comma-separated: the first is what /v1/models reports, any
+    /// is accepted in requests, `*` accepts every name (default: the model file's stem)
+    /// [env: PAGEKV_SERVED_MODEL_NAME].
+    #[arg(long, value_name = "NAME[,ALIAS...]", env = "PAGEKV_SERVED_MODEL_NAME", hide_env = true,
+          value_delimiter = ',', value_parser = served_model_name)]
+    pub served_model_name: Vec<String>,
     #[command(flatten)]
     pub model: ModelArgs,
+}
+
+/// One `--served-model-name` entry: non-empty, no surrounding spaces kept.
+fn served_model_name(s: &str) -> Result<String, String> {
+    let name = s.trim();
+    if name.is_empty() {
+        return Err("a served model name must not be empty".into());
+    }
+    Ok(name.to_string())
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -120,6 +135,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_body_bytes: a.max_body_bytes,
         grace_period: grace,
         request_timeout,
+        served_model_names: a.served_model_name,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let result = runtime.block_on(async move {

@@ -62,6 +62,12 @@ impl ServerProcess {
 
     pub fn start_with_env(test: &str, args: &[&str], env: &[(&str, &str)]) -> Option<ServerProcess> {
         let model_path = pagekv_testkit::default_model(test)?;
+        Some(Self::start_model(&model_path, args, env))
+    }
+
+    /// Starts `pagekv serve` on the model file `model_path`.
+    pub fn start_model(model_path: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> ServerProcess {
+        let model_path = model_path.to_path_buf();
         let serial = serial();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_pagekv"));
         cmd.args(["serve", "--host", "127.0.0.1", "--port", "0", "--model"]).arg(&model_path).args(args);
@@ -99,7 +105,7 @@ impl ServerProcess {
             }
         };
         let model = model_id(&model_path);
-        Some(ServerProcess { child, addr, model, stderr, _serial: serial })
+        ServerProcess { child, addr, model, stderr, _serial: serial }
     }
 
     /// What the server printed on stderr so far.

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use pagekv_server::{
     AttentionCalls, Backend, BackendError, BackendErrorKind, BackendMetrics, ChatMessage, Event, EventSender,
-    EventStream, FallbackCalls, FinishReason, GenerationRequest, LogprobEntry, PreparedPrompt, Prompt, TokenLogprob,
-    Usage,
+    EventStream, FallbackCalls, FinishReason, GenerationRequest, Grammar, LogprobEntry, PreparedPrompt, Prompt,
+    TokenLogprob, Tool, ToolCallFormat, Usage, INVALID_GRAMMAR,
 };
 use tokio::sync::Notify;
 
@@ -31,13 +31,31 @@ pub struct FakeConfig {
     pub context_window: usize,
     pub eos_after: usize,
     pub token_delay: Duration,
+    /// The tool-call format the fake reports (Hermes by default).
+    pub tool_format: Option<ToolCallFormat>,
 }
 
 impl Default for FakeConfig {
     fn default() -> Self {
-        FakeConfig { context_window: 256, eos_after: 8, token_delay: Duration::ZERO }
+        FakeConfig {
+            context_window: 256,
+            eos_after: 8,
+            token_delay: Duration::ZERO,
+            tool_format: Some(ToolCallFormat::Hermes),
+        }
     }
 }
+
+/// What the fake generates when the prompt contains `CALL_TOOLS`: text, two Hermes calls split
+/// across tokens (tags cut in the middle), then the end.
+pub const TOOL_WORDS: &[&str] = &[
+    "Checking.",
+    "\n<tool",
+    "_call>\n{\"name\": \"get_weather\", ",
+    "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}",
+    "\n</tool_",
+    "call>",
+];
 
 #[derive(Debug, Default)]
 struct Counters {
@@ -67,6 +85,26 @@ pub fn render_chat(messages: &[ChatMessage]) -> String {
     let mut s = String::new();
     for m in messages {
         s.push_str(&format!("<|{}|>{}\n", m.role.as_str(), m.content));
+    }
+    s.push_str("<|assistant|>");
+    s
+}
+
+/// The fake's template with tools: their names first, then the messages (calls and call ids shown).
+pub fn render_tools(tools: &[Tool], messages: &[ChatMessage]) -> String {
+    if tools.is_empty() && messages.iter().all(|m| m.tool_calls.is_empty() && m.tool_call_id.is_none()) {
+        return render_chat(messages);
+    }
+    let mut s = format!("<|tools|>{}\n", tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(","));
+    for m in messages {
+        s.push_str(&format!("<|{}|>{}", m.role.as_str(), m.content));
+        for c in &m.tool_calls {
+            s.push_str(&format!("[{}:{}({})]", c.id, c.name, c.arguments));
+        }
+        if let Some(id) = &m.tool_call_id {
+            s.push_str(&format!("[result of {id}]"));
+        }
+        s.push('\n');
     }
     s.push_str("<|assistant|>");
     s
@@ -146,7 +184,7 @@ impl Backend for FakeBackend {
     fn prepare(&self, prompt: &Prompt) -> Result<PreparedPrompt, BackendError> {
         let token_ids = match prompt {
             Prompt::Text(t) => t.chars().map(|c| c as u32).collect(),
-            Prompt::Chat(m) => render_chat(m).chars().map(|c| c as u32).collect(),
+            Prompt::Chat { messages: m, tools } => render_tools(tools, m).chars().map(|c| c as u32).collect(),
             Prompt::Tokens(ids) => {
                 if let Some(bad) = ids.iter().find(|&&id| id >= VOCAB) {
                     return Err(BackendError::new(
@@ -164,6 +202,14 @@ impl Backend for FakeBackend {
         let text: String = request.prompt.iter().filter_map(|&id| char::from_u32(id)).collect();
         if text.contains("FAIL_SUBMIT") {
             return Err(BackendError::new(BackendErrorKind::Overloaded, "queue is full"));
+        }
+        // The fake's grammar compiler refuses any schema with an `x-invalid` key.
+        if let Some(Grammar::JsonSchema { schema, .. }) = &request.grammar {
+            if schema.get("x-invalid").is_some() {
+                let e =
+                    BackendError::new(BackendErrorKind::InvalidRequest, "invalid grammar: x-invalid is not allowed");
+                return Err(e.with_code(INVALID_GRAMMAR));
+            }
         }
         let fail_midway = text.contains("FAIL_MIDWAY");
         let cached = {
@@ -190,6 +236,10 @@ impl Backend for FakeBackend {
         tokio::spawn(job.run());
         self.changed.notify_waiters();
         Ok(rx)
+    }
+
+    fn tool_call_format(&self) -> Option<ToolCallFormat> {
+        self.config.tool_format
     }
 
     fn metrics(&self) -> BackendMetrics {
@@ -230,6 +280,24 @@ struct Generate {
 }
 
 impl Generate {
+    /// The scripted tool-call output when the prompt asks for it, else the fixed sentence.
+    fn words(&self) -> &'static [&'static str] {
+        let prompt: String = self.request.prompt.iter().filter_map(|&id| char::from_u32(id)).collect();
+        if prompt.contains("CALL_TOOLS") {
+            TOOL_WORDS
+        } else {
+            WORDS
+        }
+    }
+
+    fn eos_after(&self) -> usize {
+        if self.words() == TOOL_WORDS {
+            TOOL_WORDS.len()
+        } else {
+            self.config.eos_after
+        }
+    }
+
     async fn run(self) {
         let finished = self.generate().await;
         self.counters.running.fetch_sub(1, Ordering::SeqCst);
@@ -255,7 +323,7 @@ impl Generate {
                 let e = BackendError::new(BackendErrorKind::Internal, "the fake engine broke");
                 return self.tx.send(Event::Error(e)).is_ok();
             }
-            if n == self.config.eos_after {
+            if n == self.eos_after() {
                 return self.tx.send(done(FinishReason::Stop, None, n)).is_ok();
             }
             if n == self.request.max_tokens {
@@ -265,7 +333,8 @@ impl Generate {
                 _ = self.tx.cancelled() => return false,
                 _ = tokio::time::sleep(self.config.token_delay) => {}
             }
-            let word = WORDS[n % WORDS.len()];
+            let words = self.words();
+            let word = words[n % words.len()];
             let candidate = format!("{text}{word}");
             let stop =
                 self.request.stop.iter().filter_map(|s| candidate.find(s.as_str()).map(|at| (at, s.clone()))).min();

@@ -13,7 +13,12 @@ use crate::client::{within, TestServer};
 use crate::fake::{expected_text, FakeConfig};
 
 fn slow(eos_after: usize, delay_ms: u64) -> FakeConfig {
-    FakeConfig { context_window: 1 << 20, eos_after, token_delay: Duration::from_millis(delay_ms) }
+    FakeConfig {
+        context_window: 1 << 20,
+        eos_after,
+        token_delay: Duration::from_millis(delay_ms),
+        ..Default::default()
+    }
 }
 
 fn chat(stream: bool) -> Value {

@@ -6,6 +6,9 @@
 //! - anthropic.rs: /v1/messages, streaming and not.
 //! - errors.rs: every bad input gets the right status and error shape, and the server keeps
 //!   serving; API keys.
+//! - format.rs: `response_format` to the backend's grammar, and its errors.
+//! - models.rs: served model names, aliases and the `*` wildcard.
+//! - tools.rs: tool calling: parsing, streaming deltas, constrained choices, history, errors.
 //! - lifecycle.rs: disconnect mid-stream cancels the backend stream, /metrics format and
 //!   counters, concurrent streams, graceful shutdown (finish within the grace period, cancel
 //!   after it).
@@ -14,5 +17,8 @@ mod anthropic;
 mod client;
 mod errors;
 mod fake;
+mod format;
 mod lifecycle;
+mod models;
 mod openai;
+mod tools;

@@ -11,7 +11,7 @@ fn user(text: &str) -> Value {
 }
 
 fn prompt_len(text: &str) -> usize {
-    render_chat(&[ChatMessage { role: Role::User, content: text.into() }]).chars().count()
+    render_chat(&[ChatMessage::new(Role::User, text)]).chars().count()
 }
 
 /// The `data` payloads of a chat/completions stream, checking it ends with `[DONE]`.
