@@ -6,8 +6,7 @@
 //! activation row: `_mm256_maddubs_epi16` (no saturation: 2·63·127 < 2^15), `_mm256_madd_epi16`
 //! with the sub-block scales broadcast as i16, summed as i32 over the super-block and converted
 //! once. The min terms (Q4_K/Q5_K `dmin · mn_j`) and the Q6_K offset (`-32 · sc_g`) use the
-//! activation block sums `bsums`, one `vpmaddwd` each (Q4_K/Q5_K accumulate it in its own
-//! float vector, Q6_K subtracts it from the integer sum); horizontal sums wait for the row's end. Q2_K (0..3) and Q3_K (0..7, its -4
+//! activation block sums `bsums`, in scalar integers. Q2_K (0..3) and Q3_K (0..7, its -4
 //! offset through `bsums` like Q6_K's) take the same path with 16 group scales; IQ4_XS looks
 //! its signed levels up with a byte shuffle and multiplies them as signed bytes.
 
@@ -49,27 +48,7 @@ unsafe fn k4_dot(q: &[__m256i; 8], sc: &[__m256i; 8], y: *const i8) -> __m256i {
     sumi
 }
 
-/// [`k4_dot`] split by parity: the sums over the even vectors and over the odd ones. The
-/// AVX-512 kernels hold the even vectors in the low and the odd in the high half of a register,
-/// and these kernels keep the same two sums apart, so both convert and accumulate the same
-/// integers in the same order (bit-identical results).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn k4_dot_split(q: &[__m256i; 8], sc: &[__m256i; 8], y: *const i8) -> (__m256i, __m256i) {
-    let (mut even, mut odd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-    for v in (0..8).step_by(2) {
-        let y0 = _mm256_loadu_si256(y.add(32 * v) as *const __m256i);
-        let y1 = _mm256_loadu_si256(y.add(32 * v + 32) as *const __m256i);
-        even = _mm256_add_epi32(even, _mm256_madd_epi16(_mm256_maddubs_epi16(q[v], y0), sc[v]));
-        odd = _mm256_add_epi32(odd, _mm256_madd_epi16(_mm256_maddubs_epi16(q[v + 1], y1), sc[v + 1]));
-    }
-    (even, odd)
-}
-
-/// Shared body of Q4_K (`FIVE = false`) and Q5_K (`FIVE = true`). Per super-block and
-/// activation row the work is the integer dot, two conversions and FMAs into the even/odd
-/// accumulators, and the min term as one `vpmaddwd` of `bsums` against the mins (each twice)
-/// FMA'd into an eight-lane accumulator; the horizontal sums wait for the end of the row.
+/// Shared body of Q4_K (`FIVE = false`) and Q5_K (`FIVE = true`).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
@@ -78,9 +57,8 @@ unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usi
     debug_assert!(w.len() == nb * block && a.q8k.len() >= (j0 + NJ) * nb);
     let mask = _mm256_set1_epi8(0x0F);
     let one = _mm256_set1_epi8(1);
-    let mut acc_even = [_mm256_setzero_ps(); NJ];
-    let mut acc_odd = [_mm256_setzero_ps(); NJ];
-    let mut acc_min = [_mm256_setzero_ps(); NJ];
+    let mut acc = [_mm256_setzero_ps(); NJ];
+    let mut acc_min = [0.0f32; NJ];
     for b in 0..nb {
         if NJ == 1 {
             prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
@@ -88,9 +66,6 @@ unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usi
         let blk = w.as_ptr().add(b * block);
         let (d, dmin, sc, mn) = k4_header(blk);
         let scv: [__m256i; 8] = std::array::from_fn(|v| _mm256_set1_epi16(sc[v]));
-        // [m0, m0, m1, m1, ..]: meets bsums[2j] and bsums[2j + 1].
-        let mn2: [i16; 16] = std::array::from_fn(|i| mn[i / 2] as i16);
-        let mnv = _mm256_loadu_si256(mn2.as_ptr() as *const __m256i);
         let mut q = [_mm256_setzero_si256(); 8];
         let qh = if FIVE { _mm256_loadu_si256(blk.add(16) as *const __m256i) } else { _mm256_setzero_si256() };
         for c in 0..4 {
@@ -106,17 +81,14 @@ unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usi
         }
         for t in 0..NJ {
             let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
-            let (even, odd) = k4_dot_split(&q, &scv, y.qs.as_ptr());
-            let s = _mm256_set1_ps(d * y.d);
-            acc_even[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(even), acc_even[t]);
-            acc_odd[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(odd), acc_odd[t]);
-            let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
-            let summ = _mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, mnv));
-            acc_min[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * y.d), summ, acc_min[t]);
+            let sumi = k4_dot(&q, &scv, y.qs.as_ptr());
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
+            let summ: i32 = (0..8).map(|j| mn[j] * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32)).sum();
+            acc_min[t] += dmin * y.d * summ as f32;
         }
     }
     for t in 0..NJ {
-        out[t] = hsum(_mm256_add_ps(acc_even[t], acc_odd[t])) - hsum(acc_min[t]);
+        out[t] = hsum(acc[t]) - acc_min[t];
     }
 }
 
@@ -130,9 +102,7 @@ unsafe fn q5_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     k4_rows::<NJ, true>(w, a, j0, out)
 }
 
-/// Q6_K: codes unpacked to 0..63 (`q + 32`), so the dot is `Σ sc_g Σ q y - 32 Σ sc_g bsums_g`;
-/// the offset is one `vpmaddwd` of `bsums` against the scales, subtracted from the even sum in
-/// integers (the AVX-512 kernel does the same to its low half).
+/// Q6_K: codes unpacked to 0..63 (`q + 32`), so the dot is `Σ sc_g Σ q y - 32 Σ sc_g bsums_g`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
     const BLOCK: usize = 210;
@@ -140,16 +110,15 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     debug_assert!(w.len() == nb * BLOCK && a.q8k.len() >= (j0 + NJ) * nb);
     let mask = _mm256_set1_epi8(0x0F);
     let three = _mm256_set1_epi8(3);
-    let mut acc_even = [_mm256_setzero_ps(); NJ];
-    let mut acc_odd = [_mm256_setzero_ps(); NJ];
+    let mut acc = [_mm256_setzero_ps(); NJ];
     for b in 0..nb {
         if NJ == 1 {
             prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
         }
         let blk = w.as_ptr().add(b * BLOCK);
         let sc: [i8; 16] = std::ptr::read_unaligned(blk.add(192) as *const [i8; 16]);
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
-        let d = load_f16(blk.add(208));
+        let d =
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk.add(208) as *const u16) as i32)));
         let mut q = [_mm256_setzero_si256(); 8];
         for h in 0..2 {
             let ql0 = _mm256_loadu_si256(blk.add(64 * h) as *const __m256i);
@@ -163,19 +132,21 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
             q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), mask), high(4));
             q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), mask), high(6));
         }
-        let scv = group_scales(sc.map(|s| s as i16));
+        // Vector v covers values 32v..32v+32: groups 2v (low 128 bits) and 2v+1 (high).
+        let scv: [__m256i; 8] = std::array::from_fn(|v| {
+            _mm256_set_m128i(_mm_set1_epi16(sc[2 * v + 1] as i16), _mm_set1_epi16(sc[2 * v] as i16))
+        });
         for t in 0..NJ {
             let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
-            let (even, odd) = k4_dot_split(&q, &scv, y.qs.as_ptr());
-            let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
-            let offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
-            let s = _mm256_set1_ps(d * y.d);
-            acc_even[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(even, offset)), acc_even[t]);
-            acc_odd[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(odd), acc_odd[t]);
+            let sumi = k4_dot(&q, &scv, y.qs.as_ptr());
+            let offset: i32 = (0..16).map(|g| sc[g] as i32 * y.bsums[g] as i32).sum();
+            let s = _mm256_cvtepi32_ps(sumi);
+            let s = _mm256_sub_ps(s, _mm256_setr_ps(32.0 * offset as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), s, acc[t]);
         }
     }
     for t in 0..NJ {
-        out[t] = hsum(_mm256_add_ps(acc_even[t], acc_odd[t]));
+        out[t] = hsum(acc[t]);
     }
 }
 

@@ -7,14 +7,13 @@
 //! arithmetic. Here a 512-bit register holds two 32-value vectors side by side (64 codes
 //! against 64 contiguous activation bytes): `vpmaddubsw` forms the same byte-pair sums, and
 //! `vpdpwssd` multiplies them by the scale (as i16) and adds the pairs into the running i32 sums
-//! in one instruction (AVX2: `vpmaddwd` + `vpaddd`). The two 256-bit halves hold the sums over
-//! the even and the odd vectors, which the AVX2 kernels keep apart too: each half is converted
-//! and accumulated as the AVX2 kernel's even/odd accumulator, and the halves are added once, at
-//! the end of the row, as the AVX2 kernel adds its two.
+//! in one instruction (AVX2: `vpmaddwd` + `vpaddd`). The two 256-bit halves (even and odd
+//! vectors) are added at the end of the super-block, which gives the same eight integers; the
+//! float steps after that are the AVX2 kernel's, in the same order.
 //!
 //! The 6-bit scales and mins of Q4_K/Q5_K are unpacked with ggml's 32-bit mask trick instead
 //! of one sub-block at a time, and the min term's `Σ mn_j (bsums_2j + bsums_2j+1)` is one
-//! `vpmaddwd` whose eight lanes are FMA'd into their own accumulator, as in the AVX2 kernel.
+//! `vpmaddwd` (integers again, so exact).
 
 // Kernels and references index several parallel arrays by the same lane or row.
 #![allow(clippy::needless_range_loop)]
@@ -46,13 +45,21 @@ fn unpack_scales_mins(p: &[u8; 12]) -> [u8; 16] {
     out
 }
 
-/// Adds the two 256-bit halves of `v` lane by lane (low + high, as the AVX2 kernels add their
-/// even and odd accumulators).
+/// Adds the two 256-bit halves of `v` (eight i32 lanes each).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn fold_halves_ps(v: __m512) -> __m256 {
-    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-    _mm256_add_ps(_mm512_castps512_ps256(v), high)
+unsafe fn fold_halves(v: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
+}
+
+/// Sum of eight i32 lanes (exact).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
 }
 
 /// Shared body of Q4_K (`FIVE = false`) and Q5_K (`FIVE = true`): one weight row × `NJ`
@@ -65,9 +72,8 @@ unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usi
     debug_assert!(w.len() == nb * block && a.q8k.len() >= (j0 + NJ) * nb);
     let mask = _mm512_set1_epi8(0x0F);
     let one = _mm512_set1_epi8(1);
-    // Low half: the AVX2 kernel's even accumulator, high half: its odd one.
-    let mut acc = [_mm512_setzero_ps(); NJ];
-    let mut acc_min = [_mm256_setzero_ps(); NJ];
+    let mut acc = [_mm256_setzero_ps(); NJ];
+    let mut acc_min = [0.0f32; NJ];
     for b in 0..nb {
         if NJ == 1 {
             prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
@@ -110,14 +116,15 @@ unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usi
                 let yv = _mm512_loadu_si512(y.qs.as_ptr().add(64 * c) as *const __m512i);
                 sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[c], yv), scz[c]);
             }
-            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d * y.d), _mm512_cvtepi32_ps(sumi), acc[t]);
+            let sumi = fold_halves(sumi);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
             let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
-            let summ = _mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, mn16));
-            acc_min[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * y.d), summ, acc_min[t]);
+            let summ = hsum_i32(_mm256_madd_epi16(bsums, mn16));
+            acc_min[t] += dmin * y.d * summ as f32;
         }
     }
     for t in 0..NJ {
-        out[t] = hsum(fold_halves_ps(acc[t])) - hsum(acc_min[t]);
+        out[t] = hsum(acc[t]) - acc_min[t];
     }
 }
 
@@ -141,15 +148,14 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     debug_assert!(w.len() == nb * BLOCK && a.q8k.len() >= (j0 + NJ) * nb);
     let mask = _mm512_set1_epi8(0x0F);
     let three = _mm512_set1_epi8(3);
-    let mut acc = [_mm512_setzero_ps(); NJ];
+    let mut acc = [_mm256_setzero_ps(); NJ];
     for b in 0..nb {
         if NJ == 1 {
             prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
         }
         let blk = w.as_ptr().add(b * BLOCK);
         let sc: [i8; 16] = std::ptr::read_unaligned(blk.add(192) as *const [i8; 16]);
-        let sc16_256 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
-        let sc16 = _mm512_castsi256_si512(sc16_256);
+        let sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i)));
         let d =
             _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk.add(208) as *const u16) as i32)));
         let mut q = [_mm512_setzero_si512(); 4];
@@ -192,15 +198,15 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
                 let yv = _mm512_loadu_si512(y.qs.as_ptr().add(64 * c) as *const __m512i);
                 sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[c], yv), scz[c]);
             }
-            // -32 Σ sc_g bsums_g, in integers, from the low half (the AVX2 even sum).
-            let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
-            let offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16_256), 5);
-            let sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(offset));
-            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d * y.d), _mm512_cvtepi32_ps(sumi), acc[t]);
+            let sumi = fold_halves(sumi);
+            let offset: i32 = (0..16).map(|g| sc[g] as i32 * y.bsums[g] as i32).sum();
+            let s = _mm256_cvtepi32_ps(sumi);
+            let s = _mm256_sub_ps(s, _mm256_setr_ps(32.0 * offset as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), s, acc[t]);
         }
     }
     for t in 0..NJ {
-        out[t] = hsum(fold_halves_ps(acc[t]));
+        out[t] = hsum(acc[t]);
     }
 }
 
