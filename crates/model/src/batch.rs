@@ -166,6 +166,11 @@ mod tests {
             rope_style: RopeStyle::Norm,
             rope_linear_scale: 1.0,
             sliding_window: None,
+            layer_windows: vec![None; 2],
+            rope_base_local: 10000.0,
+            embed_scale: 1.0,
+            attn_scale: 0.25,
+            activation: crate::llama::Activation::Silu,
         }
     }
 

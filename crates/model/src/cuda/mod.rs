@@ -91,6 +91,11 @@ pub fn synthetic_config(name: &str) -> Option<ModelConfig> {
         rope_style: RopeStyle::Norm,
         rope_linear_scale: 1.0,
         sliding_window: None,
+        layer_windows: vec![None; layers],
+        rope_base_local: rope_base,
+        embed_scale: 1.0,
+        attn_scale: 1.0 / (head_dim as f32).sqrt(),
+        activation: crate::llama::Activation::Silu,
     };
     match name {
         // Meta-Llama-3-8B: 32 layers, 4096 wide, 14336 ffn, 32 q / 8 kv heads of 128, 128256 tokens.
@@ -307,6 +312,11 @@ impl CudaModel {
 
     /// The weights of a loaded (CPU) model, dequantized to `dtype` and uploaded to `device`.
     pub fn from_model(model: &Model, device: Arc<CudaDevice>, dtype: DType) -> Result<CudaModel, ModelError> {
+        if model.config.architecture == crate::llama::Architecture::Gemma3 {
+            return Err(ModelError::UnsupportedArchitecture(
+                "gemma3 on --device cuda (it runs on the CPU; the GPU forward has no Gemma 3 steps yet)".into(),
+            ));
+        }
         let ops = ModelOps::new(device.clone()).map_err(dev)?;
         let weights = DeviceWeights::upload(&device, &model.weights, &model.config, dtype)?;
         CudaModel::assemble(model.config.clone(), device, ops, weights, None)

@@ -17,6 +17,18 @@ pub enum Architecture {
     Llama,
     Qwen2,
     Qwen3,
+    /// Gemma 3: scaled embeddings, q/k norms, norms after attention and MLP, GeGLU, and
+    /// sliding-window layers with their own RoPE base.
+    Gemma3,
+}
+
+/// The MLP's gate activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(gate) · up` (llama, qwen).
+    Silu,
+    /// `gelu(gate) · up` with GELU's tanh approximation (gemma).
+    GeluTanh,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -40,7 +52,20 @@ pub struct ModelConfig {
     pub rope_style: RopeStyle,
     /// Linear position scaling (`rope.scaling.factor` with type linear), 1.0 if none.
     pub rope_linear_scale: f32,
+    /// A sliding window over the whole sequence (every layer), which the cache applies and
+    /// reclaims blocks behind (Mistral-style). `None` for models whose windows are per layer.
     pub sliding_window: Option<usize>,
+    /// Per-layer sliding windows (Gemma 3: five local layers of every six): `Some(w)` where layer
+    /// `i` attends only to the last `w` positions. Attention applies them; the cache keeps every
+    /// position (one block table per sequence).
+    pub layer_windows: Vec<Option<usize>>,
+    /// RoPE base of the layers with a window in `layer_windows` (`rope.freq_base_swa`).
+    pub rope_base_local: f32,
+    /// Factor applied to the token embeddings (Gemma: √hidden), 1 otherwise.
+    pub embed_scale: f32,
+    /// Scale of the query·key products.
+    pub attn_scale: f32,
+    pub activation: Activation,
 }
 
 impl ModelConfig {
@@ -50,6 +75,7 @@ impl ModelConfig {
             "llama" | "mistral" => Architecture::Llama,
             "qwen2" => Architecture::Qwen2,
             "qwen3" => Architecture::Qwen3,
+            "gemma3" => Architecture::Gemma3,
             other => return Err(ModelError::UnsupportedArchitecture(other.to_string())),
         };
         let key = |k: &str| format!("{arch_name}.{k}");
@@ -86,9 +112,29 @@ impl ModelConfig {
             Some(_) if meta.get_str(&key("rope.scaling.type"))? == "linear" => opt_f32("rope.scaling.factor", 1.0)?,
             _ => 1.0,
         };
-        let sliding_window = match meta.get(&key("attention.sliding_window")) {
+        let window = match meta.get(&key("attention.sliding_window")) {
             Some(_) => Some(u("attention.sliding_window")?).filter(|&w| w > 0),
             None => None,
+        };
+        let gemma3 = architecture == Architecture::Gemma3;
+        // Gemma 3: layer i is local unless i % pattern == pattern - 1 (llama.cpp's default
+        // pattern 6, or the file's `attention.sliding_window_pattern`).
+        let (sliding_window, layer_windows) = match (gemma3, window) {
+            (true, Some(w)) => {
+                let pattern = match meta.get(&key("attention.sliding_window_pattern")) {
+                    Some(_) => u("attention.sliding_window_pattern")?,
+                    None => 6,
+                };
+                let local = |i: usize| pattern == 0 || i % pattern < pattern - 1;
+                (None, (0..num_layers).map(|i| local(i).then_some(w)).collect())
+            }
+            _ => (window, vec![None; num_layers]),
+        };
+        // llama.cpp: 1/√head_dim, but 1/√(hidden/heads) for Gemma 3 27B (62 layers).
+        let attn_scale = if gemma3 && num_layers == 62 {
+            1.0 / ((hidden / num_heads) as f32).sqrt()
+        } else {
+            1.0 / (head_dim as f32).sqrt()
         };
         let config = ModelConfig {
             architecture,
@@ -106,10 +152,15 @@ impl ModelConfig {
             rope_dims,
             rope_style: match architecture {
                 Architecture::Llama => RopeStyle::Norm,
-                Architecture::Qwen2 | Architecture::Qwen3 => RopeStyle::Neox,
+                Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma3 => RopeStyle::Neox,
             },
             rope_linear_scale,
             sliding_window,
+            layer_windows,
+            rope_base_local: opt_f32("rope.freq_base_swa", 10000.0)?,
+            embed_scale: if gemma3 { (hidden as f32).sqrt() } else { 1.0 },
+            attn_scale,
+            activation: if gemma3 { Activation::GeluTanh } else { Activation::Silu },
             arch_name,
         };
         if config.num_layers == 0 || config.hidden == 0 || config.ffn == 0 || config.vocab_size == 0 {

@@ -1,11 +1,13 @@
-//! The llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) as found in GGUF files.
+//! The llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) and Gemma 3 as found in GGUF
+//! files.
 
 pub mod config;
+pub mod gelu;
 mod model;
 pub mod ops;
 pub mod silu;
 pub mod weights;
 
-pub use config::{Architecture, ModelConfig, RopeStyle};
+pub use config::{Activation, Architecture, ModelConfig, RopeStyle};
 pub use model::Model;
 pub use weights::LoadOptions;

@@ -20,7 +20,8 @@ use pagekv_cpu::attention::{Attention, AttentionConfig, AttentionParams};
 use pagekv_cpu::quant::{dequantize_row, fusable, matmul, matmul_fused, MatmulPart, QuantScratch};
 use pagekv_cpu::threadpool::ThreadPool;
 
-use super::config::ModelConfig;
+use super::config::{Activation, ModelConfig};
+use super::gelu::gelu_mul;
 use super::ops::{add_in_place, rms_norm, rms_norm_chunks, round_queries_for, Rope};
 use super::silu::silu_mul;
 use super::weights::{LoadOptions, Tensor, Weights};
@@ -80,6 +81,8 @@ pub struct Model {
     pub config: ModelConfig,
     pub weights: Weights,
     rope: Rope,
+    /// The RoPE of the layers with a sliding window (`ModelConfig::rope_base_local`).
+    rope_local: Rope,
     attention: Attention,
     /// How attention rounds (`PAGEKV_ATTN_NUMERICS`).
     numerics: AttnNumerics,
@@ -111,17 +114,21 @@ impl Model {
         let weights = Weights::load_with(file, &config, options)?;
         let threads = ThreadPool::global().map_err(|e| ModelError::Invalid(e.to_string()))?;
         let factors = weights.rope_freqs.as_ref().map(|t| weights.f32s(t).to_vec());
-        let rope = Rope::new(
-            config.rope_style,
-            config.head_dim,
-            config.rope_dims,
-            config.rope_base,
-            config.rope_linear_scale,
-            factors.as_deref(),
-        );
+        let rope_with_base = |base: f32| {
+            Rope::new(
+                config.rope_style,
+                config.head_dim,
+                config.rope_dims,
+                base,
+                config.rope_linear_scale,
+                factors.as_deref(),
+            )
+        };
+        let (rope, rope_local) = (rope_with_base(config.rope_base), rope_with_base(config.rope_base_local));
         let numerics = AttnNumerics::Auto;
         Ok(Model {
             rope,
+            rope_local,
             attention: Attention::new(attention, threads),
             numerics,
             ggml: ggml_kernel(numerics, threads),
@@ -183,6 +190,9 @@ impl Model {
             let row = embd.row(tok as usize).map_err(|e| kernel(&w.token_embd, e))?;
             dequantize_row(embd.ty, row, &mut s.x[i * h..(i + 1) * h]).map_err(|e| kernel(&w.token_embd, e))?;
         }
+        if c.embed_scale != 1.0 {
+            s.x[..n * h].iter_mut().for_each(|v| *v *= c.embed_scale);
+        }
 
         for (li, lw) in w.layers.iter().enumerate() {
             // Attention block.
@@ -213,9 +223,11 @@ impl Model {
             if let Some(kn) = &lw.k_norm {
                 rms_norm_chunks(&mut s.k[..n * kvd], w.f32s(kn), c.rms_eps);
             }
+            let window = c.layer_windows[li];
+            let rope = if window.is_some() { &mut self.rope_local } else { &mut self.rope };
             for i in 0..n {
-                self.rope.apply(&mut s.q[i * qd..(i + 1) * qd], batch.positions[i] as usize);
-                self.rope.apply_cached(&mut s.k[i * kvd..(i + 1) * kvd]);
+                rope.apply(&mut s.q[i * qd..(i + 1) * qd], batch.positions[i] as usize);
+                rope.apply_cached(&mut s.k[i * kvd..(i + 1) * kvd]);
             }
             // As ggml: the K·Q product sees Q at the K cache's precision (the ggml kernel rounds
             // its queries itself, as its steps say).
@@ -231,12 +243,16 @@ impl Model {
                 batch,
                 c,
                 &s.q[..n * qd],
+                window.or(batch.sliding_window),
                 &counters,
                 &mut s.attn[..n * qd],
                 &mut s.tables,
                 &mut s.lens,
             )?;
             mm(w, &lw.wo, &s.attn[..n * qd], n, &mut s.proj[..n * h], &mut s.quant, self.threads)?;
+            if let Some(post) = &lw.post_attn_norm {
+                rms_norm_chunks(&mut s.proj[..n * h], w.f32s(post), c.rms_eps);
+            }
             add_in_place(&mut s.x[..n * h], &s.proj[..n * h]);
 
             // MLP block.
@@ -253,8 +269,14 @@ impl Model {
                 &mut s.quant,
                 self.threads,
             )?;
-            silu_mul(&mut s.gate[..n * f], &s.up[..n * f]);
+            match c.activation {
+                Activation::Silu => silu_mul(&mut s.gate[..n * f], &s.up[..n * f]),
+                Activation::GeluTanh => gelu_mul(&mut s.gate[..n * f], &s.up[..n * f]),
+            }
             mm(w, &lw.w_down, &s.gate[..n * f], n, &mut s.proj[..n * h], &mut s.quant, self.threads)?;
+            if let Some(post) = &lw.post_ffn_norm {
+                rms_norm_chunks(&mut s.proj[..n * h], w.f32s(post), c.rms_eps);
+            }
             add_in_place(&mut s.x[..n * h], &s.proj[..n * h]);
         }
 
@@ -346,13 +368,14 @@ fn attend(
     batch: &Batch,
     c: &ModelConfig,
     q: &[f32], // [n, q_dim]
+    sliding_window: Option<usize>,
     counters: &kvcache::CacheCounters,
     out: &mut [f32], // [n, q_dim]
     tables_buf: &mut Vec<&'static [u32]>,
     lens_buf: &mut Vec<usize>,
 ) -> Result<(), ModelError> {
     let qd = c.q_dim();
-    let scale = 1.0 / (c.head_dim as f32).sqrt();
+    let scale = c.attn_scale;
     let mut tables: Vec<&[u32]> = recycle(std::mem::take(tables_buf));
     let mut i = 0;
     let seqs = &batch.seqs;
@@ -379,7 +402,7 @@ fn attend(
             block_tables: &tables,
             context_lens: lens_buf,
             scale,
-            sliding_window: batch.sliding_window,
+            sliding_window,
             causal: q_len > 1,
         };
         let out = &mut out[t0 * qd..t1 * qd];

@@ -74,7 +74,11 @@ pub struct LayerWeights {
     pub bv: Option<Tensor>,     // [1, kv_dim]
     pub q_norm: Option<Tensor>, // [1, head_dim] (qwen3)
     pub k_norm: Option<Tensor>, // [1, head_dim]
-    pub ffn_norm: Tensor,       // [1, hidden]
+    /// Gemma 3: RMSNorm of the attention output before the residual add.
+    pub post_attn_norm: Option<Tensor>, // [1, hidden]
+    pub ffn_norm: Tensor,               // [1, hidden]
+    /// Gemma 3: RMSNorm of the MLP output before the residual add.
+    pub post_ffn_norm: Option<Tensor>, // [1, hidden]
     pub w_gate: Tensor,         // [ffn, hidden]
     pub w_up: Tensor,           // [ffn, hidden]
     pub w_down: Tensor,         // [hidden, ffn]
@@ -118,7 +122,17 @@ impl Weights {
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let n = |s: &str| format!("blk.{i}.{s}");
-            let qwen3 = c.architecture == Architecture::Qwen3;
+            // Qwen 3 and Gemma 3 always normalize q and k per head; Gemma 3 also normalizes the
+            // attention and MLP outputs.
+            let qk_norms = matches!(c.architecture, Architecture::Qwen3 | Architecture::Gemma3);
+            let gemma3 = c.architecture == Architecture::Gemma3;
+            let post = |name: &str| -> Result<Option<Tensor>, ModelError> {
+                if gemma3 {
+                    Ok(Some(get(&n(name), 1, h)?))
+                } else {
+                    Ok(None)
+                }
+            };
             layers.push(LayerWeights {
                 attn_norm: get(&n("attn_norm.weight"), 1, h)?,
                 wq: get(&n("attn_q.weight"), q, h)?,
@@ -128,23 +142,28 @@ impl Weights {
                 bq: opt(&n("attn_q.bias"), 1, q)?,
                 bk: opt(&n("attn_k.bias"), 1, kv)?,
                 bv: opt(&n("attn_v.bias"), 1, kv)?,
-                q_norm: if qwen3 {
+                q_norm: if qk_norms {
                     Some(get(&n("attn_q_norm.weight"), 1, d)?)
                 } else {
                     opt(&n("attn_q_norm.weight"), 1, d)?
                 },
-                k_norm: if qwen3 {
+                k_norm: if qk_norms {
                     Some(get(&n("attn_k_norm.weight"), 1, d)?)
                 } else {
                     opt(&n("attn_k_norm.weight"), 1, d)?
                 },
+                post_attn_norm: post("post_attention_norm.weight")?,
                 ffn_norm: get(&n("ffn_norm.weight"), 1, h)?,
+                post_ffn_norm: post("post_ffw_norm.weight")?,
                 w_gate: get(&n("ffn_gate.weight"), f, h)?,
                 w_up: get(&n("ffn_up.weight"), f, h)?,
                 w_down: get(&n("ffn_down.weight"), h, f)?,
             });
         }
-        for (t, what) in layers.iter().flat_map(|l| [(&l.attn_norm, "norm"), (&l.ffn_norm, "norm")]) {
+        let norms = layers.iter().flat_map(|l| {
+            [Some(&l.attn_norm), Some(&l.ffn_norm), l.post_attn_norm.as_ref(), l.post_ffn_norm.as_ref()].into_iter().flatten()
+        });
+        for (t, what) in norms.map(|t| (t, "norm")) {
             if t.ty != WeightType::F32 {
                 return Err(ModelError::Tensor {
                     name: t.name.clone(),
