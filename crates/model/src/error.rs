@@ -8,7 +8,7 @@ use crate::gguf::GgufError;
 pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3)")]
+    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, gemma3)")]
     UnsupportedArchitecture(String),
     #[error("invalid model: {0}")]
     Invalid(String),
