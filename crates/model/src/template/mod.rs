@@ -72,8 +72,12 @@ pub enum ToolCallFormat {
 pub enum TemplateOrigin {
     /// `tokenizer.chat_template` of the model file.
     Gguf,
-    /// The model file has no template; [`CHATML_TEMPLATE`] is used instead.
+    /// The model file has no template; [`CHATML_TEMPLATE`] is used instead (its vocabulary has
+    /// ChatML's `<|im_start|>`, or the file lists no vocabulary).
     ChatMlFallback,
+    /// The model file has no template and its vocabulary no ChatML tokens (a base model such as
+    /// Gemma 3 270M): rendering is an error that says so ([`TemplateError::Missing`]).
+    Missing,
     /// Given to [`ChatTemplate::new`] by the caller (e.g. an override file).
     Custom,
 }
@@ -90,6 +94,12 @@ pub enum TemplateError {
     /// The model file's metadata could not be read.
     #[error("chat template metadata: {0}")]
     Metadata(#[from] GgufError),
+    /// The model has no chat template (see [`TemplateOrigin::Missing`]).
+    #[error(
+        "this model has no chat template and no ChatML tokens (a base model): chat needs a template \
+         (--chat-template FILE); raw completion (`pagekv run`, /v1/completions) works without one"
+    )]
+    Missing,
 }
 
 /// A compiled chat template with the special-token texts it may print.
@@ -122,9 +132,14 @@ impl ChatTemplate {
     /// The template of a model file (`tokenizer.chat_template`), or the ChatML fallback when
     /// the key is absent; `bos_token`/`eos_token` are the texts of the file's BOS/EOS tokens.
     pub fn from_gguf(meta: &Metadata) -> Result<ChatTemplate, TemplateError> {
+        let has_chatml_tokens = match meta.get("tokenizer.ggml.tokens") {
+            Some(_) => meta.get_str_array("tokenizer.ggml.tokens")?.iter().any(|t| t == "<|im_start|>"),
+            None => true,
+        };
         let (source, origin) = match meta.get(CHAT_TEMPLATE_KEY) {
             Some(_) => (meta.get_str(CHAT_TEMPLATE_KEY)?, TemplateOrigin::Gguf),
-            None => (CHATML_TEMPLATE, TemplateOrigin::ChatMlFallback),
+            None if has_chatml_tokens => (CHATML_TEMPLATE, TemplateOrigin::ChatMlFallback),
+            None => ("", TemplateOrigin::Missing),
         };
         let template = Self::build(source, origin)?;
         let token_text = |key: &str| -> Result<String, TemplateError> {
@@ -183,6 +198,9 @@ impl ChatTemplate {
         tools: &[serde_json::Value],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
+        if self.origin == TemplateOrigin::Missing {
+            return Err(TemplateError::Missing);
+        }
         let template = self.env.get_template(NAME).map_err(|e| TemplateError::Render(describe(&e)))?;
         let tools = (!tools.is_empty()).then_some(tools);
         template

@@ -19,6 +19,23 @@ fn chatml_fallback_renders_chatml() {
 }
 
 #[test]
+fn a_base_model_without_template_or_chatml_tokens_has_none() {
+    let mut meta = Metadata::new();
+    let tokens = ["<pad>", "<eos>", "<bos>", "hello"].map(String::from).to_vec();
+    meta.insert("tokenizer.ggml.tokens".into(), MetaValue::Array(MetaArray::String(tokens)));
+    let t = ChatTemplate::from_gguf(&meta).unwrap();
+    assert_eq!(t.origin(), TemplateOrigin::Missing);
+    let err = t.render(&msgs(&[("user", "Hi")]), true).unwrap_err();
+    assert!(matches!(err, TemplateError::Missing));
+    assert!(err.to_string().contains("--chat-template"), "{err}");
+    // With ChatML's tokens in the vocabulary the fallback stays.
+    let mut meta = Metadata::new();
+    let tokens = ["<|im_start|>", "<|im_end|>"].map(String::from).to_vec();
+    meta.insert("tokenizer.ggml.tokens".into(), MetaValue::Array(MetaArray::String(tokens)));
+    assert_eq!(ChatTemplate::from_gguf(&meta).unwrap().origin(), TemplateOrigin::ChatMlFallback);
+}
+
+#[test]
 fn from_gguf_reads_template_and_special_token_texts() {
     let mut meta = Metadata::new();
     let tokens = ["<unk>", "<s>", "</s>"].map(String::from).to_vec();
