@@ -267,7 +267,8 @@ fn dequantizers_match_the_gguf_package() {
         let name = case["type"].as_str().unwrap();
         let ty = WeightType::ALL.into_iter().find(|t| t.ggml_name() == name).unwrap_or_else(|| panic!("{name}"));
         let hex = case["block_hex"].as_str().unwrap();
-        let block: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+        let block: Vec<u8> =
+            (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
         let want: Vec<f32> = case["values"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
         let mut got = vec![f32::NAN; ty.block_elems()];
         dequantize_row(ty, &block, &mut got).unwrap();

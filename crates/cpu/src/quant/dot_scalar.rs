@@ -46,7 +46,9 @@ fn k_rows<const B: usize>(
     block_dot: impl Fn(&[u8], &BlockQ8K) -> f32,
 ) {
     let nb = a.k / QK_K;
-    for_rows(nj, out, |t| w.chunks_exact(B).enumerate().map(|(b, bytes)| block_dot(bytes, &a.q8k[(j0 + t) * nb + b])).sum())
+    for_rows(nj, out, |t| {
+        w.chunks_exact(B).enumerate().map(|(b, bytes)| block_dot(bytes, &a.q8k[(j0 + t) * nb + b])).sum()
+    })
 }
 
 fn dot_i32(q: impl IntoIterator<Item = i32>, y: &[i8]) -> i32 {

@@ -76,7 +76,7 @@ pub struct LayerWeights {
     pub k_norm: Option<Tensor>, // [1, head_dim]
     /// Gemma 3: RMSNorm of the attention output before the residual add.
     pub post_attn_norm: Option<Tensor>, // [1, hidden]
-    pub ffn_norm: Tensor,               // [1, hidden]
+    pub ffn_norm: Tensor,       // [1, hidden]
     /// Gemma 3: RMSNorm of the MLP output before the residual add.
     pub post_ffn_norm: Option<Tensor>, // [1, hidden]
     pub w_gate: Tensor,         // [ffn, hidden]
@@ -161,7 +161,9 @@ impl Weights {
             });
         }
         let norms = layers.iter().flat_map(|l| {
-            [Some(&l.attn_norm), Some(&l.ffn_norm), l.post_attn_norm.as_ref(), l.post_ffn_norm.as_ref()].into_iter().flatten()
+            [Some(&l.attn_norm), Some(&l.ffn_norm), l.post_attn_norm.as_ref(), l.post_ffn_norm.as_ref()]
+                .into_iter()
+                .flatten()
         });
         for (t, what) in norms.map(|t| (t, "norm")) {
             if t.ty != WeightType::F32 {

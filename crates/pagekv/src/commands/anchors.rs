@@ -46,8 +46,8 @@ pub fn llama_bench(
             let err = String::from_utf8_lossy(&out.stderr);
             bail!("{} {} failed ({}): {}", bin.display(), args.join(" "), out.status, err.lines().last().unwrap_or(""));
         }
-        let rows: serde_json::Value = serde_json::from_slice(&out.stdout)
-            .with_context(|| format!("{} printed no JSON result", bin.display()))?;
+        let rows: serde_json::Value =
+            serde_json::from_slice(&out.stdout).with_context(|| format!("{} printed no JSON result", bin.display()))?;
         rows.as_array()
             .and_then(|r| r.first())
             .and_then(|r| r["avg_ts"].as_f64())

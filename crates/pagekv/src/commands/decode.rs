@@ -161,7 +161,8 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     let gbps = super::anchors::stream_read_gbps(pool)?;
     let weight_bytes = loaded.model.weight_bytes_per_token();
     // The decode roofline at a context: every weight byte and every cached K/V byte read once.
-    let roofline = |ctx: usize, kv_bytes_per_token: usize| gbps * 1e9 / (weight_bytes + ctx * kv_bytes_per_token) as f64;
+    let roofline =
+        |ctx: usize, kv_bytes_per_token: usize| gbps * 1e9 / (weight_bytes + ctx * kv_bytes_per_token) as f64;
     let mut model = loaded.model;
     if !a.json {
         println!(
