@@ -228,6 +228,39 @@ fn open_reads_a_file_from_disk_and_names_a_missing_one() {
 }
 
 #[test]
+fn tensor_data_is_read_without_the_mapping_and_its_pages_can_be_dropped() {
+    // Two tensors, one spanning several 4 KiB pages, from a file on disk (a mapping) and from
+    // memory: `read_tensor_data` equals `tensor_data` whole and in pieces, refuses a range past
+    // the tensor, and dropping the mapped pages changes no byte.
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", "llama");
+    let big: Vec<f32> = (0..5000).map(|i| i as f32 * 0.5 - 7.0).collect();
+    w.add_f32_tensor("small", &[3], &[1.0, -1.0, 0.5]).unwrap();
+    w.add_f32_tensor("big", &[5000], &big).unwrap();
+    let bytes = w.to_bytes();
+    let path = std::env::temp_dir().join(format!("pagekv-gguf-pread-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    let mapped = GgufFile::open(&path);
+    std::fs::remove_file(&path).unwrap();
+    for file in [mapped.unwrap(), GgufFile::from_bytes(bytes).unwrap()] {
+        for name in ["small", "big"] {
+            let info = file.tensor(name).unwrap();
+            let want = file.tensor_data(info).to_vec();
+            let mut whole = vec![0u8; want.len()];
+            file.read_tensor_data(info, 0, &mut whole).unwrap();
+            assert_eq!(whole, want, "{name}");
+            let mut tail = vec![0u8; want.len() - 5];
+            file.read_tensor_data(info, 5, &mut tail).unwrap();
+            assert_eq!(tail, want[5..], "{name} from byte 5");
+            let err = file.read_tensor_data(info, 1, &mut whole).unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{name}: {err}");
+            file.release_tensor_pages(info);
+            assert_eq!(file.tensor_data(info), want, "{name} after dropping its pages");
+        }
+    }
+}
+
+#[test]
 fn setting_a_key_twice_replaces_it() {
     let mut w = GgufWriter::new();
     w.set("a", 1u32).set("b", 2u32).set("a", "now a string");

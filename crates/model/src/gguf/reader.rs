@@ -173,10 +173,6 @@ impl GgufFile {
         self.bytes.as_slice().is_empty()
     }
 
-    /// The raw bytes of a tensor: `n_bytes` bytes at `offset`.
-    ///
-    /// Infos returned by this file were range-checked at open, so this cannot fail for
-    /// them. Panics if `info` was built by hand with a range outside the file.
     /// Copies `dst.len()` bytes of tensor `info`'s data, from byte `at` of it, into `dst`.
     /// A mapped file is read with `pread`, so the mapping's pages are never faulted in: the
     /// copy is the only resident memory the data costs (the page cache is not the process's).
@@ -231,6 +227,10 @@ impl GgufFile {
         }
     }
 
+    /// The raw bytes of a tensor: `n_bytes` bytes at `offset`.
+    ///
+    /// Infos returned by this file were range-checked at open, so this cannot fail for
+    /// them. Panics if `info` was built by hand with a range outside the file.
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
         let range = usize::try_from(info.offset)
             .ok()
