@@ -1,4 +1,4 @@
-//! Anthropic Messages API: `POST /v1/messages`, streaming (named SSE events `message_start`,
+//! Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`, streaming (named SSE events `message_start`,
 //! `content_block_start`, `ping`, `content_block_delta`, `content_block_stop`,
 //! `message_delta`, `message_stop`; `error` on failure) and not, over the same backend.
 //! Errors use Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`).
@@ -50,6 +50,29 @@ pub(crate) fn parse_messages_request(
         Some(n) => max_tokens_bound("max_tokens", n, window)?,
         None => return Err(ApiError::invalid("max_tokens", "max_tokens: Field required")),
     };
+    let messages = parse_conversation(f)?;
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let sampling = sampling(f, &ANTHROPIC_RANGES)?;
+    let stop = stop_strings(f, "stop_sequences")?;
+    reject_unsupported(f)?;
+    Ok(MessagesRequest {
+        model,
+        spec: Spec {
+            prompt: Prompt::Chat { messages, tools: Vec::new() },
+            prompt_param: "messages",
+            max_tokens: Some(max_tokens),
+            max_tokens_param: "max_tokens",
+            sampling,
+            stop,
+            logprobs: None,
+            grammar: None,
+        },
+        stream,
+    })
+}
+
+/// The `system` and `messages` fields as one conversation (system first).
+fn parse_conversation(f: &mut Fields) -> Result<Vec<ChatMessage>, ApiError> {
     let mut messages = Vec::new();
     match f.take("system") {
         None => {}
@@ -72,9 +95,12 @@ pub(crate) fn parse_messages_request(
             return Err(ApiError::invalid("messages", format!("messages: expected an array, but got {}", kind_of(&v))))
         }
     }
-    let stream = f.bool("stream")?.unwrap_or(false);
-    let sampling = sampling(f, &ANTHROPIC_RANGES)?;
-    let stop = stop_strings(f, "stop_sequences")?;
+    Ok(messages)
+}
+
+/// Refuses the fields this server does not implement (an empty `tools` list and `tool_choice`
+/// `auto`/`none` change nothing, so they pass).
+fn reject_unsupported(f: &mut Fields) -> Result<(), ApiError> {
     let is_empty_array = |v: &Value| v.as_array().is_some_and(Vec::is_empty);
     f.reject_unless("tools", "tool use is not implemented", is_empty_array)?;
     f.reject_unless("mcp_servers", "MCP servers are not supported", is_empty_array)?;
@@ -85,20 +111,32 @@ pub(crate) fn parse_messages_request(
         v.get("type").and_then(Value::as_str) == Some("disabled")
     })?;
     f.reject_unless("container", "containers are not supported", |_| false)?;
-    Ok(MessagesRequest {
-        model,
-        spec: Spec {
-            prompt: Prompt::Chat { messages, tools: Vec::new() },
-            prompt_param: "messages",
-            max_tokens: Some(max_tokens),
-            max_tokens_param: "max_tokens",
-            sampling,
-            stop,
-            logprobs: None,
-            grammar: None,
-        },
-        stream,
-    })
+    Ok(())
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt tokens a Messages request with this `system`
+/// and `messages` would have, rendered and tokenized exactly as `/v1/messages` does:
+/// `{"input_tokens": N}`.
+pub(crate) async fn count_tokens(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match count(state, body).await {
+        Ok(r) => r,
+        Err(e) => AnthropicError(e).into_response(),
+    }
+}
+
+async fn count(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = read_body(body, state.max_body_bytes)?;
+    let mut f = parse_object(&body)?;
+    check_model(&mut f, &state.models)?;
+    let messages = parse_conversation(&mut f)?;
+    reject_unsupported(&mut f)?;
+    f.finish(IGNORED)?;
+    let backend = state.backend.clone();
+    let prompt = Prompt::Chat { messages, tools: Vec::new() };
+    let prepared = tokio::task::spawn_blocking(move || backend.prepare(&prompt))
+        .await
+        .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))??;
+    Ok(Json(json!({"input_tokens": prepared.token_ids.len()})).into_response())
 }
 
 fn parse_message(i: usize, item: Value) -> Result<ChatMessage, ApiError> {

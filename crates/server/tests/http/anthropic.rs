@@ -138,3 +138,46 @@ async fn messages_errors_use_anthropic_shape() {
     assert_eq!(last.event.as_deref(), Some("error"));
     assert_eq!(last.json()["error"]["type"], "api_error");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_tokens_counts_the_prompt_messages_would_send() {
+    // The same system and messages as `messages_non_streaming`: the count is the prompt's
+    // length there (its `input_tokens`), with Claude Code's request shape accepted (system as a
+    // list of blocks with cache_control, metadata).
+    let server = TestServer::start().await;
+    let r = server
+        .post(
+            "/v1/messages/count_tokens",
+            &json!({"model": MODEL,
+                    "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
+                    "messages": [
+                        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                        {"role": "assistant", "content": "ok"},
+                        {"role": "user", "content": "again"}]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let prompt = "<|system|>be brief\n<|user|>hi\n<|assistant|>ok\n<|user|>again\n<|assistant|>";
+    assert_eq!(r.json(), json!({"input_tokens": prompt.chars().count()}));
+    // Nothing was generated.
+    assert_eq!(server.backend.submitted_count(), 0, "count_tokens submitted a generation");
+
+    // Errors in Anthropic's shape: no messages, an unknown model, a field it does not take.
+    let r = server.post("/v1/messages/count_tokens", &json!({"model": MODEL})).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    let r = server
+        .post(
+            "/v1/messages/count_tokens",
+            &json!({"model": "claude-x", "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    let r = server
+        .post(
+            "/v1/messages/count_tokens",
+            &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 2}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+}

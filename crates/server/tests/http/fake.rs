@@ -133,6 +133,11 @@ impl FakeBackend {
         self.counters.running.load(Ordering::SeqCst)
     }
 
+    /// How many generations were submitted.
+    pub fn submitted_count(&self) -> usize {
+        self.submitted.lock().unwrap().len()
+    }
+
     pub fn last_request(&self) -> GenerationRequest {
         self.submitted.lock().unwrap().last().cloned().expect("no request submitted")
     }
