@@ -95,7 +95,6 @@ unsafe fn nibble_quad<const NJ: usize, const FMT: u8>(
     let (block, qs_off, qh_off) = fmt::layout(FMT);
     let five = FMT == fmt::Q5_0 || FMT == fmt::Q5_1;
     let offset = fmt::code_offset(FMT) as i32;
-    debug_assert!(offset == 0 || (offset as u32).is_power_of_two());
     let nb = a.k / QK;
     // d_w d_x of row i (f32 lane 2i of the header product) into quarter i.
     let scale_idx = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
@@ -148,13 +147,12 @@ unsafe fn nibble_quad<const NJ: usize, const FMT: u8>(
             if offset != 0 {
                 // Σ (q - offset) y = Σ q y - offset Σ y per lane, exactly the AVX2 kernel's
                 // signed integer sums.
-                // The offsets are powers of two (8, 16): a shift multiplies.
                 let ones = _mm512_set1_epi8(1);
-                let shift = _mm_cvtsi32_si128(offset.trailing_zeros() as i32);
+                let off = _mm512_set1_epi32(offset);
                 let ys_lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, ylo[t]);
                 let ys_hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, yhi[t]);
-                sum_lo = _mm512_sub_epi32(sum_lo, _mm512_sll_epi32(ys_lo, shift));
-                sum_hi = _mm512_sub_epi32(sum_hi, _mm512_sll_epi32(ys_hi, shift));
+                sum_lo = _mm512_sub_epi32(sum_lo, _mm512_mullo_epi32(ys_lo, off));
+                sum_hi = _mm512_sub_epi32(sum_hi, _mm512_mullo_epi32(ys_hi, off));
             }
             acc_lo[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum_lo), acc_lo[t]);
             acc_hi[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum_hi), acc_hi[t]);
