@@ -97,24 +97,25 @@ pub(super) mod fmt {
     }
 
     /// The fixed code offset of a format without `m` (`x = d (q - offset)`).
-    pub const fn code_offset(f: u8) -> i8 {
+    pub const fn code_offset(f: u8) -> f32 {
         match f {
-            Q4_0 => 8,
-            Q5_0 => 16,
-            _ => 0,
+            Q4_0 => 8.0,
+            Q5_0 => 16.0,
+            _ => 0.0,
         }
     }
 }
 
-/// The block header as `[d_w, m_w, _, _]` for the formats with a min, `[d_w, 0, _, _]` for the
-/// others (whose offset the codes carry, see [`block_codes`]).
+/// The block header as `[d_w, off_w, _, _]`: with a min `[d, m]`, else `[d, -offset d]`
+/// (Q4_0 `-8 d`, Q5_0 `-16 d`, IQ4_NL 0).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn header_scales<const FMT: u8>(blk: *const u8) -> __m128 {
     if fmt::has_min(FMT) {
         load_2xf16(blk)
     } else {
-        _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const u16) as i32))
+        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const u16) as i32));
+        _mm_mul_ps(_mm_broadcastss_ps(d), _mm_setr_ps(1.0, -fmt::code_offset(FMT), 0.0, 0.0))
     }
 }
 
@@ -133,9 +134,7 @@ pub(super) unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
 }
 
 /// The 32 codes of a block of format `FMT` as bytes in value order: unsigned (0..15, 0..31)
-/// for the formats with a min (Q4_1, Q5_1); signed `q - offset` for Q4_0 (-8..7) and Q5_0
-/// (-16..15), as ggml multiplies them (so each block's integer sum is ggml's); for IQ4_NL the
-/// signed levels of [`KVALUES_IQ4NL`].
+/// for the linear formats; for IQ4_NL the signed levels of [`KVALUES_IQ4NL`].
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn block_codes<const FMT: u8>(blk: *const u8) -> __m256i {
@@ -143,11 +142,10 @@ unsafe fn block_codes<const FMT: u8>(blk: *const u8) -> __m256i {
     let q = unpack_nibbles(blk.add(qs_off));
     match FMT {
         fmt::Q5_0 | fmt::Q5_1 => {
-            let q = _mm256_or_si256(q, _mm256_and_si256(bytes_from_bits_32(blk.add(qh_off)), _mm256_set1_epi8(0x10)));
-            _mm256_sub_epi8(q, _mm256_set1_epi8(fmt::code_offset(FMT)))
+            _mm256_or_si256(q, _mm256_and_si256(bytes_from_bits_32(blk.add(qh_off)), _mm256_set1_epi8(0x10)))
         }
         fmt::IQ4_NL => _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(iq4nl_table()), q),
-        _ => _mm256_sub_epi8(q, _mm256_set1_epi8(fmt::code_offset(FMT))),
+        _ => q,
     }
 }
 
@@ -207,10 +205,10 @@ unsafe fn nibble_tile<const NR: usize, const NJ: usize, const FMT: u8>(
             let qw = block_codes::<FMT>(blk);
             for t in 0..NJ {
                 let prod = _mm_mul_ps(dw, dx[t]); // [d_w d_x, off_w s_x]
-                if fmt::has_min(FMT) {
+                if fmt::has_min(FMT) || fmt::code_offset(FMT) != 0.0 {
                     acc_off[i][t] = _mm_add_ps(acc_off[i][t], prod);
                 }
-                let p = if fmt::has_min(FMT) { dot_bytes::<false>(qw, y[t]) } else { dot_bytes::<true>(qw, y[t]) };
+                let p = if FMT == fmt::IQ4_NL { dot_bytes::<true>(qw, y[t]) } else { dot_bytes::<false>(qw, y[t]) };
                 acc[i][t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), _mm256_cvtepi32_ps(p), acc[i][t]);
             }
         }

@@ -69,8 +69,8 @@ unsafe fn quad_header<const FMT: u8>(b: [*const u8; 4]) -> __m256 {
         h = _mm_insert_epi16(h, std::ptr::read_unaligned(b[3] as *const u16) as i32, 3);
         let d = _mm256_castps128_ps256(_mm_cvtph_ps(h)); // [d0, d1, d2, d3, ..]
         let dd = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-        // The offset is in the integer sums (see `nibble_quad`): no offset term.
-        _mm256_mul_ps(dd, _mm256_setr_ps(1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0))
+        let o = -fmt::code_offset(FMT);
+        _mm256_mul_ps(dd, _mm256_setr_ps(1.0, o, 1.0, o, 1.0, o, 1.0, o))
     }
 }
 
@@ -94,7 +94,6 @@ unsafe fn nibble_quad<const NJ: usize, const FMT: u8>(
 ) {
     let (block, qs_off, qh_off) = fmt::layout(FMT);
     let five = FMT == fmt::Q5_0 || FMT == fmt::Q5_1;
-    let offset = fmt::code_offset(FMT) as i32;
     let nb = a.k / QK;
     // d_w d_x of row i (f32 lane 2i of the header product) into quarter i.
     let scale_idx = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
@@ -142,18 +141,8 @@ unsafe fn nibble_quad<const NJ: usize, const FMT: u8>(
             let prod = _mm256_mul_ps(h, dx[t]); // [d_i d_x, off_i s_x] for i < 4
             acc_off[t] = _mm256_add_ps(acc_off[t], prod);
             let scale = _mm512_permutexvar_ps(scale_idx, _mm512_castps256_ps512(prod));
-            let mut sum_lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, ylo[t]);
-            let mut sum_hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, yhi[t]);
-            if offset != 0 {
-                // Σ (q - offset) y = Σ q y - offset Σ y per lane, exactly the AVX2 kernel's
-                // signed integer sums.
-                let ones = _mm512_set1_epi8(1);
-                let off = _mm512_set1_epi32(offset);
-                let ys_lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, ylo[t]);
-                let ys_hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, yhi[t]);
-                sum_lo = _mm512_sub_epi32(sum_lo, _mm512_mullo_epi32(ys_lo, off));
-                sum_hi = _mm512_sub_epi32(sum_hi, _mm512_mullo_epi32(ys_hi, off));
-            }
+            let sum_lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, ylo[t]);
+            let sum_hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, yhi[t]);
             acc_lo[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum_lo), acc_lo[t]);
             acc_hi[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum_hi), acc_hi[t]);
         }
