@@ -28,9 +28,12 @@
 //! default `auto` picks for an f16 cache, so the engine as a user runs it meets the issue's
 //! targets (`default_numerics_meet_the_issues_targets`).
 
+mod golden;
+use golden::{argmax, ids, log_softmax_at, Runner};
+
 use std::path::PathBuf;
 
-use kvcache::{CacheConfig, KvFormat, KvPool, SequenceCache, SequencePolicy};
+use kvcache::KvFormat;
 use pagekv_cpu::attention::ggml::{AttnNumerics, GgmlSteps};
 use pagekv_cpu::attention::{AttentionConfig, AttnImpl};
 use pagekv_model::{Batch, Forward, Logits, Model};
@@ -64,62 +67,11 @@ fn golden() -> Value {
     serde_json::from_str(&std::fs::read_to_string(data("llamacpp.json")).expect("golden data")).unwrap()
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
-}
-
-struct Runner {
-    model: Model,
-    pool: KvPool,
-}
-
-impl Runner {
-    fn new(format: KvFormat, numerics: AttnNumerics) -> Option<Runner> {
-        let mut model = Model::load(&model_path()?, AttentionConfig::default()).unwrap();
-        model.set_attn_numerics(numerics);
-        let c = &model.config;
-        let mut cc = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
-        cc.format = format;
-        cc.num_blocks = 256;
-        let pool = KvPool::new(cc).unwrap();
-        Some(Runner { model, pool })
-    }
-
-    fn sequence(&mut self) -> SequenceCache {
-        let policy = SequencePolicy {
-            dynamic_growth: true,
-            context_window: Some(4096),
-            sliding_window: None,
-            debug_blocks: false,
-        };
-        SequenceCache::new(&mut self.pool, policy, 16).unwrap()
-    }
-
-    /// Feeds `tokens` to `seq` in one step, returns the logits asked for.
-    fn step(&mut self, seq: &mut SequenceCache, tokens: &[u32], logits: Logits) -> Vec<f32> {
-        seq.begin_append(&mut self.pool, tokens.len()).unwrap();
-        let mut batch = Batch::default();
-        batch.push(tokens, seq.offset() + tokens.len(), seq.pending_slots(), seq.block_table(), logits);
-        let out = self.model.forward(&batch, &mut self.pool).unwrap().to_vec();
-        seq.commit_append(&mut self.pool);
-        out
-    }
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn log_softmax_at(x: &[f32], i: usize) -> f64 {
-    let m = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
-    x[i] as f64 - lse
+/// SmolLM2 with an attention numerics and a pool of `format`, or `None` when the model is absent.
+fn runner(format: KvFormat, numerics: AttnNumerics) -> Option<Runner> {
+    let mut model = Model::load(&model_path()?, AttentionConfig::default()).unwrap();
+    model.set_attn_numerics(numerics);
+    Some(Runner::new(model, format))
 }
 
 /// llama.cpp's full first-step logits (`logits_apache2_first.npy`: a little-endian f32 array).
@@ -248,7 +200,7 @@ fn greedy_matches(r: &mut Runner) -> usize {
 
 #[test]
 fn teacher_forced_agreement_perplexity_and_first_logits() {
-    let Some(mut r) = Runner::new(KvFormat::F16, AttnNumerics::Fast) else { return };
+    let Some(mut r) = runner(KvFormat::F16, AttnNumerics::Fast) else { return };
     let t = teacher_forced(&mut r);
     t.print("fast attention");
     assert!(t.agreement() >= MIN_AGREEMENT, "top-1 agreement {}", t.agreement());
@@ -258,14 +210,14 @@ fn teacher_forced_agreement_perplexity_and_first_logits() {
 
 #[test]
 fn greedy_matches_llama_cpp_for_most_prompts() {
-    let Some(mut r) = Runner::new(KvFormat::F16, AttnNumerics::Fast) else { return };
+    let Some(mut r) = runner(KvFormat::F16, AttnNumerics::Fast) else { return };
     let matched = greedy_matches(&mut r);
     assert!(matched >= MIN_GREEDY_MATCHES, "only {matched} of 6 greedy continuations match");
 }
 
 #[test]
 fn ggml_numerics_agree_with_llama_cpp() {
-    let Some(mut r) = Runner::new(KvFormat::F16, AttnNumerics::Ggml(GgmlSteps::ALL)) else { return };
+    let Some(mut r) = runner(KvFormat::F16, AttnNumerics::Ggml(GgmlSteps::ALL)) else { return };
     let t = teacher_forced(&mut r);
     t.print("ggml attention numerics");
     let matched = greedy_matches(&mut r);
@@ -286,7 +238,7 @@ fn ggml_numerics_agree_with_llama_cpp() {
 /// fast kernels for other formats (a q8 cache runs, no error).
 #[test]
 fn default_numerics_meet_the_issues_targets() {
-    let Some(mut r) = Runner::new(KvFormat::F16, AttnNumerics::default()) else { return };
+    let Some(mut r) = runner(KvFormat::F16, AttnNumerics::default()) else { return };
     assert_eq!(r.model.attn_numerics(), AttnNumerics::Auto);
     assert_eq!(r.model.attn_numerics_for(KvFormat::Q8), AttnNumerics::Fast);
     if r.model.attn_numerics_for(KvFormat::F16) == AttnNumerics::Fast {
@@ -305,7 +257,7 @@ fn default_numerics_meet_the_issues_targets() {
     assert!(t.first_max_diff <= TARGET_FIRST_LOGITS_DIFF, "first-step logits differ by {}", t.first_max_diff);
     assert!(matched >= TARGET_GREEDY_MATCHES, "only {matched} of 6 greedy continuations match");
 
-    let Some(mut q8) = Runner::new(KvFormat::Q8, AttnNumerics::default()) else { return };
+    let Some(mut q8) = runner(KvFormat::Q8, AttnNumerics::default()) else { return };
     let mut seq = q8.sequence();
     let logits = q8.step(&mut seq, &[1, 2, 3], Logits::Last);
     assert!(logits.iter().all(|x| x.is_finite()), "q8 cache under auto");
@@ -330,7 +282,7 @@ fn default_numerics_meet_the_issues_targets() {
 /// a 4-token prompt, then 296 single tokens of the text, against llama.cpp evaluating the same.
 #[test]
 fn ggml_numerics_decode_steps_match_llama_cpp_bit_for_bit() {
-    let Some(mut r) = Runner::new(KvFormat::F16, AttnNumerics::Ggml(GgmlSteps::ALL)) else { return };
+    let Some(mut r) = runner(KvFormat::F16, AttnNumerics::Ggml(GgmlSteps::ALL)) else { return };
     let tokens = ids(&golden()["teacher_forced"][0]["ids"]);
     let mut seq = r.sequence();
     let mut logits = r.step(&mut seq, &tokens[..4], Logits::Last);
@@ -347,7 +299,7 @@ fn ggml_numerics_decode_steps_match_llama_cpp_bit_for_bit() {
 /// setting, not a silent fallback.
 #[test]
 fn ggml_numerics_refuse_other_kv_formats() {
-    let Some(mut r) = Runner::new(KvFormat::Q8, AttnNumerics::Ggml(GgmlSteps::ALL)) else { return };
+    let Some(mut r) = runner(KvFormat::Q8, AttnNumerics::Ggml(GgmlSteps::ALL)) else { return };
     let mut seq = r.sequence();
     seq.begin_append(&mut r.pool, 2).unwrap();
     let mut batch = Batch::default();
@@ -375,7 +327,7 @@ fn data(name: &str) -> PathBuf {
 #[test]
 #[ignore]
 fn attention_step_ablation() {
-    let Some(mut r) = Runner::new(KvFormat::F16, AttnNumerics::Fast) else { return };
+    let Some(mut r) = runner(KvFormat::F16, AttnNumerics::Fast) else { return };
     let full = std::env::var_os("PAGEKV_GOLDEN_LOGITS").map(|p| read_npy(&PathBuf::from(p)));
     let mut runs: Vec<(String, AttnNumerics)> = vec![
         ("fast".into(), AttnNumerics::Fast),

@@ -45,7 +45,8 @@ fn golden(spec: &Spec) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).expect("golden data")).unwrap()
 }
 
-fn ids(v: &Value) -> Vec<u32> {
+/// A JSON array of token ids.
+pub fn ids(v: &Value) -> Vec<u32> {
     v.as_array().expect("id array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
 
@@ -54,23 +55,30 @@ fn open(spec: &Spec, test: &str) -> Option<Arc<GgufFile>> {
     Some(Arc::new(GgufFile::open(&p).expect("open model")))
 }
 
-struct Runner {
-    model: Model,
-    pool: KvPool,
+/// A model with a pool of [`MAX_TOKENS`] in one KV format, fed one step at a time.
+pub struct Runner {
+    pub model: Model,
+    pub pool: KvPool,
 }
 
 impl Runner {
-    fn new(spec: &Spec, test: &str) -> Option<Runner> {
+    /// `spec`'s model with an f16 pool, or `None` (skipped) when its file is absent.
+    fn open(spec: &Spec, test: &str) -> Option<Runner> {
         let model = Model::from_file(open(spec, test)?, AttentionConfig::default()).unwrap();
-        let c = &model.config;
-        let mut cc = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
-        cc.format = KvFormat::F16;
-        cc.num_blocks = MAX_TOKENS / 16;
-        let pool = KvPool::new(cc).unwrap();
-        Some(Runner { model, pool })
+        Some(Runner::new(model, KvFormat::F16))
     }
 
-    fn sequence(&mut self) -> SequenceCache {
+    pub fn new(model: Model, format: KvFormat) -> Runner {
+        let c = &model.config;
+        let mut cc = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
+        cc.format = format;
+        cc.num_blocks = MAX_TOKENS / 16;
+        let pool = KvPool::new(cc).unwrap();
+        Runner { model, pool }
+    }
+
+    /// A fresh sequence of blocks of 16 that may grow to [`MAX_TOKENS`].
+    pub fn sequence(&mut self) -> SequenceCache {
         let policy = SequencePolicy {
             dynamic_growth: true,
             context_window: Some(MAX_TOKENS),
@@ -81,7 +89,7 @@ impl Runner {
     }
 
     /// Feeds `tokens` to `seq` in one step, returns the logits asked for.
-    fn step(&mut self, seq: &mut SequenceCache, tokens: &[u32], logits: Logits) -> Vec<f32> {
+    pub fn step(&mut self, seq: &mut SequenceCache, tokens: &[u32], logits: Logits) -> Vec<f32> {
         seq.begin_append(&mut self.pool, tokens.len()).unwrap();
         let mut batch = Batch::default();
         batch.push(tokens, seq.offset() + tokens.len(), seq.pending_slots(), seq.block_table(), logits);
@@ -91,7 +99,8 @@ impl Runner {
     }
 }
 
-fn argmax(x: &[f32]) -> u32 {
+/// The first index of the largest value.
+pub fn argmax(x: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &v) in x.iter().enumerate() {
         if v > x[best] {
@@ -101,7 +110,8 @@ fn argmax(x: &[f32]) -> u32 {
     best as u32
 }
 
-fn log_softmax_at(x: &[f32], i: usize) -> f64 {
+/// `log softmax(x)[i]`, in f64.
+pub fn log_softmax_at(x: &[f32], i: usize) -> f64 {
     let m = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
     let lse = x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
     x[i] as f64 - lse
@@ -146,7 +156,7 @@ pub fn tokenizer_matches_llama_cpp(spec: &Spec, test: &str) {
 /// `FIRST_LOGITS=FILE` (llama.cpp's logits after the first id, a little-endian f32 .npy, e.g.
 /// from `llm.scores[0]`) prints how far the first position's logits are from them.
 pub fn teacher_forced_agreement(spec: &Spec, test: &str) {
-    let Some(mut r) = Runner::new(spec, test) else { return };
+    let Some(mut r) = Runner::open(spec, test) else { return };
     let g = golden(spec);
     let positions = spec.positions;
     let tf = &g["teacher_forced"][0];
@@ -223,7 +233,7 @@ pub fn teacher_forced_agreement(spec: &Spec, test: &str) {
 /// on at least `spec.min_greedy_matches` prompts; a differing one prints where it diverges,
 /// with llama.cpp's top two there.
 pub fn greedy_matches_llama_cpp(spec: &Spec, test: &str) {
-    let Some(mut r) = Runner::new(spec, test) else { return };
+    let Some(mut r) = Runner::open(spec, test) else { return };
     let g = golden(spec);
     let (name_, tokens) = (spec.name, spec.greedy_tokens);
     let cases = g["greedy"].as_array().unwrap();
