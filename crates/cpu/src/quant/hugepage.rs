@@ -15,19 +15,11 @@ pub const HUGE_PAGE: usize = 2 << 20;
 
 /// A zero-initialized, 2 MiB-aligned byte buffer advised for transparent huge pages.
 pub struct HugePageBuf {
-    /// Held for its lifetime (unmapped on drop); accessed through `base`.
-    _map: MmapRaw,
-    /// The mapping's first byte.
-    base: *mut u8,
+    map: MmapRaw,
     /// Offset of the aligned start inside `map`.
     start: usize,
     len: usize,
 }
-
-// SAFETY: the buffer owns its mapping; shared access is reads (and the documented disjoint
-// writes through `as_mut_ptr`), so it may move to and be shared between threads.
-unsafe impl Send for HugePageBuf {}
-unsafe impl Sync for HugePageBuf {}
 
 impl std::fmt::Debug for HugePageBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -45,16 +37,16 @@ impl HugePageBuf {
         let _ = map.advise(Advice::HugePage);
         #[cfg(not(target_os = "linux"))]
         let _ = Advice::Normal;
-        let base = map.as_mut_ptr();
-        let start = (base as usize).next_multiple_of(HUGE_PAGE) - base as usize;
-        Ok(HugePageBuf { _map: map, base, start, len })
+        let base = map.as_mut_ptr() as usize;
+        let start = base.next_multiple_of(HUGE_PAGE) - base;
+        Ok(HugePageBuf { map, start, len })
     }
 
     /// The first byte, for writers that fill disjoint ranges from several threads while others
     /// read ranges already filled (see [`HugePageBuf::as_slice`]'s contract).
     pub fn as_mut_ptr(&self) -> *mut u8 {
         // SAFETY: `start <= HUGE_PAGE` lies inside the mapping.
-        unsafe { self.base.add(self.start) }
+        unsafe { self.map.as_mut_ptr().add(self.start) }
     }
 
     /// A copy of `data`.

@@ -184,24 +184,14 @@ impl GgufFile {
                 format!("tensor '{}': {} bytes from {at} exceed its {} bytes", info.name, dst.len(), info.n_bytes),
             ));
         }
-        match &self.bytes {
-            #[cfg(unix)]
-            Bytes::Mapped(_, file) => {
-                use std::os::unix::fs::FileExt;
-                file.read_exact_at(dst, info.offset + at)
-            }
-            #[cfg(not(unix))]
-            Bytes::Mapped(..) => {
-                let at = at as usize;
-                dst.copy_from_slice(&self.tensor_data(info)[at..at + dst.len()]);
-                Ok(())
-            }
-            Bytes::Owned(_) => {
-                let at = at as usize;
-                dst.copy_from_slice(&self.tensor_data(info)[at..at + dst.len()]);
-                Ok(())
-            }
+        #[cfg(unix)]
+        if let Bytes::Mapped(_, file) = &self.bytes {
+            use std::os::unix::fs::FileExt;
+            return file.read_exact_at(dst, info.offset + at);
         }
+        let at = at as usize;
+        dst.copy_from_slice(&self.tensor_data(info)[at..at + dst.len()]);
+        Ok(())
     }
 
     /// Drops the mapping's resident pages that lie wholly inside tensor `info`'s data (a hint:
