@@ -7,30 +7,16 @@
 
 use std::time::Duration;
 
-use kvcache::CacheConfig;
 use pagekv_engine::{
-    BankConfig, Engine, EngineConfig, EngineError, Event, FinishReason, GenerationRequest, Grammar, GrammarError,
-    RequestStream, SamplingParams,
+    Engine, EngineError, Event, FinishReason, GenerationRequest, Grammar, GrammarError, RequestStream, SamplingParams,
 };
 
 mod common;
 
-use common::{tiny_model, tokenizer, CONTEXT};
+use common::{engine_config, tiny_model, tokenizer};
 
 /// Six words among ` w3` … ` w9` (one token each: ids 3 to 9).
 const SIX_WORDS: &str = "( w[3-9]){6}";
-
-fn config(num_blocks: usize) -> EngineConfig {
-    let mut cache = CacheConfig::new(1, 1, 32);
-    cache.block_size = 8;
-    cache.num_blocks = num_blocks;
-    cache.context_window = Some(CONTEXT);
-    let mut c = EngineConfig::new(cache);
-    c.max_batch_tokens = 64;
-    c.max_seqs = 16;
-    c.bank = BankConfig::default();
-    c
-}
 
 #[derive(Debug)]
 struct Outcome {
@@ -91,13 +77,13 @@ fn constrained_outputs_follow_the_grammar_beside_free_requests_through_preemptio
         r
     };
     // Alone, on a roomy pool: the free requests' reference tokens.
-    let roomy = Engine::start(tiny_model(11, "tiny-constrained"), tokenizer(), config(256)).unwrap();
+    let roomy = Engine::start(tiny_model(11, "tiny-constrained"), tokenizer(), engine_config(256, true)).unwrap();
     let alone: Vec<Vec<u32>> =
         (0..3).map(|s| collect(roomy.handle().submit(free(s)).unwrap()).unwrap().tokens).collect();
     roomy.shutdown(Duration::from_secs(5));
 
     // Together on a pool too small for all of them: preemption, recompute, bank reuse.
-    let engine = Engine::start(tiny_model(11, "tiny-constrained"), tokenizer(), config(20)).unwrap();
+    let engine = Engine::start(tiny_model(11, "tiny-constrained"), tokenizer(), engine_config(20, true)).unwrap();
     let h = engine.handle();
     let mut streams = Vec::new();
     for (i, s) in samplers.iter().enumerate() {
@@ -126,7 +112,7 @@ fn constrained_outputs_follow_the_grammar_beside_free_requests_through_preemptio
 
 #[test]
 fn max_tokens_stop_strings_and_bad_grammars() {
-    let engine = Engine::start(tiny_model(11, "tiny-constrained"), tokenizer(), config(64)).unwrap();
+    let engine = Engine::start(tiny_model(11, "tiny-constrained"), tokenizer(), engine_config(64, true)).unwrap();
     let h = engine.handle();
     let sampling = SamplingParams { temperature: 1.0, seed: 9, ..SamplingParams::default() };
 

@@ -27,14 +27,9 @@ fn default_tokenizer(test: &str) -> Option<Arc<Tokenizer>> {
     pagekv_testkit::default_model(test).map(|p| tokenizer_of(&p))
 }
 
-/// Qwen2.5-Coder-1.5B's file beside the default model, or `None` after saying it is skipped.
+/// Qwen2.5-Coder-1.5B's file in the model registry's folder, or `None` after saying it is skipped.
 fn qwen_model(test: &str) -> Option<std::path::PathBuf> {
-    let p = pagekv_testkit::default_model_location().with_file_name("qwen2.5-coder-1.5b.gguf");
-    if p.is_file() {
-        return Some(p);
-    }
-    eprintln!("skipped: {test}: {} not found (`pagekv models fetch qwen2.5-coder-1.5b`)", p.display());
-    None
+    pagekv_testkit::dev::registry_model(test, "qwen2.5-coder-1.5b.gguf")
 }
 
 /// The allowed ids of a freshly computed mask (computed through `apply` on a zero row).

@@ -14,16 +14,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kvcache::{CacheConfig, HostPages, KvPool, PageGeometry, PageStore};
-use pagekv_engine::{
-    BankConfig, Engine, EngineConfig, EngineError, Event, FinishReason, GenerationRequest, RequestStream, Usage,
-};
+use pagekv_engine::{Engine, EngineConfig, EngineError, Event, FinishReason, GenerationRequest, RequestStream, Usage};
 use pagekv_model::{Batch, Forward, Model, ModelConfig, ModelError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 mod common;
 
-use common::{tokenizer, CONTEXT, VOCAB};
+use common::{engine_config, tokenizer, VOCAB};
 
 /// The tiny model of these tests.
 fn tiny_model() -> Model {
@@ -134,18 +132,6 @@ struct Handles {
     invariance_asked: Arc<AtomicUsize>,
 }
 
-fn config(num_blocks: usize, bank: bool) -> EngineConfig {
-    let mut cache = CacheConfig::new(1, 1, 32);
-    cache.block_size = 8;
-    cache.num_blocks = num_blocks;
-    cache.context_window = Some(CONTEXT);
-    let mut c = EngineConfig::new(cache);
-    c.max_batch_tokens = 64;
-    c.max_seqs = 16;
-    c.bank = BankConfig { enabled: bank, ..BankConfig::default() };
-    c
-}
-
 /// The engine over [`OffHost`], the model built on the scheduler thread.
 fn off_host_engine(config: EngineConfig, fail_at: Option<usize>) -> (Engine, Handles) {
     let log = Arc::new(Mutex::new(PageLog::default()));
@@ -207,12 +193,12 @@ fn the_engine_over_an_off_host_backend_matches_the_cpu_model() {
     let reqs = requests();
     // A pool so small that ten sequences at once do not fit: preemption and bank eviction.
     let blocks = 24;
-    let cpu = Engine::start(tiny_model(), tokenizer(), config(blocks, true)).unwrap();
+    let cpu = Engine::start(tiny_model(), tokenizer(), engine_config(blocks, true)).unwrap();
     let (want_serial, want_together) = drive(&cpu, &reqs);
     let cpu_metrics = cpu.handle().metrics();
     cpu.shutdown(Duration::from_secs(5));
 
-    let (engine, handles) = off_host_engine(config(blocks, true), None);
+    let (engine, handles) = off_host_engine(engine_config(blocks, true), None);
     assert_eq!(engine.handle().info().device, "off-host test backend");
     let (serial, together) = drive(&engine, &reqs);
     let m = engine.handle().metrics();
@@ -241,7 +227,7 @@ fn the_engine_over_an_off_host_backend_matches_the_cpu_model() {
 
 #[test]
 fn a_failing_forward_ends_its_requests_with_an_error_and_frees_their_blocks() {
-    let (engine, _handles) = off_host_engine(config(64, false), Some(2));
+    let (engine, _handles) = off_host_engine(engine_config(64, false), Some(2));
     let h = engine.handle();
     let mut r = GenerationRequest::new(vec![5, 6, 7, 8], 20);
     r.ignore_eos = true;
@@ -258,6 +244,6 @@ fn a_failing_forward_ends_its_requests_with_an_error_and_frees_their_blocks() {
 #[test]
 fn a_model_that_cannot_be_built_is_an_error_of_start() {
     let build = || -> Result<OffHost, ModelError> { Err(ModelError::Device("no such device".into())) };
-    let e = Engine::start_with(build, tokenizer(), config(16, true)).err().expect("start fails");
+    let e = Engine::start_with(build, tokenizer(), engine_config(16, true)).err().expect("start fails");
     assert_eq!(e.to_string(), "cannot start the model: device: no such device");
 }

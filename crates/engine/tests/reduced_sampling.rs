@@ -16,10 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kvcache::{CacheConfig, HostPages, KvPool};
-use pagekv_engine::{
-    BankConfig, Engine, EngineConfig, EngineError, EngineMetrics, Event, GenerationRequest, RequestStream,
-    SamplingParams,
-};
+use pagekv_engine::{Engine, EngineError, EngineMetrics, Event, GenerationRequest, RequestStream, SamplingParams};
 use pagekv_model::backend::{argmax, top_k};
 use pagekv_model::{Batch, Forward, Model, ModelConfig, ModelError};
 use rand::rngs::StdRng;
@@ -27,7 +24,7 @@ use rand::{Rng, SeedableRng};
 
 mod common;
 
-use common::{tokenizer, CONTEXT, VOCAB};
+use common::{engine_config, tokenizer, VOCAB};
 
 /// The tiny model of these tests.
 fn tiny_model() -> Model {
@@ -145,23 +142,11 @@ impl Forward for Counting {
     }
 }
 
-fn config() -> EngineConfig {
-    let mut cache = CacheConfig::new(1, 1, 32);
-    cache.block_size = 8;
-    cache.num_blocks = 64;
-    cache.context_window = Some(CONTEXT);
-    let mut c = EngineConfig::new(cache);
-    c.max_batch_tokens = 64;
-    c.max_seqs = 16;
-    c.bank = BankConfig { enabled: true, ..BankConfig::default() };
-    c
-}
-
 /// An engine over [`Counting`] with reduced sampling on or off.
 fn start(reduced: bool) -> Result<(Engine, Arc<Mutex<Rows>>), EngineError> {
     let rows = Arc::new(Mutex::new(Rows::default()));
     let r = rows.clone();
-    let mut config = config();
+    let mut config = engine_config(64, true);
     config.reduced_sampling = reduced;
     let engine = Engine::start(
         Counting { model: tiny_model(), logits: Vec::new(), hidden: Vec::new(), rows: r },

@@ -745,14 +745,9 @@ async fn json_schema_outputs_parse_and_validate_at_temperature_one() {
     assert_eq!(m.get("pagekv_kv_blocks_used"), 0.0, "{}", m.summary());
 }
 
-/// Qwen2.5-Coder-1.5B's file beside the default model, or `None` after saying it is skipped.
+/// Qwen2.5-Coder-1.5B's file in the model registry's folder, or `None` after saying it is skipped.
 fn qwen_model(test: &str) -> Option<std::path::PathBuf> {
-    let p = pagekv_testkit::default_model_location().with_file_name("qwen2.5-coder-1.5b.gguf");
-    if p.is_file() {
-        return Some(p);
-    }
-    eprintln!("skipped: {test}: {} not found (`pagekv models fetch qwen2.5-coder-1.5b`)", p.display());
-    None
+    pagekv_testkit::dev::registry_model(test, "qwen2.5-coder-1.5b.gguf")
 }
 
 /// The real-model tool check: Qwen2.5-Coder's template (Hermes `<tool_call>` blocks) with a

@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
+use kvcache::CacheConfig;
 use pagekv_cpu::attention::AttentionConfig;
+use pagekv_engine::{BankConfig, EngineConfig};
 use pagekv_model::gguf::{GgufFile, GgufWriter};
 use pagekv_model::tokenizer::{Tokenizer, TokenizerModel, VocabSpec};
 use pagekv_model::Model;
@@ -13,6 +15,20 @@ use rand::{Rng, SeedableRng};
 
 pub const VOCAB: usize = 96;
 pub const CONTEXT: usize = 512;
+
+/// The tests' engine: `num_blocks` blocks of 8 tokens, a [`CONTEXT`] window, batches of up to 64
+/// tokens and 16 sequences, the session bank on or off.
+pub fn engine_config(num_blocks: usize, bank: bool) -> EngineConfig {
+    let mut cache = CacheConfig::new(1, 1, 32);
+    cache.block_size = 8;
+    cache.num_blocks = num_blocks;
+    cache.context_window = Some(CONTEXT);
+    let mut c = EngineConfig::new(cache);
+    c.max_batch_tokens = 64;
+    c.max_seqs = 16;
+    c.bank = BankConfig { enabled: bank, ..BankConfig::default() };
+    c
+}
 
 /// A tiny llama named `name` with random f32 weights drawn from `seed`: 2 layers, 64 wide, 2
 /// query heads and 1 kv head of 32.
