@@ -206,7 +206,9 @@ fn random_logits_under_a_schema_always_give_valid_json() {
     }
 }
 
-/// Mean mask time per token over sampled outputs, for the default vocabulary and Qwen's.
+/// Schema-held outputs on both vocabularies (SmolLM2's 49,152 tokens and Qwen's 151,936), with
+/// the mean mask time per token printed for the record (`-- --nocapture`; a measurement, not a
+/// bound: speed is for benchmarks, not tests).
 #[test]
 fn mask_time_per_token() {
     let mut vocabularies = Vec::new();
@@ -225,7 +227,11 @@ fn mask_time_per_token() {
         let mut total = Duration::ZERO;
         let runs = 5;
         for seed in 0..runs {
-            total += sample_random(&tok, &compiler, &grammar, seed, 400).2;
+            let (text, ended, per_mask) = sample_random(&tok, &compiler, &grammar, seed, 400);
+            assert!(ended, "{name} seed {seed}: no end within 400 tokens: {text}");
+            let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} seed {seed}: {e}: {text}"));
+            check_person(&v).unwrap_or_else(|e| panic!("{name} seed {seed}: {e}: {text}"));
+            total += per_mask;
         }
         let per_token = total / runs as u32;
         eprintln!(
@@ -234,6 +240,5 @@ fn mask_time_per_token() {
             per_token.as_secs_f64() * 1e6,
             setup.as_secs_f64() * 1e3
         );
-        assert!(per_token < Duration::from_millis(20), "{name}: {per_token:?} per mask");
     }
 }
