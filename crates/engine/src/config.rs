@@ -7,6 +7,8 @@ use std::time::Duration;
 use kvcache::CacheConfig;
 use pagekv_model::ModelConfig;
 
+use crate::speculative::SpeculativeConfig;
+
 /// How the engine runs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
@@ -24,6 +26,8 @@ pub struct EngineConfig {
     /// the backend instead of the full logit rows — the same tokens and seeded draws
     /// (`PAGEKV_DEV_REDUCED_SAMPLING`, default on; off reads every full row, for comparisons).
     pub reduced_sampling: bool,
+    /// Multi-token decoding: the drafter and draft lengths (off by default).
+    pub speculative: SpeculativeConfig,
 }
 
 /// The session bank: prefix reuse across requests.
@@ -48,7 +52,14 @@ impl Default for BankConfig {
 impl EngineConfig {
     /// Defaults around a cache configuration: 512 tokens and 64 sequences per step, bank on.
     pub fn new(cache: CacheConfig) -> EngineConfig {
-        EngineConfig { cache, max_batch_tokens: 512, max_seqs: 64, bank: BankConfig::default(), reduced_sampling: true }
+        EngineConfig {
+            cache,
+            max_batch_tokens: 512,
+            max_seqs: 64,
+            bank: BankConfig::default(),
+            reduced_sampling: true,
+            speculative: SpeculativeConfig::default(),
+        }
     }
 
     /// Defaults for `model`, with the pool sized to `kv_bytes` of KV memory (at least one block).

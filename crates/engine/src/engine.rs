@@ -73,6 +73,7 @@ impl Engine {
         if config.max_batch_tokens == 0 || config.max_seqs == 0 {
             return Err(EngineError::Config("max_batch_tokens and max_seqs must be at least 1".into()));
         }
+        config.speculative.validate().map_err(|e| EngineError::Config(e.to_string()))?;
         let metrics = Arc::new(Mutex::new(EngineMetrics::default()));
         let grammar_tokenizer = tokenizer.clone();
         let (tx, rx) = mpsc::channel();
@@ -209,6 +210,7 @@ fn assemble<M: Forward>(
         identity,
         watermark: (cache.num_blocks / 100).max(1),
         reduced_sampling: config.reduced_sampling,
+        speculative: config.speculative.clone(),
     };
     let bank = SessionBank::new(bank_config, cache.num_blocks, bs, block_bytes);
     let scheduler = Scheduler::new(model, tokenizer, pool, template, bank, limits, metrics, rx);
@@ -253,6 +255,10 @@ impl EngineHandle {
             logprobs: request.logprobs,
             constraint,
             generated: 0,
+            draft: Vec::new(),
+            draft_max: 0,
+            speculative: request.speculative,
+            draft_length: Default::default(),
             cached_tokens: None,
             out,
         };

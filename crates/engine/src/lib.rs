@@ -16,6 +16,9 @@
 //! - [`sampling`]: [`SamplingParams`] (validated), [`Sampler`] (seeded, allocation-free after the
 //!   first call), [`logprobs`](sampling::logprobs) for OpenAI `logprobs`.
 //! - [`stop`]: [`StopConditions`], the streaming [`StopMatcher`], [`FinishReason`].
+//! - [`speculative`]: multi-token decoding — a [`Drafter`](speculative::Drafter) (prompt lookup)
+//!   proposes tokens, the scheduler scores them in the sequence's next step and keeps what the
+//!   model's own sampler accepts, trimming the rest from the cache.
 //! - [`constraint`]: constrained decoding with llguidance — a request's [`Grammar`] (JSON Schema,
 //!   JSON object, regex, Lark) compiled by the engine's [`GrammarCompiler`] into a per-sequence
 //!   constraint whose token mask is computed beside the forward pass and applied before sampling.
@@ -33,6 +36,7 @@ pub mod request;
 pub mod sampling;
 mod scheduler;
 mod sequence;
+pub mod speculative;
 pub mod stop;
 pub mod stream;
 
@@ -43,5 +47,6 @@ pub use generate::{Generator, Prefill};
 pub use metrics::EngineMetrics;
 pub use request::{EngineError, Event, GenerationRequest, Usage, MAX_TOP_LOGPROBS};
 pub use sampling::{logprobs, Sampler, SamplingError, SamplingParams, TokenLogprobs};
+pub use speculative::{DraftMode, SpeculativeConfig, SpeculativeError, MAX_DRAFT_TOKENS};
 pub use stop::{FinishReason, StopConditions, StopMatcher, StopOutput};
 pub use stream::RequestStream;

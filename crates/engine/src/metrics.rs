@@ -54,6 +54,16 @@ pub struct EngineMetrics {
     /// (tempered values tied across the top-k boundary; also counted in `sampled_full_rows`).
     pub sampled_top_k_rows: u64,
     pub top_k_fallbacks: u64,
+    /// Sequence-steps that emitted tokens (one per sequence per step that sampled; a drafted
+    /// step emits 1 to draft + 1 tokens): `generated_tokens / sampling_steps` is the mean
+    /// tokens a sequence gains per step.
+    pub sampling_steps: u64,
+    /// Sequence-steps that verified a draft, the draft tokens they scored and those kept.
+    pub draft_steps: u64,
+    pub draft_tokens: u64,
+    pub draft_accepted_tokens: u64,
+    /// The drafter (`ngram`, …), `None` when drafting is off.
+    pub drafter: Option<String>,
     /// The pool's own counters (attention calls by route, fallbacks, bytes, formats).
     pub cache: CacheStats,
 }

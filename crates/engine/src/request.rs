@@ -26,6 +26,10 @@ pub struct GenerationRequest {
     pub ignore_eos: bool,
     /// Hold the output to this grammar (constrained decoding); `None`: free text, at no cost.
     pub grammar: Option<Grammar>,
+    /// Let the engine's drafter propose tokens for this request (when the engine has one;
+    /// sequences with a grammar never draft). Off gives plain one-token steps — the same
+    /// greedy tokens, and the same distribution when sampling.
+    pub speculative: bool,
 }
 
 impl GenerationRequest {
@@ -38,6 +42,7 @@ impl GenerationRequest {
             logprobs: None,
             ignore_eos: false,
             grammar: None,
+            speculative: true,
         }
     }
 }

@@ -46,6 +46,7 @@ use crate::metrics::EngineMetrics;
 use crate::request::{EngineError, Event, Usage};
 use crate::sampling::{logprobs, TokenLogprobs};
 use crate::sequence::Sequence;
+use crate::speculative::{DraftRequest, Drafter, SpeculativeConfig};
 use crate::stop::FinishReason;
 use crate::stream::EventSender;
 
@@ -72,6 +73,8 @@ pub(crate) struct Limits {
     /// Steps whose samplers need only the argmax take the backend's greedy ids
     /// (`PAGEKV_DEV_REDUCED_SAMPLING`, on by default).
     pub reduced_sampling: bool,
+    /// Draft lengths and costs (the drafter itself is the scheduler's `drafter`).
+    pub speculative: SpeculativeConfig,
 }
 
 #[derive(Default)]
@@ -89,6 +92,10 @@ struct Counters {
     sampled_greedy_rows: u64,
     sampled_top_k_rows: u64,
     top_k_fallbacks: u64,
+    sampling_steps: u64,
+    draft_steps: u64,
+    draft_tokens: u64,
+    draft_accepted: u64,
 }
 
 /// Largest `top_k` a step may ask the backend for (`Forward::forward_top_k`); larger ones read
@@ -136,6 +143,10 @@ pub(crate) struct Scheduler<M: Forward> {
     top_values: Vec<f32>,
     /// `[vocab]` a constrained sequence's logit row with the tokens its grammar forbids at −∞.
     masked_row: Vec<f32>,
+    /// Proposes draft tokens for decoding sequences (`None`: one token per step).
+    drafter: Option<Box<dyn Drafter>>,
+    /// `[tokens]` a drafted sequence's feed: its last token, then its draft.
+    feed: Vec<u32>,
     /// Final events of the step, sent after the metrics are published, so a client that sees
     /// its request end also sees the metrics of that end.
     finals: Vec<(EventSender, Event)>,
@@ -158,6 +169,12 @@ impl<M: Forward> Scheduler<M> {
         metrics: Arc<Mutex<EngineMetrics>>,
         rx: Receiver<Command>,
     ) -> Scheduler<M> {
+        // Drafts are trimmed back after verification; a window that already reclaimed the
+        // blocks before its start could not move back with them, so windowed pools do not draft.
+        let drafter = match template.policy().sliding_window {
+            None => limits.speculative.drafter(),
+            Some(_) => None,
+        };
         Scheduler {
             model,
             tokenizer,
@@ -172,6 +189,8 @@ impl<M: Forward> Scheduler<M> {
             greedy_ids: Vec::new(),
             top_values: Vec::new(),
             masked_row: Vec::new(),
+            drafter,
+            feed: Vec::new(),
             finals: Vec::new(),
             limits,
             counters: Counters::default(),
@@ -340,9 +359,61 @@ impl<M: Forward> Scheduler<M> {
             budget.promised_blocks += blocks_needed(&self.running[i], t, bs);
             budget.tokens -= t;
             self.plan.push((i, t));
+            self.allow_draft(i, budget);
             i += 1;
         }
+        self.draft();
         preempted
+    }
+
+    /// Sets how many tokens running sequence `i`, planned to decode one token, may draft this
+    /// step: its adaptive length, within its `max_tokens`, the context window, the step's token
+    /// budget and the free blocks (drafts never evict nor preempt). Takes that from `budget`.
+    fn allow_draft(&mut self, i: usize, budget: &mut Budget) {
+        let bs = self.limits.block_size;
+        let seq = &mut self.running[i];
+        seq.draft.clear();
+        seq.draft_max = 0;
+        if self.drafter.is_none() || !seq.speculative || !seq.decoding() || seq.constraint.is_some() {
+            return;
+        }
+        let spec = &self.limits.speculative;
+        let mut k = seq.draft_length.next(spec.draft_tokens, spec.token_cost);
+        // A step emits at most k + 1 tokens; positions up to tokens.len() + k are written.
+        k = k
+            .min(seq.stop.max_tokens.saturating_sub(seq.generated + 1))
+            .min(self.limits.context_window.saturating_sub(seq.tokens.len()))
+            .min(budget.tokens);
+        let base = blocks_needed(seq, 1, bs);
+        let spare = self.pool.blocks().num_free().saturating_sub(budget.promised_blocks);
+        while k > 0 && blocks_needed(seq, 1 + k, bs) - base > spare {
+            k -= 1;
+        }
+        budget.tokens -= k;
+        budget.promised_blocks += blocks_needed(seq, 1 + k, bs) - base;
+        seq.draft_max = k;
+    }
+
+    /// Asks the drafter for every sequence allowed a draft this step, and widens their planned
+    /// feeds by what it proposed (tokens it did not use stay unspent this step).
+    fn draft(&mut self) {
+        let Some(drafter) = self.drafter.as_mut() else { return };
+        let mut requests: Vec<DraftRequest<'_>> = self
+            .running
+            .iter_mut()
+            .filter(|s| s.draft_max > 0)
+            .map(|s| DraftRequest { id: s.id, tokens: &s.tokens, max: s.draft_max, draft: &mut s.draft })
+            .collect();
+        if requests.is_empty() {
+            return;
+        }
+        drafter.propose(&mut requests);
+        drop(requests);
+        for (i, t) in self.plan.iter_mut() {
+            let seq = &mut self.running[*i];
+            seq.draft.truncate(seq.draft_max);
+            *t += seq.draft.len();
+        }
     }
 
     /// Admits queued requests in order while they fit.
@@ -448,19 +519,26 @@ impl<M: Forward> Scheduler<M> {
                 result = Err(e.to_string());
                 break;
             }
-            let samples = start + t == seq.tokens.len();
+            let drafted = !seq.draft.is_empty();
+            // A drafted sequence reads its rows on the host unless it only needs their argmax.
+            let reduced_k = if drafted && !only_argmax { None } else { reduced_k };
+            let samples = start + t == seq.tokens.len() + seq.draft.len();
             all_argmax &= !samples || only_argmax;
             if samples {
                 top_k = top_k.zip(reduced_k).map(|(a, b)| a.max(b));
             }
-            let logits = if samples { Logits::Last } else { Logits::None };
-            self.batch.push(
-                &seq.tokens[start..start + t],
-                start + t,
-                cache.pending_slots(),
-                cache.block_table(),
-                logits,
-            );
+            let logits = match (samples, drafted) {
+                (false, _) => Logits::None,
+                (true, false) => Logits::Last,
+                // One row per position: the last token's scores the first draft token, …,
+                // the last draft token's gives the token after a fully accepted draft.
+                (true, true) => Logits::All,
+            };
+            self.feed.clear();
+            self.feed.extend_from_slice(&seq.tokens[start..]);
+            self.feed.extend_from_slice(&seq.draft);
+            debug_assert!(!drafted || (samples && start + 1 == seq.tokens.len()), "drafts follow a decode");
+            self.batch.push(&self.feed[..t], start + t, cache.pending_slots(), cache.block_table(), logits);
         }
         // A step with no logit row (prefill chunks only) copies nothing either way.
         self.sampling = match top_k {
@@ -536,11 +614,22 @@ impl<M: Forward> Scheduler<M> {
         let mut failed: Vec<usize> = Vec::new();
         // Sequences whose grammar could not continue.
         let mut grammar_failed: Vec<(usize, GrammarError)> = Vec::new();
-        for &(i, t) in &self.plan {
+        for pi in 0..self.plan.len() {
+            let (i, t) = self.plan[pi];
             let seq = &mut self.running[i];
             let cache = seq.cache.as_mut().expect("running sequences hold a cache");
             cache.commit_append(&mut self.pool);
             self.counters.computed_tokens += t as u64;
+            if !seq.draft.is_empty() {
+                let rows = seq.draft.len() + 1;
+                if let Some(reason) = self.verify_draft(i, row) {
+                    done.push((i, reason));
+                }
+                row += rows;
+                continue;
+            }
+            let seq = &mut self.running[i];
+            let cache = seq.cache.as_mut().expect("running sequences hold a cache");
             let offset = cache.offset();
             let full = offset / bs;
             if full > seq.registered {
@@ -549,6 +638,7 @@ impl<M: Forward> Scheduler<M> {
                 seq.registered = full;
             }
             if offset == seq.tokens.len() {
+                self.counters.sampling_steps += 1;
                 let (token, lp) = match self.sampling {
                     Sampling::FullRows => {
                         let row_logits = &self.model.last_logits()[row * v..(row + 1) * v];
@@ -648,6 +738,76 @@ impl<M: Forward> Scheduler<M> {
         }
     }
 
+    /// Accepts the longest prefix of running sequence `i`'s draft that its sampler keeps
+    /// (`Sampler::verify`, row by row from logit row `row`: the row of its last token scores the
+    /// first draft token), then the model's own token after it; trims the rejected positions
+    /// from the cache and registers the blocks that are now full. Returns why the sequence
+    /// ended, if it did (a stop token or string, `max_tokens`, the context window), which may be
+    /// in the middle of its draft. Drafted sequences have no grammar and sample from full rows
+    /// unless they need only the argmax (`execute`).
+    fn verify_draft(&mut self, i: usize, row: usize) -> Option<FinishReason> {
+        let v = self.limits.vocab_size;
+        let seq = &mut self.running[i];
+        let draft = std::mem::take(&mut seq.draft);
+        let mut accepted = 0;
+        let mut reason = None;
+        for (j, &proposed) in draft.iter().chain(std::iter::once(&u32::MAX)).enumerate() {
+            let r = row + j;
+            let last = j == draft.len();
+            let (token, lp) = match self.sampling {
+                Sampling::Greedy => {
+                    self.counters.sampled_greedy_rows += 1;
+                    (self.greedy_ids[r], None)
+                }
+                Sampling::TopK(k) => {
+                    // Only argmax samplers draft in top-k steps: the first entry is the argmax.
+                    self.counters.sampled_top_k_rows += 1;
+                    (if self.top_values[r * k].is_nan() { 0 } else { self.greedy_ids[r * k] }, None)
+                }
+                Sampling::FullRows => {
+                    self.counters.sampled_full_rows += 1;
+                    let l = &self.model.last_logits()[r * v..(r + 1) * v];
+                    let token = match last {
+                        true => seq.sampler.sample(l, &seq.tokens),
+                        false => seq.sampler.verify(l, &seq.tokens, proposed).0,
+                    };
+                    (token, seq.logprobs.map(|n| logprobs(l, token, n)))
+                }
+            };
+            let kept = !last && token == proposed;
+            accepted += kept as usize;
+            self.counters.generated_tokens += 1;
+            reason = accept_token(seq, token, lp, &self.tokenizer, self.limits.context_window);
+            if reason.is_some() || !kept {
+                break;
+            }
+        }
+        self.counters.sampling_steps += 1;
+        self.counters.draft_steps += 1;
+        self.counters.draft_tokens += draft.len() as u64;
+        self.counters.draft_accepted += accepted as u64;
+        seq.draft_length.record(draft.len(), accepted);
+        // The cache holds the fed last token and every draft token; the rejected ones go (their
+        // emptied blocks back to the pool) before any block of theirs is registered.
+        let cache = seq.cache.as_mut().expect("running sequences hold a cache");
+        if accepted < draft.len() {
+            cache.trim(&mut self.pool, draft.len() - accepted).expect("an idle cache trims back what it just wrote");
+        }
+        let full = cache.offset() / self.limits.block_size;
+        debug_assert!(cache.offset() <= seq.tokens.len());
+        if full > seq.registered {
+            seq.ensure_hashes(full, self.limits.block_size, self.limits.identity);
+            self.bank.register(seq.id, &seq.hashes[..full], seq.registered);
+            seq.registered = full;
+        }
+        if let Some(d) = self.drafter.as_mut() {
+            d.accepted(seq.id, &seq.tokens);
+        }
+        seq.draft = draft;
+        seq.draft.clear();
+        reason
+    }
+
     /// Ends a sequence normally: flushes held text, sends `Done`, banks its cache.
     fn finish(&mut self, mut seq: Sequence, reason: FinishReason) {
         let rest = seq.decoder.finish();
@@ -671,6 +831,9 @@ impl<M: Forward> Scheduler<M> {
     /// Ends a sequence with an error; its blocks are released (their contents may be partial).
     fn fail(&mut self, mut seq: Sequence, err: EngineError) {
         self.counters.failed += 1;
+        if let Some(d) = self.drafter.as_mut() {
+            d.release(seq.id);
+        }
         self.bank.forget(seq.id, &seq.hashes[..seq.registered.min(seq.hashes.len())]);
         if let Some(mut cache) = seq.cache.take() {
             cache.cancel_append();
@@ -681,6 +844,9 @@ impl<M: Forward> Scheduler<M> {
 
     /// Moves a sequence's cache into the bank (or releases it when the bank is off).
     fn bank_sequence(&mut self, seq: &mut Sequence) {
+        if let Some(d) = self.drafter.as_mut() {
+            d.release(seq.id);
+        }
         let Some(cache) = seq.cache.take() else { return };
         let bs = self.limits.block_size;
         let offset = cache.offset();
@@ -695,6 +861,8 @@ impl<M: Forward> Scheduler<M> {
 
     /// Sends a running sequence back to the front of the queue; its blocks go to the bank.
     fn preempt(&mut self, mut seq: Sequence) {
+        seq.draft.clear();
+        seq.draft_max = 0;
         self.bank_sequence(&mut seq);
         self.counters.preemptions += 1;
         self.waiting.push_front(seq);
@@ -761,6 +929,11 @@ impl<M: Forward> Scheduler<M> {
             sampled_greedy_rows: self.counters.sampled_greedy_rows,
             sampled_top_k_rows: self.counters.sampled_top_k_rows,
             top_k_fallbacks: self.counters.top_k_fallbacks,
+            sampling_steps: self.counters.sampling_steps,
+            draft_steps: self.counters.draft_steps,
+            draft_tokens: self.counters.draft_tokens,
+            draft_accepted_tokens: self.counters.draft_accepted,
+            drafter: self.drafter.as_ref().map(|d| d.name()),
             cache: self.pool.stats(),
         };
         *self.metrics.lock().unwrap_or_else(|e| e.into_inner()) = m;

@@ -12,6 +12,7 @@ use pagekv_model::tokenizer::StreamDecoder;
 
 use crate::constraint::Constraint;
 use crate::sampling::Sampler;
+use crate::speculative::DraftLength;
 use crate::stop::{StopConditions, StopMatcher};
 use crate::stream::EventSender;
 
@@ -39,6 +40,14 @@ pub(crate) struct Sequence {
     pub constraint: Option<Constraint>,
     /// Tokens sampled so far.
     pub generated: usize,
+    /// `[≤ draft tokens]` this step's proposal, fed after the last token (empty: none).
+    pub draft: Vec<u32>,
+    /// Most tokens this step may draft (set while planning).
+    pub draft_max: usize,
+    /// The request lets the drafter propose for it.
+    pub speculative: bool,
+    /// How many tokens to draft, from this sequence's acceptance so far.
+    pub draft_length: DraftLength,
     /// Prompt tokens found in the bank at first admission (`None` before it).
     pub cached_tokens: Option<usize>,
     pub out: EventSender,
@@ -62,6 +71,11 @@ impl Sequence {
     /// no grammar, whose mask may forbid every one of those entries).
     pub fn reduced_top_k(&self, max_k: usize) -> Option<usize> {
         (self.logprobs.is_none() && self.constraint.is_none()).then(|| self.sampler.reduced_top_k(max_k)).flatten()
+    }
+
+    /// True when this step only decodes: the last sampled token is all there is to feed.
+    pub fn decoding(&self) -> bool {
+        self.generated > 0 && self.pending() == 1
     }
 
     /// Tokens still to feed.

@@ -63,6 +63,7 @@ impl EngineBackend {
             logprobs: r.logprobs,
             ignore_eos: false,
             grammar: r.grammar.map(grammar),
+            speculative: true,
         }
     }
 }

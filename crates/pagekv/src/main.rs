@@ -105,6 +105,10 @@ enum BenchCommand {
     /// The server in-process under 1, 8 and 32 streaming clients on loopback: tokens/s, TTFT,
     /// inter-token latency, pool utilization; session-bank hit vs miss over a shared prefix.
     Serve(commands::bench_serve::BenchServeArgs),
+    /// Multi-token decoding against plain decoding on a workload (edit or chat), in one run: the
+    /// verification step's cost, tokens/s, acceptance; optionally llama.cpp's own lookup and
+    /// draft speculation on the same prompts.
+    Speculative(commands::bench_speculative::BenchSpeculativeArgs),
 }
 
 fn main() -> ExitCode {
@@ -187,6 +191,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Serve(a)) => {
             a.model.install()?;
             commands::bench_serve::run(a)
+        }
+        Command::Bench(BenchCommand::Speculative(a)) => {
+            a.model.install()?;
+            commands::bench_speculative::run(a)
         }
     }
 }

@@ -91,6 +91,85 @@ pub struct RuntimeArgs {
     pub device: Option<Device>,
 }
 
+/// Multi-token decoding (crate `pagekv-engine`, module `speculative`).
+#[derive(Args, Clone, Debug, Default)]
+pub struct SpeculativeArgs {
+    /// Draft tokens and verify them in one step: off, ngram (prompt lookup) or draft:MODEL (a
+    /// smaller model with the same vocabulary; a registry name or a GGUF file)
+    /// [env: PAGEKV_SPECULATIVE; default off].
+    #[arg(long, value_name = "MODE", env = "PAGEKV_SPECULATIVE", hide_env = true, value_parser = Speculative::parse)]
+    pub speculative: Option<Speculative>,
+    /// Most tokens drafted per step, 1 to 32 (each sequence adapts below it to its acceptance)
+    /// [env: PAGEKV_DRAFT_TOKENS; default 8].
+    #[arg(long, value_name = "K", env = "PAGEKV_DRAFT_TOKENS", hide_env = true, value_parser = parse_draft_tokens)]
+    pub draft_tokens: Option<usize>,
+    /// Shortest suffix the ngram drafter matches [env: PAGEKV_NGRAM_MIN; default 2].
+    #[arg(long, value_name = "N", env = "PAGEKV_NGRAM_MIN", hide_env = true,
+          value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub ngram_min: Option<u64>,
+    /// Longest suffix the ngram drafter matches [env: PAGEKV_NGRAM_MAX; default 5].
+    #[arg(long, value_name = "N", env = "PAGEKV_NGRAM_MAX", hide_env = true,
+          value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub ngram_max: Option<u64>,
+}
+
+/// `--speculative`'s value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Speculative {
+    Off,
+    Ngram,
+    /// A draft model: a registry name or a file.
+    Draft(String),
+}
+
+impl Speculative {
+    pub fn parse(v: &str) -> anyhow::Result<Speculative> {
+        match v.trim() {
+            "off" => Ok(Speculative::Off),
+            "ngram" => Ok(Speculative::Ngram),
+            other => match other.strip_prefix("draft:") {
+                Some(m) if !m.trim().is_empty() => Ok(Speculative::Draft(m.trim().to_string())),
+                _ => anyhow::bail!(
+                    "invalid speculative mode {v:?} (--speculative / PAGEKV_SPECULATIVE): accepted values are off, ngram, draft:MODEL"
+                ),
+            },
+        }
+    }
+}
+
+fn parse_draft_tokens(v: &str) -> Result<usize, String> {
+    let max = pagekv_engine::MAX_DRAFT_TOKENS;
+    match v.trim().parse::<usize>() {
+        Ok(k) if (1..=max).contains(&k) => Ok(k),
+        _ => Err(format!("invalid draft length {v:?} (--draft-tokens / PAGEKV_DRAFT_TOKENS): accepted values are 1 to {max}")),
+    }
+}
+
+impl SpeculativeArgs {
+    /// The engine's settings. `token_cost` is what one more token costs in a step on this
+    /// device, as a fraction of a one-token step (see `SpeculativeConfig::token_cost`).
+    pub fn config(&self, token_cost: f32) -> anyhow::Result<pagekv_engine::SpeculativeConfig> {
+        use pagekv_engine::{DraftMode, SpeculativeConfig};
+        let d = SpeculativeConfig::default();
+        let mode = match self.speculative.clone().unwrap_or(Speculative::Off) {
+            Speculative::Off => DraftMode::Off,
+            Speculative::Ngram => DraftMode::Ngram,
+            Speculative::Draft(m) => anyhow::bail!(
+                "--speculative draft:{m}: draft models are not supported yet; use --speculative ngram"
+            ),
+        };
+        let c = SpeculativeConfig {
+            mode,
+            draft_tokens: self.draft_tokens.unwrap_or(d.draft_tokens),
+            ngram_min: self.ngram_min.map_or(d.ngram_min, |n| n as usize),
+            ngram_max: self.ngram_max.map_or(d.ngram_max, |n| n as usize),
+            token_cost,
+        };
+        c.validate().map_err(|e| anyhow::anyhow!("{e} (--ngram-min / --ngram-max)"))?;
+        Ok(c)
+    }
+}
+
 impl CacheArgs {
     /// The given settings as `(variable, value)` pairs.
     pub fn given(&self) -> Vec<(&'static str, String)> {
@@ -173,6 +252,20 @@ impl Device {
                 let n = v.strip_prefix("cuda:").ok_or_else(bad)?;
                 n.parse().map(Device::Cuda).map_err(|_| bad())
             }
+        }
+    }
+}
+
+impl Device {
+    /// What one more token costs in a sequence's step on this device, as a fraction of a
+    /// one-token step: the adaptive draft length's price of a draft token
+    /// (`SpeculativeConfig::token_cost`). A GPU step is bound by reading the weights, which
+    /// every token of the step shares; a CPU step on a few cores pays for each token's
+    /// arithmetic as well.
+    pub fn draft_token_cost(&self) -> f32 {
+        match self {
+            Device::Cpu => 0.15,
+            Device::Cuda(_) => 0.02,
         }
     }
 }

@@ -1,5 +1,6 @@
-//! What `bench decode` measures pagekv against in the same run: llama.cpp's own `llama-bench`
-//! on the same file ([`llama_bench`]) and this machine's streaming-read bandwidth
+//! What the benchmarks measure pagekv against in the same run: llama.cpp's own `llama-bench`
+//! on the same file ([`llama_bench`], `bench decode`), its prompt lookup and draft speculation
+//! ([`llama_speculation`], `bench speculative`), and this machine's streaming-read bandwidth
 //! ([`stream_read_gbps`]), from which a decode step's memory roofline follows.
 
 use std::path::Path;
@@ -29,17 +30,11 @@ pub fn llama_bench(
     runs: usize,
 ) -> Result<LlamaBenchRow> {
     let one = |args: &[String]| -> Result<f64> {
-        // The shared libraries of a llama.cpp build lie beside its tools.
-        let lib_dir = bin.parent().unwrap_or(Path::new("."));
-        let ld_path = match std::env::var_os("LD_LIBRARY_PATH") {
-            Some(p) if !p.is_empty() => format!("{}:{}", lib_dir.display(), p.to_string_lossy()),
-            _ => lib_dir.display().to_string(),
-        };
         let out = Command::new(bin)
             .args(["-m", &model.display().to_string(), "-t", &threads.to_string(), "-r", &runs.to_string()])
             .args(["-o", "json"])
             .args(args)
-            .env("LD_LIBRARY_PATH", ld_path)
+            .env("LD_LIBRARY_PATH", library_path(bin))
             .output()
             .with_context(|| format!("cannot run {}", bin.display()))?;
         if !out.status.success() {
@@ -94,4 +89,75 @@ pub fn stream_read_gbps(pool: &ThreadPool) -> Result<f64> {
     std::hint::black_box(total.into_inner());
     passes.sort_by(f64::total_cmp);
     Ok(passes[passes.len() / 2])
+}
+
+/// What one run of llama.cpp's `llama-lookup` or `llama-speculative` reported.
+pub struct SpeculationAnchor {
+    /// Its decode tokens/s (`decoded N tokens in X seconds, speed: Y t/s`).
+    pub tok_s: f64,
+    pub tokens: usize,
+    pub drafted: u64,
+    pub accepted: u64,
+}
+
+/// Runs llama.cpp's prompt lookup (`llama-lookup`, `draft` = `None`) or draft speculation
+/// (`llama-speculative -md draft`) on `prompt` (rendered text, given as a file) greedily with
+/// `threads` threads, `max_tokens` tokens and at most `draft_tokens` draft tokens per step, and
+/// reads its summary lines.
+pub fn llama_speculation(
+    bin: &Path,
+    model: &Path,
+    draft: Option<&Path>,
+    prompt: &str,
+    threads: usize,
+    max_tokens: usize,
+    draft_tokens: usize,
+) -> Result<SpeculationAnchor> {
+    let file = std::env::temp_dir().join(format!("pagekv-anchor-prompt-{}.txt", std::process::id()));
+    std::fs::write(&file, prompt).with_context(|| format!("cannot write {}", file.display()))?;
+    let mut cmd = Command::new(bin);
+    cmd.args(["-m", &model.display().to_string(), "-f", &file.display().to_string()])
+        .args(["-t", &threads.to_string(), "--temp", "0", "-n", &max_tokens.to_string(), "-c", "4096", "-s", "1"])
+        .args(["--spec-draft-n-max", &draft_tokens.to_string()])
+        .env("LD_LIBRARY_PATH", library_path(bin));
+    if let Some(d) = draft {
+        cmd.args(["-md", &d.display().to_string()]);
+    }
+    let out = cmd.output().with_context(|| format!("cannot run {}", bin.display()));
+    let _ = std::fs::remove_file(&file);
+    let out = out?;
+    let log = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        bail!("{} failed ({}): {}", bin.display(), out.status, log.lines().last().unwrap_or(""));
+    }
+    // `… decoded  134 tokens in   70.382 seconds, speed:    1.904 t/s`
+    let decoded = log
+        .lines()
+        .find_map(|l| l.split_once("decoded ").map(|(_, rest)| rest.to_string()))
+        .with_context(|| format!("{} printed no `decoded … t/s` line", bin.display()))?;
+    let tokens = decoded.split_whitespace().next().and_then(|n| n.parse().ok());
+    let tok_s = decoded.split_once("speed:").and_then(|(_, s)| s.split_whitespace().next()?.parse().ok());
+    // `… n_drafted    = 144`
+    let counter = |name: &str| {
+        log.lines().find_map(|l| {
+            let (_, rest) = l.split_once(name)?;
+            rest.trim_start().strip_prefix('=')?.trim().parse::<u64>().ok()
+        })
+    };
+    match (tokens, tok_s, counter("n_drafted"), counter("n_accept")) {
+        (Some(tokens), Some(tok_s), Some(drafted), Some(accepted)) => {
+            Ok(SpeculationAnchor { tok_s, tokens, drafted, accepted })
+        }
+        _ => bail!("cannot read {}'s summary (decoded, n_drafted, n_accept): {decoded}", bin.display()),
+    }
+}
+
+/// `LD_LIBRARY_PATH` with the directory of a llama.cpp tool first (its shared libraries lie
+/// beside it).
+fn library_path(bin: &Path) -> String {
+    let lib_dir = bin.parent().unwrap_or(Path::new("."));
+    match std::env::var_os("LD_LIBRARY_PATH") {
+        Some(p) if !p.is_empty() => format!("{}:{}", lib_dir.display(), p.to_string_lossy()),
+        _ => lib_dir.display().to_string(),
+    }
 }

@@ -39,7 +39,7 @@ use tokio::net::TcpStream;
 use super::bench::round;
 use crate::engine_backend::EngineBackend;
 use crate::load::{cache_config, load};
-use crate::settings::{Device, ModelArgs};
+use crate::settings::{Device, ModelArgs, SpeculativeArgs};
 
 #[derive(Args, Debug)]
 pub struct BenchServeArgs {
@@ -69,6 +69,8 @@ pub struct BenchServeArgs {
     pub max_seqs: u64,
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
 }
 
 /// Text the prompts are cut from (cycled as needed), after a per-request tag.
@@ -137,6 +139,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         max_seqs: a.max_seqs as usize,
         bank: BankConfig::default(),
         reduced_sampling: crate::config::reduced_sampling()?,
+        speculative: a.speculative.config(device.draft_token_cost())?,
     };
     let model_id = model_id(&loaded.path);
     let tokenizer = Arc::new(loaded.tokenizer);

@@ -15,7 +15,7 @@ use pagekv_model::tokenizer::Tokenizer;
 
 use super::generation::{generate, GenerationStats, SamplingArgs, SingleUser};
 use crate::load::{cache_config, load};
-use crate::settings::ModelArgs;
+use crate::settings::{ModelArgs, SpeculativeArgs};
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
@@ -26,17 +26,20 @@ pub struct ChatArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
     let device = super::run::device()?;
+    let speculative = a.speculative.config(device.draft_token_cost())?;
     let loaded = load(a.model.model.as_deref(), a.model.chat_template.as_deref())?;
     if loaded.template.origin() == pagekv_model::template::TemplateOrigin::Missing {
         anyhow::bail!("{}", pagekv_model::template::TemplateError::Missing);
     }
     let cache = cache_config(&loaded.model)?;
     let tok = Arc::new(loaded.tokenizer);
-    let user = SingleUser::start(loaded.model, tok.clone(), cache, device)?;
+    let user = SingleUser::start(loaded.model, tok.clone(), cache, device, speculative)?;
     converse(&user, &tok, &loaded.template, &a)
 }
 
@@ -65,6 +68,9 @@ fn converse(user: &SingleUser, tok: &Tokenizer, template: &ChatTemplate, a: &Cha
             "/stats" => {
                 if let Some(s) = &last {
                     eprintln!("last turn: {}", GenerationStats::summary(s));
+                    if let Some(d) = &s.drafts {
+                        eprintln!("last turn: {}", d.summary());
+                    }
                 }
                 let m = user.metrics();
                 eprintln!("{}", super::cache_summary(&m.cache));

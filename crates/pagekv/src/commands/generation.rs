@@ -12,7 +12,9 @@ use clap::Args;
 use kvcache::CacheConfig;
 use pagekv_engine::sampling::{SamplingParams, DEFAULT_SEED};
 use pagekv_engine::stop::{FinishReason, StopConditions};
-use pagekv_engine::{BankConfig, Engine, EngineConfig, EngineHandle, EngineMetrics, Event, GenerationRequest};
+use pagekv_engine::{
+    BankConfig, Engine, EngineConfig, EngineHandle, EngineMetrics, Event, GenerationRequest, SpeculativeConfig,
+};
 use pagekv_model::tokenizer::Tokenizer;
 use pagekv_model::Model;
 
@@ -81,6 +83,51 @@ pub struct GenerationStats {
     pub prefill_s: f64,
     pub decode_s: f64,
     pub finish: Option<FinishReason>,
+    /// Multi-token decoding figures of this generation, when a drafter ran.
+    pub drafts: Option<DraftStats>,
+}
+
+/// What the drafter did for one generation (differences of the engine's counters).
+#[derive(Clone, Debug, Default)]
+pub struct DraftStats {
+    pub drafter: String,
+    /// Steps that emitted tokens, and those of them that verified a draft.
+    pub steps: u64,
+    pub draft_steps: u64,
+    pub drafted: u64,
+    pub accepted: u64,
+    pub generated: u64,
+}
+
+impl DraftStats {
+    pub fn between(before: &EngineMetrics, after: &EngineMetrics) -> Option<DraftStats> {
+        let drafter = after.drafter.clone()?;
+        Some(DraftStats {
+            drafter,
+            steps: after.sampling_steps - before.sampling_steps,
+            draft_steps: after.draft_steps - before.draft_steps,
+            drafted: after.draft_tokens - before.draft_tokens,
+            accepted: after.draft_accepted_tokens - before.draft_accepted_tokens,
+            generated: after.generated_tokens - before.generated_tokens,
+        })
+    }
+
+    pub fn summary(&self) -> String {
+        let rate = self.accepted as f64 / self.drafted.max(1) as f64;
+        let mean = self.accepted as f64 / self.draft_steps.max(1) as f64;
+        let per_step = self.generated as f64 / self.steps.max(1) as f64;
+        format!(
+            "speculative {}: drafted {} tokens in {} of {} steps, accepted {} ({:.1} %), mean accepted length {:.2}, {:.2} tokens per step",
+            self.drafter,
+            self.drafted,
+            self.draft_steps,
+            self.steps,
+            self.accepted,
+            100.0 * rate,
+            mean,
+            per_step
+        )
+    }
 }
 
 impl GenerationStats {
@@ -115,8 +162,10 @@ impl SingleUser {
         tokenizer: Arc<Tokenizer>,
         cache: CacheConfig,
         device: Device,
+        speculative: SpeculativeConfig,
     ) -> Result<SingleUser> {
         let mut config = EngineConfig::new(cache);
+        config.speculative = speculative;
         config.max_seqs = 1;
         config.bank = BankConfig::default();
         config.reduced_sampling = crate::config::reduced_sampling()?;
@@ -191,7 +240,9 @@ pub fn generate(
         logprobs: None,
         ignore_eos: false,
         grammar: None,
+        speculative: true,
     };
+    let before = user.metrics();
     let t0 = Instant::now();
     let mut stream = user.handle().submit(request)?;
     let mut first: Option<Instant> = None;
@@ -210,6 +261,8 @@ pub fn generate(
                 stats.prefill_s = (first - t0).as_secs_f64();
                 stats.decode_s = (end - first).as_secs_f64();
                 stats.finish = Some(finish_reason);
+                // The scheduler publishes its counters before it sends `Done`.
+                stats.drafts = DraftStats::between(&before, &user.metrics());
                 check_pool_room(user, &stats, sampling.max_tokens)?;
                 return Ok(stats);
             }

@@ -4,6 +4,7 @@ pub mod anchors;
 pub mod bench;
 pub mod bench_decode_cuda;
 pub mod bench_serve;
+pub mod bench_speculative;
 pub mod chat;
 pub mod cuda;
 pub mod decode;

@@ -12,7 +12,7 @@ use pagekv_model::template::ChatMessage;
 
 use super::generation::{generate, SamplingArgs, SingleUser};
 use crate::load::{cache_config, load};
-use crate::settings::{Device, ModelArgs};
+use crate::settings::{Device, ModelArgs, SpeculativeArgs};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -31,10 +31,13 @@ pub struct RunArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
     let device = device()?;
+    let speculative = a.speculative.config(device.draft_token_cost())?;
     let prompt = match a.prompt.clone() {
         Some(p) => p,
         None => {
@@ -62,7 +65,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let ids = if a.chat { tok.encode(&text, true)? } else { tok.encode_with_bos(&text, true)? };
     let cache = cache_config(&loaded.model)?;
     // The weights move to the GPU with `--device cuda`; the host copy is dropped once they are there.
-    let user = SingleUser::start(loaded.model, Arc::new(tok), cache, device)?;
+    let user = SingleUser::start(loaded.model, Arc::new(tok), cache, device, speculative)?;
     let mut out = std::io::stdout().lock();
     let stats = generate(&user, ids, &a.sampling, |s| {
         out.write_all(s.as_bytes())?;
@@ -76,6 +79,9 @@ pub fn run(a: RunArgs) -> Result<()> {
             eprintln!("pagekv: {label}");
         }
         eprintln!("pagekv: {}", stats.summary());
+        if let Some(d) = &stats.drafts {
+            eprintln!("pagekv: {}", d.summary());
+        }
         eprintln!("pagekv: {}", super::cache_summary(&user.metrics().cache));
     }
     Ok(())

@@ -15,7 +15,7 @@ use pagekv_server::ServerConfig;
 
 use crate::engine_backend::EngineBackend;
 use crate::load::{cache_config, load};
-use crate::settings::{Device, ModelArgs};
+use crate::settings::{Device, ModelArgs, SpeculativeArgs};
 
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
@@ -65,6 +65,8 @@ pub struct ServeArgs {
     pub served_model_name: Vec<String>,
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
 }
 
 /// One `--served-model-name` entry: non-empty, no surrounding spaces kept.
@@ -101,6 +103,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_seqs: a.max_seqs as usize,
         bank,
         reduced_sampling: crate::config::reduced_sampling()?,
+        speculative: a.speculative.config(device.draft_token_cost())?,
     };
     let grace = seconds(a.grace_period, "--grace-period")?;
     let request_timeout = Some(seconds(a.request_timeout, "--request-timeout")?).filter(|t| !t.is_zero());

@@ -1,0 +1,145 @@
+//! Multi-token decoding: a drafter proposes a few tokens, the model scores them all in the
+//! sequence's next step, and the longest prefix the model agrees with is kept.
+//!
+//! - [`SpeculativeConfig`]: which drafter, the most tokens a step drafts, the n-gram lengths and
+//!   the cost model of the adaptive draft length; validated once ([`SpeculativeConfig::validate`]).
+//! - [`Drafter`] (this file): the seam a proposer plugs into. One call per step proposes for every
+//!   decoding sequence at once, so a proposer that runs a model batches its work; `accepted` and
+//!   `release` keep a stateful proposer in step with what the target model kept.
+//! - [`ngram`]: prompt lookup — the longest recent suffix that occurred earlier in the sequence
+//!   proposes the tokens that followed it. No model, no state.
+//! - [`DraftLength`] (`length.rs`): each sequence's draft length from its recent acceptance.
+//!
+//! The scheduler (`scheduler.rs`) feeds `[last token, draft…]` as one chunk with a logit row per
+//! position and accepts with [`crate::Sampler::verify`] row by row: greedy keeps a draft token
+//! while it is the argmax; sampling keeps draft token `x` with probability `p(x)` (the drafter's
+//! `q` is one-hot) and otherwise draws from `p` without `x`, so the output follows the model's
+//! own distribution exactly. The rejected positions are trimmed from the cache in the same step.
+
+mod length;
+pub mod ngram;
+
+pub use length::DraftLength;
+pub use ngram::NgramDrafter;
+
+use thiserror::Error;
+
+/// Most tokens one step may draft for a sequence (`--draft-tokens`).
+pub const MAX_DRAFT_TOKENS: usize = 32;
+
+/// Which proposer drafts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DraftMode {
+    /// No drafting: one token per sequence per step.
+    Off,
+    /// Prompt lookup over the sequence's own tokens.
+    Ngram,
+}
+
+impl DraftMode {
+    pub fn name(&self) -> &'static str {
+        match self {
+            DraftMode::Off => "off",
+            DraftMode::Ngram => "ngram",
+        }
+    }
+}
+
+/// Multi-token decoding settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpeculativeConfig {
+    pub mode: DraftMode,
+    /// Most tokens drafted per sequence and step, `1..=MAX_DRAFT_TOKENS` (`--draft-tokens`).
+    pub draft_tokens: usize,
+    /// Shortest and longest suffix the n-gram drafter matches (`min ≥ 1`, `min ≤ max`).
+    pub ngram_min: usize,
+    pub ngram_max: usize,
+    /// What one more token in a sequence's step costs, as a fraction of a one-token step. The
+    /// adaptive draft length drafts `k` tokens when the expected tokens per step,
+    /// `1 + α + … + α^k`, bought at `1 + cost × k`, beat every other `k`. Memory-bound steps
+    /// (a GPU, a large model on few cores) have a small cost; compute-bound ones a larger one.
+    pub token_cost: f32,
+}
+
+impl Default for SpeculativeConfig {
+    fn default() -> Self {
+        SpeculativeConfig { mode: DraftMode::Off, draft_tokens: 8, ngram_min: 2, ngram_max: 5, token_cost: 0.1 }
+    }
+}
+
+/// A speculative setting out of range.
+#[derive(Clone, Debug, PartialEq, Error)]
+pub enum SpeculativeError {
+    #[error("draft tokens must be in 1..={MAX_DRAFT_TOKENS}, got {0}")]
+    DraftTokens(usize),
+    #[error("n-gram lengths must satisfy 1 <= min <= max <= 64, got min {min}, max {max}")]
+    NgramRange { min: usize, max: usize },
+    #[error("the draft token cost must be a finite value in [0, 4], got {0}")]
+    TokenCost(f32),
+}
+
+impl SpeculativeConfig {
+    pub fn validate(&self) -> Result<(), SpeculativeError> {
+        if self.draft_tokens == 0 || self.draft_tokens > MAX_DRAFT_TOKENS {
+            return Err(SpeculativeError::DraftTokens(self.draft_tokens));
+        }
+        if self.ngram_min == 0 || self.ngram_min > self.ngram_max || self.ngram_max > 64 {
+            return Err(SpeculativeError::NgramRange { min: self.ngram_min, max: self.ngram_max });
+        }
+        if !(self.token_cost.is_finite() && (0.0..=4.0).contains(&self.token_cost)) {
+            return Err(SpeculativeError::TokenCost(self.token_cost));
+        }
+        Ok(())
+    }
+
+    /// The drafter this configuration asks for, `None` when drafting is off.
+    pub fn drafter(&self) -> Option<Box<dyn Drafter>> {
+        match self.mode {
+            DraftMode::Off => None,
+            DraftMode::Ngram => Some(Box::new(NgramDrafter::new(self.ngram_min, self.ngram_max))),
+        }
+    }
+}
+
+/// One sequence's request to a drafter.
+pub struct DraftRequest<'a> {
+    /// The sequence (engine-unique id).
+    pub id: u64,
+    /// `[prompt + generated]` every token so far; the last one is the token this step feeds.
+    pub tokens: &'a [u32],
+    /// Most tokens to propose (at least 1).
+    pub max: usize,
+    /// Where the proposal goes (empty on entry; at most `max` tokens; empty = no proposal).
+    pub draft: &'a mut Vec<u32>,
+}
+
+/// A proposer of draft tokens.
+pub trait Drafter: Send {
+    /// `ngram`, `draft:NAME`, …: what `/metrics` and `run -v` call it.
+    fn name(&self) -> String;
+    /// Proposes up to `r.max` tokens after `r.tokens` for every request.
+    fn propose(&mut self, requests: &mut [DraftRequest<'_>]);
+    /// Sequence `id` kept `tokens` (its whole sequence after this step's verification).
+    fn accepted(&mut self, _id: u64, _tokens: &[u32]) {}
+    /// Sequence `id` left the running set (finished, failed, cancelled or preempted).
+    fn release(&mut self, _id: u64) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_out_of_range_are_refused() {
+        let ok = SpeculativeConfig { mode: DraftMode::Ngram, ..SpeculativeConfig::default() };
+        assert_eq!(ok.validate(), Ok(()));
+        for k in [0, 33] {
+            let c = SpeculativeConfig { draft_tokens: k, ..ok.clone() };
+            assert_eq!(c.validate(), Err(SpeculativeError::DraftTokens(k)));
+        }
+        assert!(SpeculativeConfig { ngram_min: 0, ..ok.clone() }.validate().is_err());
+        assert!(SpeculativeConfig { ngram_min: 4, ngram_max: 3, ..ok.clone() }.validate().is_err());
+        assert!(SpeculativeConfig { token_cost: f32::NAN, ..ok.clone() }.validate().is_err());
+        assert!(SpeculativeConfig { token_cost: -0.1, ..ok }.validate().is_err());
+    }
+}

@@ -1,0 +1,274 @@
+//! Multi-token decoding with the n-gram drafter, through the engine:
+//! - greedy output with drafts is token for token the output without, on the default model, for
+//!   512-token generations, alone and batched with 15 other sequences;
+//! - sampled output follows the same distribution: the first three tokens of 20,000 seeded
+//!   runs of a tiny model pass a chi-square test against 20,000 runs without drafts;
+//! - rollback: every step leaves each sequence exactly the blocks its offset needs (checked
+//!   after every step in debug builds, which tests are), a preempted drafting sequence resumes
+//!   with identical output, a cancelled one frees everything.
+//!
+//! The default model's test needs SmolLM2 (skipped when absent, failed when
+//! `PAGEKV_REQUIRE_MODEL=1`).
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use common::{engine_config, tiny_model, tokenizer};
+use kvcache::CacheConfig;
+use pagekv_cpu::attention::AttentionConfig;
+use pagekv_engine::{
+    DraftMode, Engine, EngineConfig, EngineMetrics, Event, GenerationRequest, RequestStream, SamplingParams,
+    SpeculativeConfig,
+};
+use pagekv_model::tokenizer::Tokenizer;
+use pagekv_model::Model;
+
+/// One engine at a time: the thread pool is shared by the process and the machine is small.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn ngram(draft_tokens: usize) -> SpeculativeConfig {
+    SpeculativeConfig { mode: DraftMode::Ngram, draft_tokens, ngram_min: 1, ngram_max: 4, ..Default::default() }
+}
+
+/// The ids of a finished request's tokens.
+fn tokens(mut s: RequestStream) -> Vec<u32> {
+    let mut out = Vec::new();
+    loop {
+        match s.recv_timeout(Duration::from_secs(600)).expect("an event within 10 minutes") {
+            Event::Token { id, .. } => out.push(id),
+            Event::Done { .. } => return out,
+            Event::Error(e) => panic!("request failed: {e}"),
+        }
+    }
+}
+
+fn wait_for(h: &pagekv_engine::EngineHandle, what: &str, cond: impl Fn(&EngineMetrics) -> bool) {
+    let start = Instant::now();
+    while !cond(&h.metrics()) {
+        assert!(start.elapsed() < Duration::from_secs(60), "timed out waiting for {what}: {:?}", h.metrics());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn greedy_with_drafts_equals_greedy_without_on_the_default_model() {
+    let _g = serial();
+    let Some(path) = pagekv_testkit::dev::default_model("speculative") else { return };
+    let model = Model::load(&path, AttentionConfig::default()).unwrap();
+    let tok = Arc::new(Tokenizer::from_gguf(model.weights.file().metadata()).unwrap());
+    let c = &model.config;
+    let mut cache = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
+    cache.num_blocks = 1024;
+    cache.context_window = Some(1024);
+    let mut config = EngineConfig::new(cache);
+    config.max_batch_tokens = 256;
+    config.bank.enabled = false;
+    config.speculative = ngram(8);
+    let engine = Engine::start(model, tok.clone(), config).unwrap();
+    let h = engine.handle();
+    let topics = [
+        "List the planets of the solar system in order.",
+        "Write a Python function that reverses a string.",
+        "Explain how a hash map works.",
+        "Count from one to thirty in words.",
+        "Describe the water cycle.",
+        "Write a short poem about the sea.",
+        "What is a binary search tree?",
+        "Give three tips for learning to cook.",
+        "Explain recursion with an example.",
+        "Name the days of the week in French.",
+        "How does a bicycle stay upright?",
+        "Write a SQL query that counts rows per day.",
+        "What causes the seasons?",
+        "Summarize the plot of Hamlet.",
+        "Write a Rust struct for a 2D point with a distance method.",
+        "Why do cats purr?",
+    ];
+    let requests: Vec<GenerationRequest> = topics
+        .iter()
+        .map(|t| {
+            let prompt = format!("<|im_start|>user\n{t}<|im_end|>\n<|im_start|>assistant\n");
+            let mut r = GenerationRequest::new(tok.encode(&prompt, true).unwrap(), 512);
+            r.ignore_eos = true;
+            r
+        })
+        .collect();
+    let plain = |r: &GenerationRequest| GenerationRequest { speculative: false, ..r.clone() };
+    // The reference: all sixteen batched without drafts (batching is known not to change tokens).
+    let streams: Vec<RequestStream> = requests.iter().map(|r| h.submit(plain(r)).unwrap()).collect();
+    let reference: Vec<Vec<u32>> = streams.into_iter().map(tokens).collect();
+    assert!(reference.iter().all(|t| t.len() == 512));
+    assert_eq!(h.metrics().draft_steps, 0, "requests without drafting draft nothing");
+    // Alone, with drafts.
+    for (i, r) in requests.iter().enumerate().take(2) {
+        assert_eq!(tokens(h.submit(r.clone()).unwrap()), reference[i], "request {i} alone with drafts");
+    }
+    let alone = h.metrics();
+    assert!(alone.draft_accepted_tokens > 0, "drafts were accepted: {alone:?}");
+    // All sixteen batched, with drafts.
+    let streams: Vec<RequestStream> = requests.iter().map(|r| h.submit(r.clone()).unwrap()).collect();
+    for (i, (s, want)) in streams.into_iter().zip(&reference).enumerate() {
+        assert_eq!(&tokens(s), want, "request {i} batched with drafts");
+    }
+    let m = h.metrics();
+    let (drafted, accepted) = (m.draft_tokens - alone.draft_tokens, m.draft_accepted_tokens - alone.draft_accepted_tokens);
+    assert!(accepted > 0 && accepted < drafted, "some drafts kept, some rejected: {accepted} of {drafted}");
+    assert_eq!((m.running, m.blocks_used), (0, 0));
+    assert_eq!(m.blocks_free, m.blocks_total, "every block is back");
+    eprintln!(
+        "default model, 16 × 512 tokens batched: {drafted} drafted, {accepted} accepted, {:.2} tokens per step",
+        m.generated_tokens as f64 / m.sampling_steps as f64
+    );
+}
+
+/// The tiny model's prompt: `base`, its own greedy 3-token continuation `c`, a separator and
+/// `base` again, so the n-gram drafter proposes `c` for the first three tokens.
+fn repeating_prompt(engine: &Engine) -> Vec<u32> {
+    let base: Vec<u32> = vec![5, 17, 42, 9, 33, 61];
+    let first = GenerationRequest { speculative: false, ..GenerationRequest::new(base.clone(), 3) };
+    let c = tokens(engine.handle().submit(first).unwrap());
+    let mut p = base.clone();
+    p.extend(&c);
+    p.push(70);
+    p.extend(&base);
+    p
+}
+
+/// Chi-square critical value at p = 0.001 for `df` degrees of freedom (Wilson–Hilferty).
+fn critical(df: usize) -> f64 {
+    let k = df as f64;
+    let z = 3.0902;
+    k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3)
+}
+
+/// Two-sample chi-square homogeneity statistic over the outcomes of `a` and `b`; outcomes seen
+/// fewer than 10 times in both together are pooled into one cell. Returns it and its degrees of
+/// freedom.
+fn homogeneity(a: &HashMap<Vec<u32>, u64>, b: &HashMap<Vec<u32>, u64>) -> (f64, usize) {
+    let mut cells: Vec<(u64, u64)> = Vec::new();
+    let mut rare = (0u64, 0u64);
+    let mut keys: Vec<&Vec<u32>> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    for k in keys {
+        let (x, y) = (a.get(k).copied().unwrap_or(0), b.get(k).copied().unwrap_or(0));
+        if x + y < 10 {
+            rare = (rare.0 + x, rare.1 + y);
+        } else {
+            cells.push((x, y));
+        }
+    }
+    if rare.0 + rare.1 > 0 {
+        cells.push(rare);
+    }
+    let (na, nb) = (a.values().sum::<u64>() as f64, b.values().sum::<u64>() as f64);
+    let x2 = cells
+        .iter()
+        .map(|&(x, y)| {
+            let t = (x + y) as f64;
+            let (ea, eb) = (t * na / (na + nb), t * nb / (na + nb));
+            (x as f64 - ea).powi(2) / ea + (y as f64 - eb).powi(2) / eb
+        })
+        .sum();
+    (x2, cells.len() - 1)
+}
+
+#[test]
+fn sampled_tokens_with_drafts_follow_the_distribution_without() {
+    let _g = serial();
+    let mut config = engine_config(4096, true);
+    config.speculative = ngram(4);
+    let engine = Engine::start(tiny_model(11, "tiny-spec"), tokenizer(), config).unwrap();
+    let prompt = repeating_prompt(&engine);
+    let h = engine.handle();
+    // Warm enough that drafts are often rejected, cool enough that they are often kept.
+    let params = SamplingParams {
+        temperature: 0.7,
+        top_k: 0,
+        top_p: 0.97,
+        min_p: 0.0,
+        repetition_penalty: 1.1,
+        ..SamplingParams::default()
+    };
+    const RUNS: u64 = 20_000;
+    let mut counts = [HashMap::new(), HashMap::new()];
+    for (which, speculative) in [false, true].into_iter().enumerate() {
+        // In waves of 256 requests, so the queue stays short and many sequences share each step.
+        for wave in 0..RUNS.div_ceil(256) {
+            let streams: Vec<RequestStream> = (wave * 256..((wave + 1) * 256).min(RUNS))
+                .map(|i| {
+                    let mut r = GenerationRequest::new(prompt.clone(), 3);
+                    r.ignore_eos = true;
+                    r.speculative = speculative;
+                    r.sampling = SamplingParams { seed: i + (which as u64) * 1_000_000, ..params };
+                    h.submit(r).unwrap()
+                })
+                .collect();
+            for s in streams {
+                *counts[which].entry(tokens(s)).or_insert(0u64) += 1;
+            }
+        }
+    }
+    let m = h.metrics();
+    let (kept, rejected) = (m.draft_accepted_tokens, m.draft_tokens - m.draft_accepted_tokens);
+    assert!(kept > 1000 && rejected > 1000, "drafts were kept ({kept}) and rejected ({rejected})");
+    let (x2, df) = homogeneity(&counts[0], &counts[1]);
+    assert!(df >= 3, "the outcomes vary ({df} degrees of freedom)");
+    assert!(x2 < critical(df), "chi-square {x2:.1} over {df} df ≥ {:.1} (p < 0.001)", critical(df));
+    eprintln!(
+        "{} outcomes, chi-square {x2:.1} over {df} df (critical {:.1}); {} drafted, {} kept",
+        counts[0].len(),
+        critical(df),
+        m.draft_tokens,
+        m.draft_accepted_tokens
+    );
+}
+
+#[test]
+fn drafting_sequences_survive_preemption_and_cancellation() {
+    let _g = serial();
+    // The reference: plenty of blocks, no drafting.
+    let prompts: Vec<Vec<u32>> = (0..6u32)
+        .map(|i| (0..40).map(|j| 3 + (i * 7 + j % (5 + i)) % 90).collect())
+        .collect();
+    let request = |p: &Vec<u32>, speculative: bool| {
+        let mut r = GenerationRequest::new(p.clone(), 120);
+        r.ignore_eos = true;
+        r.speculative = speculative;
+        r
+    };
+    let mut config = engine_config(512, false);
+    config.speculative = ngram(8);
+    let engine = Engine::start(tiny_model(5, "tiny-spec"), tokenizer(), config).unwrap();
+    let h = engine.handle();
+    let reference: Vec<Vec<u32>> = prompts.iter().map(|p| tokens(h.submit(request(p, false)).unwrap())).collect();
+    drop(engine);
+    // Room for about three sequences of 160 tokens (blocks of 8): the newest are preempted and
+    // recomputed while they draft.
+    let mut config = engine_config(64, true);
+    config.speculative = ngram(8);
+    let engine = Engine::start(tiny_model(5, "tiny-spec"), tokenizer(), config).unwrap();
+    let h = engine.handle();
+    let streams: Vec<RequestStream> = prompts.iter().map(|p| h.submit(request(p, true)).unwrap()).collect();
+    for (i, (s, want)) in streams.into_iter().zip(&reference).enumerate() {
+        assert_eq!(&tokens(s), want, "request {i} with drafts and preemption");
+    }
+    let m = h.metrics();
+    assert!(m.preemptions > 0, "the pool was short: {m:?}");
+    assert!(m.draft_accepted_tokens > 0, "drafts were kept: {m:?}");
+    // Cancel drafting requests in flight: every block they held comes back.
+    let streams: Vec<RequestStream> = prompts.iter().map(|p| h.submit(request(p, true)).unwrap()).collect();
+    let before = h.metrics().draft_steps;
+    wait_for(&h, "drafting steps", |m| m.draft_steps > before + 20 && m.running > 0);
+    drop(streams);
+    wait_for(&h, "cancellation", |m| m.running == 0 && m.waiting == 0 && m.blocks_used == 0);
+    let m = h.metrics();
+    assert_eq!(m.blocks_free + m.blocks_cached, m.blocks_total, "nothing held but the bank: {m:?}");
+}
