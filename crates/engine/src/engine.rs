@@ -27,6 +27,7 @@ use crate::request::{EngineError, GenerationRequest, MAX_TOP_LOGPROBS};
 use crate::sampling::Sampler;
 use crate::scheduler::{Command, Limits, Scheduler};
 use crate::sequence::Sequence;
+use crate::speculative::DraftPool;
 use crate::stop::StopMatcher;
 use crate::stream::{channel, RequestStream};
 
@@ -213,7 +214,16 @@ fn assemble<M: Forward>(
         speculative: config.speculative.clone(),
     };
     let bank = SessionBank::new(bank_config, cache.num_blocks, bs, block_bytes);
-    let scheduler = Scheduler::new(model, tokenizer, pool, template, bank, limits, metrics, rx);
+    // Drafts are trimmed back after verification; a window that already reclaimed the blocks
+    // before its start could not move back with them, so windowed pools do not draft.
+    let drafter = match cache.sliding_window {
+        Some(_) => None,
+        None => {
+            let pool = DraftPool { block_size: bs, num_blocks: cache.num_blocks, context_window };
+            config.speculative.drafter(pool).map_err(|e| EngineError::Model(format!("draft model: {e}")))?
+        }
+    };
+    let scheduler = Scheduler::new(model, tokenizer, pool, template, bank, limits, metrics, rx, drafter);
     Ok((scheduler, info))
 }
 

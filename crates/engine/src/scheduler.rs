@@ -168,13 +168,8 @@ impl<M: Forward> Scheduler<M> {
         limits: Limits,
         metrics: Arc<Mutex<EngineMetrics>>,
         rx: Receiver<Command>,
+        drafter: Option<Box<dyn Drafter>>,
     ) -> Scheduler<M> {
-        // Drafts are trimmed back after verification; a window that already reclaimed the
-        // blocks before its start could not move back with them, so windowed pools do not draft.
-        let drafter = match template.policy().sliding_window {
-            None => limits.speculative.drafter(),
-            Some(_) => None,
-        };
         Scheduler {
             model,
             tokenizer,
@@ -409,9 +404,12 @@ impl<M: Forward> Scheduler<M> {
         }
         drafter.propose(&mut requests);
         drop(requests);
+        let vocab = self.limits.vocab_size;
         for (i, t) in self.plan.iter_mut() {
             let seq = &mut self.running[*i];
-            seq.draft.truncate(seq.draft_max);
+            // A draft model's vocabulary may be padded past the model's: such ids end a draft.
+            let valid = seq.draft.iter().position(|&d| d as usize >= vocab).unwrap_or(seq.draft.len());
+            seq.draft.truncate(seq.draft_max.min(valid));
             *t += seq.draft.len();
         }
     }

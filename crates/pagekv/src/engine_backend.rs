@@ -139,6 +139,11 @@ impl Backend for EngineBackend {
             preemptions: m.preemptions,
             computed_tokens: m.computed_tokens,
             kv_pool_utilization: m.pool_utilization(),
+            generated_tokens: m.generated_tokens,
+            sequence_steps: m.sampling_steps,
+            draft_steps: m.draft_steps,
+            draft_tokens: m.draft_tokens,
+            draft_accepted_tokens: m.draft_accepted_tokens,
             attention_calls: AttentionRoute::ALL
                 .iter()
                 .map(|&r| AttentionCalls { route: r.name().into(), format: format.clone(), calls: m.cache.calls(r) })

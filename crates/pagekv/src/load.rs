@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use kvcache::{CacheConfig, KvFormat};
 use pagekv_cpu::attention::ggml::AttnNumerics;
 use pagekv_cpu::attention::AttentionConfig;
@@ -16,6 +16,7 @@ use pagekv_model::tokenizer::Tokenizer;
 use pagekv_model::Model;
 
 use crate::registry;
+use crate::settings::Device;
 
 /// A loaded model and everything needed to talk to it.
 pub struct Loaded {
@@ -76,4 +77,28 @@ fn progress(msg: &str) -> Option<indicatif::ProgressBar> {
     s.set_message(msg.to_string());
     s.enable_steady_tick(Duration::from_millis(100));
     Some(s)
+}
+
+/// `--speculative draft:MODEL`: loads the draft model (a known name or a file) and checks it
+/// against the target's tokenizer — the same tokens under the same ids, or an error naming the
+/// first difference. On `device` it is built on the engine's thread like the target.
+pub fn draft_model(spec: &str, target: &Tokenizer, device: Device) -> Result<pagekv_engine::DraftModel> {
+    let d = load(Some(spec), None).with_context(|| format!("draft model {spec}"))?;
+    let (n, m) = (d.tokenizer.vocab_size(), target.vocab_size());
+    if n != m {
+        bail!("draft model {spec} has a vocabulary of {n} tokens but the model has {m}: they must share one");
+    }
+    if let Some(id) = (0..n as u32).find(|&i| d.tokenizer.token_text(i) != target.token_text(i)) {
+        bail!(
+            "draft model {spec}'s token {id} is {:?} but the model's is {:?}: they must share one vocabulary",
+            d.tokenizer.token_text(id).unwrap_or_default(),
+            target.token_text(id).unwrap_or_default()
+        );
+    }
+    let name = d.path.file_stem().map_or_else(|| spec.to_string(), |s| s.to_string_lossy().into_owned());
+    let model = d.model;
+    Ok(match device {
+        Device::Cpu => pagekv_engine::DraftModel::new(&name, move || Ok(model)),
+        Device::Cuda(n) => pagekv_engine::DraftModel::new(&name, crate::commands::cuda::gpu_model_builder(n, model, false)?),
+    })
 }

@@ -146,24 +146,26 @@ fn parse_draft_tokens(v: &str) -> Result<usize, String> {
 }
 
 impl SpeculativeArgs {
-    /// The engine's settings. `token_cost` is what one more token costs in a step on this
-    /// device, as a fraction of a one-token step (see `SpeculativeConfig::token_cost`).
-    pub fn config(&self, token_cost: f32) -> anyhow::Result<pagekv_engine::SpeculativeConfig> {
+    /// The engine's settings for a model with tokenizer `target` on `device` (a draft model is
+    /// loaded and checked against it here).
+    pub fn config(
+        &self,
+        device: Device,
+        target: &pagekv_model::tokenizer::Tokenizer,
+    ) -> anyhow::Result<pagekv_engine::SpeculativeConfig> {
         use pagekv_engine::{DraftMode, SpeculativeConfig};
         let d = SpeculativeConfig::default();
         let mode = match self.speculative.clone().unwrap_or(Speculative::Off) {
             Speculative::Off => DraftMode::Off,
             Speculative::Ngram => DraftMode::Ngram,
-            Speculative::Draft(m) => anyhow::bail!(
-                "--speculative draft:{m}: draft models are not supported yet; use --speculative ngram"
-            ),
+            Speculative::Draft(m) => DraftMode::Model(crate::load::draft_model(&m, target, device)?),
         };
         let c = SpeculativeConfig {
             mode,
             draft_tokens: self.draft_tokens.unwrap_or(d.draft_tokens),
             ngram_min: self.ngram_min.map_or(d.ngram_min, |n| n as usize),
             ngram_max: self.ngram_max.map_or(d.ngram_max, |n| n as usize),
-            token_cost,
+            token_cost: device.draft_token_cost(),
         };
         c.validate().map_err(|e| anyhow::anyhow!("{e} (--ngram-min / --ngram-max)"))?;
         Ok(c)

@@ -802,3 +802,34 @@ async fn qwen_calls_the_weather_function_under_required() {
     let (prompt_tokens, _, cached) = usage_of(&v);
     assert!(prompt_tokens > 200 && cached > 0, "the history was rendered and its prefix reused: {v}");
 }
+
+/// `serve --speculative ngram`: requests that repeat their prompt are drafted and verified, the
+/// greedy text is the server's text without drafting (a server started without it), and
+/// `/metrics` counts the drafted and kept tokens and the tokens per step.
+#[tokio::test]
+async fn speculative_serving_keeps_the_text_and_counts_the_drafts() {
+    let prompt = "Copy this list exactly: red, green, blue, yellow, purple, orange, pink, brown, grey, black, white. \
+                  Copy this list exactly: red, green, blue, yellow, purple, orange, pink, brown, grey, black, white. \
+                  Copy this list exactly: red, green,";
+    let Some(plain) = ServerProcess::start("speculative-off", &["--context-window", "1024"]) else { return };
+    let want = reply_text(&plain.post("/v1/completions", &completion(&plain.model, prompt, 48)).await.ok());
+    drop(plain);
+    let args = ["--context-window", "1024", "--speculative", "ngram", "--draft-tokens", "6"];
+    let Some(s) = ServerProcess::start("speculative-ngram", &args) else { return };
+    let got = reply_text(&s.post("/v1/completions", &completion(&s.model, prompt, 48)).await.ok());
+    assert_eq!(got, want, "greedy text with drafts");
+    let streamed = {
+        let (status, mut reader) =
+            support::open_stream_at(s.addr, "/v1/completions", &streaming(completion(&s.model, prompt, 48))).await;
+        assert_eq!(status, 200);
+        streamed_text(&reader.read_to_done().await)
+    };
+    assert_eq!(streamed, want, "streamed text with drafts");
+    let m = s.metrics().await;
+    let (drafted, kept) =
+        (m.get("pagekv_speculative_draft_tokens_total"), m.get("pagekv_speculative_accepted_tokens_total"));
+    assert!(kept > 0.0 && kept <= drafted, "drafted {drafted}, kept {kept}:\n{}", m.summary());
+    assert!(m.get("pagekv_speculative_steps_total") > 0.0);
+    assert!(m.get("pagekv_tokens_per_step") > 1.0, "more than one token per step:\n{}", m.summary());
+    assert!(m.get("pagekv_generated_tokens_total") > m.get("pagekv_sequence_steps_total"));
+}

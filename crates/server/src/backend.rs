@@ -419,6 +419,14 @@ pub struct BackendMetrics {
     pub computed_tokens: u64,
     /// Live tokens ÷ token slots of the blocks running sequences hold (1 when none).
     pub kv_pool_utilization: f64,
+    /// Tokens generated, and sequence-steps that generated them (a step of one sequence emits
+    /// one token, or up to draft + 1 with multi-token decoding).
+    pub generated_tokens: u64,
+    pub sequence_steps: u64,
+    /// Multi-token decoding: sequence-steps that verified a draft, tokens drafted, tokens kept.
+    pub draft_steps: u64,
+    pub draft_tokens: u64,
+    pub draft_accepted_tokens: u64,
     /// Attention calls by route (`reference|primitive|partitioned`) and KV format.
     pub attention_calls: Vec<AttentionCalls>,
     /// Calls that fell back from a requested fast path, by reason.

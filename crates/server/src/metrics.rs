@@ -284,6 +284,33 @@ fn render_backend(out: &mut String, b: &BackendMetrics) {
         "Prompt tokens the engine computed (not reused from the session bank).",
         b.computed_tokens,
     );
+    counter(out, "pagekv_generated_tokens_total", "Tokens generated.", b.generated_tokens);
+    counter(
+        out,
+        "pagekv_sequence_steps_total",
+        "Sequence-steps that generated tokens (generated / steps = tokens per step).",
+        b.sequence_steps,
+    );
+    counter(
+        out,
+        "pagekv_speculative_steps_total",
+        "Sequence-steps that verified drafted tokens.",
+        b.draft_steps,
+    );
+    counter(out, "pagekv_speculative_draft_tokens_total", "Tokens drafted for verification.", b.draft_tokens);
+    counter(
+        out,
+        "pagekv_speculative_accepted_tokens_total",
+        "Drafted tokens the model kept.",
+        b.draft_accepted_tokens,
+    );
+    let per_step = if b.sequence_steps == 0 { 0.0 } else { b.generated_tokens as f64 / b.sequence_steps as f64 };
+    gauge(
+        out,
+        "pagekv_tokens_per_step",
+        "Tokens generated per sequence-step since start (1 without drafting; 0 before any).",
+        per_step,
+    );
     gauge(
         out,
         "pagekv_kv_pool_utilization",

@@ -17,31 +17,89 @@
 //! own distribution exactly. The rejected positions are trimmed from the cache in the same step.
 
 mod length;
+mod model;
 pub mod ngram;
 
 pub use length::DraftLength;
+pub use model::ModelDrafter;
 pub use ngram::NgramDrafter;
 
+use std::sync::{Arc, Mutex};
+
+use pagekv_model::{Forward, ModelError};
 use thiserror::Error;
 
 /// Most tokens one step may draft for a sequence (`--draft-tokens`).
 pub const MAX_DRAFT_TOKENS: usize = 32;
 
 /// Which proposer drafts.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum DraftMode {
     /// No drafting: one token per sequence per step.
     Off,
     /// Prompt lookup over the sequence's own tokens.
     Ngram,
+    /// A smaller model with the same vocabulary ([`ModelDrafter`]).
+    Model(DraftModel),
 }
 
 impl DraftMode {
-    pub fn name(&self) -> &'static str {
+    pub fn name(&self) -> String {
         match self {
-            DraftMode::Off => "off",
-            DraftMode::Ngram => "ngram",
+            DraftMode::Off => "off".into(),
+            DraftMode::Ngram => "ngram".into(),
+            DraftMode::Model(m) => format!("draft:{}", m.name),
         }
+    }
+}
+
+/// What a drafter's pool is sized from: the engine's block size, blocks and context window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftPool {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub context_window: usize,
+}
+
+type BuildDrafter = dyn Fn(DraftPool) -> Result<Box<dyn Drafter>, ModelError> + Send + Sync;
+
+/// A draft model to be built on the scheduler thread (a GPU model must live on the thread that
+/// runs it). Compared and printed by name.
+#[derive(Clone)]
+pub struct DraftModel {
+    pub name: String,
+    build: Arc<BuildDrafter>,
+}
+
+impl DraftModel {
+    /// A draft model made by `make` when the engine starts (once: an engine started a second
+    /// time from the same configuration gets an error).
+    pub fn new<D, F>(name: &str, make: F) -> DraftModel
+    where
+        D: Forward + 'static,
+        F: FnOnce() -> Result<D, ModelError> + Send + 'static,
+    {
+        let make = Mutex::new(Some(make));
+        let label = name.to_string();
+        let build = move |p: DraftPool| -> Result<Box<dyn Drafter>, ModelError> {
+            let make = make.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let make = make.ok_or_else(|| ModelError::Invalid(format!("draft model {label} was already used")))?;
+            let d = ModelDrafter::new(label.clone(), make()?, p.num_blocks, p.block_size, p.context_window)?;
+            Ok(Box::new(d))
+        };
+        DraftModel { name: name.to_string(), build: Arc::new(build) }
+    }
+}
+
+impl std::fmt::Debug for DraftModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DraftModel({})", self.name)
+    }
+}
+
+impl PartialEq for DraftModel {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
     }
 }
 
@@ -92,11 +150,13 @@ impl SpeculativeConfig {
         Ok(())
     }
 
-    /// The drafter this configuration asks for, `None` when drafting is off.
-    pub fn drafter(&self) -> Option<Box<dyn Drafter>> {
-        match self.mode {
-            DraftMode::Off => None,
-            DraftMode::Ngram => Some(Box::new(NgramDrafter::new(self.ngram_min, self.ngram_max))),
+    /// The drafter this configuration asks for, `None` when drafting is off. Runs on the
+    /// scheduler thread; `pool` sizes a draft model's cache.
+    pub fn drafter(&self, pool: DraftPool) -> Result<Option<Box<dyn Drafter>>, ModelError> {
+        match &self.mode {
+            DraftMode::Off => Ok(None),
+            DraftMode::Ngram => Ok(Some(Box::new(NgramDrafter::new(self.ngram_min, self.ngram_max)))),
+            DraftMode::Model(m) => (m.build)(pool).map(Some),
         }
     }
 }
@@ -114,7 +174,7 @@ pub struct DraftRequest<'a> {
 }
 
 /// A proposer of draft tokens.
-pub trait Drafter: Send {
+pub trait Drafter {
     /// `ngram`, `draft:NAME`, …: what `/metrics` and `run -v` call it.
     fn name(&self) -> String;
     /// Proposes up to `r.max` tokens after `r.tokens` for every request.

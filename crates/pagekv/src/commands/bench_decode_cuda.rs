@@ -122,11 +122,37 @@ mod imp {
         for format in formats {
             let mut cfg = base.clone();
             cfg.format = format;
-            let per_seq = (max_ctx + a.decode_tokens).div_ceil(cfg.block_size) + 1;
+            let t_max = a.verify_tokens.unwrap_or(1) as usize;
+            let per_seq = (max_ctx + a.decode_tokens * t_max).div_ceil(cfg.block_size) + 1;
             cfg.num_blocks = cfg.num_blocks.max(a.batch * per_seq);
             for &ctx in &contexts {
-                let (pp, tg) = measure(&mut model, &cfg, &prompts, ctx, a.decode_tokens, a.runs)?;
+                let (pp, tg) = measure(&mut model, &cfg, &prompts, ctx, a.decode_tokens, a.runs, 1)?;
                 let step_ms = 1e3 * a.batch as f64 / tg;
+                if let Some(t) = a.verify_tokens.map(|t| t as usize) {
+                    let (_, tv) = measure(&mut model, &cfg, &prompts, ctx, a.decode_tokens, a.runs, t)?;
+                    let verify_ms = 1e3 * (a.batch * t) as f64 / tv;
+                    if a.json {
+                        println!(
+                            "{}",
+                            json!({
+                                "engine": "pagekv-cuda", "device": label, "model": model_name,
+                                "format": format.name(), "batch": a.batch, "context": ctx,
+                                "verify_tokens": t, "verify_ms_per_step": round(verify_ms, 3),
+                                "ms_per_step": round(step_ms, 3), "verify_vs_one_token": round(verify_ms / step_ms, 3),
+                            })
+                        );
+                    } else {
+                        println!(
+                            "{:<12} {:<8} {:>6} {:>8} a step of {t} tokens per sequence (all logit rows): {:.3} ms, {:.2}x the one-token step",
+                            "  verify",
+                            format.name(),
+                            a.batch,
+                            ctx,
+                            verify_ms,
+                            verify_ms / step_ms
+                        );
+                    }
+                }
                 let frac = (1e-3 * step_ms).recip() / roofline;
                 if a.json {
                     println!(
@@ -160,7 +186,9 @@ mod imp {
     }
 
     /// (pp tok/s, tg tok/s) of `prompts.len()` sequences prefilled with `ctx` tokens each and
-    /// decoded together; tg is the median over `runs`.
+    /// decoded together, `step_tokens` tokens per sequence and step (more than one: a logit row
+    /// for each, as a verification step; the tokens are the last greedy one repeated — their
+    /// values do not change the time); tg is the median over `runs`.
     fn measure(
         model: &mut CudaModel,
         cfg: &CacheConfig,
@@ -168,12 +196,13 @@ mod imp {
         ctx: usize,
         decode: usize,
         runs: usize,
+        step_tokens: usize,
     ) -> Result<(f64, f64)> {
         let mut pool = model.new_pool(cfg.clone())?;
         let policy = SequencePolicy::from_config(cfg);
         let mut seqs = Vec::with_capacity(prompts.len());
         for _ in prompts {
-            seqs.push(SequenceCache::new(&mut pool, policy, ctx + decode)?);
+            seqs.push(SequenceCache::new(&mut pool, policy, ctx + decode * step_tokens)?);
         }
         let mut batch = Batch::default();
         let mut ids = Vec::new();
@@ -201,19 +230,24 @@ mod imp {
             for _ in 0..decode {
                 batch.clear();
                 for (seq, &tok) in seqs.iter_mut().zip(&tokens) {
-                    seq.begin_append(&mut pool, 1)?;
-                    batch.push(&[tok], seq.offset() + 1, seq.pending_slots(), seq.block_table(), Logits::Last);
+                    seq.begin_append(&mut pool, step_tokens)?;
+                    let feed = [tok; 64];
+                    let logits = if step_tokens == 1 { Logits::Last } else { Logits::All };
+                    let n = seq.offset() + step_tokens;
+                    batch.push(&feed[..step_tokens], n, seq.pending_slots(), seq.block_table(), logits);
                 }
                 batch.sliding_window = seqs[0].attention_window(None);
                 model.forward_greedy(&batch, &mut pool, &mut ids)?;
                 for seq in seqs.iter_mut() {
                     seq.commit_append(&mut pool);
                 }
-                tokens.copy_from_slice(&ids);
+                for (i, t) in tokens.iter_mut().enumerate() {
+                    *t = ids[(i + 1) * step_tokens - 1];
+                }
             }
-            tg.push((prompts.len() * decode) as f64 / t.elapsed().as_secs_f64());
+            tg.push((prompts.len() * decode * step_tokens) as f64 / t.elapsed().as_secs_f64());
             for seq in seqs.iter_mut() {
-                seq.trim(&mut pool, decode)?;
+                seq.trim(&mut pool, decode * step_tokens)?;
             }
         }
         for seq in seqs {

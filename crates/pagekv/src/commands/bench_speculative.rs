@@ -89,7 +89,6 @@ pub fn run(mut a: BenchSpeculativeArgs) -> Result<()> {
     if a.speculative.speculative == Some(Speculative::Off) {
         bail!("--speculative off: nothing to compare; use ngram or draft:MODEL");
     }
-    let spec = a.speculative.config(device.draft_token_cost())?;
     let step_tokens: Vec<usize> = a
         .step_tokens
         .split(',')
@@ -104,6 +103,7 @@ pub fn run(mut a: BenchSpeculativeArgs) -> Result<()> {
         loaded.path.display()
     );
     loaded.model.weights.wait_until_resident();
+    let spec = a.speculative.config(device, &loaded.tokenizer)?;
     let threads = pagekv_cpu::threadpool::ThreadPool::global()?.n_threads();
     let tok = Arc::new(loaded.tokenizer);
     let set: &[(&str, &str)] = if a.workload == "edit" { &EDIT } else { &CHAT };

@@ -32,12 +32,12 @@ pub struct ChatArgs {
 
 pub fn run(a: ChatArgs) -> Result<()> {
     let device = super::run::device()?;
-    let speculative = a.speculative.config(device.draft_token_cost())?;
     let loaded = load(a.model.model.as_deref(), a.model.chat_template.as_deref())?;
     if loaded.template.origin() == pagekv_model::template::TemplateOrigin::Missing {
         anyhow::bail!("{}", pagekv_model::template::TemplateError::Missing);
     }
     let cache = cache_config(&loaded.model)?;
+    let speculative = a.speculative.config(device, &loaded.tokenizer)?;
     let tok = Arc::new(loaded.tokenizer);
     let user = SingleUser::start(loaded.model, tok.clone(), cache, device, speculative)?;
     converse(&user, &tok, &loaded.template, &a)

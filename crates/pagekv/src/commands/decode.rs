@@ -61,6 +61,10 @@ pub struct DecodeArgs {
     /// Sequences decoded together (--device cuda; each prefilled with the same context).
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
+    /// Also time steps that feed T tokens per sequence with a logit row each — the step that
+    /// verifies T − 1 drafted tokens — against the one-token step (--device cuda; 2 to 33).
+    #[arg(long, value_name = "T", value_parser = clap::value_parser!(u64).range(2..=33))]
+    pub verify_tokens: Option<u64>,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -124,6 +128,9 @@ impl DecodeArgs {
 pub fn run(a: DecodeArgs) -> Result<()> {
     if a.model.model.as_ref().is_some_and(|m| m.starts_with("synthetic:")) {
         bail!("synthetic models run on the GPU only: add --device cuda");
+    }
+    if a.verify_tokens.is_some() {
+        bail!("--verify-tokens needs --device cuda (on the CPU, `bench speculative` times verification steps)");
     }
     if a.batch != 1 {
         bail!("--batch {} needs --device cuda (the CPU bench decodes one sequence)", a.batch);

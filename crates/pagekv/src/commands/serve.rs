@@ -103,7 +103,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_seqs: a.max_seqs as usize,
         bank,
         reduced_sampling: crate::config::reduced_sampling()?,
-        speculative: a.speculative.config(device.draft_token_cost())?,
+        speculative: a.speculative.config(device, &loaded.tokenizer)?,
     };
     let grace = seconds(a.grace_period, "--grace-period")?;
     let request_timeout = Some(seconds(a.request_timeout, "--request-timeout")?).filter(|t| !t.is_zero());

@@ -263,6 +263,11 @@ impl Backend for FakeBackend {
             preemptions: 0,
             computed_tokens: 0,
             kv_pool_utilization: 1.0,
+            generated_tokens: c.generated.load(Ordering::SeqCst),
+            sequence_steps: c.generated.load(Ordering::SeqCst),
+            draft_steps: 0,
+            draft_tokens: 0,
+            draft_accepted_tokens: 0,
             attention_calls: vec![AttentionCalls {
                 route: "primitive".into(),
                 format: "f16".into(),
