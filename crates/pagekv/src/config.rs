@@ -38,6 +38,19 @@ pub fn reduced_sampling() -> anyhow::Result<bool> {
     boolean("PAGEKV_DEV_REDUCED_SAMPLING", true)
 }
 
+/// `PAGEKV_DEV_DRAFT_TOKEN_COST`: what one more token in a step costs, as a fraction of a
+/// one-token step, for the adaptive draft length (default: the device's, `Device::draft_token_cost`).
+pub fn draft_token_cost(default: f32) -> anyhow::Result<f32> {
+    let name = "PAGEKV_DEV_DRAFT_TOKEN_COST";
+    match env_lookup(name).filter(|v| !v.trim().is_empty()) {
+        None => Ok(default),
+        Some(v) => match v.trim().parse::<f32>() {
+            Ok(c) if c.is_finite() && (0.0..=4.0).contains(&c) => Ok(c),
+            _ => anyhow::bail!("{name}: invalid cost {v:?}: accepted values are numbers from 0 to 4"),
+        },
+    }
+}
+
 /// A boolean setting in the one grammar; unset or empty is `default`.
 fn boolean(name: &str, default: bool) -> anyhow::Result<bool> {
     match env_lookup(name).filter(|v| !v.trim().is_empty()) {

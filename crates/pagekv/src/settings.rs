@@ -165,7 +165,7 @@ impl SpeculativeArgs {
             draft_tokens: self.draft_tokens.unwrap_or(d.draft_tokens),
             ngram_min: self.ngram_min.map_or(d.ngram_min, |n| n as usize),
             ngram_max: self.ngram_max.map_or(d.ngram_max, |n| n as usize),
-            token_cost: device.draft_token_cost(),
+            token_cost: crate::config::draft_token_cost(device.draft_token_cost())?,
         };
         c.validate().map_err(|e| anyhow::anyhow!("{e} (--ngram-min / --ngram-max)"))?;
         Ok(c)
