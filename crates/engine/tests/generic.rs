@@ -247,3 +247,43 @@ fn a_model_that_cannot_be_built_is_an_error_of_start() {
     let e = Engine::start_with(build, tokenizer(), engine_config(16, true)).err().expect("start fails");
     assert_eq!(e.to_string(), "cannot start the model: device: no such device");
 }
+
+/// Multi-token decoding over the off-host backend: drafting, verification (a logit row per
+/// drafted position) and the rollback of rejected positions use the backend only through
+/// `Forward` and the pages only through block bookkeeping, and give the tokens of plain
+/// decoding on the CPU model.
+#[test]
+fn drafting_over_an_off_host_backend_keeps_the_cpu_models_tokens() {
+    // Prompts that repeat themselves, so the n-gram drafter has something to propose.
+    let reqs: Vec<GenerationRequest> = requests()
+        .into_iter()
+        .map(|mut r| {
+            let again = r.prompt.clone();
+            r.prompt.extend(again);
+            r.stop.max_tokens += 20;
+            r
+        })
+        .collect();
+    let blocks = 64;
+    let cpu = Engine::start(tiny_model(), tokenizer(), engine_config(blocks, true)).unwrap();
+    let (want, _) = drive(&cpu, &reqs);
+    cpu.shutdown(Duration::from_secs(5));
+
+    let mut config = engine_config(blocks, true);
+    config.speculative = pagekv_engine::SpeculativeConfig {
+        mode: pagekv_engine::DraftMode::Ngram,
+        ngram_min: 1,
+        ..Default::default()
+    };
+    let (engine, handles) = off_host_engine(config, None);
+    let (serial, together) = drive(&engine, &reqs);
+    let m = engine.handle().metrics();
+    engine.shutdown(Duration::from_secs(5));
+    let tokens = |o: &[Outcome]| o.iter().map(|x| x.tokens.clone()).collect::<Vec<_>>();
+    assert_eq!(tokens(&serial), tokens(&want), "one at a time, with drafts");
+    assert_eq!(tokens(&together), tokens(&want), "all at once, with drafts");
+    assert!(m.draft_steps > 0 && m.draft_accepted_tokens > 0, "drafts were verified and kept: {m:?}");
+    let log = handles.log.lock().unwrap();
+    assert_eq!((log.writes, log.reads.load(Ordering::Relaxed)), (0, 0), "the engine touched pages on the host");
+    assert_eq!(m.blocks_used, 0);
+}
