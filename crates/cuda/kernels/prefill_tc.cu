@@ -13,7 +13,7 @@
 // token's context (position + 1), lo_t = C_t − W with a sliding window W, else 0 — the mask is
 // applied to S per element, so rows of one CTA may see different key ranges.
 //
-// Precision as in decode_tc.cu: the f32 queries and probabilities are split into parts exact in
+// Precision as in decode_tc.cuh: the f32 queries and probabilities are split into parts exact in
 // the mma type (3 for bf16, 2 for f16), and every k-step of QK and every 16-key step of PV
 // accumulates in a fresh fragment added to the running sums in f32 round-to-nearest.
 

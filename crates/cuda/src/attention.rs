@@ -6,7 +6,7 @@
 //! `[num_seqs, num_heads, head_dim]` f32.
 //!
 //! Kernels ([`DecodeKernel`]):
-//! - tensor cores (`kernels/decode_tc.cu`, `pk_decode_tc`): f16/bf16 pages (head_dim 32–256,
+//! - tensor cores (`kernels/decode_tc*.cu`, `pk_decode_tc`): f16/bf16 pages (head_dim 32–256,
 //!   powers of two) and q8/q4/q4r pages (head_dim 64, 128, 256); mma.sync with f32 operands
 //!   split into exact parts, so it meets the same error bounds as the SIMT kernel. Groups of at
 //!   most 4 query heads share the mma columns with the split parts, and queries already rounded

@@ -18,7 +18,9 @@ use crate::{dev, CudaError};
 const COMMON: &str = include_str!("../kernels/common.cuh");
 const CACHE_WRITE: &str = include_str!("../kernels/cache_write.cu");
 const DECODE: &str = include_str!("../kernels/decode.cu");
-const DECODE_TC: &str = include_str!("../kernels/decode_tc.cu");
+const DECODE_TC: &str = include_str!("../kernels/decode_tc.cuh");
+const DECODE_TC_PARTITIONED: &str = include_str!("../kernels/decode_tc_partitioned.cu");
+const DECODE_TC_STREAM_K: &str = include_str!("../kernels/decode_tc_stream_k.cu");
 const PREFILL_TC: &str = include_str!("../kernels/prefill_tc.cu");
 const BENCH: &str = include_str!("../kernels/bench.cu");
 const MODEL: &str = include_str!("../kernels/model.cu");
@@ -68,7 +70,12 @@ pub fn check_supported(format: KvFormat, head_dim: usize) -> Result<(), CudaErro
 impl ModuleSpec {
     fn source(&self) -> String {
         match self {
-            ModuleSpec::Kv { .. } => [COMMON, CACHE_WRITE, DECODE, DECODE_TC, PREFILL_TC].join("\n"),
+            // The tensor-core decode header before its grids, and before the prefill kernel,
+            // which uses its helpers.
+            ModuleSpec::Kv { .. } => {
+                [COMMON, CACHE_WRITE, DECODE, DECODE_TC, DECODE_TC_PARTITIONED, DECODE_TC_STREAM_K, PREFILL_TC]
+                    .join("\n")
+            }
             ModuleSpec::Bench => [COMMON, BENCH].join("\n"),
             ModuleSpec::Model => [COMMON, MODEL].join("\n"),
             ModuleSpec::TopK => [COMMON, TOPK].join("\n"),
@@ -233,7 +240,7 @@ pub fn prebuild(spec: &ModuleSpec, arch: (u32, u32)) -> Result<usize, CudaError>
     cubin(spec, arch).map(|b| b.len())
 }
 
-/// Tuning of the tensor-core decode kernel (`kernels/decode_tc.cu`): warps per CTA, pipeline
+/// Tuning of the tensor-core decode kernel (`kernels/decode_tc*.cu`): warps per CTA, pipeline
 /// stages per warp, and the most kv heads one CTA serves. Defaults measured on the H200 with
 /// `pagekv bench attention --device cuda` (docs/performance.md); `PAGEKV_DEV_CUDA_TC_WARPS`, `PAGEKV_DEV_CUDA_TC_STAGES` (float pages),
 /// `PAGEKV_DEV_CUDA_TC_QWARPS`, `PAGEKV_DEV_CUDA_TC_QSTAGES`, `PAGEKV_DEV_CUDA_TC_MINB` (quantized pages),
@@ -420,7 +427,7 @@ pub fn tc_evict_first(format: KvFormat) -> bool {
 const TC_SMEM_LIMIT: usize = 227 * 1024;
 
 /// Whether the tensor-core decode kernel serves this format, head_dim and group — the host
-/// mirror of the condition in `kernels/decode_tc.cu`: f16/bf16 pages with head_dim 32, 64, 128
+/// mirror of the condition in `kernels/decode_tc.cuh`: f16/bf16 pages with head_dim 32, 64, 128
 /// or 256, q8/q4 (rotated or not) with head_dim 64, 128 or 256; at most 16 query heads per kv head.
 pub fn tc_supported(format: KvFormat, head_dim: usize, group: usize) -> bool {
     let float = matches!(format, KvFormat::F16 | KvFormat::Bf16) && [32, 64, 128, 256].contains(&head_dim);
