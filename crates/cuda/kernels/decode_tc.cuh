@@ -10,7 +10,7 @@
 // Same contract as pk_decode in decode.cu (arguments, visibility, partial outputs for pk_merge),
 // plus two trailing arguments: num_kv_heads, and a counter array with which the partitioned
 // route merges its partitions inside this launch (no pk_merge). The host picks this kernel when
-// the format allows it (compile::tc_supported).
+// the format allows it (shapes::tc_supported).
 //
 // Work split: one CTA per (group of HPC kv heads, sequence, partition), NW warps, WPH = NW / HPC
 // per kv head (HPC = num_kv_heads / gridDim.x, chosen by the host). The partition is cut into
@@ -116,14 +116,14 @@ constexpr int PACKQ = (SQ + PPT - 1) / PPT;
 constexpr int PACKP = (SP + PPT - 1) / PPT;
 constexpr int MERGE_FLOATS = NW * HP * (D + 2) + NW * PK_G * D;
 // Dynamic shared memory: the warps' stages, or the merge scratch where that is larger (the host
-// mirror is compile::decode_tc_smem_bytes).
+// mirror is shapes::decode_tc_smem_bytes).
 constexpr int TC_SMEM_BYTES = NW * WARP_BYTES > 4 * MERGE_FLOATS ? NW * WARP_BYTES : 4 * MERGE_FLOATS;
 // V rows in registers (PK_TC_VREG: pk_decode_tc_vreg, f16/bf16 pages, head_dim a multiple of 64,
 // 2 stages): the stages hold the 16 K rows of a tile only, each lane loads the V chunks its PV
 // A fragments need (VC = D / 64 chunks of 16 bytes from each of 4 token rows, see v_load), and
 // the query's B fragments live in shared memory after the stages ([NS][KSTEPS][QP][32 lanes] u32
 // pairs per warp), so that the registers fit 16 warps per SM. The host mirror is
-// compile::tc_vreg_smem_bytes.
+// shapes::tc_vreg_smem_bytes.
 constexpr bool VREG = PK_TC_VREG != 0 && !QUANT && D % 64 == 0 && ST == 2;
 // Tiles per step of pk_decode_tc's loop (PK_TC_PAIR, quantized pages, groups of at most 4 — wider
 // ones would leave the 128 registers): a step of two tiles runs their QK chains side by side, one

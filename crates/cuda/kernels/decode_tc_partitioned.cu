@@ -650,7 +650,7 @@ PK_DECODE_TC_KERNEL(pk_decode_tc, PK_TC_BOUNDS, false)
 #if PK_TC_VREG
 // The same with V in registers (tc::VREG; dynamic smem tc::VREG_SMEM_BYTES), the compiler held to
 // 16 warps per SM (128 registers with 8 warps) unless PK_TC_MINB says otherwise. The host routes
-// the calls whose grid has more CTAs than the device has SMs to it (compile::tc_vreg_call).
+// the calls whose grid has more CTAs than the device has SMs to it (shapes::tc_vreg_call).
 #if PK_TC_MINB == 0
 #define PK_TC_VREG_BOUNDS __launch_bounds__(32 * PK_TC_WARPS, PK_TC_WARPS >= 16 ? 1 : 16 / PK_TC_WARPS)
 #else

@@ -21,7 +21,7 @@ using namespace tc;
 // control words (the scan's warp sums, the fixup's flag); then the per-sequence tables: tiles
 // prefix [num_seqs + 1], context lengths [num_seqs] (u32). All of it dynamic (no static shared
 // memory: the host sets the function's limit to the device's). The host mirror is
-// compile::decode_tc_sk_smem_bytes.
+// shapes::decode_tc_sk_smem_bytes.
 constexpr int SCRATCH_FLOATS = NW * PK_G * (D + 2);
 constexpr int CTL_WORDS = 64;
 static_assert(NW + 1 <= CTL_WORDS, "warp sums and the flag");
