@@ -88,7 +88,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let dev = match CudaDevice::new(ordinal) {
+    let dev = match pagekv_cuda::dev::tuning_from_env().and_then(|t| CudaDevice::new(ordinal, t)) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("bench_attention: {e}");

@@ -14,7 +14,9 @@
 use std::time::Instant;
 
 use cudarc::driver::sys::CUevent_flags;
-use pagekv_cuda::compile::{prebuild, ModuleSpec};
+use pagekv_cuda::compile::prebuild;
+use pagekv_cuda::dev::tuning_from_env;
+use pagekv_cuda::ModuleSpec;
 use pagekv_cuda::{CudaDevice, ModelOps, TopK, TopKPlan};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -85,7 +87,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--prebuild") {
         let arch: u32 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(90);
-        match prebuild(&ModuleSpec::TopK, (arch / 10, arch % 10)) {
+        match tuning_from_env().and_then(|t| prebuild(&ModuleSpec::TopK, (arch / 10, arch % 10), &t)) {
             Ok(n) => println!("TopK module for sm_{arch}: {n} bytes"),
             Err(e) => {
                 eprintln!("bench_topk: {e}");
@@ -108,7 +110,7 @@ fn main() {
 }
 
 fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let dev = CudaDevice::new(a.device)?;
+    let dev = CudaDevice::new(a.device, tuning_from_env()?)?;
     let ops = ModelOps::new(dev.clone())?;
     let mut topk = TopK::new(dev.clone())?;
     let s = dev.stream().clone();

@@ -7,7 +7,8 @@
 //! ```
 
 use kvcache::KvFormat;
-use pagekv_cuda::compile::{prebuild, ModuleSpec};
+use pagekv_cuda::compile::prebuild;
+use pagekv_cuda::ModuleSpec;
 
 /// Formats the tests cover (every codec and every turbo bit width on both sides).
 pub const FORMATS: [KvFormat; 10] = [
@@ -43,10 +44,17 @@ fn main() {
     if quick {
         specs.truncate(4);
     }
+    let tuning = match pagekv_cuda::dev::tuning_from_env() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("prebuild: {e}");
+            std::process::exit(2);
+        }
+    };
     let mut failed = 0;
     for spec in &specs {
         let t = std::time::Instant::now();
-        match prebuild(spec, arch) {
+        match prebuild(spec, arch, &tuning) {
             Ok(n) => println!("{spec:?}: {n} bytes ({:.1} s)", t.elapsed().as_secs_f64()),
             Err(e) => {
                 failed += 1;
@@ -54,7 +62,7 @@ fn main() {
             }
         }
     }
-    println!("{} modules, {failed} failed, cache {:?}", specs.len(), pagekv_cuda::compile::cache_dir());
+    println!("{} modules, {failed} failed, cache {:?}", specs.len(), tuning.kernel_cache);
     if failed > 0 {
         std::process::exit(1);
     }

@@ -1,7 +1,8 @@
 // common.cuh — types, conversions and the KV codecs shared by every pagekv kernel.
 //
-// The host (src/compile.rs) prepends this file to each kernel source and compiles it with NVRTC
-// for the device's architecture. Compile-time configuration comes from -D defines:
+// The host prepends this file to each kernel source (src/spec.rs) and compiles the whole with
+// NVRTC for the device's architecture (src/compile.rs). Compile-time configuration comes from
+// -D defines:
 //   PK_KC, PK_KBITS   codec of the K side (CODEC_* below; bits for Lloyd-Max codes)
 //   PK_VC, PK_VBITS   codec of the V side
 //   PK_D              head_dim

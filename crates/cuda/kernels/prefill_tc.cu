@@ -13,7 +13,7 @@
 // token's context (position + 1), lo_t = C_t − W with a sliding window W, else 0 — the mask is
 // applied to S per element, so rows of one CTA may see different key ranges.
 //
-// Precision as in decode_tc.cu: the f32 queries and probabilities are split into parts exact in
+// Precision as in decode_tc.cuh: the f32 queries and probabilities are split into parts exact in
 // the mma type (3 for bf16, 2 for f16), and every k-step of QK and every 16-key step of PV
 // accumulates in a fresh fragment added to the running sums in f32 round-to-nearest.
 
@@ -23,7 +23,7 @@
 namespace pf {
 constexpr int NW = 4;                     // warps per CTA
 constexpr int ROWS = 16 * NW;             // query rows per CTA
-constexpr int TQ = ROWS / PK_G;           // query tokens per CTA (host: compile::prefill_tokens_per_cta)
+constexpr int TQ = ROWS / PK_G;           // query tokens per CTA (host: shapes::prefill_tokens_per_cta)
 constexpr int BK = 32;                    // keys per tile
 constexpr int ST = 2;                     // pipeline stages
 constexpr int D = PK_D;
@@ -34,7 +34,7 @@ constexpr int FROW = 2 * D + 16;          // smem row stride (bytes): ldmatrix r
 constexpr int SQ = tc::SQ, SP = tc::SP;   // parts of q and of p
 constexpr int CPR = 2 * D / 16;           // 16-byte chunks per K or V row
 constexpr int KV_STAGE = 2 * BK * FROW;   // BK K rows, then BK V rows
-// Dynamic shared memory (host mirror: compile::prefill_smem_bytes): the stages, then the query
+// Dynamic shared memory (host mirror: shapes::prefill_smem_bytes): the stages, then the query
 // parts [SQ][ROWS][FROW].
 constexpr int SMEM_BYTES = ST * KV_STAGE + SQ * ROWS * FROW;
 static_assert(TQ >= 1 && NKT % 2 == 0 && NDT % 2 == 0, "tile shape");

@@ -6,15 +6,15 @@
 //! `[num_seqs, num_heads, head_dim]` f32.
 //!
 //! Kernels ([`DecodeKernel`]):
-//! - tensor cores (`kernels/decode_tc.cu`, `pk_decode_tc`): f16/bf16 pages (head_dim 32–256,
+//! - tensor cores (`kernels/decode_tc*.cu`, `pk_decode_tc`): f16/bf16 pages (head_dim 32–256,
 //!   powers of two) and q8/q4/q4r pages (head_dim 64, 128, 256); mma.sync with f32 operands
 //!   split into exact parts, so it meets the same error bounds as the SIMT kernel. Groups of at
 //!   most 4 query heads share the mma columns with the split parts, and queries already rounded
 //!   to the page type (as the GPU model passes them for f16/bf16 caches) skip the QK mma of the
-//!   parts past the first — same results, fewer mma. `PAGEKV_DEV_CUDA_TC_BASE=1` selects the kernel
-//!   before those two changes (`pk_decode_tc_base`, for same-call comparisons);
+//!   parts past the first — same results, fewer mma. The tuning's [`TcTuning::base`] selects the
+//!   kernel before those two changes (`pk_decode_tc_base`, for same-call comparisons);
 //!   f16/bf16/q8 pages put an L2 evict-first policy on their page copies
-//!   ([`crate::compile::tc_evict_first`], `PAGEKV_DEV_CUDA_TC_L2`).
+//!   ([`crate::shapes::tc_evict_first`], [`TcTuning::l2`]).
 //! - SIMT (`kernels/decode.cu`, `pk_decode`): every format and head_dim (f32, turbo, odd
 //!   head dims); fp32 FMA.
 //!
@@ -25,21 +25,22 @@
 //!   its pages are read once for all query heads of the group.
 //! - [`DecodeRoute::Partitioned`]: split-K — the visible context is cut into partitions of
 //!   `partition_size` tokens, one CTA each, and `pk_merge` combines the partial softmaxes
-//!   exactly (or, with `PAGEKV_DEV_CUDA_FUSED_MERGE=1`, the last CTA of each head group does, in the
-//!   same launch). `pk_merge` is a programmatic dependent launch (`PAGEKV_DEV_CUDA_PDL=0`: a plain
-//!   one): it is scheduled while the decode kernel runs and waits for its results in-kernel,
+//!   exactly (or, with [`TcTuning::fused_merge`], the last CTA of each head group does, in the
+//!   same launch). `pk_merge` is a programmatic dependent launch (unless [`TcTuning::pdl`] is off): it is scheduled while the decode kernel runs and waits for its results in-kernel,
 //!   which hides the launch gap (about 1 µs of the ~15 µs of a 1 × 4096 bf16 call on the H200).
 //!   [`DecodeAttention::auto_route`] picks the route and partition size from the H200
 //!   measurements ([`tc_partition_size`] for the tensor-core kernel,
 //!   [`auto_partition_size`] for the SIMT kernel).
 //!
-//! Grids of the tensor-core kernel ([`DecodeGrid`], `PAGEKV_DEV_CUDA_TC_GRID`): the partitioned one
+//! Grids of the tensor-core kernel ([`DecodeGrid`], [`TcTuning::grid`]): the partitioned one
 //! above (default), or stream-K (`pk_decode_tc_sk`): about one CTA per SM, each over a balanced
 //! contiguous share of all (sequence, kv head, 16-token tile) work, its warps' copy pipelines
 //! running on across unit boundaries, units split between CTAs merged by the last of them.
 //!
 //! In the model step the tensor-core kernel itself is a programmatic dependent launch after the
-//! cache write ([`DecodeAttention::set_programmatic`], `PAGEKV_DEV_CUDA_ATTN_PDL`).
+//! cache write ([`DecodeAttention::set_programmatic`], `CudaTuning::attention_pdl`).
+//!
+//! The tuning is the device's ([`CudaDevice::tuning`]), the one its modules were compiled with.
 //!
 //! Visibility matches the CPU: the query of a sequence with context `C` sees keys `[lo, C)`,
 //! `lo = C − W` with a sliding window `W`, else 0. Rotated formats: the kernel rotates the query
@@ -49,13 +50,15 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
-use crate::compile::{
-    decode_smem_bytes, decode_tc_smem_bytes_for, tc_heads_per_cta, tc_shape, tc_vreg_call, tc_vreg_smem_bytes,
-    ModuleSpec,
+use crate::device::{arg, launch_kernel, set_max_dynamic_smem, CudaDevice, KernelModule};
+use crate::pages::{dptr, DevicePages};
+use crate::shapes::{
+    decode_smem_bytes, decode_tc_sk_smem_bytes, decode_tc_smem_bytes, decode_tc_smem_bytes_for, tc_heads_per_cta,
+    tc_shape, tc_supported, tc_vreg_call, tc_vreg_smem_bytes,
 };
-use crate::device::{arg, launch_kernel};
-use crate::pages::dptr;
-use crate::{CudaDevice, CudaError, DevicePages};
+use crate::spec::ModuleSpec;
+use crate::tuning::{DecodeGrid, TcTuning};
+use crate::CudaError;
 
 /// Largest query-head group per kv head the kernels serve (accumulators live in registers).
 pub const MAX_GROUP: usize = 16;
@@ -75,38 +78,6 @@ impl DecodeRoute {
         match self {
             DecodeRoute::Primitive => "primitive",
             DecodeRoute::Partitioned { .. } => "partitioned",
-        }
-    }
-}
-
-/// The grid of the tensor-core decode kernel ([`DecodeAttention::set_grid`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum DecodeGrid {
-    /// `PAGEKV_DEV_CUDA_TC_GRID` (default `partitioned`).
-    #[default]
-    Auto,
-    /// One CTA per (kv head, sequence, partition) of the route (`pk_decode_tc`).
-    Partitioned,
-    /// A persistent grid of about one CTA per SM, each over a balanced contiguous share of the
-    /// call's (sequence, kv head, tile) space, split units merged in the same launch
-    /// (`pk_decode_tc_sk`). Serves the tensor-core kernel's unrotated formats (f16, bf16, q4 —
-    /// not q8 or q4r, whose pages are rotated) where its shared memory fits; a call it does not
-    /// serve takes the route as given. The route's partition size is not used. Measured on the
-    /// H200 no faster than the partitioned grid (`pagekv bench attention --device cuda`, 2026-12-02), so not the default.
-    StreamK,
-}
-
-impl DecodeGrid {
-    /// `Auto` resolved through `PAGEKV_DEV_CUDA_TC_GRID` (checked by [`crate::dev::check_environment`];
-    /// read once per process).
-    pub fn resolve(self) -> DecodeGrid {
-        static ENV: std::sync::OnceLock<DecodeGrid> = std::sync::OnceLock::new();
-        match self {
-            DecodeGrid::Auto => *ENV.get_or_init(|| match crate::dev::decode_grid() {
-                Ok("stream-k") => DecodeGrid::StreamK,
-                _ => DecodeGrid::Partitioned,
-            }),
-            g => g,
         }
     }
 }
@@ -143,8 +114,8 @@ impl DecodeKernel {
     ) -> &'static str {
         match self {
             DecodeKernel::Auto
-                if crate::compile::tc_supported(format, head_dim, group)
-                    && crate::compile::decode_tc_smem_bytes(format, head_dim) <= device.smem_optin() =>
+                if tc_supported(format, head_dim, group)
+                    && decode_tc_smem_bytes(&device.tuning().tc, format, head_dim) <= device.smem_optin() =>
             {
                 "tc"
             }
@@ -252,8 +223,13 @@ impl DecodeAttention {
         }
     }
 
+    /// The device's tensor-core kernel tuning.
+    fn tc(&self) -> &TcTuning {
+        &self.device.tuning().tc
+    }
+
     /// How many calls were routed to the tensor-core kernel with the V rows in registers
-    /// (`pk_decode_tc_vreg`, [`crate::compile::tc_vreg_call`]).
+    /// (`pk_decode_tc_vreg`, [`crate::shapes::tc_vreg_call`]).
     pub fn vreg_launches(&self) -> u64 {
         self.vreg_launches
     }
@@ -281,14 +257,14 @@ impl DecodeAttention {
     fn stream_k_smem(&self, pages: &DevicePages, group: usize, num_seqs: usize, max_context: usize) -> Option<usize> {
         use kvcache::PageStore;
         let g = pages.geometry();
-        if self.grid.resolve() != DecodeGrid::StreamK
+        if self.grid.resolve(self.tc()) != DecodeGrid::StreamK
             || self.kernel.resolve(&self.device, g.format, g.head_dim, group) != "tc"
             || pages.rotation_args().0 != 0
             || num_seqs * g.num_kv_heads * max_context.div_ceil(16) >= 1 << 31
         {
             return None;
         }
-        let bytes = crate::compile::decode_tc_sk_smem_bytes(g.format, g.head_dim, group, num_seqs);
+        let bytes = decode_tc_sk_smem_bytes(self.tc(), g.format, g.head_dim, group, num_seqs);
         (bytes <= self.device.smem_optin()).then_some(bytes)
     }
 
@@ -298,7 +274,7 @@ impl DecodeAttention {
     /// kernel's results in-kernel (`pdl_wait`) before it reads pages or queries or writes
     /// anything. So block tables and context lengths must not be written by the kernels just
     /// before it — true of the model step, which uploads them before its kernels
-    /// (`dev::attention_pdl`). The SIMT kernel stays a plain launch.
+    /// (`CudaTuning::attention_pdl`). The SIMT kernel stays a plain launch.
     pub fn set_programmatic(&mut self, on: bool) {
         self.programmatic = on;
     }
@@ -334,7 +310,7 @@ impl DecodeAttention {
         let sms = self.device.sm_count();
         let ps = match self.kernel.resolve(&self.device, g.format, g.head_dim, group) {
             "tc" => {
-                let hpc = crate::compile::tc_heads_per_cta(g.format, g.head_dim, g.num_kv_heads, num_seqs, sms);
+                let hpc = tc_heads_per_cta(self.tc(), g.format, g.head_dim, g.num_kv_heads, num_seqs, sms);
                 tc_partition_size(num_seqs, g.num_kv_heads / hpc, max_context, sms)
             }
             _ => auto_partition_size(num_seqs, g.num_kv_heads, max_context, sms),
@@ -437,7 +413,7 @@ impl DecodeAttention {
                 self.counters = Some(stream.alloc_zeros::<u32>(need).map_err(|e| CudaError::driver("cuMemAlloc", e))?);
             }
         }
-        let fused = tc && parts > 1 && crate::compile::tc_tuning().fused_merge;
+        let fused = tc && parts > 1 && self.tc().fused_merge;
         let counters_p = if fused { self.counters.as_ref().map_or(0, |s| dptr(s, &dev)) } else { 0u64 };
         let p = pages.layer_ptrs(layer)?;
         let (signs, norm) = pages.rotation_args();
@@ -455,18 +431,19 @@ impl DecodeAttention {
         let parts_u = parts as u32;
 
         let (f, threads, smem, heads_per_cta) = if tc {
+            let t = &dev.tuning().tc;
             let sms = self.device.sm_count();
-            let hpc = tc_heads_per_cta(g.format, d, g.num_kv_heads, b.num_seqs, sms);
+            let hpc = tc_heads_per_cta(t, g.format, d, g.num_kv_heads, b.num_seqs, sms);
             let ctas = g.num_kv_heads / hpc * b.num_seqs * parts;
-            let (f, smem) = if tc_base() {
-                (base_function(&module, g.format, d)?, decode_tc_smem_bytes_for(g.format, d, group))
-            } else if tc_vreg_call(g.format, d, group, ctas, sms) {
+            let (f, smem) = if t.base {
+                (base_function(t, &module, g.format, d)?, decode_tc_smem_bytes_for(t, g.format, d, group))
+            } else if tc_vreg_call(t, g.format, d, group, ctas, sms) {
                 self.vreg_launches += 1;
-                (module.function("pk_decode_tc_vreg")?, tc_vreg_smem_bytes(g.format, d, group))
+                (module.function("pk_decode_tc_vreg")?, tc_vreg_smem_bytes(t, g.format, d, group))
             } else {
-                (module.function("pk_decode_tc")?, decode_tc_smem_bytes_for(g.format, d, group))
+                (module.function("pk_decode_tc")?, decode_tc_smem_bytes_for(t, g.format, d, group))
             };
-            (f, 32 * tc_shape(g.format, d).0, smem, hpc)
+            (f, 32 * tc_shape(t, g.format, d).0, smem, hpc)
         } else {
             (module.function("pk_decode")?, 128, decode_smem_bytes(g.format, d, group), 1)
         };
@@ -535,7 +512,7 @@ impl DecodeAttention {
             // SAFETY: `args` points at values of pk_merge's parameter types, in order, alive for
             // the call; the partial buffers hold num_seqs × num_heads × parts entries; pk_merge
             // reads the partials only after its pdl_wait.
-            unsafe { launch_kernel(&dev, &f, cfg, &mut args, crate::compile::tc_tuning().pdl) }
+            unsafe { launch_kernel(&dev, &f, cfg, &mut args, dev.tuning().tc.pdl) }
                 .map_err(|e| CudaError::driver("cuLaunchKernelEx(pk_merge)", e))?;
         }
         Ok(())
@@ -544,7 +521,7 @@ impl DecodeAttention {
 
 impl DecodeAttention {
     /// The stream-K grid (`pk_decode_tc_sk`): as many CTAs as fit on the device at once (the
-    /// occupancy of the function at `smem` bytes, or `PAGEKV_DEV_CUDA_TC_SK_CTAS` if fewer, times the
+    /// occupancy of the function at `smem` bytes, or [`TcTuning::stream_k_ctas_per_sm`] if fewer, times the
     /// SMs); the kernel uses at most one per 2 × warps tiles.
     fn forward_stream_k(
         &mut self,
@@ -560,7 +537,7 @@ impl DecodeAttention {
         let d = g.head_dim;
         let module = self.device.module(&ModuleSpec::Kv { format: g.format, head_dim: d, group })?;
         let f = module.function("pk_decode_tc_sk")?;
-        let threads = 32 * tc_shape(g.format, d).0;
+        let threads = 32 * tc_shape(self.tc(), g.format, d).0;
         let key = (f.cu_function() as usize, smem);
         let per_sm = match self.sk_occupancy.iter().find(|e| (e.0, e.1) == key) {
             Some(e) => e.2,
@@ -574,7 +551,7 @@ impl DecodeAttention {
                 n.max(1)
             }
         };
-        let per_sm = match crate::dev::stream_k_ctas_per_sm().unwrap_or(0) {
+        let per_sm = match self.tc().stream_k_ctas_per_sm {
             0 => per_sm,
             n => n.min(per_sm),
         };
@@ -648,23 +625,11 @@ impl DecodeAttention {
     }
 }
 
-/// `PAGEKV_DEV_CUDA_TC_BASE=1`: the tensor-core route runs `pk_decode_tc_base` (one n-tile per split
-/// part, no rounded-query shortcut), the kernel before packed columns, for comparisons in the same
-/// process. Read once.
-fn tc_base() -> bool {
-    static BASE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *BASE.get_or_init(|| tc_base_from_env().unwrap_or(false))
-}
-
-/// `PAGEKV_DEV_CUDA_TC_BASE` (`0|1`, default 0), checked by [`crate::dev::check_environment`].
-pub(crate) fn tc_base_from_env() -> Result<bool, CudaError> {
-    crate::dev::switch("PAGEKV_DEV_CUDA_TC_BASE", false)
-}
-
 /// `pk_decode_tc_base` of `module`, with its dynamic shared memory limit raised like the module
 /// loader does for `pk_decode_tc` (the same layout, so the same bytes).
 fn base_function(
-    module: &crate::device::KernelModule,
+    t: &TcTuning,
+    module: &KernelModule,
     format: kvcache::KvFormat,
     head_dim: usize,
 ) -> Result<cudarc::driver::CudaFunction, CudaError> {
@@ -674,8 +639,7 @@ fn base_function(
     let key = f.cu_function() as usize;
     let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
     if !done.contains(&key) {
-        let bytes = crate::compile::decode_tc_smem_bytes(format, head_dim);
-        crate::device::set_max_dynamic_smem(&f, bytes)?;
+        set_max_dynamic_smem(&f, decode_tc_smem_bytes(t, format, head_dim))?;
         done.push(key);
     }
     Ok(f)

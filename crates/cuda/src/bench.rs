@@ -13,16 +13,19 @@
 //! over its timed runs (`sm_mhz`), so a row slowed by the power cap shows as such.
 //!
 //! Used by `pagekv bench attention --device cuda --json` and `examples/bench_attention.rs`:
-//! `bench_attention(&CudaDevice::new(0)?, &BenchConfig::default())` → rows → [`Row::to_json`].
+//! `bench_attention(&CudaDevice::new(0, tuning)?, &BenchConfig::default())` → rows → [`Row::to_json`].
 
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys::CUevent_flags, CudaSlice, LaunchConfig, PushKernelArg};
 use kvcache::{KvFormat, PageGeometry, PageStore};
 
-use crate::compile::ModuleSpec;
-use crate::pages::dptr;
-use crate::{CudaDevice, CudaError, DecodeAttention, DecodeBatch, DecodeGrid, DecodeKernel, DecodeRoute, DevicePages};
+use crate::attention::{DecodeAttention, DecodeBatch, DecodeKernel, DecodeRoute};
+use crate::device::CudaDevice;
+use crate::pages::{dptr, DevicePages};
+use crate::spec::ModuleSpec;
+use crate::tuning::DecodeGrid;
+use crate::CudaError;
 
 /// One measured configuration.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,168 +1,228 @@
-//! The CUDA backend's developer switches (`PAGEKV_DEV_CUDA_*`), the one module of the crate that
-//! reads the environment: kernel choices kept for same-process comparisons and tuning runs, the
-//! NVRTC log switch and where compiled kernels are cached on disk. Each has one parser here, so a value outside the accepted ones is
-//! an error naming them — never a silent default. [`check_environment`] parses all of them;
-//! [`crate::CudaDevice::new`] calls it first, so the readers that cache a switch once per process
-//! deep inside a launcher (where no error can be returned) only ever see values already
-//! accepted. An empty value counts as unset.
+//! The CUDA backend's developer switches (`PAGEKV_DEV_CUDA_*`, `PAGEKV_DEV_NVRTC_VERBOSE`) and
+//! the kernel cache's directory (`PAGEKV_HOME`), parsed into one [`CudaTuning`]: kernel choices
+//! kept for same-process comparisons and tuning runs. Each switch has one parser here, so a
+//! value outside the accepted ones is an error naming them — never a silent default. An empty
+//! value counts as unset.
+//!
+//! The binary calls [`tuning_from_lookup`] with its configuration's lookup; [`tuning_from_env`]
+//! (the process environment) is for this crate's tests and examples.
 
+use std::path::PathBuf;
+
+use crate::topk::TOP_K_CHUNKS;
+use crate::tuning::{CudaTuning, DecodeGrid, GemvShape, TcTuning, GEMV_ROWS_PER_WARP};
 use crate::CudaError;
 
-/// The trimmed value of `name`, `None` when unset or empty.
-fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+/// The accepted spellings of an on/off switch (pagekv's one boolean grammar).
+pub const SWITCH_VALUES: &str = "1, 0, true, false, on, off, yes, no";
+
+/// The tuning `lookup` (a variable's text, `None` when unset) asks for: [`CudaTuning::default`]
+/// with every switch that is set applied; the first bad value is the error.
+pub fn tuning_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<CudaTuning, CudaError> {
+    let v = Vars(&lookup);
+    let d = CudaTuning::default();
+    Ok(CudaTuning {
+        tc: tc_tuning(&v)?,
+        gemv: gemv_shape(&v)?,
+        gemv_max_bytes: if v.switch("PAGEKV_DEV_CUDA_GEMV", true)? {
+            v.count("PAGEKV_DEV_CUDA_GEMV_MAX_BYTES", d.gemv_max_bytes, |_| true, "a byte count")?
+        } else {
+            0
+        },
+        prefill_min_tokens: if v.switch("PAGEKV_DEV_CUDA_PREFILL", true)? {
+            v.count("PAGEKV_DEV_CUDA_PREFILL_MIN", d.prefill_min_tokens, |n| n >= 1, "a token count ≥ 1")?
+        } else {
+            usize::MAX
+        },
+        attention_pdl: v.switch("PAGEKV_DEV_CUDA_ATTN_PDL", d.attention_pdl)?,
+        graphs: v.switch("PAGEKV_DEV_CUDA_GRAPH", d.graphs)?,
+        topk_chunk: match v.count("PAGEKV_DEV_CUDA_TOPK_CHUNK", 0, |c| TOP_K_CHUNKS.contains(&c), "1024, 2048, 4096")? {
+            0 => None,
+            c => Some(c),
+        },
+        kernel_cache: kernel_cache_dir(&v),
+        nvrtc_verbose: v.switch("PAGEKV_DEV_NVRTC_VERBOSE", d.nvrtc_verbose)?,
+    })
 }
+
+/// [`tuning_from_lookup`] over the process environment (tests and examples).
+pub fn tuning_from_env() -> Result<CudaTuning, CudaError> {
+    tuning_from_lookup(|name| std::env::var(name).ok())
+}
+
+/// The tensor-core decode kernel's switches: `PAGEKV_DEV_CUDA_TC_WARPS`, `…_TC_STAGES` (float
+/// pages), `…_TC_QWARPS`, `…_TC_QSTAGES`, `…_TC_MINB` (quantized pages), `…_TC_HPC`,
+/// `…_FUSED_MERGE`, `…_PDL` (`pk_merge`'s launch), `…_TC_L2`, `…_TC_EAGER`, `…_TC_VREG`,
+/// `…_TC_PAIR`, `…_TC_BASE`, `…_TC_GRID` (`partitioned`, `stream-k`) and `…_TC_SK_CTAS`.
+fn tc_tuning(v: &Vars) -> Result<TcTuning, CudaError> {
+    let d = TcTuning::DEFAULT;
+    let pow2 = |n: usize| n.is_power_of_two() && n <= 16;
+    let stages = |n: usize| (2..=8).contains(&n);
+    Ok(TcTuning {
+        warps: v.count("PAGEKV_DEV_CUDA_TC_WARPS", d.warps, pow2, "1, 2, 4, 8, 16")?,
+        stages: v.count("PAGEKV_DEV_CUDA_TC_STAGES", d.stages, stages, "2..=8")?,
+        max_heads_per_cta: v.count(
+            "PAGEKV_DEV_CUDA_TC_HPC",
+            d.max_heads_per_cta,
+            |n| n == 0 || pow2(n),
+            "0 (the measured rule), 1, 2, 4, 8, 16",
+        )?,
+        quant_warps: v.count("PAGEKV_DEV_CUDA_TC_QWARPS", d.quant_warps, pow2, "1, 2, 4, 8, 16")?,
+        quant_stages: v.count("PAGEKV_DEV_CUDA_TC_QSTAGES", d.quant_stages, stages, "2..=8")?,
+        quant_min_blocks: v.count("PAGEKV_DEV_CUDA_TC_MINB", d.quant_min_blocks, |n| n <= 8, "0..=8")?,
+        fused_merge: v.switch("PAGEKV_DEV_CUDA_FUSED_MERGE", d.fused_merge)?,
+        pdl: v.switch("PAGEKV_DEV_CUDA_PDL", d.pdl)?,
+        l2: v.choice("PAGEKV_DEV_CUDA_TC_L2", d.l2, &["auto", "normal", "evict-first"])?,
+        eager: v.choice("PAGEKV_DEV_CUDA_TC_EAGER", d.eager, &["auto", "0", "1"])?,
+        vreg: v.choice("PAGEKV_DEV_CUDA_TC_VREG", d.vreg, &["auto", "0", "1"])?,
+        pair: v.choice("PAGEKV_DEV_CUDA_TC_PAIR", d.pair, &["auto", "0", "1"])?,
+        base: v.switch("PAGEKV_DEV_CUDA_TC_BASE", d.base)?,
+        grid: match v.choice("PAGEKV_DEV_CUDA_TC_GRID", "partitioned", &["partitioned", "stream-k"])? {
+            "stream-k" => DecodeGrid::StreamK,
+            _ => DecodeGrid::Partitioned,
+        },
+        stream_k_ctas_per_sm: v.count(
+            "PAGEKV_DEV_CUDA_TC_SK_CTAS",
+            d.stream_k_ctas_per_sm,
+            |n| n <= 32,
+            "0 (as many as fit) or 1..=32",
+        )?,
+    })
+}
+
+/// The decode product's switches: `PAGEKV_DEV_CUDA_GEMV_KERNEL` (`split|rows`),
+/// `…_GEMV_WARPS` (16, 32), `…_GEMV_R` (1, 2, 4), `…_GEMV_BPS` (1..=32) and `…_GEMV_PDL`; the
+/// defaults are [`GemvShape::DEFAULT`], or [`GemvShape::ROWS_DEFAULT`] for the earlier kernel.
+fn gemv_shape(v: &Vars) -> Result<GemvShape, CudaError> {
+    let split = v.choice("PAGEKV_DEV_CUDA_GEMV_KERNEL", "split", &["split", "rows"])? == "split";
+    let d = if split { GemvShape::DEFAULT } else { GemvShape::ROWS_DEFAULT };
+    let pdl = v.switch("PAGEKV_DEV_CUDA_GEMV_PDL", d.pdl)?;
+    let warps = v.count(
+        "PAGEKV_DEV_CUDA_GEMV_WARPS",
+        GemvShape::DEFAULT.split_warps.unwrap_or(32),
+        |n| GemvShape::SPLIT_WARPS.contains(&n),
+        "16, 32",
+    )?;
+    Ok(GemvShape {
+        split_warps: split.then_some(warps),
+        rows_per_warp: v.count(
+            "PAGEKV_DEV_CUDA_GEMV_R",
+            d.rows_per_warp,
+            |n| GEMV_ROWS_PER_WARP.contains(&n),
+            "1, 2, 4",
+        )?,
+        blocks_per_sm: v.count("PAGEKV_DEV_CUDA_GEMV_BPS", d.blocks_per_sm, |n| (1..=32).contains(&n), "1..=32")?,
+        pdl,
+    })
+}
+
+/// Directory of the on-disk kernel cache: `$PAGEKV_HOME/kernels`, else
+/// `$HOME/.cache/pagekv/kernels`; `None` when neither is set.
+fn kernel_cache_dir(v: &Vars) -> Option<PathBuf> {
+    if let Some(home) = v.get("PAGEKV_HOME") {
+        return Some(PathBuf::from(home).join("kernels"));
+    }
+    v.get("HOME").map(|h| PathBuf::from(h).join(".cache/pagekv/kernels"))
+}
+
+/// The variables of one parse, read through the caller's lookup.
+struct Vars<'a>(&'a dyn Fn(&str) -> Option<String>);
 
 fn invalid(name: &str, value: &str, accepted: &str) -> CudaError {
     CudaError::Invalid(format!("{name}={value:?}: accepted values are {accepted}"))
 }
 
-/// The accepted spellings of an on/off switch (pagekv's one boolean grammar).
-pub const SWITCH_VALUES: &str = "1, 0, true, false, on, off, yes, no";
-
-/// `name` as an on/off switch: unset → `default`; else one of [`SWITCH_VALUES`] (any case).
-pub fn switch(name: &str, default: bool) -> Result<bool, CudaError> {
-    match var(name) {
-        None => Ok(default),
-        Some(v) => match v.to_ascii_lowercase().as_str() {
-            "1" | "true" | "on" | "yes" => Ok(true),
-            "0" | "false" | "off" | "no" => Ok(false),
-            _ => Err(invalid(name, &v, SWITCH_VALUES)),
-        },
+impl Vars<'_> {
+    /// The trimmed value of `name`, `None` when unset or empty.
+    fn get(&self, name: &str) -> Option<String> {
+        (self.0)(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
     }
-}
 
-/// `PAGEKV_DEV_NVRTC_VERBOSE`: print NVRTC's log (ptxas register and spill counts) for every
-/// kernel module compiled.
-pub fn nvrtc_verbose() -> Result<bool, CudaError> {
-    switch("PAGEKV_DEV_NVRTC_VERBOSE", false)
-}
-
-/// Directory of the on-disk kernel cache: `$PAGEKV_HOME/kernels`, else
-/// `$HOME/.cache/pagekv/kernels`; `None` when neither is set (kernels are then compiled in every
-/// process).
-pub fn kernel_cache_dir() -> Option<std::path::PathBuf> {
-    if let Some(home) = var("PAGEKV_HOME") {
-        return Some(std::path::PathBuf::from(home).join("kernels"));
+    /// `name` as an on/off switch: unset → `default`; else one of [`SWITCH_VALUES`] (any case).
+    fn switch(&self, name: &str, default: bool) -> Result<bool, CudaError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => match v.to_ascii_lowercase().as_str() {
+                "1" | "true" | "on" | "yes" => Ok(true),
+                "0" | "false" | "off" | "no" => Ok(false),
+                _ => Err(invalid(name, &v, SWITCH_VALUES)),
+            },
+        }
     }
-    var("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/pagekv/kernels"))
-}
 
-/// `name` as a count: unset → `default`; else a decimal number that `ok` accepts (`accepted`
-/// describes them for the error).
-pub fn count(name: &str, default: usize, ok: impl Fn(usize) -> bool, accepted: &str) -> Result<usize, CudaError> {
-    match var(name) {
-        None => Ok(default),
-        Some(v) => v.parse().ok().filter(|&n| ok(n)).ok_or_else(|| invalid(name, &v, accepted)),
+    /// `name` as a count: unset → `default`; else a decimal number that `ok` accepts (`accepted`
+    /// describes them for the error).
+    fn count(
+        &self,
+        name: &str,
+        default: usize,
+        ok: impl Fn(usize) -> bool,
+        accepted: &str,
+    ) -> Result<usize, CudaError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => v.parse().ok().filter(|&n| ok(n)).ok_or_else(|| invalid(name, &v, accepted)),
+        }
     }
-}
 
-/// `name` as one of `accepted` words: unset → `default`.
-pub fn choice(name: &str, default: &'static str, accepted: &[&'static str]) -> Result<&'static str, CudaError> {
-    match var(name) {
-        None => Ok(default),
-        Some(v) => accepted.iter().find(|&&a| a == v).copied().ok_or_else(|| invalid(name, &v, &accepted.join(", "))),
+    /// `name` as one of `accepted` words: unset → `default`.
+    fn choice(&self, name: &str, default: &'static str, accepted: &[&'static str]) -> Result<&'static str, CudaError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => {
+                accepted.iter().find(|&&a| a == v).copied().ok_or_else(|| invalid(name, &v, &accepted.join(", ")))
+            }
+        }
     }
-}
-
-/// `PAGEKV_DEV_CUDA_GRAPH` (default 1): capture and replay the model's decode steps as CUDA graphs.
-pub fn graphs_enabled() -> Result<bool, CudaError> {
-    switch("PAGEKV_DEV_CUDA_GRAPH", true)
-}
-
-/// The largest matrix (bytes) the model multiplies with the fused decode product rather than
-/// cuBLAS: `PAGEKV_DEV_CUDA_GEMV=0` means 0 (cuBLAS only); `PAGEKV_DEV_CUDA_GEMV_MAX_BYTES` caps it (the
-/// earlier row-per-warp kernel was routed ≤ 64 MiB); unset: no cap — measured on the H200
-/// (`pagekv bench decode --device cuda --model synthetic:llama3-8b`), the split kernel streams Llama 3 8B's 235 MB
-/// gate|up, 117 MB down and 1 GB output matrices faster than cuBLAS, besides saving the separate
-/// norm/SiLU/conversion launches.
-pub fn gemv_max_bytes() -> Result<usize, CudaError> {
-    if !switch("PAGEKV_DEV_CUDA_GEMV", true)? {
-        return Ok(0);
-    }
-    count("PAGEKV_DEV_CUDA_GEMV_MAX_BYTES", usize::MAX, |_| true, "a byte count")
-}
-
-/// `PAGEKV_DEV_CUDA_PREFILL=0` (no prefill kernel: `usize::MAX`) or `PAGEKV_DEV_CUDA_PREFILL_MIN`
-/// (default 96, at least 1): new tokens of a sequence from which a step takes the prefill kernel.
-pub fn prefill_min_tokens() -> Result<usize, CudaError> {
-    if !switch("PAGEKV_DEV_CUDA_PREFILL", true)? {
-        return Ok(usize::MAX);
-    }
-    count("PAGEKV_DEV_CUDA_PREFILL_MIN", 96, |n| n >= 1, "a token count ≥ 1")
-}
-
-/// `PAGEKV_DEV_CUDA_ATTN_PDL` (default 1): inside the model step, the cache write (`pk_cache_write`,
-/// after `pk_qkv_rope`) and the tensor-core decode kernel (`pk_decode_tc`, after the cache write)
-/// are programmatic dependent launches — scheduled while the kernel before them still runs, they
-/// read block tables and context lengths, then wait for its results in-kernel (`pdl_wait`) —
-/// which hides two launch gaps per layer. `0`: plain launches (same-process comparisons).
-/// (`PAGEKV_DEV_CUDA_PDL` is `pk_merge`'s, `PAGEKV_DEV_CUDA_GEMV_PDL` the products' and `pk_qkv_rope`'s.)
-pub fn attention_pdl() -> Result<bool, CudaError> {
-    switch("PAGEKV_DEV_CUDA_ATTN_PDL", true)
-}
-
-/// `PAGEKV_DEV_CUDA_TC_GRID` (default `partitioned`): the grid of the tensor-core decode kernel when
-/// the caller leaves it to the launcher ([`crate::DecodeGrid::Auto`]) — `partitioned` (one CTA per
-/// (kv head, sequence, partition), the route's partitions) or `stream-k` (a persistent grid of
-/// about one CTA per SM over balanced shares of all tiles, `pk_decode_tc_sk`).
-pub fn decode_grid() -> Result<&'static str, CudaError> {
-    choice("PAGEKV_DEV_CUDA_TC_GRID", "partitioned", &["partitioned", "stream-k"])
-}
-
-/// `PAGEKV_DEV_CUDA_TC_SK_CTAS` (default 0): CTAs per SM of the stream-K grid — 0 as many as fit
-/// (the occupancy of `pk_decode_tc_sk`), else at most that many.
-pub fn stream_k_ctas_per_sm() -> Result<usize, CudaError> {
-    count("PAGEKV_DEV_CUDA_TC_SK_CTAS", 0, |n| n <= 32, "0 (as many as fit) or 1..=32")
-}
-
-/// Parses every `PAGEKV_DEV_CUDA_*` switch the backend reads; the first bad one is the error.
-pub fn check_environment() -> Result<(), CudaError> {
-    graphs_enabled()?;
-    gemv_max_bytes()?;
-    prefill_min_tokens()?;
-    attention_pdl()?;
-    crate::model_ops::GemvShape::from_env()?;
-    crate::compile::TcTuning::from_env()?;
-    crate::topk::forced_chunk_from_env()?;
-    crate::attention::tc_base_from_env()?;
-    decode_grid()?;
-    stream_k_ctas_per_sm()?;
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
-    // Variables of this test only (the process environment is shared by the crate's tests).
+    fn parse(vars: &[(&str, &str)]) -> Result<CudaTuning, CudaError> {
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        tuning_from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn nothing_set_is_the_default() {
+        assert_eq!(parse(&[]).unwrap(), CudaTuning::default());
+        let t = parse(&[("PAGEKV_HOME", "/x"), ("HOME", "/h")]).unwrap();
+        assert_eq!(t.kernel_cache, Some(PathBuf::from("/x/kernels")));
+        let t = parse(&[("PAGEKV_HOME", " "), ("HOME", "/h")]).unwrap();
+        assert_eq!(t.kernel_cache, Some(PathBuf::from("/h/.cache/pagekv/kernels")));
+    }
+
     #[test]
     fn bad_values_are_errors_naming_the_accepted_ones() {
-        std::env::set_var("PAGEKV_DEV_CUDA_KNOBS_TEST_SWITCH", "enabled");
-        let e = switch("PAGEKV_DEV_CUDA_KNOBS_TEST_SWITCH", true).unwrap_err().to_string();
-        assert!(e.contains("PAGEKV_DEV_CUDA_KNOBS_TEST_SWITCH") && e.contains(SWITCH_VALUES), "{e}");
-        std::env::set_var("PAGEKV_DEV_CUDA_KNOBS_TEST_SWITCH", " 0 ");
-        assert!(!switch("PAGEKV_DEV_CUDA_KNOBS_TEST_SWITCH", true).unwrap());
-        std::env::set_var("PAGEKV_DEV_CUDA_KNOBS_TEST_SWITCH", "Off");
-        assert!(!switch("PAGEKV_DEV_CUDA_KNOBS_TEST_SWITCH", true).unwrap());
-        std::env::set_var("PAGEKV_DEV_CUDA_KNOBS_TEST_SWITCH", "yes");
-        assert!(switch("PAGEKV_DEV_CUDA_KNOBS_TEST_SWITCH", false).unwrap());
-        std::env::set_var("PAGEKV_DEV_CUDA_KNOBS_TEST_SWITCH", "");
-        assert!(switch("PAGEKV_DEV_CUDA_KNOBS_TEST_SWITCH", true).unwrap());
+        let e = parse(&[("PAGEKV_DEV_CUDA_GRAPH", "enabled")]).unwrap_err().to_string();
+        assert!(e.contains("PAGEKV_DEV_CUDA_GRAPH") && e.contains(SWITCH_VALUES), "{e}");
+        assert!(!parse(&[("PAGEKV_DEV_CUDA_GRAPH", " 0 ")]).unwrap().graphs);
+        assert!(!parse(&[("PAGEKV_DEV_CUDA_GRAPH", "Off")]).unwrap().graphs);
+        assert!(parse(&[("PAGEKV_DEV_CUDA_GRAPH", "")]).unwrap().graphs);
+        assert!(parse(&[("PAGEKV_DEV_CUDA_TC_BASE", "yes")]).unwrap().tc.base);
 
-        std::env::set_var("PAGEKV_DEV_CUDA_KNOBS_TEST_COUNT", "12x");
-        let e = count("PAGEKV_DEV_CUDA_KNOBS_TEST_COUNT", 3, |n| n > 0, "a count ≥ 1").unwrap_err().to_string();
-        assert!(e.contains("\"12x\"") && e.contains("a count ≥ 1"), "{e}");
-        std::env::set_var("PAGEKV_DEV_CUDA_KNOBS_TEST_COUNT", "0");
-        assert!(count("PAGEKV_DEV_CUDA_KNOBS_TEST_COUNT", 3, |n| n > 0, "a count ≥ 1").is_err());
-        std::env::set_var("PAGEKV_DEV_CUDA_KNOBS_TEST_COUNT", "7");
-        assert_eq!(count("PAGEKV_DEV_CUDA_KNOBS_TEST_COUNT", 3, |n| n > 0, "a count ≥ 1").unwrap(), 7);
-        assert_eq!(count("PAGEKV_DEV_CUDA_KNOBS_TEST_UNSET", 3, |n| n > 0, "a count ≥ 1").unwrap(), 3);
+        let e = parse(&[("PAGEKV_DEV_CUDA_PREFILL_MIN", "12x")]).unwrap_err().to_string();
+        assert!(e.contains("\"12x\"") && e.contains("a token count ≥ 1"), "{e}");
+        assert!(parse(&[("PAGEKV_DEV_CUDA_PREFILL_MIN", "0")]).is_err());
+        assert_eq!(parse(&[("PAGEKV_DEV_CUDA_PREFILL_MIN", "7")]).unwrap().prefill_min_tokens, 7);
+        assert_eq!(parse(&[("PAGEKV_DEV_CUDA_PREFILL", "0")]).unwrap().prefill_min_tokens, usize::MAX);
+        assert_eq!(parse(&[("PAGEKV_DEV_CUDA_GEMV", "off")]).unwrap().gemv_max_bytes, 0);
+        assert!(parse(&[("PAGEKV_DEV_CUDA_TOPK_CHUNK", "3000")]).is_err());
+        assert_eq!(parse(&[("PAGEKV_DEV_CUDA_TOPK_CHUNK", "2048")]).unwrap().topk_chunk, Some(2048));
 
-        std::env::set_var("PAGEKV_DEV_CUDA_KNOBS_TEST_CHOICE", "fast");
-        let e = choice("PAGEKV_DEV_CUDA_KNOBS_TEST_CHOICE", "split", &["split", "rows"]).unwrap_err().to_string();
-        assert!(e.contains("split, rows"), "{e}");
-        std::env::set_var("PAGEKV_DEV_CUDA_KNOBS_TEST_CHOICE", "rows");
-        assert_eq!(choice("PAGEKV_DEV_CUDA_KNOBS_TEST_CHOICE", "split", &["split", "rows"]).unwrap(), "rows");
+        let e = parse(&[("PAGEKV_DEV_CUDA_TC_GRID", "fast")]).unwrap_err().to_string();
+        assert!(e.contains("partitioned, stream-k"), "{e}");
+        assert_eq!(parse(&[("PAGEKV_DEV_CUDA_TC_GRID", "stream-k")]).unwrap().tc.grid, DecodeGrid::StreamK);
+    }
+
+    #[test]
+    fn the_earlier_product_kernel_has_its_own_defaults() {
+        let t = parse(&[("PAGEKV_DEV_CUDA_GEMV_KERNEL", "rows")]).unwrap();
+        assert_eq!(t.gemv, GemvShape::ROWS_DEFAULT);
+        let t = parse(&[("PAGEKV_DEV_CUDA_GEMV_WARPS", "16"), ("PAGEKV_DEV_CUDA_GEMV_PDL", "0")]).unwrap();
+        assert_eq!(t.gemv, GemvShape { split_warps: Some(16), pdl: false, ..GemvShape::DEFAULT });
     }
 }

@@ -1,5 +1,6 @@
-//! [`CudaDevice`]: one GPU's context and stream, its properties, and the kernel modules loaded
-//! on it (compiled on first use through [`crate::compile`]).
+//! [`CudaDevice`]: one GPU's context and stream, its properties, the [`CudaTuning`] its kernels
+//! are compiled and launched with, and the kernel modules loaded on it (compiled on first use
+//! through [`crate::compile`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,7 +11,13 @@ use cudarc::nvrtc::Ptx;
 use kvcache::format::lloyd_max::codebook;
 use kvcache::Codec;
 
-use crate::compile::{self, ModuleSpec};
+use crate::compile;
+use crate::shapes::{
+    check_supported, decode_smem_bytes, decode_tc_smem_bytes, prefill_smem_bytes, prefill_supported, tc_supported,
+    tc_vreg, tc_vreg_smem_bytes,
+};
+use crate::spec::ModuleSpec;
+use crate::tuning::CudaTuning;
 use crate::CudaError;
 
 /// Number of CUDA devices; checks the driver library before calling into it.
@@ -57,6 +64,7 @@ pub struct CudaDevice {
     sm_count: usize,
     /// Largest dynamic shared memory one block may opt into, bytes.
     smem_optin: usize,
+    tuning: CudaTuning,
     modules: Mutex<HashMap<ModuleSpec, Arc<KernelModule>>>,
 }
 
@@ -64,18 +72,17 @@ impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "CudaDevice({} {}: {}, sm_{}{}, {} SMs)",
-            "cuda", self.ordinal, self.name, self.arch.0, self.arch.1, self.sm_count
+            "CudaDevice(cuda {}: {}, sm_{}{}, {} SMs)",
+            self.ordinal, self.name, self.arch.0, self.arch.1, self.sm_count
         )
     }
 }
 
 impl CudaDevice {
-    /// Opens device `ordinal`. Errors (never panics) when a `PAGEKV_DEV_CUDA_*` variable has a value
-    /// outside the accepted ones ([`crate::dev`]), the driver library is missing, the driver
-    /// does not initialize, or the device does not exist.
-    pub fn new(ordinal: usize) -> Result<Arc<CudaDevice>, CudaError> {
-        crate::dev::check_environment()?;
+    /// Opens device `ordinal`, whose kernels are compiled and launched with `tuning`. Errors
+    /// (never panics) when the driver library is missing, the driver does not initialize, or the
+    /// device does not exist.
+    pub fn new(ordinal: usize, tuning: CudaTuning) -> Result<Arc<CudaDevice>, CudaError> {
         let count = device_count()?;
         if ordinal >= count {
             return Err(CudaError::NoDevice { ordinal, count });
@@ -107,6 +114,7 @@ impl CudaDevice {
             arch,
             sm_count,
             smem_optin,
+            tuning,
             modules: Mutex::new(HashMap::new()),
         }))
     }
@@ -131,6 +139,11 @@ impl CudaDevice {
     /// Largest dynamic shared memory one block may opt into, bytes.
     pub fn smem_optin(&self) -> usize {
         self.smem_optin
+    }
+
+    /// The tuning this device's kernels are compiled and launched with.
+    pub fn tuning(&self) -> &CudaTuning {
+        &self.tuning
     }
 
     /// Free and total device memory in bytes.
@@ -182,9 +195,10 @@ impl CudaDevice {
         if let Some(m) = modules.get(spec) {
             return Ok(m.clone());
         }
+        let tc = &self.tuning.tc;
         if let ModuleSpec::Kv { format, head_dim, group } = spec {
-            compile::check_supported(*format, *head_dim)?;
-            let smem = compile::decode_smem_bytes(*format, *head_dim, *group);
+            check_supported(*format, *head_dim)?;
+            let smem = decode_smem_bytes(*format, *head_dim, *group);
             if *group > 0 && smem > self.smem_optin {
                 return Err(CudaError::Unsupported(format!(
                     "{format} at head_dim {head_dim} with {group} query heads per kv head needs {smem} bytes of \
@@ -193,7 +207,7 @@ impl CudaDevice {
                 )));
             }
         }
-        let bin = compile::cubin(spec, self.arch)?;
+        let bin = compile::cubin(spec, self.arch, &self.tuning)?;
         let module =
             self.ctx.load_module(Ptx::from_binary(bin)).map_err(|e| CudaError::driver("cuModuleLoadData", e))?;
         let km = Arc::new(KernelModule { module });
@@ -201,22 +215,19 @@ impl CudaDevice {
             self.upload_codebooks(&km, format.key_codec(), "pk_k")?;
             self.upload_codebooks(&km, format.value_codec(), "pk_v")?;
             if *group > 0 {
-                let mut kernels = vec![("pk_decode", compile::decode_smem_bytes(*format, *head_dim, *group))];
-                if compile::tc_supported(*format, *head_dim, *group)
-                    && compile::decode_tc_smem_bytes(*format, *head_dim) <= self.smem_optin
-                {
-                    kernels.push(("pk_decode_tc", compile::decode_tc_smem_bytes(*format, *head_dim)));
-                    if compile::tc_vreg(*format, *head_dim, *group) {
-                        kernels.push(("pk_decode_tc_vreg", compile::tc_vreg_smem_bytes(*format, *head_dim, *group)));
+                let (f, d, g) = (*format, *head_dim, *group);
+                let mut kernels = vec![("pk_decode", decode_smem_bytes(f, d, g))];
+                if tc_supported(f, d, g) && decode_tc_smem_bytes(tc, f, d) <= self.smem_optin {
+                    kernels.push(("pk_decode_tc", decode_tc_smem_bytes(tc, f, d)));
+                    if tc_vreg(tc, f, d, g) {
+                        kernels.push(("pk_decode_tc_vreg", tc_vreg_smem_bytes(tc, f, d, g)));
                     }
                     // The stream-K grid's need grows with the batch (its per-sequence tables):
-                    // the device's limit, checked per call (`compile::decode_tc_sk_smem_bytes`).
+                    // the device's limit, checked per call (`shapes::decode_tc_sk_smem_bytes`).
                     kernels.push(("pk_decode_tc_sk", self.smem_optin));
                 }
-                if compile::prefill_supported(*format, *head_dim, *group)
-                    && compile::prefill_smem_bytes(*format, *head_dim) <= self.smem_optin
-                {
-                    kernels.push(("pk_prefill_tc", compile::prefill_smem_bytes(*format, *head_dim)));
+                if prefill_supported(f, d, g) && prefill_smem_bytes(f, d) <= self.smem_optin {
+                    kernels.push(("pk_prefill_tc", prefill_smem_bytes(f, d)));
                 }
                 self.bind()?;
                 for (name, bytes) in kernels {

@@ -6,8 +6,11 @@
 //! [`CudaError::NotCompiled`].
 //!
 //! Main types (feature `cuda`):
+//! - [`CudaTuning`]: the backend's kernel shapes, variants and launch options as one value
+//!   (`tuning.rs`), parsed from the developer switches by [`dev`]; a device carries one.
 //! - [`CudaDevice`]: a context and stream on one GPU; compiles the CUDA C++ kernels in
-//!   `kernels/*.cu` with NVRTC for the device's architecture at first use and caches the cubins
+//!   `kernels/` ([`ModuleSpec`]: which files and `-D` options, the kernel shapes from
+//!   [`shapes`]) with NVRTC for the device's architecture at first use and caches the cubins
 //!   on disk ([`compile`]).
 //! - [`DevicePages`]: implements [`kvcache::PageStore`] in device memory with the host's layout
 //!   and formats (f32, f16, bf16, q8, q4 with or without rotation, turbo); the cache-write kernel
@@ -46,12 +49,17 @@ mod pages;
 #[cfg(feature = "cuda")]
 mod prefill;
 #[cfg(feature = "cuda")]
+pub mod shapes;
+#[cfg(feature = "cuda")]
+mod spec;
+#[cfg(feature = "cuda")]
 mod topk;
+#[cfg(feature = "cuda")]
+mod tuning;
 
 #[cfg(feature = "cuda")]
 pub use attention::{
-    auto_partition_size, tc_partition_size, DecodeAttention, DecodeBatch, DecodeGrid, DecodeKernel, DecodeRoute,
-    MAX_GROUP,
+    auto_partition_size, tc_partition_size, DecodeAttention, DecodeBatch, DecodeKernel, DecodeRoute, MAX_GROUP,
 };
 /// A typed device buffer (cudarc's `CudaSlice`), named here so crates above need no cudarc.
 #[cfg(feature = "cuda")]
@@ -62,15 +70,19 @@ pub use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 #[cfg(feature = "cuda")]
 pub use device::{CudaDevice, DeviceGraph};
 #[cfg(feature = "cuda")]
-pub use model_ops::{
-    DType, DeviceMatrix, GemvShape, ModelOps, Prologue, QkvRope, RopeParams, GEMV_MAX_N, GEMV_ROWS_PER_WARP,
-};
+pub use model_ops::{DType, DeviceMatrix, ModelOps, Prologue, QkvRope, RopeParams, GEMV_MAX_N};
 #[cfg(feature = "cuda")]
 pub use pages::{DevicePages, HostLayerCopy};
 #[cfg(feature = "cuda")]
-pub use prefill::{prefill_min_tokens, prefill_supported, prefill_tiles, PrefillAttention, PrefillBatch};
+pub use prefill::{prefill_tiles, PrefillAttention, PrefillBatch};
+#[cfg(feature = "cuda")]
+pub use shapes::prefill_supported;
+#[cfg(feature = "cuda")]
+pub use spec::ModuleSpec;
 #[cfg(feature = "cuda")]
 pub use topk::{TopK, TopKPlan, TOP_K_CHUNKS, TOP_K_MAX, TOP_K_MERGE_CAP, TOP_K_NONE};
+#[cfg(feature = "cuda")]
+pub use tuning::{CudaTuning, DecodeGrid, GemvShape, TcTuning, GEMV_ROWS_PER_WARP};
 
 /// Number of CUDA devices, or why there is no usable CUDA (no feature, no driver, init failed).
 pub fn probe() -> Result<usize, CudaError> {

@@ -11,8 +11,9 @@
 //! residual stream, q/k/v and logits stay f32 and a residual add is the product's `beta = 1`.
 //! Decode steps (≤ [`GEMV_MAX_N`] token rows, bf16 weights) use [`ModelOps::gemv`] instead: one
 //! launch that computes the op before the product (RMSNorm, SiLU·mul, conversion) once per block
-//! and streams the weights once ([`GemvShape`] picks the kernel; the split kernel is the default
-//! and a programmatic dependent launch, as is [`ModelOps::qkv_rope`] after it).
+//! and streams the weights once ([`GemvShape`], from the device's tuning, picks the kernel; the
+//! split kernel is the default and a programmatic dependent launch, as is [`ModelOps::qkv_rope`]
+//! after it).
 
 use std::sync::Arc;
 
@@ -20,10 +21,11 @@ use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use crate::compile::ModuleSpec;
-use crate::device::{arg, launch_kernel};
+use crate::device::{arg, launch_kernel, set_max_dynamic_smem, CudaDevice};
 use crate::pages::dptr;
-use crate::{dev, CudaDevice, CudaError};
+use crate::spec::ModuleSpec;
+use crate::tuning::{GemvShape, GEMV_ROWS_PER_WARP};
+use crate::CudaError;
 
 /// Element type of a [`DeviceMatrix`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -207,63 +209,9 @@ pub enum Prologue<'a> {
 /// Most token rows [`ModelOps::gemv`] serves.
 pub const GEMV_MAX_N: usize = 4;
 
-/// Rows one warp of the earlier row-per-warp product streams at a time (the kernels compiled).
-pub const GEMV_ROWS_PER_WARP: [usize; 3] = [1, 2, 4];
-
 /// 16-byte words one item of the split product covers in a row (`GEMV_SLICE` in
 /// `kernels/model.cu`: 32 lanes × 8 loads).
 const GEMV_SLICE_WORDS: usize = 256;
-
-/// Launch shape of [`ModelOps::gemv`]: which kernel, its block shape, and whether it is a
-/// programmatic dependent launch.
-///
-/// The split kernel (`split_warps: Some(w)`, the default) runs `blocks_per_sm` blocks of `w`
-/// warps per SM, each block computing the prologue once and streaming a contiguous range of
-/// rows; the earlier kernel (`None`) runs one group of `rows_per_warp` rows per warp, with up to
-/// `blocks_per_sm` blocks of 8 warps per SM, each repeating the prologue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GemvShape {
-    /// Warps per block of the split kernel (one of [`GemvShape::SPLIT_WARPS`]), or `None` for
-    /// the earlier row-per-warp kernel.
-    pub split_warps: Option<usize>,
-    /// Rows per warp of the earlier kernel (one of [`GEMV_ROWS_PER_WARP`]).
-    pub rows_per_warp: usize,
-    pub blocks_per_sm: usize,
-    /// The split kernel (and `pk_qkv_rope`, which follows the QKV product) is launched as a
-    /// programmatic dependent launch: it may start while the previous kernel still runs, loads
-    /// its first weights, and waits for that kernel's results in-kernel.
-    pub pdl: bool,
-}
-
-impl GemvShape {
-    /// Warps per block the split kernel is compiled for.
-    pub const SPLIT_WARPS: [usize; 2] = [16, 32];
-
-    /// The default, or what `PAGEKV_DEV_CUDA_GEMV_KERNEL` (`split|rows`), `PAGEKV_DEV_CUDA_GEMV_WARPS`
-    /// (16, 32), `PAGEKV_DEV_CUDA_GEMV_R` (1, 2, 4), `PAGEKV_DEV_CUDA_GEMV_BPS` (1..=32) and
-    /// `PAGEKV_DEV_CUDA_GEMV_PDL` (`0|1`) ask for (tuning runs). An unknown value is an error naming
-    /// the accepted ones.
-    pub fn from_env() -> Result<GemvShape, CudaError> {
-        let split = dev::choice("PAGEKV_DEV_CUDA_GEMV_KERNEL", "split", &["split", "rows"])? == "split";
-        let pdl = dev::switch("PAGEKV_DEV_CUDA_GEMV_PDL", true)?;
-        let warps = dev::count("PAGEKV_DEV_CUDA_GEMV_WARPS", 32, |v| GemvShape::SPLIT_WARPS.contains(&v), "16, 32")?;
-        Ok(GemvShape {
-            split_warps: split.then_some(warps),
-            // Measured on the H200 (`pagekv bench decode --device cuda --model synthetic:llama3-8b`): one row per warp and 8 blocks per
-            // SM streamed Llama 3 8B's matrices fastest of {1, 2, 4} × {2, 4, 8, 16} with the
-            // earlier kernel; the split kernel is meant to run one block of 32 warps per SM
-            //.
-            rows_per_warp: dev::count("PAGEKV_DEV_CUDA_GEMV_R", 1, |v| GEMV_ROWS_PER_WARP.contains(&v), "1, 2, 4")?,
-            blocks_per_sm: dev::count(
-                "PAGEKV_DEV_CUDA_GEMV_BPS",
-                if split { 1 } else { 8 },
-                |v| (1..=32).contains(&v),
-                "1..=32",
-            )?,
-            pdl,
-        })
-    }
-}
 
 /// Dynamic shared memory the decode product may take: the device's opt-in limit less the
 /// kernel's static shared memory (the norm's partial sums), rounded down to a KiB.
@@ -331,7 +279,7 @@ impl ModelOps {
         // Every product kernel may take the device's whole opt-in shared memory.
         let product = |name: String| -> Result<CudaFunction, CudaError> {
             let f = module.function(&name)?;
-            crate::device::set_max_dynamic_smem(&f, gemv_smem_limit(&device))?;
+            set_max_dynamic_smem(&f, gemv_smem_limit(&device))?;
             Ok(f)
         };
         let gemv = GEMV_ROWS_PER_WARP
@@ -345,7 +293,7 @@ impl ModelOps {
         Ok(ModelOps {
             gemv,
             gemv_split,
-            gemv_shape: GemvShape::from_env()?,
+            gemv_shape: device.tuning().gemv,
             bf16: typed(DType::Bf16)?,
             f32: typed(DType::F32)?,
             qkv_rope: module.function("pk_qkv_rope")?,
@@ -591,7 +539,7 @@ impl ModelOps {
         .map_err(|e| CudaError::Driver { op: "cublasGemmEx", msg: format!("{e:?}") })
     }
 
-    /// The launch shape of [`Self::gemv`] (default from [`GemvShape::from_env`]).
+    /// The launch shape of [`Self::gemv`] (default: the device's tuning, `CudaTuning::gemv`).
     pub fn set_gemv_shape(&mut self, shape: GemvShape) {
         self.gemv_shape = shape;
     }

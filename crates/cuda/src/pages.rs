@@ -16,9 +16,9 @@ use cudarc::driver::{result, CudaSlice, DevicePtr, LaunchConfig};
 use half::f16;
 use kvcache::{Codec, LayerView, PageGeometry, PageStore, PlaneView, Rotation};
 
-use crate::compile::ModuleSpec;
-use crate::device::{arg, launch_kernel, KernelModule};
-use crate::{CudaDevice, CudaError};
+use crate::device::{arg, launch_kernel, CudaDevice, KernelModule};
+use crate::spec::ModuleSpec;
+use crate::CudaError;
 
 /// One plane (K or V) of one layer in device memory.
 struct DevicePlane {
@@ -184,7 +184,7 @@ impl DevicePages {
     /// it may be scheduled while the kernel before it on the stream still runs, reads its slots,
     /// then waits for that kernel's results in-kernel (`pdl_wait`) before it reads keys and
     /// values or writes a page. For the model step, whose slots are uploaded before its kernels
-    /// (`dev::attention_pdl`). Host-side writes ([`Self::try_write`]) stay plain launches.
+    /// (`CudaTuning::attention_pdl`). Host-side writes ([`Self::try_write`]) stay plain launches.
     pub fn set_programmatic_writes(&mut self, on: bool) {
         self.programmatic_writes = on;
     }

@@ -14,9 +14,10 @@
 //! ([`prefill_supported`]). Other formats stay on the decode kernel (one row per token); the
 //! caller counts that as a fallback.
 //!
-//! Routing rule ([`prefill_min_tokens`]): a sequence whose step brings at least
-//! `PAGEKV_DEV_CUDA_PREFILL_MIN` new tokens (default 96) goes through this kernel; shorter ones
-//! (decode, speculative verification, short chunks) stay on the decode kernel.
+//! Routing rule ([`CudaTuning::prefill_min_tokens`](crate::CudaTuning::prefill_min_tokens),
+//! applied by the model step): a sequence whose step brings at least that many new tokens
+//! (default 96, `PAGEKV_DEV_CUDA_PREFILL_MIN`) goes through this kernel; shorter ones (decode,
+//! speculative verification, short chunks) stay on the decode kernel.
 //! `PAGEKV_DEV_CUDA_PREFILL=0` turns the kernel off. The default comes from the H200
 //! (`gpu_prefill prefill_kernel_timing`, Llama-3-8B
 //! attention shape, bf16): one CTA per (tile, kv head) walks the whole prefix, so the kernel's
@@ -28,19 +29,12 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use crate::compile::{prefill_smem_bytes, prefill_tokens_per_cta, ModuleSpec};
-use crate::pages::dptr;
-use crate::{CudaDevice, CudaError, DevicePages};
-
-pub use crate::compile::prefill_supported;
-
-/// New tokens of one sequence from which its step takes the prefill kernel (see the module doc);
-/// `usize::MAX` when `PAGEKV_DEV_CUDA_PREFILL=0` ([`crate::dev::prefill_min_tokens`]; read once per
-/// process, after [`CudaDevice::new`] checked the variables).
-pub fn prefill_min_tokens() -> usize {
-    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MIN.get_or_init(|| crate::dev::prefill_min_tokens().unwrap_or(96))
-}
+use crate::attention::kv_group;
+use crate::device::CudaDevice;
+use crate::pages::{dptr, DevicePages};
+use crate::shapes::{prefill_smem_bytes, prefill_supported, prefill_tokens_per_cta};
+use crate::spec::ModuleSpec;
+use crate::CudaError;
 
 /// Appends the tiles of one sequence's chunk — tokens `[first, first + len)` of the batch — to
 /// `tiles` (`[num_tiles, 2]`: first token, tokens), at most `per_cta` tokens each.
@@ -93,7 +87,7 @@ impl PrefillAttention {
         use kvcache::PageStore;
         let g = pages.geometry();
         let hkv = g.num_kv_heads.max(1);
-        num_heads % hkv == 0
+        num_heads.is_multiple_of(hkv)
             && prefill_supported(g.format, g.head_dim, num_heads / hkv)
             && prefill_smem_bytes(g.format, g.head_dim) <= self.device.smem_optin()
     }
@@ -116,7 +110,7 @@ impl PrefillAttention {
         use kvcache::PageStore;
         let g = pages.geometry().clone();
         let bad = |m: String| Err(CudaError::Invalid(m));
-        let group = crate::attention::kv_group(&g, layer, b.num_heads)?;
+        let group = kv_group(&g, layer, b.num_heads)?;
         if !self.serves(pages, b.num_heads) {
             return Err(CudaError::Unsupported(format!(
                 "prefill kernel: {} pages, head_dim {}, {group} query heads per kv head",

@@ -16,9 +16,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
-use crate::compile::ModuleSpec;
+use crate::device::CudaDevice;
 use crate::pages::dptr;
-use crate::{CudaDevice, CudaError};
+use crate::spec::ModuleSpec;
+use crate::CudaError;
 
 /// Most entries per row [`TopK`] selects (the engine asks for at most a sampler's top-k + 1 = 65).
 pub const TOP_K_MAX: usize = 128;
@@ -94,18 +95,6 @@ impl TopKPlan {
     }
 }
 
-/// `PAGEKV_DEV_CUDA_TOPK_CHUNK` (1024, 2048 or 4096): a fixed chunk for tuning runs; unset: none.
-pub(crate) fn forced_chunk_from_env() -> Result<Option<usize>, CudaError> {
-    let chunk = crate::dev::count("PAGEKV_DEV_CUDA_TOPK_CHUNK", 0, |c| TOP_K_CHUNKS.contains(&c), "1024, 2048, 4096")?;
-    Ok((chunk != 0).then_some(chunk))
-}
-
-/// [`forced_chunk_from_env`], read once ([`CudaDevice::new`] has checked the variable).
-fn forced_chunk() -> Option<usize> {
-    static C: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *C.get_or_init(|| forced_chunk_from_env().unwrap_or(None))
-}
-
 /// The top-k kernels on one device and their chunk workspace.
 pub struct TopK {
     device: Arc<CudaDevice>,
@@ -137,9 +126,10 @@ impl TopK {
         &self.device
     }
 
-    /// The launch shape [`Self::run`] takes for these sizes on this device.
+    /// The launch shape [`Self::run`] takes for these sizes on this device (with the chunk its
+    /// tuning fixes, `CudaTuning::topk_chunk`, if any).
     pub fn plan(&self, rows: usize, vocab: usize, k: usize) -> Result<TopKPlan, CudaError> {
-        TopKPlan::new(rows, vocab, k, self.device.sm_count(), forced_chunk())
+        TopKPlan::new(rows, vocab, k, self.device.sm_count(), self.device.tuning().topk_chunk)
     }
 
     /// `ids [rows, k]` and `values [rows, k]` ← the `k` best entries of each row of `logits

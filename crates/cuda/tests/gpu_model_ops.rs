@@ -39,7 +39,7 @@ mod gpu {
     /// device whose kernels or cuBLAS fail to load is a failure, not a skip.
     fn ops(test: &str) -> Option<&'static ModelOps> {
         static OPS: OnceLock<Result<ModelOps, CudaError>> = OnceLock::new();
-        let r = OPS.get_or_init(|| CudaDevice::new(0).map(|d| ModelOps::new(d).expect("model kernels load")));
+        let r = OPS.get_or_init(|| crate::common::open(0).map(|d| ModelOps::new(d).expect("model kernels load")));
         match r {
             Ok(o) => Some(o),
             Err(e) => {

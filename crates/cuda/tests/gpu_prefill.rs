@@ -192,7 +192,7 @@ mod gpu {
             let key = format!("{} d={} g={} w={:?}", case.format, case.head_dim, case.group, case.window.is_some());
             let w = worst.entry(key).or_insert(0.0);
             *w = w.max(err);
-            if !(err <= BOUND) {
+            if err.is_nan() || err > BOUND {
                 failures.push(format!("{case:?}: relative error {err:e} > {BOUND:e}"));
             }
         }
@@ -239,7 +239,7 @@ mod gpu {
     /// of Llama-3-8B's attention shape (32 q / 8 kv heads × 128, bf16, block 16) ending at
     /// context 1024 or 4096, the prefill kernel vs the decode kernel with one row per token (the
     /// path before it, with its automatic route); medians of 20 launches, one JSON line each.
-    /// The crossover sets [`pagekv_cuda::prefill_min_tokens`].
+    /// The crossover sets `CudaTuning::prefill_min_tokens`.
     #[test]
     fn prefill_kernel_timing() {
         if std::env::var("PAGEKV_PREFILL_BENCH").map_or(true, |v| v != "1") {

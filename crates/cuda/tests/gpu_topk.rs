@@ -41,7 +41,7 @@ mod gpu {
     fn kernels(test: &str) -> Option<&'static Mutex<(TopK, ModelOps)>> {
         static K: OnceLock<Result<Mutex<(TopK, ModelOps)>, CudaError>> = OnceLock::new();
         let r = K.get_or_init(|| {
-            CudaDevice::new(0).map(|d| {
+            crate::common::open(0).map(|d| {
                 let t = TopK::new(d.clone()).expect("top-k kernels load");
                 Mutex::new((t, ModelOps::new(d).expect("model kernels load")))
             })

@@ -118,7 +118,7 @@ pub fn top_k(row: &[f32], k: usize, ids: &mut Vec<u32>, values: &mut Vec<f32>) {
             continue;
         }
         let len = ids.len() - start;
-        if len == k && !(l > values[start + k - 1]) {
+        if len == k && l <= values[start + k - 1] {
             continue;
         }
         // After every entry not smaller (equal values keep the lower index first).

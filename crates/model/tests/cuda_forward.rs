@@ -72,7 +72,7 @@ mod gpu {
     /// captures its steps as CUDA graphs: its stream must be its thread's alone), or `None`
     /// (after printing why) when there is no device.
     fn device(test: &str) -> Option<Arc<CudaDevice>> {
-        match CudaDevice::new(0) {
+        match pagekv_cuda::dev::tuning_from_env().and_then(|t| CudaDevice::new(0, t)) {
             Ok(d) => Some(d),
             Err(e) => {
                 skip(test, &format!("no usable CUDA device ({e})"));

@@ -51,6 +51,19 @@ pub fn draft_token_cost(default: f32) -> anyhow::Result<f32> {
     }
 }
 
+/// The CUDA backend's tuning — the `PAGEKV_DEV_CUDA_*` switches and the kernel cache under
+/// `PAGEKV_HOME` — parsed once per run and handed to every device the run opens; a bad value is
+/// an error naming the accepted ones.
+#[cfg(feature = "cuda")]
+pub fn cuda_tuning() -> anyhow::Result<pagekv_cuda::CudaTuning> {
+    static TUNING: OnceLock<pagekv_cuda::CudaTuning> = OnceLock::new();
+    if let Some(t) = TUNING.get() {
+        return Ok(t.clone());
+    }
+    let t = pagekv_cuda::dev::tuning_from_lookup(env_lookup)?;
+    Ok(TUNING.get_or_init(|| t).clone())
+}
+
 /// A boolean setting in the one grammar; unset or empty is `default`.
 fn boolean(name: &str, default: bool) -> anyhow::Result<bool> {
     match env_lookup(name).filter(|v| !v.trim().is_empty()) {

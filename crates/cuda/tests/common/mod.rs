@@ -16,15 +16,26 @@ mod gpu {
     use std::sync::{Arc, OnceLock};
 
     use cudarc::driver::CudaSlice;
-    use pagekv_cuda::{CudaDevice, CudaError};
+    use pagekv_cuda::{CudaDevice, CudaError, CudaTuning};
     use rand::rngs::StdRng;
     use rand::Rng;
     use rand_distr::StandardNormal;
 
+    /// The tuning the tests run with: the defaults with the `PAGEKV_DEV_CUDA_*` switches of the
+    /// environment applied (tuning runs); a bad value fails the test.
+    pub fn tuning() -> CudaTuning {
+        pagekv_cuda::dev::tuning_from_env().expect("PAGEKV_DEV_CUDA_* switches")
+    }
+
+    /// Device 0 opened with [`tuning`], or why there is none.
+    pub fn open(ordinal: usize) -> Result<Arc<CudaDevice>, CudaError> {
+        CudaDevice::new(ordinal, tuning())
+    }
+
     /// The process's device 0, opened once, or `None` (after printing why) when there is none.
     pub fn device(test: &str) -> Option<Arc<CudaDevice>> {
         static DEVICE: OnceLock<Result<Arc<CudaDevice>, CudaError>> = OnceLock::new();
-        match DEVICE.get_or_init(|| CudaDevice::new(0)) {
+        match DEVICE.get_or_init(|| open(0)) {
             Ok(d) => Some(d.clone()),
             Err(e) => {
                 super::skip(test, &format!("no usable CUDA device ({e})"));

@@ -6,7 +6,7 @@
 use pagekv_cpu::quant::dequantize_row;
 use pagekv_cuda::{CudaDevice, DType, DeviceMatrix, DeviceVec as Slice, ModelOps};
 
-use crate::cuda::{dev, upload_f32};
+use super::buffers::{dev, upload_f32};
 use crate::error::ModelError;
 use crate::llama::weights::{Tensor, Weights};
 use crate::llama::ModelConfig;

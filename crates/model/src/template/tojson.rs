@@ -74,7 +74,7 @@ fn write_value(out: &mut String, v: &Value, style: &JsonStyle, depth: usize) -> 
         ValueKind::Map => {
             let mut keys: Vec<Value> = v.try_iter()?.collect();
             if style.sort_keys {
-                keys.sort_by_key(|a| key_text(a));
+                keys.sort_by_key(key_text);
             }
             let mut entries = Vec::with_capacity(keys.len());
             for k in keys {

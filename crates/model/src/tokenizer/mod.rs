@@ -53,7 +53,8 @@ const END_OF_TURN_TEXTS: &[&str] = &[
 /// The SentencePiece word-boundary marker that stands for a space.
 const SPM_SPACE: &str = "\u{2581}";
 
-/// The subword model behind `encode`.
+/// The subword model behind `encode`. (One per tokenizer: the variants' sizes do not matter.)
+#[allow(clippy::large_enum_variant)]
 enum Encoder {
     Bpe(BpeEncoder),
     Spm(SpmEncoder),

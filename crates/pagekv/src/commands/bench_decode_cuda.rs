@@ -32,7 +32,6 @@ mod imp {
 
     use anyhow::{bail, Context, Result};
     use kvcache::{CacheConfig, KvFormat, SequenceCache, SequencePolicy};
-    use pagekv_cuda::CudaDevice;
     use pagekv_model::cuda::CudaModel;
     use pagekv_model::{Batch, Forward, Logits};
     use serde_json::json;
@@ -52,7 +51,7 @@ mod imp {
             bail!("--llama-cpp measures llama.cpp on the CPU: leave it out with --device cuda");
         }
         let max_ctx = *contexts.iter().max().unwrap_or(&1);
-        let dev = CudaDevice::new(device)?;
+        let dev = crate::commands::cuda::open_device(device)?;
         let dtype = crate::commands::cuda::weight_dtype()?;
         let explicit = a.model.model.clone();
         let (mut model, prompts, model_name) = match explicit.as_deref().and_then(|m| m.strip_prefix("synthetic:")) {

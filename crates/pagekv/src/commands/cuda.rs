@@ -33,6 +33,12 @@ pub fn check_device(device: usize) -> Result<()> {
     Ok(())
 }
 
+/// Opens GPU `device` with the run's CUDA tuning ([`crate::config::cuda_tuning`]).
+#[cfg(feature = "cuda")]
+pub(crate) fn open_device(device: usize) -> Result<std::sync::Arc<pagekv_cuda::CudaDevice>> {
+    Ok(pagekv_cuda::CudaDevice::new(device, crate::config::cuda_tuning()?)?)
+}
+
 /// The GPU model of this build: [`pagekv_model::cuda::CudaModel`].
 #[cfg(feature = "cuda")]
 pub type GpuModel = pagekv_model::cuda::CudaModel;
@@ -80,7 +86,7 @@ pub fn gpu_model_builder(
     model: Model,
     exact_weights: bool,
 ) -> Result<impl FnOnce() -> Result<GpuModel, ModelError> + Send + 'static> {
-    let dev = pagekv_cuda::CudaDevice::new(device)?;
+    let dev = open_device(device)?;
     let dtype = if exact_weights { pagekv_cuda::DType::F32 } else { weight_dtype()? };
     Ok(move || {
         // The device's context becomes this thread's for its lifetime (every later call, the
@@ -111,7 +117,7 @@ pub fn gpu_model(device: usize, model: Model, exact_weights: bool) -> Result<Gpu
 /// Total memory of GPU `device` in bytes (`--kv-memory` fractions on the GPU).
 #[cfg(feature = "cuda")]
 pub fn device_memory(device: usize) -> Result<usize> {
-    Ok(pagekv_cuda::CudaDevice::new(device)?.memory()?.1)
+    Ok(open_device(device)?.memory()?.1)
 }
 
 /// [`NO_CUDA`] in a build without the feature.
@@ -125,7 +131,6 @@ pub fn device_memory(_device: usize) -> Result<usize> {
 #[cfg(feature = "cuda")]
 pub fn bench_attention(device: usize, json_out: bool, opts: &super::AttentionOpts<'_>) -> Result<()> {
     use pagekv_cuda::bench::{bench_attention, BenchConfig};
-    use pagekv_cuda::CudaDevice;
 
     let mut cfg = BenchConfig { runs: opts.runs.max(1), programmatic: opts.programmatic, ..Default::default() };
     if let Some(ms) = opts.cooldown_ms {
@@ -140,7 +145,7 @@ pub fn bench_attention(device: usize, json_out: bool, opts: &super::AttentionOpt
     if let Some(i) = opts.impls {
         cfg.routes = cuda_routes(i)?;
     }
-    let dev = CudaDevice::new(device)?;
+    let dev = open_device(device)?;
     let rows = bench_attention(&dev, &cfg)?;
     if json_out {
         for r in &rows {
@@ -204,7 +209,7 @@ pub(crate) fn weight_dtype() -> Result<pagekv_cuda::DType> {
 
 /// The KV format on the GPU: bf16 unless `--kv-quant` / `PAGEKV_KV_QUANT` says otherwise.
 pub fn gpu_cache(mut cfg: kvcache::CacheConfig) -> kvcache::CacheConfig {
-    if crate::config::env_lookup("PAGEKV_KV_QUANT").map_or(true, |v| v.trim().is_empty()) {
+    if crate::config::env_lookup("PAGEKV_KV_QUANT").is_none_or(|v| v.trim().is_empty()) {
         cfg.format = kvcache::KvFormat::Bf16;
     }
     cfg
