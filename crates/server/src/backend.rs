@@ -419,7 +419,7 @@ pub struct BackendMetrics {
     pub computed_tokens: u64,
     /// Live tokens ÷ token slots of the blocks running sequences hold (1 when none).
     pub kv_pool_utilization: f64,
-    /// Attention calls by route (`reference|primitive|partitioned`) and KV format.
+    /// Attention calls by route (`reference|primitive|partitioned|ggml`) and KV format.
     pub attention_calls: Vec<AttentionCalls>,
     /// Calls that fell back from a requested fast path, by reason.
     pub fallbacks: Vec<FallbackCalls>,

@@ -1,4 +1,4 @@
-//! The fast form of ggml-numerics attention (its scalar reference is `super`, `ggml/mod.rs`):
+//! The fast form of ggml-numerics attention (its scalar reference is `../reference.rs`):
 //! the same rounding, step for step and bit for bit, vectorized (AVX-512 or AVX2, chosen at
 //! run time) and threaded. The scalar `ggml::attention` stays the reference; the tests compare
 //! the two on every shape they serve, bit patterns and all.
@@ -34,7 +34,7 @@ mod lanes;
 
 use std::cell::UnsafeCell;
 
-use kvcache::{AttentionRoute, LayerView, PlaneView};
+use kvcache::{LayerView, PlaneView};
 
 use self::kernels::{
     block_partials, block_scores, fold_lanes, lane_passes, list_rows, partial_scores, position_pass, softmax_row,
@@ -42,8 +42,9 @@ use self::kernels::{
 };
 use self::lanes::{Lanes16, YmmPair, Zmm};
 use crate::attention::group::QueryBounds;
+use crate::attention::isa::{KernelIsa, MAX_FAST_HEAD_DIM};
+use crate::attention::params::AttentionParams;
 use crate::attention::workspace::{AlignedF32, SyncPtr};
-use crate::attention::{AttentionParams, KernelIsa, MAX_FAST_HEAD_DIM};
 use crate::threadpool::ThreadPool;
 
 /// Tasks per thread a call is cut into at least, where it can be.
@@ -166,7 +167,8 @@ struct Call<'a> {
 
 /// `out` (`[num_seqs, q_len, num_heads, head_dim]`) ← ggml-numerics attention of `p` over the
 /// f16 `layer`, on `isa` (available on this CPU); shapes and blocks validated, [`serves`] true.
-/// Returns the route it counts as (primitive: one pass; partitioned: split) and its partitions.
+/// Returns the partitions (sequence, kv head, share) when decode rows were split over threads,
+/// `None` when every task took whole rows.
 pub(crate) fn attention(
     isa: KernelIsa,
     layer: &LayerView,
@@ -174,7 +176,7 @@ pub(crate) fn attention(
     pool: &ThreadPool,
     ws: &mut GgmlWorkspace,
     out: &mut [f32],
-) -> (AttentionRoute, usize) {
+) -> Option<usize> {
     let (d, hkv) = (layer.head_dim, layer.num_kv_heads);
     let group = p.num_heads / hkv;
     let max_read = (0..p.num_seqs).map(|s| QueryBounds::of(p, s).read_range().len()).max().unwrap_or(0);
@@ -197,7 +199,7 @@ pub(crate) fn attention(
                 // sized by `prepare`; tasks write disjoint rows.
                 unsafe { run_task(isa, &call, task, scratch) };
             });
-            (AttentionRoute::Primitive, 0)
+            None
         }
         Plan::Shares { shares } => {
             let dec = decode::Decode::new(&call, shares, max_read, &mut ws.decode);
@@ -208,7 +210,7 @@ pub(crate) fn attention(
                     unsafe { run_decode_item(isa, &dec, phase, share) }
                 })
             });
-            (AttentionRoute::Partitioned, units * shares)
+            Some(units * shares)
         }
     }
 }
