@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use kvcache::{CacheCounters, HostPages, KvFormat, PageGeometry, PageStore};
 use pagekv_cpu::attention::ggml::{GgmlAttention, GgmlSteps};
-use pagekv_cpu::attention::{Attention, AttentionConfig, AttentionParams, KernelIsa};
+use pagekv_cpu::attention::{Attention, AttentionConfig, AttentionParams, AttnNumerics, KernelIsa};
 use pagekv_cpu::threadpool::ThreadPool;
 
 /// CPU time of the calling thread, ns (`/proc/thread-self/schedstat`; 0 where unreadable): on a
@@ -115,7 +115,8 @@ fn main() {
                     (best, best_cpu)
                 };
                 if "fast".contains(&only) {
-                    let mut fast = Attention::new(AttentionConfig::default(), pool.clone());
+                    let config = AttentionConfig { numerics: AttnNumerics::Fast, ..AttentionConfig::default() };
+                    let mut fast = Attention::new(config, pool.clone());
                     let (us, cpu) = time(&mut |o| {
                         fast.forward(&views[layer_of_call()], &p, &counters, o).unwrap();
                     });
@@ -133,9 +134,9 @@ fn main() {
                     kernels
                         .push(("ggml-scalar".into(), GgmlAttention::new(GgmlSteps::ALL, pool.clone()).with_isa(None)));
                 }
-                for (name, k) in kernels.iter().filter(|(name, _)| name.contains(&only)) {
+                for (name, k) in kernels.iter_mut().filter(|(name, _)| name.contains(&only)) {
                     let (us, cpu) = time(&mut |o| {
-                        k.forward(&views[layer_of_call()], &p, &counters, o).unwrap();
+                        k.forward(&views[layer_of_call()], &p, o).unwrap();
                     });
                     println!("{n_threads:<8} {ctx:>7} {q_len:>7} {:>7} {name:<16} {us:>10.2} {cpu:>12.2}", 1);
                 }

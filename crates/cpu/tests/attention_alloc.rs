@@ -1,4 +1,5 @@
-//! The decode step allocates nothing once the workspace has grown: every fast path × ISA,
+//! The decode step allocates nothing once the workspace has grown: every fast path × ISA and
+//! the ggml route's SIMD kernel,
 //! counted by a global allocator that tallies allocations made on any thread of the process
 //! while a call runs (the pool's workers included).
 
@@ -8,9 +9,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 
-use attention_common::{build, isas, Case};
+use attention_common::{build, fast_config, ggml_config, isas, Case};
 use kvcache::{CacheCounters, KvFormat};
-use pagekv_cpu::attention::{Attention, AttentionConfig, AttentionParams, AttnImpl, IsaChoice, RouterConfig};
+use pagekv_cpu::attention::{Attention, AttnImpl, IsaChoice};
 use pagekv_cpu::threadpool::ThreadPool;
 
 struct Counting;
@@ -56,35 +57,26 @@ fn repeated_calls_allocate_nothing() {
             group: 4,
             q_len,
             causal: true,
-            context: 1500,
+            contexts: Case::pair(1500, q_len),
             window: None,
             block_size: 16,
             partition_size: 256,
             seed: 77,
         };
         let built = build(&case);
-        let (tables, scale) = built.params(&case);
+        let tables = built.tables();
+        let p = built.params(&case, &tables);
         let layer = built.pages.layer(0);
-        let p = AttentionParams {
-            queries: &built.queries,
-            num_seqs: 2,
-            q_len,
-            num_heads: built.num_heads,
-            block_tables: &tables,
-            context_lens: &built.context_lens,
-            scale,
-            sliding_window: None,
-            causal: true,
-        };
         let counters = CacheCounters::default();
         let mut out = vec![0f32; built.queries.len()];
         for isa in isas() {
-            for impl_ in [AttnImpl::Primitive, AttnImpl::Partitioned, AttnImpl::Auto] {
-                let config = AttentionConfig {
-                    impl_,
-                    router: RouterConfig { partition_size: 256, ..RouterConfig::default() },
-                    isa: IsaChoice::Only(isa),
-                };
+            let mut configs: Vec<(String, _)> = [AttnImpl::Primitive, AttnImpl::Partitioned, AttnImpl::Auto]
+                .map(|impl_| (format!("{impl_:?}"), fast_config(impl_, IsaChoice::Only(isa), 256)))
+                .into();
+            if format == KvFormat::F16 {
+                configs.push(("ggml".into(), ggml_config(IsaChoice::Only(isa))));
+            }
+            for (name, config) in configs {
                 let mut attn = Attention::new(config, pool.clone());
                 attn.forward(&layer, &p, &counters, &mut out).unwrap(); // grows the workspace
                 ALLOCS.store(0, SeqCst);
@@ -94,7 +86,7 @@ fn repeated_calls_allocate_nothing() {
                 }
                 COUNTING.store(false, SeqCst);
                 let n = ALLOCS.load(SeqCst);
-                assert_eq!(n, 0, "{format:?} {impl_:?} {isa:?}: {n} allocations in 3 calls");
+                assert_eq!(n, 0, "{format:?} {name} {isa:?}: {n} allocations in 3 calls");
             }
         }
     }

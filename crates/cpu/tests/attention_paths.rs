@@ -1,5 +1,5 @@
-//! Every attention path × every KV format × window × GQA × q_len × context against the
-//! reference over the same scattered pages (see `attention_common::check_format`).
+//! Every attention route × every KV format × window × GQA × q_len × context against its scalar
+//! reference over the same scattered pages (see `attention_common::check_case`).
 
 mod attention_common;
 
@@ -66,7 +66,7 @@ fn multi_head_tasks_match_reference_for_every_format() {
                 group: [4, 1, 3][seed % 3],
                 q_len,
                 causal: true,
-                context,
+                contexts: Case::pair(context, q_len),
                 window: (seed % 2 == 0).then_some(300),
                 block_size: 16,
                 partition_size: 256,

@@ -1,5 +1,5 @@
-//! Routing, configuration, counters, input errors and the fallback warning of
-//! `Attention::forward`.
+//! Routing (the ggml route included), configuration, counters, input errors and the fallback
+//! warning of `Attention::forward`.
 
 mod attention_common;
 
@@ -9,9 +9,11 @@ use std::sync::Arc;
 
 use attention_common::{build, rel_error, Case};
 use kvcache::{AttentionRoute, CacheCounters, FallbackReason, KvFormat, NULL_BLOCK};
+use pagekv_cpu::attention::ggml::GgmlSteps;
 use pagekv_cpu::attention::{
-    router, Attention, AttentionConfig, AttentionError, AttentionParams, AttnImpl, IsaChoice, KernelIsa, RouterConfig,
-    ATTN_IMPL_ENV, ATTN_ISA_ENV, PARTITION_SIZE_ENV, PARTITION_THRESHOLD_ENV,
+    round_to_cache, router, Attention, AttentionConfig, AttentionError, AttentionParams, AttnImpl, AttnNumerics,
+    IsaChoice, KernelIsa, RouterConfig, ATTN_IMPL_ENV, ATTN_ISA_ENV, ATTN_NUMERICS_ENV, PARTITION_SIZE_ENV,
+    PARTITION_THRESHOLD_ENV,
 };
 use pagekv_cpu::threadpool::ThreadPool;
 
@@ -23,7 +25,7 @@ fn case(format: KvFormat, head_dim: usize, context: usize, q_len: usize) -> Case
         group: 4,
         q_len,
         causal: true,
-        context,
+        contexts: Case::pair(context, q_len),
         window: None,
         block_size: 16,
         partition_size: 512,
@@ -55,6 +57,20 @@ fn env_values_are_parsed_and_bad_ones_list_the_accepted_values() {
     }
     let err = AttentionConfig::from_lookup(env(&[(PARTITION_SIZE_ENV, "0")])).unwrap_err().to_string();
     assert!(err.contains(PARTITION_SIZE_ENV) && err.contains("positive"), "{err}");
+
+    let numerics = |v: &'static str| {
+        AttentionConfig::from_lookup(move |k: &str| (k == ATTN_NUMERICS_ENV).then(|| v.to_string())).map(|c| c.numerics)
+    };
+    assert_eq!(numerics("fast"), Ok(AttnNumerics::Fast));
+    assert_eq!(numerics(" GGML "), Ok(AttnNumerics::Ggml(GgmlSteps::ALL)));
+    assert_eq!(numerics("Auto"), Ok(AttnNumerics::Auto));
+    assert_eq!(AttentionConfig::default().numerics, AttnNumerics::Auto);
+    for n in [AttnNumerics::Auto, AttnNumerics::Fast, AttnNumerics::Ggml(GgmlSteps::ALL)] {
+        assert_eq!(AttnNumerics::parse(n.name()), Ok(n));
+    }
+    let e = numerics("exact").unwrap_err().to_string();
+    assert!(e.contains(ATTN_NUMERICS_ENV) && e.contains("\"exact\"") && e.contains("auto, fast, ggml"), "{e}");
+    assert!(AttnNumerics::parse("").is_err());
 }
 
 #[test]
@@ -72,19 +88,9 @@ fn isa_is_parsed_and_a_pinned_isa_serves_the_call_or_falls_back_as_unsupported_c
     let pool = Arc::new(ThreadPool::new(2));
     let c = case(KvFormat::F16, 128, 300, 1);
     let built = build(&c);
-    let (tables, scale) = built.params(&c);
+    let tables = built.tables();
     let layer = built.pages.layer(0);
-    let p = AttentionParams {
-        queries: &built.queries,
-        num_seqs: 2,
-        q_len: 1,
-        num_heads: built.num_heads,
-        block_tables: &tables,
-        context_lens: &built.context_lens,
-        scale,
-        sliding_window: None,
-        causal: true,
-    };
+    let p = built.params(&c, &tables);
     for isa in KernelIsa::ALL {
         let counters = CacheCounters::default();
         let cfg =
@@ -106,19 +112,9 @@ fn override_is_honoured_and_routes_partitions_and_decoded_tokens_are_counted() {
     let pool = Arc::new(ThreadPool::new(2));
     let c = case(KvFormat::Q8, 64, 1000, 1);
     let built = build(&c);
-    let (tables, scale) = built.params(&c);
+    let tables = built.tables();
     let layer = built.pages.layer(0);
-    let p = AttentionParams {
-        queries: &built.queries,
-        num_seqs: 2,
-        q_len: 1,
-        num_heads: built.num_heads,
-        block_tables: &tables,
-        context_lens: &built.context_lens,
-        scale,
-        sliding_window: None,
-        causal: true,
-    };
+    let p = built.params(&c, &tables);
     let counters = CacheCounters::default();
     let mut out = vec![0f32; built.queries.len()];
     for (impl_, route) in [
@@ -130,7 +126,9 @@ fn override_is_honoured_and_routes_partitions_and_decoded_tokens_are_counted() {
         assert_eq!(got, route);
     }
     for route in AttentionRoute::ALL {
-        assert_eq!(counters.attention_calls[route as usize].load(Relaxed), 1, "{route:?}");
+        // A q8 cache is never served by the ggml route.
+        let want = (route != AttentionRoute::Ggml) as u64;
+        assert_eq!(counters.attention_calls[route as usize].load(Relaxed), want, "{route:?}");
     }
     // Contexts 1000 and 501: partitions of 512 at multiples of 512 → 2 + 1, per kv head.
     assert_eq!(counters.partitions.load(Relaxed), 3 * 2);
@@ -139,22 +137,94 @@ fn override_is_honoured_and_routes_partitions_and_decoded_tokens_are_counted() {
     assert!(counters.fallbacks.iter().all(|f| f.load(Relaxed) == 0));
 }
 
+/// The ggml route is one of the router's routes: counted with the others, taken by `ggml`
+/// numerics and by `auto` for an f16 cache the SIMD kernel serves (unless a setting picks among
+/// the fast kernels), with its shares counted as partitions; `ggml` over another format is an
+/// error naming the setting.
+#[test]
+fn ggml_is_a_route_chosen_by_the_numerics_and_counted() {
+    let pool = Arc::new(ThreadPool::new(2));
+    let c = case(KvFormat::F16, 64, 1000, 1);
+    let built = build(&c);
+    let tables = built.tables();
+    let layer = built.pages.layer(0);
+    let p = built.params(&c, &tables);
+    let simd = KernelIsa::detect().is_some();
+    let ggml = AttnNumerics::Ggml(GgmlSteps::ALL);
+    let auto_route = if simd { AttentionRoute::Ggml } else { AttentionRoute::Primitive };
+    let counters = CacheCounters::default();
+    let mut out = vec![0f32; built.queries.len()];
+    for (config, route) in [
+        (AttentionConfig { numerics: AttnNumerics::Fast, ..config(AttnImpl::Reference) }, AttentionRoute::Reference),
+        (AttentionConfig { numerics: AttnNumerics::Fast, ..config(AttnImpl::Auto) }, AttentionRoute::Primitive),
+        (
+            AttentionConfig { numerics: AttnNumerics::Fast, ..config(AttnImpl::Partitioned) },
+            AttentionRoute::Partitioned,
+        ),
+        (AttentionConfig { numerics: ggml, ..config(AttnImpl::Partitioned) }, AttentionRoute::Ggml),
+        (AttentionConfig::default(), auto_route),
+        // A path picked among the fast kernels: `auto` runs it.
+        (config(AttnImpl::Primitive), AttentionRoute::Primitive),
+    ] {
+        let mut attn = Attention::new(config, pool.clone());
+        let numerics = attn.numerics_for(KvFormat::F16, 64);
+        let got = attn.forward(&layer, &p, &counters, &mut out).unwrap();
+        assert_eq!(got, route, "{config:?}");
+        assert_eq!(numerics == ggml, route == AttentionRoute::Ggml, "{config:?}: {numerics:?}");
+        assert_eq!(
+            attn.numerics_for(KvFormat::Q8, 64),
+            if config.numerics == ggml { ggml } else { AttnNumerics::Fast }
+        );
+    }
+    let calls = |r: AttentionRoute| counters.attention_calls[r as usize].load(Relaxed);
+    assert_eq!(calls(AttentionRoute::Ggml), 1 + simd as u64);
+    assert_eq!(calls(AttentionRoute::Reference) + calls(AttentionRoute::Primitive), 3 + !simd as u64);
+    assert!(counters.fallbacks.iter().all(|f| f.load(Relaxed) == 0));
+    // Two sequences × 2 kv heads on 2 threads: the SIMD ggml kernel splits the decode rows.
+    if simd {
+        assert!(counters.partitions.load(Relaxed) > 0);
+    }
+
+    let c = case(KvFormat::Q8, 64, 100, 1);
+    let built = build(&c);
+    let tables = built.tables();
+    let mut attn = Attention::new(AttentionConfig { numerics: ggml, ..AttentionConfig::default() }, pool);
+    let e = attn.forward(&built.pages.layer(0), &built.params(&c, &tables), &counters, &mut out).unwrap_err();
+    let e = e.to_string();
+    assert!(e.contains(ATTN_NUMERICS_ENV) && e.contains("f16 KV cache") && e.contains("q8"), "{e}");
+}
+
+/// Under the fast numerics the queries are rounded to the K cache's precision before the call
+/// (as ggml's K·Q sees them); under ggml's they are left to its kernels.
+#[test]
+fn queries_are_prepared_for_the_numerics_that_serve_the_layer() {
+    let pool = Arc::new(ThreadPool::new(1));
+    let c = case(KvFormat::F16, 64, 20, 1);
+    let built = build(&c);
+    let layer = built.pages.layer(0);
+    let q: Vec<f32> = (0..64).map(|i| (i as f32 * 0.731).sin() * 3.3 + 1e-3).collect();
+    let mut rounded = q.clone();
+    round_to_cache(KvFormat::F16, &mut rounded);
+    assert_ne!(rounded, q);
+    for (numerics, want) in [(AttnNumerics::Fast, &rounded), (AttnNumerics::Ggml(GgmlSteps::ALL), &q)] {
+        let attn = Attention::new(AttentionConfig { numerics, ..AttentionConfig::default() }, pool.clone());
+        let mut got = q.clone();
+        attn.prepare_queries(&layer, &mut got);
+        assert_eq!(&got, want, "{numerics:?}");
+    }
+}
+
 #[test]
 fn auto_partitions_few_long_sequences_and_not_many_or_short_ones() {
     let c = case(KvFormat::F16, 64, 4096, 1);
     let built = build(&c);
-    let (tables, scale) = built.params(&c);
+    let tables = built.tables();
     let layer = built.pages.layer(0);
     let mut p = AttentionParams {
-        queries: &built.queries,
         num_seqs: 1,
-        q_len: 1,
-        num_heads: built.num_heads,
         block_tables: &tables[..1],
         context_lens: &built.context_lens[..1],
-        scale,
-        sliding_window: None,
-        causal: true,
+        ..built.params(&c, &tables)
     };
     let cfg = RouterConfig::default();
     // 1 sequence × 2 kv heads, 4096 tokens: partitioned on 4 threads (two would idle), primitive
@@ -184,19 +254,9 @@ fn bad_input_is_an_error_not_a_panic() {
     let pool = Arc::new(ThreadPool::new(2));
     let c = case(KvFormat::F16, 64, 40, 1);
     let built = build(&c);
-    let (tables, scale) = built.params(&c);
+    let tables = built.tables();
     let layer = built.pages.layer(0);
-    let good = AttentionParams {
-        queries: &built.queries,
-        num_seqs: 2,
-        q_len: 1,
-        num_heads: built.num_heads,
-        block_tables: &tables,
-        context_lens: &built.context_lens,
-        scale,
-        sliding_window: None,
-        causal: true,
-    };
+    let good = built.params(&c, &tables);
     let counters = CacheCounters::default();
     let mut attn = Attention::new(config(AttnImpl::Primitive), pool);
     let mut out = vec![0f32; built.queries.len()];
@@ -267,19 +327,9 @@ fn f16_and_bf16_storage_stay_close_to_exact_attention() {
     for (format, bound) in [(KvFormat::F32, 1e-5), (KvFormat::F16, 2e-3), (KvFormat::Bf16, 2e-2)] {
         let c = case(format, 64, 300, 7);
         let built = build(&c);
-        let (tables, scale) = built.params(&c);
+        let tables = built.tables();
         let layer = built.pages.layer(0);
-        let p = AttentionParams {
-            queries: &built.queries,
-            num_seqs: 2,
-            q_len: c.q_len,
-            num_heads: built.num_heads,
-            block_tables: &tables,
-            context_lens: &built.context_lens,
-            scale,
-            sliding_window: None,
-            causal: true,
-        };
+        let p = built.params(&c, &tables);
         let want = exact(&built, &c);
         let mut out = vec![f32::NAN; want.len()];
         Attention::new(config(AttnImpl::Primitive), pool.clone())
@@ -303,19 +353,9 @@ fn fallback_child() {
     // head_dim 24: a valid cache geometry the fast kernels do not serve.
     let c = case(KvFormat::F16, 24, 50, 3);
     let built = build(&c);
-    let (tables, scale) = built.params(&c);
+    let tables = built.tables();
     let layer = built.pages.layer(0);
-    let p = AttentionParams {
-        queries: &built.queries,
-        num_seqs: 2,
-        q_len: c.q_len,
-        num_heads: built.num_heads,
-        block_tables: &tables,
-        context_lens: &built.context_lens,
-        scale,
-        sliding_window: None,
-        causal: true,
-    };
+    let p = built.params(&c, &tables);
     let counters = CacheCounters::default();
     let mut want = vec![f32::NAN; built.queries.len()];
     Attention::new(config(AttnImpl::Reference), pool.clone()).forward(&layer, &p, &counters, &mut want).unwrap();

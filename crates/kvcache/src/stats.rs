@@ -11,17 +11,20 @@ pub enum AttentionRoute {
     Reference,
     Primitive,
     Partitioned,
+    /// llama.cpp's rounding (the CPU's ggml-numerics kernels, SIMD or scalar).
+    Ggml,
 }
 
 impl AttentionRoute {
-    pub const ALL: [AttentionRoute; 3] =
-        [AttentionRoute::Reference, AttentionRoute::Primitive, AttentionRoute::Partitioned];
+    pub const ALL: [AttentionRoute; 4] =
+        [AttentionRoute::Reference, AttentionRoute::Primitive, AttentionRoute::Partitioned, AttentionRoute::Ggml];
 
     pub fn name(&self) -> &'static str {
         match self {
             AttentionRoute::Reference => "reference",
             AttentionRoute::Primitive => "primitive",
             AttentionRoute::Partitioned => "partitioned",
+            AttentionRoute::Ggml => "ggml",
         }
     }
 }
@@ -71,8 +74,9 @@ pub struct CacheCounters {
     pub reclaimed_blocks: AtomicU64,
     pub capacity_errors: AtomicU64,
     /// `[route]` attention calls served by each implementation.
-    pub attention_calls: [AtomicU64; 3],
-    /// Partitions processed by the partitioned path.
+    pub attention_calls: [AtomicU64; 4],
+    /// Partitions processed by the partitioned path (and shares of a ggml decode row split over
+    /// threads).
     pub partitions: AtomicU64,
     /// Token positions (K and V of one kv head group) decoded inside attention kernels.
     pub dequantized_tokens: AtomicU64,
@@ -119,7 +123,7 @@ pub struct CacheStats {
     pub scale_bytes_used: usize,
     /// Bytes of all pages of the pool.
     pub bytes_total: usize,
-    pub attention_calls: [(AttentionRoute, u64); 3],
+    pub attention_calls: [(AttentionRoute, u64); 4],
     pub partitions: u64,
     pub dequantized_tokens: u64,
     pub fallbacks: [(FallbackReason, u64); 4],

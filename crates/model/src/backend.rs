@@ -6,7 +6,7 @@
 //! pages) implement it; `pagekv_engine::Generator` runs over either.
 
 use kvcache::{CacheConfig, HostPages, KvPool, PageStore};
-use pagekv_cpu::attention::ggml::AttnNumerics;
+use pagekv_cpu::attention::AttnNumerics;
 
 use crate::batch::Batch;
 use crate::error::ModelError;

@@ -46,8 +46,8 @@ mod gpu {
     use std::sync::Arc;
 
     use kvcache::{CacheConfig, KvFormat, KvPool, SequenceCache, SequencePolicy};
-    use pagekv_cpu::attention::ggml::AttnNumerics;
     use pagekv_cpu::attention::AttentionConfig;
+    use pagekv_cpu::attention::AttnNumerics;
     use pagekv_cuda::{CudaDevice, DType, ModelOps, QkvRope, RopeParams};
     use pagekv_model::backend::{argmax, top_k};
     use pagekv_model::cuda::CudaModel;

@@ -34,8 +34,8 @@ use golden::{argmax, ids, log_softmax_at, Runner};
 use std::path::PathBuf;
 
 use kvcache::KvFormat;
-use pagekv_cpu::attention::ggml::{AttnNumerics, GgmlSteps};
-use pagekv_cpu::attention::{AttentionConfig, AttnImpl};
+use pagekv_cpu::attention::ggml::GgmlSteps;
+use pagekv_cpu::attention::{AttentionConfig, AttnImpl, AttnNumerics};
 use pagekv_model::{Batch, Forward, Logits, Model};
 use serde_json::Value;
 

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use kvcache::{CacheConfig, KvFormat};
-use pagekv_cpu::attention::ggml::AttnNumerics;
 use pagekv_cpu::attention::AttentionConfig;
 use pagekv_model::gguf::GgufFile;
 use pagekv_model::llama::weights::LoadOptions;
@@ -45,9 +44,8 @@ pub fn load(model: Option<&str>, template_override: Option<&Path>) -> Result<Loa
     };
     let attention = AttentionConfig::from_lookup(crate::config::env_lookup)?;
     let options = LoadOptions::from_lookup(crate::config::env_lookup)?;
-    let mut model = Model::from_file_with(file.clone(), attention, options)
+    let model = Model::from_file_with(file.clone(), attention, options)
         .with_context(|| format!("cannot load model {}", path.display()))?;
-    model.set_attn_numerics(AttnNumerics::from_lookup(crate::config::env_lookup)?);
     if let Some(s) = spinner {
         s.finish_and_clear();
     }

@@ -427,7 +427,7 @@ pub struct BackendMetrics {
     pub draft_steps: u64,
     pub draft_tokens: u64,
     pub draft_accepted_tokens: u64,
-    /// Attention calls by route (`reference|primitive|partitioned`) and KV format.
+    /// Attention calls by route (`reference|primitive|partitioned|ggml`) and KV format.
     pub attention_calls: Vec<AttentionCalls>,
     /// Calls that fell back from a requested fast path, by reason.
     pub fallbacks: Vec<FallbackCalls>,

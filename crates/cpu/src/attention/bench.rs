@@ -13,7 +13,14 @@ use std::time::Instant;
 
 use kvcache::{CacheCounters, HostPages, KvFormat, PageGeometry, PageStore};
 
-use super::{Attention, AttentionConfig, AttentionError, AttentionParams, AttnImpl, IsaChoice, PoolHandle};
+use super::config::{
+    AttentionConfig, AttnImpl, AttnNumerics, IsaChoice, RouterConfig, DEFAULT_PARTITION_SIZE,
+    DEFAULT_PARTITION_THRESHOLD,
+};
+use super::dispatch::Attention;
+use super::error::AttentionError;
+use super::params::AttentionParams;
+use super::pool::PoolHandle;
 
 /// What to measure. [`BenchConfig::default`] is the matrix.
 #[derive(Clone, Debug)]
@@ -53,8 +60,8 @@ impl Default for BenchConfig {
             ],
             impls: vec![AttnImpl::Reference, AttnImpl::Primitive, AttnImpl::Partitioned, AttnImpl::Auto],
             runs: 7,
-            partition_size: super::DEFAULT_PARTITION_SIZE,
-            partition_threshold: super::DEFAULT_PARTITION_THRESHOLD,
+            partition_size: DEFAULT_PARTITION_SIZE,
+            partition_threshold: DEFAULT_PARTITION_THRESHOLD,
             isa: IsaChoice::Auto,
         }
     }
@@ -102,9 +109,12 @@ pub fn bench_attention(cfg: &BenchConfig, pool: impl Into<PoolHandle>) -> Result
                 if impl_ == AttnImpl::Reference && batch * context > 4096 {
                     continue;
                 }
+                // The fast kernels' paths: the numerics are not left to `auto`, which would
+                // take the ggml kernel for f16.
                 let config = AttentionConfig {
+                    numerics: AttnNumerics::Fast,
                     impl_,
-                    router: super::RouterConfig {
+                    router: RouterConfig {
                         partition_size: cfg.partition_size,
                         partition_threshold: cfg.partition_threshold,
                     },

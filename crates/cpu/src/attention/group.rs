@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use kvcache::LayerView;
 
-use super::AttentionParams;
+use super::params::AttentionParams;
 
 /// Visibility of one sequence's query tokens (see the module docs of `attention`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,8 +10,9 @@
 use kvcache::LayerView;
 
 use super::group::{prepare_queries, write_output, HeadChunks, HeadStates, QueryBounds};
+use super::isa::KernelIsa;
+use super::params::AttentionParams;
 use super::workspace::{SyncPtr, Workspace};
-use super::{AttentionParams, KernelIsa};
 use crate::threadpool::ThreadPool;
 
 /// Tasks per thread the partitioned path aims for at least.

@@ -7,8 +7,9 @@
 use kvcache::LayerView;
 
 use super::group::{prepare_queries, write_output, HeadChunks, QueryBounds};
+use super::isa::KernelIsa;
+use super::params::AttentionParams;
 use super::workspace::{SyncPtr, Workspace};
-use super::{AttentionParams, KernelIsa};
 use crate::threadpool::ThreadPool;
 
 /// Tasks per thread the primitive path aims for: one, since splitting a sequence's heads

@@ -10,7 +10,7 @@
 use kvcache::LayerView;
 
 use super::group::QueryBounds;
-use super::AttentionParams;
+use super::params::AttentionParams;
 
 /// `out` (`[num_seqs, q_len, num_heads, head_dim]`) ← attention of `p` over `layer`.
 /// Shapes and block tables must have been validated.

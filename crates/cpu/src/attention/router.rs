@@ -1,4 +1,17 @@
-//! `auto` routing: primitive or partitioned, from a small cost model.
+//! The attention router: the one place that decides which route serves a call — `reference`,
+//! `primitive`, `partitioned` or `ggml` — from the configuration, the layer and the call. The
+//! dispatcher (`dispatch.rs`) runs the route and counts it in the cache counters.
+//!
+//! 1. **Numerics.** `ggml` numerics take the ggml route for every call (a cache other than f16
+//!    is then an error). `auto` takes it where the SIMD ggml kernel serves the cache (f16,
+//!    head_dim a multiple of 16 up to 512, a CPU with AVX2) and no setting picks among the fast
+//!    kernels ([`AttentionConfig::picks_fast_kernels`]); the fast kernels everywhere else.
+//! 2. **Fast kernels.** `reference` when asked. Otherwise the fast kernels need an instruction
+//!    set the CPU runs (AVX2 + FMA + F16C, or the pinned one) and a head_dim they are built for
+//!    (a multiple of 16 up to [`MAX_FAST_HEAD_DIM`]); where either is missing the call runs on the
+//!    reference, one warning per reason per process goes to stderr, and every such call is
+//!    counted in [`CacheCounters::fallbacks`].
+//! 3. **`auto` among the fast kernels**: primitive or partitioned, from a small cost model.
 //!
 //! The primitive path reads each sequence's pages once with every kv head of a task served
 //! from the same tile of blocks; it splits a sequence's kv heads into at most one task per
@@ -35,32 +48,116 @@
 //! the primitive path; 256-token partitions were no faster than 512 (1 kv head, 1 × 1024 to
 //! 1 × 32768).
 
-use kvcache::{AttentionRoute, LayerView};
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use kvcache::{AttentionRoute, CacheCounters, FallbackReason, KvFormat, LayerView};
+
+use super::config::{AttentionConfig, AttnImpl, AttnNumerics, IsaChoice, RouterConfig};
+use super::ggml::GgmlAttention;
 use super::group::QueryBounds;
-use super::AttentionParams;
-
-/// Default partition size in tokens (`PAGEKV_PARTITION_SIZE`).
-pub const DEFAULT_PARTITION_SIZE: usize = 512;
-
-/// Default context length (tokens read) from which `auto` considers partitioning
-/// (`PAGEKV_DEV_PARTITION_THRESHOLD`).
-pub const DEFAULT_PARTITION_THRESHOLD: usize = 1024;
+use super::isa::{KernelIsa, MAX_FAST_HEAD_DIM};
+use super::params::AttentionParams;
 
 /// (sequence, kv head) pairs per thread below which the primitive path leaves threads idle.
 pub const MIN_TASKS_PER_THREAD: usize = 1;
 
-/// Partition size and the `auto` threshold.
+/// What serves one call: the route and, for the fast kernels, their instruction set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RouterConfig {
-    pub partition_size: usize,
-    pub partition_threshold: usize,
+pub enum Plan {
+    Reference,
+    Primitive(KernelIsa),
+    Partitioned(KernelIsa),
+    /// The ggml operator (its SIMD kernel where it serves the layer, else its scalar one).
+    Ggml,
 }
 
-impl Default for RouterConfig {
-    fn default() -> Self {
-        RouterConfig { partition_size: DEFAULT_PARTITION_SIZE, partition_threshold: DEFAULT_PARTITION_THRESHOLD }
+impl Plan {
+    /// The route the call is counted under.
+    pub fn route(&self) -> AttentionRoute {
+        match self {
+            Plan::Reference => AttentionRoute::Reference,
+            Plan::Primitive(_) => AttentionRoute::Primitive,
+            Plan::Partitioned(_) => AttentionRoute::Partitioned,
+            Plan::Ggml => AttentionRoute::Ggml,
+        }
     }
+}
+
+/// The numerics calls over a cache of `format` with heads of `head_dim` run under `config`
+/// (`ggml` is the operator the ggml route would run): `Fast` or `Ggml`, never `Auto`.
+pub fn numerics_for(config: &AttentionConfig, ggml: &GgmlAttention, format: KvFormat, head_dim: usize) -> AttnNumerics {
+    match config.numerics {
+        AttnNumerics::Auto if !config.picks_fast_kernels() && ggml.serves_fast(format, head_dim) => {
+            AttnNumerics::Ggml(ggml.steps())
+        }
+        AttnNumerics::Auto => AttnNumerics::Fast,
+        n => n,
+    }
+}
+
+/// The plan for one validated call on `threads` threads. A fast path that cannot serve it falls
+/// back to the reference: counted in `counters`, warned about once per reason.
+pub fn plan(
+    config: &AttentionConfig,
+    ggml: &GgmlAttention,
+    layer: &LayerView,
+    p: &AttentionParams,
+    threads: usize,
+    counters: &CacheCounters,
+) -> Plan {
+    if let AttnNumerics::Ggml(_) = numerics_for(config, ggml, layer.format, layer.head_dim) {
+        return Plan::Ggml;
+    }
+    let requested = config.impl_;
+    if requested == AttnImpl::Reference {
+        return Plan::Reference;
+    }
+    match fast_path_isa(layer, config.isa) {
+        Err(reason) => {
+            warn_fallback_once(reason, requested, layer);
+            counters.count_fallback(reason);
+            Plan::Reference
+        }
+        Ok(isa) => match requested {
+            AttnImpl::Primitive => Plan::Primitive(isa),
+            AttnImpl::Partitioned => Plan::Partitioned(isa),
+            _ => match choose(layer, p, threads, &config.router) {
+                AttentionRoute::Partitioned => Plan::Partitioned(isa),
+                _ => Plan::Primitive(isa),
+            },
+        },
+    }
+}
+
+/// The instruction set the fast kernels serve this layer with under `choice`, or why they
+/// cannot.
+pub fn fast_path_isa(layer: &LayerView, choice: IsaChoice) -> Result<KernelIsa, FallbackReason> {
+    let isa = choice.resolve().ok_or(FallbackReason::UnsupportedCpu)?;
+    if !layer.head_dim.is_multiple_of(16) || layer.head_dim > MAX_FAST_HEAD_DIM {
+        return Err(FallbackReason::UnsupportedHeadDim);
+    }
+    Ok(isa)
+}
+
+/// One flag per [`FallbackReason`]: set once its warning was printed.
+static WARNED: [AtomicBool; 4] =
+    [AtomicBool::new(false), AtomicBool::new(false), AtomicBool::new(false), AtomicBool::new(false)];
+
+/// Prints the fallback warning for `reason` unless this process already did; returns whether
+/// it printed.
+fn warn_fallback_once(reason: FallbackReason, requested: AttnImpl, layer: &LayerView) -> bool {
+    if WARNED[reason as usize].swap(true, Ordering::Relaxed) {
+        return false;
+    }
+    eprintln!(
+        "pagekv: warning: attention falls back to the reference path ({}): {} attention cannot serve \
+         head_dim {} / format {} on this CPU; further fallbacks for this reason are only counted",
+        reason.name(),
+        requested.name(),
+        layer.head_dim,
+        layer.format.name(),
+    );
+    true
 }
 
 /// The fast path `auto` uses for this call on `threads` threads.

@@ -8,7 +8,13 @@
 
 use std::arch::x86_64::*;
 
-use super::tile::RowRanges;
+/// Per-row visible token range `[a, b)` inside a tile for the four rows of a block (empty,
+/// `a = b = 0`, for rows past the block's end or rows that see nothing of the tile).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowRanges {
+    pub a: [i32; 4],
+    pub b: [i32; 4],
+}
 
 /// `exp(x)` on 8 lanes (Cephes `expf`: range reduction by ln 2, degree-6 polynomial), relative
 /// error about 1 ulp on [-87, 88]; inputs are clamped to that range (NaN reads as -87).

@@ -28,7 +28,7 @@ use kvcache::{LayerView, PlaneView};
 use std::ops::Range;
 
 use super::group::{HeadStates, QueryBounds};
-use super::softmax;
+use super::softmax::{self, RowRanges};
 
 /// Most key positions per tile.
 pub const TILE: usize = 32;
@@ -75,14 +75,6 @@ pub(crate) struct TileScratch<'a> {
 impl TileScratch<'_> {
     /// Floats each buffer needs, in field order.
     pub const LENS: [usize; 5] = [SC_LEN, SC_LEN, TILE * MAX_GROUPS, TILE * MAX_VALUE_GROUPS, TILE * MAX_GROUPS * 4];
-}
-
-/// Per-row visible token range `[a, b)` inside a tile for the four rows of a block (empty,
-/// `a = b = 0`, for rows past the block's end or rows that see nothing of the tile).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct RowRanges {
-    pub a: [i32; 4],
-    pub b: [i32; 4],
 }
 
 /// One instruction set's QK and PV kernels for one (key codec, value codec) pair.

@@ -6,23 +6,22 @@
 //! is allocated up front in [`Scratch`] and grows only when a larger batch arrives, so a
 //! decode step allocates nothing.
 //!
-//! Attention runs on the kernels that round as llama.cpp does (`pagekv_cpu::attention::ggml`,
-//! for agreement with llama.cpp to the bit) where their SIMD form serves the cache (f16), and on
-//! the router's fast kernels for every other format: `auto` unless the caller chooses with
-//! [`Model::set_attn_numerics`] (the binary passes `--attn-numerics` / `PAGEKV_ATTN_NUMERICS`).
+//! Attention is one call per run of sequences into `pagekv_cpu::attention::Attention`, whose
+//! router picks the route (reference, primitive, partitioned, or the ggml kernels that round as
+//! llama.cpp does) from the attention configuration, including its numerics (`auto` unless the
+//! caller chooses with [`Model::set_attn_numerics`] or in the [`AttentionConfig`] it loads with).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use kvcache::{KvFormat, KvPool, LayerView, PageStore};
-use pagekv_cpu::attention::ggml::{AttnNumerics, GgmlAttention, GgmlSteps};
-use pagekv_cpu::attention::{Attention, AttentionConfig, AttentionParams};
+use pagekv_cpu::attention::{Attention, AttentionConfig, AttentionParams, AttnNumerics};
 use pagekv_cpu::quant::{dequantize_row, fusable, matmul, matmul_fused, MatmulPart, QuantScratch};
 use pagekv_cpu::threadpool::ThreadPool;
 
 use super::config::{Activation, ModelConfig};
 use super::gelu::gelu_mul;
-use super::ops::{add_in_place, rms_norm, rms_norm_chunks, round_queries_for, Rope};
+use super::ops::{add_in_place, rms_norm, rms_norm_chunks, Rope};
 use super::silu::silu_mul;
 use super::weights::{LoadOptions, Tensor, Weights};
 use crate::batch::{Batch, Logits};
@@ -84,17 +83,13 @@ pub struct Model {
     /// The RoPE of the layers with a sliding window (`ModelConfig::rope_base_local`).
     rope_local: Rope,
     attention: Attention,
-    /// How attention rounds (`PAGEKV_ATTN_NUMERICS`).
-    numerics: AttnNumerics,
-    /// The ggml-numerics kernel, unless `numerics` is `Fast`.
-    ggml: Option<GgmlAttention>,
     threads: &'static ThreadPool,
     scratch: Scratch,
 }
 
 impl Model {
-    /// Loads a GGUF file (mapped, not read) with the attention configuration given; the
-    /// attention numerics start as `auto` ([`Model::set_attn_numerics`] changes them).
+    /// Loads a GGUF file (mapped, not read) with the attention configuration given (its
+    /// numerics included; [`Model::set_attn_numerics`] changes them).
     pub fn load(path: &Path, attention: AttentionConfig) -> Result<Model, ModelError> {
         let file = GgufFile::open(path)?;
         Model::from_file(Arc::new(file), attention)
@@ -125,13 +120,10 @@ impl Model {
             )
         };
         let (rope, rope_local) = (rope_with_base(config.rope_base), rope_with_base(config.rope_base_local));
-        let numerics = AttnNumerics::Auto;
         Ok(Model {
             rope,
             rope_local,
             attention: Attention::new(attention, threads),
-            numerics,
-            ggml: ggml_kernel(numerics, threads),
             threads,
             scratch: Scratch::default(),
             weights,
@@ -144,30 +136,16 @@ impl Model {
     /// kernel serves the cache and no attention setting picks among the fast kernels, the fast
     /// kernels elsewhere).
     pub fn set_attn_numerics(&mut self, numerics: AttnNumerics) {
-        self.numerics = numerics;
-        self.ggml = ggml_kernel(numerics, self.threads);
+        self.attention.set_numerics(numerics);
     }
 
     pub fn attn_numerics(&self) -> AttnNumerics {
-        self.numerics
+        self.attention.config().numerics
     }
 
     /// The numerics a forward over a cache of `format` runs: `Fast` or `Ggml`, never `Auto`.
     pub fn attn_numerics_for(&self, format: KvFormat) -> AttnNumerics {
-        match ggml_for(self.auto_numerics(), self.ggml.as_ref(), format, self.config.head_dim) {
-            Some(g) => AttnNumerics::Ggml(g.steps()),
-            None => AttnNumerics::Fast,
-        }
-    }
-
-    /// The numerics with `auto` resolved against the attention configuration: `auto` stays
-    /// (ggml where it serves the cache) unless a setting picked among the fast kernels
-    /// ([`AttentionConfig::picks_fast_kernels`]: `PAGEKV_ATTN_IMPL` and the like).
-    fn auto_numerics(&self) -> AttnNumerics {
-        match self.numerics {
-            AttnNumerics::Auto if self.attention.config().picks_fast_kernels() => AttnNumerics::Fast,
-            n => n,
-        }
+        self.attention.numerics_for(format, self.config.head_dim)
     }
 
     /// Runs one step: writes the batch's K/V into `pool` (every layer) and returns the logits
@@ -179,7 +157,6 @@ impl Model {
         let n_logits = batch.num_logit_rows();
         self.scratch.ensure(c, n, n_logits);
         let counters = pool.counters().clone();
-        let ggml = ggml_for(self.auto_numerics(), self.ggml.as_ref(), pool.config().format, c.head_dim);
         let s = &mut self.scratch;
         let w = &self.weights;
         let (h, qd, kvd, f) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn);
@@ -229,16 +206,11 @@ impl Model {
                 rope.apply(&mut s.q[i * qd..(i + 1) * qd], batch.positions[i] as usize);
                 rope.apply_cached(&mut s.k[i * kvd..(i + 1) * kvd]);
             }
-            // As ggml: the K·Q product sees Q at the K cache's precision (the ggml kernel rounds
-            // its queries itself, as its steps say).
-            if ggml.is_none() {
-                round_queries_for(pool.config().format, &mut s.q[..n * qd]);
-            }
             pool.pages_mut().write(li, &batch.slots, &s.k[..n * kvd], &s.v[..n * kvd]);
             let layer = pool.layer(li);
+            self.attention.prepare_queries(&layer, &mut s.q[..n * qd]);
             attend(
                 &mut self.attention,
-                ggml,
                 &layer,
                 batch,
                 c,
@@ -363,7 +335,6 @@ fn mm_fused<const N: usize>(
 #[allow(clippy::too_many_arguments)]
 fn attend(
     attention: &mut Attention,
-    ggml: Option<&GgmlAttention>,
     layer: &LayerView,
     batch: &Batch,
     c: &ModelConfig,
@@ -406,40 +377,11 @@ fn attend(
             causal: q_len > 1,
         };
         let out = &mut out[t0 * qd..t1 * qd];
-        match ggml {
-            Some(g) => g.forward(layer, &params, counters, out),
-            None => attention.forward(layer, &params, counters, out),
-        }
-        .map_err(|e| ModelError::Attention(e.to_string()))?;
+        attention.forward(layer, &params, counters, out).map_err(|e| ModelError::Attention(e.to_string()))?;
         i = j;
     }
     *tables_buf = recycle(tables);
     Ok(())
-}
-
-/// The ggml kernel that serves calls over a cache of `format` with heads of `head_dim`, if
-/// `numerics` asks for one there.
-fn ggml_for(
-    numerics: AttnNumerics,
-    ggml: Option<&GgmlAttention>,
-    format: KvFormat,
-    head_dim: usize,
-) -> Option<&GgmlAttention> {
-    let g = ggml?;
-    match numerics {
-        AttnNumerics::Fast => None,
-        AttnNumerics::Ggml(_) => Some(g),
-        AttnNumerics::Auto => g.serves_fast(format, head_dim).then_some(g),
-    }
-}
-
-/// The ggml-numerics kernel `numerics` asks for, if any.
-fn ggml_kernel(numerics: AttnNumerics, threads: &'static ThreadPool) -> Option<GgmlAttention> {
-    match numerics {
-        AttnNumerics::Fast => None,
-        AttnNumerics::Auto => Some(GgmlAttention::new(GgmlSteps::ALL, threads)),
-        AttnNumerics::Ggml(steps) => Some(GgmlAttention::new(steps, threads)),
-    }
 }
 
 /// Reuses a vector's allocation for references of another lifetime (it is emptied first,

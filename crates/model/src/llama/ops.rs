@@ -1,5 +1,5 @@
-//! Small element-wise operations of the forward pass (norms, RoPE, the rounding of queries;
-//! SwiGLU is in [`super::silu`]). They are memory-light next to the matrix products, so plain
+//! Small element-wise operations of the forward pass (norms, RoPE; SwiGLU is in
+//! [`super::silu`]). They are memory-light next to the matrix products, so plain
 //! loops the compiler vectorizes suffice.
 //!
 //! Where the f32 rounding of an operation is a choice, it follows ggml-cpu (what llama.cpp
@@ -7,9 +7,6 @@
 //! a last-bit difference anywhere flips a few codes, and 30 layers amplify those flips into
 //! logit differences of tenths — enough to change llama.cpp's argmax on near-ties.
 
-use half::slice::HalfFloatSliceExt;
-use half::{bf16, f16};
-use kvcache::KvFormat;
 use pagekv_cpu::quant::Isa;
 
 use super::config::RopeStyle;
@@ -38,32 +35,6 @@ pub fn rms_norm_chunks(x: &mut [f32], w: &[f32], eps: f32) {
         for (v, &g) in chunk.iter_mut().zip(w) {
             *v = *v * inv * g;
         }
-    }
-}
-
-/// Rounds the queries `q` to the precision ggml gives them in the K·Q product over a K cache
-/// of `format`: ggml multiplies a K cache of type T by Q converted to T's dot-product type,
-/// which for f16 and bf16 caches is f16 and bf16. The other formats have no such step here
-/// (f32 needs none; the quantized ones have no ggml counterpart this code follows).
-pub fn round_queries_for(format: KvFormat, q: &mut [f32]) {
-    match format {
-        KvFormat::F16 => round_through::<f16>(q),
-        KvFormat::Bf16 => round_through::<bf16>(q),
-        _ => {}
-    }
-}
-
-/// `x ← T(x)` widened back to f32, through a stack buffer (the slice conversions use F16C
-/// where the CPU has it).
-fn round_through<T: Copy + Default>(x: &mut [f32])
-where
-    [T]: HalfFloatSliceExt,
-{
-    let mut buf = [T::default(); 64];
-    for chunk in x.chunks_mut(64) {
-        let b = &mut buf[..chunk.len()];
-        b.convert_from_f32_slice(chunk);
-        b.convert_to_f32_slice(chunk);
     }
 }
 
@@ -202,21 +173,6 @@ mod tests {
         rms_norm(&x, &w, 0.0, &mut out);
         let mean = ((1.0 + 4096.0 * 2f64.powi(-24)) / 4097.0) as f32;
         assert_eq!(out[0], 1.0 / mean.sqrt());
-    }
-
-    #[test]
-    fn queries_round_to_the_k_cache_precision() {
-        let q: Vec<f32> = (0..100).map(|i| (i as f32 * 0.731).sin() * 3.3 + 1e-3).collect();
-        for (format, round) in [
-            (KvFormat::F16, (|v: f32| f16::from_f32(v).to_f32()) as fn(f32) -> f32),
-            (KvFormat::Bf16, |v| bf16::from_f32(v).to_f32()),
-            (KvFormat::F32, |v| v),
-        ] {
-            let mut got = q.clone();
-            round_queries_for(format, &mut got);
-            let want: Vec<f32> = q.iter().map(|&v| round(v)).collect();
-            assert_eq!(got, want, "{format:?}");
-        }
     }
 
     #[test]

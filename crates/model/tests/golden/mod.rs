@@ -14,8 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use kvcache::{CacheConfig, KvFormat, KvPool, SequenceCache, SequencePolicy};
-use pagekv_cpu::attention::ggml::AttnNumerics;
-use pagekv_cpu::attention::AttentionConfig;
+use pagekv_cpu::attention::{AttentionConfig, AttnNumerics};
 use pagekv_model::gguf::GgufFile;
 use pagekv_model::tokenizer::Tokenizer;
 use pagekv_model::{Batch, Logits, Model};

@@ -22,7 +22,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use kvcache::KvFormat;
-use pagekv_cpu::attention::ggml::AttnNumerics;
+use pagekv_cpu::attention::AttnNumerics;
 use pagekv_engine::sampling::argmax;
 use pagekv_engine::Generator;
 use pagekv_model::Forward;

@@ -20,8 +20,8 @@ use kvcache::Codec;
 
 use self::codecs::{Bf16Row, F16Row, F32Row, LloydMax8Row, LloydMaxRow, Q4LutRow, Q4Row, Q8Row, RowCodec, SubScaled};
 use super::group::HeadStates;
+use super::isa::KernelIsa;
 use super::tile::{self, NextRows, RangeInput, TileOps, TileScratch, TILE};
-use super::KernelIsa;
 
 /// AVX2 + FMA + F16C: QK two tokens at a time, PV one chunk (16 values) per pass.
 pub(crate) struct Avx2;

@@ -1,4 +1,4 @@
-//! The fast form of ggml-numerics attention (its scalar reference is `super`, `ggml/mod.rs`):
+//! The fast form of ggml-numerics attention (its scalar reference is `../reference.rs`):
 //! the same rounding, step for step and bit for bit, vectorized (AVX-512 or AVX2, chosen at
 //! run time) and threaded. The scalar `ggml::attention` stays the reference; the tests compare
 //! the two on every shape they serve, bit patterns and all.
@@ -28,22 +28,22 @@
 //! Only f16 caches with `head_dim % 16 == 0` (≤ [`MAX_FAST_HEAD_DIM`]) are served here (the
 //! caller falls back to the scalar kernel otherwise).
 
+mod call;
 mod decode;
 mod kernels;
 mod lanes;
 
 use std::cell::UnsafeCell;
 
-use kvcache::{AttentionRoute, LayerView, PlaneView};
+use kvcache::LayerView;
 
-use self::kernels::{
-    block_partials, block_scores, fold_lanes, lane_passes, list_rows, partial_scores, position_pass, softmax_row,
-    stage_keys,
-};
+use self::call::{block_keys, prepare_queries, row, score_block, Call, Plan};
+use self::kernels::{fold_lanes, lane_passes, list_rows, position_pass, softmax_row};
 use self::lanes::{Lanes16, YmmPair, Zmm};
 use crate::attention::group::QueryBounds;
+use crate::attention::isa::{KernelIsa, MAX_FAST_HEAD_DIM};
+use crate::attention::params::AttentionParams;
 use crate::attention::workspace::{AlignedF32, SyncPtr};
-use crate::attention::{AttentionParams, KernelIsa, MAX_FAST_HEAD_DIM};
 use crate::threadpool::ThreadPool;
 
 /// Tasks per thread a call is cut into at least, where it can be.
@@ -128,45 +128,23 @@ impl GgmlWorkspace {
     }
 }
 
-/// How one call is cut into tasks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Plan {
-    /// One task per (sequence, kv head, run of `tokens` query tokens).
-    Whole { runs: usize, tokens: usize },
-    /// Decode in `shares` shares of the 16-position blocks (see [`decode`]).
-    Shares { shares: usize },
-}
-
-impl Plan {
-    fn choose(p: &AttentionParams, hkv: usize, threads: usize, max_read: usize) -> Plan {
-        let units = p.num_seqs * hkv;
-        let want = (TASKS_PER_THREAD * threads).div_ceil(units);
-        if p.q_len == 1 && threads > 1 && units < 2 * TASKS_PER_THREAD * threads && max_read >= SPLIT_MIN_POSITIONS {
-            return Plan::Shares { shares: decode::shares_for(threads, max_read) };
-        }
-        let runs = want.clamp(p.q_len.div_ceil(MAX_TASK_TOKENS), p.q_len);
-        let tokens = p.q_len.div_ceil(runs);
-        Plan::Whole { runs: p.q_len.div_ceil(tokens), tokens }
+/// How a call of `p` over `hkv` kv heads on `threads` threads reading up to `max_read`
+/// positions per sequence is cut.
+fn plan(p: &AttentionParams, hkv: usize, threads: usize, max_read: usize) -> Plan {
+    let units = p.num_seqs * hkv;
+    let want = (TASKS_PER_THREAD * threads).div_ceil(units);
+    if p.q_len == 1 && threads > 1 && units < 2 * TASKS_PER_THREAD * threads && max_read >= SPLIT_MIN_POSITIONS {
+        return Plan::Shares { shares: decode::shares_for(threads, max_read) };
     }
-}
-
-/// What every task of a call reads.
-struct Call<'a> {
-    layer: &'a LayerView<'a>,
-    p: &'a AttentionParams<'a>,
-    d: usize,
-    group: usize,
-    /// `ggml_vec_dot_f16`'s order (q_len 1) or tinyBLAS's.
-    vec_dot: bool,
-    /// `V·p` lanes: 64 or 16.
-    lanes: usize,
-    plan: Plan,
-    out: SyncPtr,
+    let runs = want.clamp(p.q_len.div_ceil(MAX_TASK_TOKENS), p.q_len);
+    let tokens = p.q_len.div_ceil(runs);
+    Plan::Whole { runs: p.q_len.div_ceil(tokens), tokens }
 }
 
 /// `out` (`[num_seqs, q_len, num_heads, head_dim]`) ← ggml-numerics attention of `p` over the
 /// f16 `layer`, on `isa` (available on this CPU); shapes and blocks validated, [`serves`] true.
-/// Returns the route it counts as (primitive: one pass; partitioned: split) and its partitions.
+/// Returns the partitions (sequence, kv head, share) when decode rows were split over threads,
+/// `None` when every task took whole rows.
 pub(crate) fn attention(
     isa: KernelIsa,
     layer: &LayerView,
@@ -174,12 +152,12 @@ pub(crate) fn attention(
     pool: &ThreadPool,
     ws: &mut GgmlWorkspace,
     out: &mut [f32],
-) -> (AttentionRoute, usize) {
+) -> Option<usize> {
     let (d, hkv) = (layer.head_dim, layer.num_kv_heads);
     let group = p.num_heads / hkv;
     let max_read = (0..p.num_seqs).map(|s| QueryBounds::of(p, s).read_range().len()).max().unwrap_or(0);
     let threads = pool.n_threads();
-    let plan = Plan::choose(p, hkv, threads, max_read);
+    let plan = plan(p, hkv, threads, max_read);
     let vec_dot = p.q_len == 1;
     let lanes = if vec_dot { 64 } else { 16 };
     let call = Call { layer, p, d, group, vec_dot, lanes, plan, out: SyncPtr::new(out.as_mut_ptr()) };
@@ -197,7 +175,7 @@ pub(crate) fn attention(
                 // sized by `prepare`; tasks write disjoint rows.
                 unsafe { run_task(isa, &call, task, scratch) };
             });
-            (AttentionRoute::Primitive, 0)
+            None
         }
         Plan::Shares { shares } => {
             let dec = decode::Decode::new(&call, shares, max_read, &mut ws.decode);
@@ -208,7 +186,7 @@ pub(crate) fn attention(
                     unsafe { run_decode_item(isa, &dec, phase, share) }
                 })
             });
-            (AttentionRoute::Partitioned, units * shares)
+            Some(units * shares)
         }
     }
 }
@@ -260,10 +238,10 @@ unsafe fn run_decode_item(isa: KernelIsa, dec: &decode::Decode, phase: usize, sh
 macro_rules! decode_phases {
     ($dispatch:ident, $features:literal, $v:ty, $max_nv:literal,
      [$scores:ident, $exponentials:ident, $values:ident, $fold:ident]) => {
-        decode_phases!(@phase $features, $v, $max_nv, $scores => scores);
-        decode_phases!(@phase $features, $v, $max_nv, $exponentials => exponentials);
-        decode_phases!(@phase $features, $v, $max_nv, $values => values);
-        decode_phases!(@phase $features, $v, $max_nv, $fold => fold);
+        decode_phases!(@phase $features, $v, $max_nv, $scores => decode::scores);
+        decode_phases!(@phase $features, $v, $max_nv, $exponentials => decode::exponentials);
+        decode_phases!(@phase $features, $v, $max_nv, $values => decode::values::values);
+        decode_phases!(@phase $features, $v, $max_nv, $fold => decode::values::fold);
 
         unsafe fn $dispatch(dec: &decode::Decode, phase: usize, share: usize) {
             // SAFETY: forwarded contract.
@@ -277,12 +255,12 @@ macro_rules! decode_phases {
             }
         }
     };
-    (@phase $features:literal, $v:ty, $max_nv:literal, $name:ident => $phase:ident) => {
+    (@phase $features:literal, $v:ty, $max_nv:literal, $name:ident => $($phase:ident)::+) => {
         #[target_feature(enable = $features)]
         unsafe fn $name(dec: &decode::Decode, share: usize) {
             // SAFETY: forwarded contract; the ISA enabled here (register budget as the
             // whole tasks').
-            unsafe { decode::$phase::<$v>(dec, share, $max_nv) }
+            unsafe { $($phase)::+::<$v>(dec, share, $max_nv) }
         }
     };
 }
@@ -309,115 +287,6 @@ unsafe fn run_whole<V: Lanes16>(c: &Call, task: usize, s: &mut Scratch, max_nv: 
     let i0 = run * tokens;
     // SAFETY: forwarded contract.
     unsafe { whole::<V>(c, unit / hkv, unit % hkv, i0, (i0 + tokens).min(c.p.q_len), s, max_nv) };
-}
-
-/// f16 code row of (`t`, `kv_head`) in `plane`, through the sequence's block table.
-#[inline(always)]
-fn row(plane: &PlaneView, table: &[u32], bs: usize, kv_head: usize, t: usize) -> *const u16 {
-    // Block sizes are powers of two (8, 16, 32): a shift and a mask, not a division.
-    let slot = if bs.is_power_of_two() {
-        table[t >> bs.trailing_zeros()] as usize * bs + (t & (bs - 1))
-    } else {
-        table[t / bs] as usize * bs + t % bs
-    };
-    // Validated: every block the call reads is in the pool, so the row is inside `codes`.
-    plane.codes[(slot * plane.num_kv_heads + kv_head) * plane.code_bytes..].as_ptr().cast()
-}
-
-/// Rows `(i − i0) · group + h` of `q` ← query (token `i`, head `kv_head · group + h`) of `seq`,
-/// rounded to f16, for tokens `i0..i1`.
-#[inline(always)]
-unsafe fn prepare_queries<V: Lanes16>(c: &Call, seq: usize, kv_head: usize, i0: usize, i1: usize, q: *mut f32) {
-    let (p, d, g) = (c.p, c.d, c.group);
-    for i in i0..i1 {
-        for h in 0..g {
-            let src = ((seq * p.q_len + i) * p.num_heads + kv_head * g + h) * d;
-            let dst = ((i - i0) * g + h) * d;
-            for k in 0..d / 16 {
-                // SAFETY: `src` is a validated query row; `q` holds the task's rows.
-                unsafe { V::load(p.queries[src + 16 * k..].as_ptr()).round_f16().store(q.add(dst + 16 * k)) };
-            }
-        }
-    }
-}
-
-/// Whether `head_dim` takes [`block_partials`] (key rows held in registers; 64 or 128).
-#[inline(always)]
-fn key_rows_in_registers(d: usize) -> bool {
-    d == 64 || d == 128
-}
-
-/// The keys of the block at `t0` for positions of `u0..u1`: their f16 page rows (null
-/// elsewhere), or, when `staged` (several query tokens share the block) or the head size
-/// needs [`block_scores`], their f32 rows staged in `kf` (zeros elsewhere).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn block_keys<V: Lanes16>(
-    c: &Call,
-    seq: usize,
-    kv_head: usize,
-    t0: usize,
-    u0: usize,
-    u1: usize,
-    staged: bool,
-    kf: *mut f32,
-) -> [*const u8; 16] {
-    let (layer, table) = (c.layer, c.p.block_tables[seq]);
-    let mut rows = [std::ptr::null::<u16>(); 16];
-    for (j, r) in rows.iter_mut().enumerate() {
-        let t = t0 + j;
-        if (u0..u1).contains(&t) {
-            *r = row(&layer.keys, table, layer.block_size, kv_head, t);
-        }
-    }
-    if !staged && key_rows_in_registers(c.d) {
-        return rows.map(|r| r.cast());
-    }
-    // SAFETY: non-null rows are f16 rows of head_dim values; `kf` holds 16 rows.
-    unsafe { stage_keys::<V>(&rows, c.d, kf) };
-    std::array::from_fn(|j| kf.wrapping_add(j * c.d).cast_const().cast())
-}
-
-/// The scores of one query token's `group` rows `q` (seeing keys `lo..hi`) for the block at
-/// `t0` whose keys [`block_keys`] gave (`staged` as passed to it): `dst(h)` ← row `h`'s 16
-/// scores, −∞ at positions outside `lo..hi`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn score_block<V: Lanes16>(
-    c: &Call,
-    keys: &[*const u8; 16],
-    staged: bool,
-    q: *const f32,
-    xs: *mut f32,
-    t0: usize,
-    lo: usize,
-    hi: usize,
-    dst: impl Fn(usize) -> *mut f32,
-) {
-    let (d, g) = (c.d, c.group);
-    // SAFETY: caller's buffers: `q` holds the rows, `xs` 256 floats per row, `dst(h)` 16.
-    unsafe {
-        match d {
-            64 => block_partials::<V, 4>(c.vec_dot, staged, keys, q, g, xs),
-            128 => block_partials::<V, 8>(c.vec_dot, staged, keys, q, g, xs),
-            _ => {}
-        }
-        for h in 0..g {
-            let out = dst(h);
-            if key_rows_in_registers(d) {
-                partial_scores::<V>(xs.add(h * 256), c.p.scale, out);
-            } else {
-                block_scores::<V>(c.vec_dot, q.add(h * d), keys[0].cast(), d, c.p.scale, out);
-            }
-            if t0 < lo || t0 + 16 > hi {
-                for j in 0..16 {
-                    if !(lo..hi).contains(&(t0 + j)) {
-                        *out.add(j) = f32::NEG_INFINITY;
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// Whole: query tokens `i0..i1` of (`seq`, `kv_head`), every step.

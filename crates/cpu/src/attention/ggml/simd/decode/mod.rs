@@ -25,14 +25,13 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use super::call::{block_keys, prepare_queries, row, score_block, Call};
 use super::lanes::{Lanes16, YmmPair, Zmm};
-use super::{block_keys, prepare_queries, row, score_block, Call};
 use crate::attention::group::QueryBounds;
 use crate::attention::workspace::AlignedF32;
 use kvcache::PlaneView;
 
-mod values;
-pub(super) use self::values::{fold, values};
+pub(super) mod values;
 
 /// Most shares a call is cut into.
 pub(super) const MAX_SHARES: usize = 4;

@@ -2,9 +2,9 @@
 //! (`values`), then the fold of the shares' lane accumulators into the output rows (`fold`).
 //! A child of `decode` so that it reads the call's [`Decode`] state and share buffers directly.
 
+use super::super::call::row;
 use super::super::kernels::fold_lanes;
 use super::super::lanes::Lanes16;
-use super::super::row;
 use super::{lane_pairs, lane_tiles, own_blocks, prefetch, Decode, TILE_POSITIONS};
 use crate::attention::group::QueryBounds;
 
