@@ -12,8 +12,9 @@ use clap::Args;
 use kvcache::CacheConfig;
 use pagekv_engine::sampling::{SamplingParams, DEFAULT_SEED};
 use pagekv_engine::stop::{FinishReason, StopConditions};
+use pagekv_cpu::attention::AttnNumerics;
 use pagekv_engine::{
-    BankConfig, Engine, EngineConfig, EngineHandle, EngineMetrics, Event, GenerationRequest, SpeculativeConfig,
+    BankConfig, DraftMode, Engine, EngineConfig, EngineHandle, EngineMetrics, Event, GenerationRequest, SpeculativeConfig,
 };
 use pagekv_model::tokenizer::Tokenizer;
 use pagekv_model::Model;
@@ -156,7 +157,9 @@ pub struct SingleUser {
 impl SingleUser {
     /// Starts the engine over `model` on `device` with the pool of `cache`. The attention numerics
     /// the model resolves for the cache's format (`auto`: llama.cpp's rounding on f16) are fixed
-    /// before the engine starts, so one user's tokens are the ones `--attn-numerics` asks for.
+    /// before the engine starts, so one user's tokens are the ones `--attn-numerics` asks for —
+    /// unless drafting is on, which needs numerics that do not depend on the tokens per step
+    /// (`auto` is then the kernels' own rounding, as in `serve`).
     pub fn start(
         mut model: Model,
         tokenizer: Arc<Tokenizer>,
@@ -171,8 +174,20 @@ impl SingleUser {
         config.reduced_sampling = crate::config::reduced_sampling()?;
         let engine = match device {
             Device::Cpu => {
-                let numerics = model.attn_numerics_for(config.cache.format);
-                model.set_attn_numerics(numerics);
+                // llama.cpp's rounding depends on how many tokens a step feeds, so a verification
+                // step would not score a draft exactly as plain decoding does: with drafting,
+                // `auto` stays for the engine to resolve to the path-invariant numerics.
+                let drafting = config.speculative.mode != DraftMode::Off;
+                if drafting && matches!(model.attn_numerics(), AttnNumerics::Ggml(_)) {
+                    bail!(
+                        "--attn-numerics ggml rounds as llama.cpp step by step, which depends on the tokens per step: \
+                         it cannot verify drafts exactly; use --attn-numerics fast or auto with --speculative"
+                    );
+                }
+                if !drafting {
+                    let numerics = model.attn_numerics_for(config.cache.format);
+                    model.set_attn_numerics(numerics);
+                }
                 Engine::start(model, tokenizer, config)?
             }
             Device::Cuda(n) => {
