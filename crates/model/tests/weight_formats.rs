@@ -140,8 +140,11 @@ fn prefill_logits(file: Arc<GgufFile>, prompt: &[u32]) -> Vec<f32> {
 #[test]
 fn every_weight_format_loads_and_runs_like_its_dequantized_model() {
     let prompt: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % VOCAB as u32).collect();
-    for ty in WeightType::ALL {
-        let seed = rand::thread_rng().gen();
+    // Fixed seeds: a tiny random model can amplify the activations' int8 rounding past the
+    // bound on an unlucky draw, so per-run seeds made this test flaky; the kernels themselves
+    // are checked on fresh random blocks in pagekv-cpu's quant_kernels tests.
+    for (i, ty) in WeightType::ALL.into_iter().enumerate() {
+        let seed = 0x5eed_0000 + i as u64;
         let (quantized, float) = tiny_models(ty, seed);
         let got = prefill_logits(quantized, &prompt);
         let want = prefill_logits(float, &prompt);
