@@ -270,11 +270,8 @@ fn drafting_over_an_off_host_backend_keeps_the_cpu_models_tokens() {
     cpu.shutdown(Duration::from_secs(5));
 
     let mut config = engine_config(blocks, true);
-    config.speculative = pagekv_engine::SpeculativeConfig {
-        mode: pagekv_engine::DraftMode::Ngram,
-        ngram_min: 1,
-        ..Default::default()
-    };
+    config.speculative =
+        pagekv_engine::SpeculativeConfig { mode: pagekv_engine::DraftMode::Ngram, ngram_min: 1, ..Default::default() };
     let (engine, handles) = off_host_engine(config, None);
     let (serial, together) = drive(&engine, &reqs);
     let m = engine.handle().metrics();

@@ -20,8 +20,8 @@ use common::{engine_config, tiny_model, tokenizer};
 use kvcache::CacheConfig;
 use pagekv_cpu::attention::AttentionConfig;
 use pagekv_engine::{
-    DraftMode, DraftModel, Engine, EngineConfig, EngineMetrics, Event, GenerationRequest, RequestStream, SamplingParams,
-    SpeculativeConfig,
+    DraftMode, DraftModel, Engine, EngineConfig, EngineMetrics, Event, GenerationRequest, RequestStream,
+    SamplingParams, SpeculativeConfig,
 };
 use pagekv_model::tokenizer::Tokenizer;
 use pagekv_model::Model;
@@ -141,7 +141,8 @@ fn greedy_identity_on_the_default_model(
         assert_eq!(&tokens(s), want, "request {i} batched with drafts");
     }
     let m = h.metrics();
-    let (drafted, accepted) = (m.draft_tokens - alone.draft_tokens, m.draft_accepted_tokens - alone.draft_accepted_tokens);
+    let (drafted, accepted) =
+        (m.draft_tokens - alone.draft_tokens, m.draft_accepted_tokens - alone.draft_accepted_tokens);
     assert!(accepted > 0 && accepted <= drafted, "drafts kept: {accepted} of {drafted}");
     assert!(!rejections || accepted < drafted, "no draft was rejected: {accepted} of {drafted}");
     assert_eq!((m.running, m.blocks_used), (0, 0));
@@ -288,9 +289,7 @@ fn draft_model_sequences_survive_preemption_and_cancellation() {
 fn survive_preemption_and_cancellation(speculative: SpeculativeConfig) {
     let _g = serial();
     // The reference: plenty of blocks, no drafting.
-    let prompts: Vec<Vec<u32>> = (0..6u32)
-        .map(|i| (0..40).map(|j| 3 + (i * 7 + j % (5 + i)) % 90).collect())
-        .collect();
+    let prompts: Vec<Vec<u32>> = (0..6u32).map(|i| (0..40).map(|j| 3 + (i * 7 + j % (5 + i)) % 90).collect()).collect();
     let request = |p: &Vec<u32>, speculative: bool| {
         let mut r = GenerationRequest::new(p.clone(), 120);
         r.ignore_eos = true;

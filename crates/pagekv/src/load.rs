@@ -97,6 +97,8 @@ pub fn draft_model(spec: &str, target: &Tokenizer, device: Device) -> Result<pag
     let model = d.model;
     Ok(match device {
         Device::Cpu => pagekv_engine::DraftModel::new(&name, move || Ok(model)),
-        Device::Cuda(n) => pagekv_engine::DraftModel::new(&name, crate::commands::cuda::gpu_model_builder(n, model, false)?),
+        Device::Cuda(n) => {
+            pagekv_engine::DraftModel::new(&name, crate::commands::cuda::gpu_model_builder(n, model, false)?)
+        }
     })
 }

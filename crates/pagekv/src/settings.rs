@@ -141,7 +141,9 @@ fn parse_draft_tokens(v: &str) -> Result<usize, String> {
     let max = pagekv_engine::MAX_DRAFT_TOKENS;
     match v.trim().parse::<usize>() {
         Ok(k) if (1..=max).contains(&k) => Ok(k),
-        _ => Err(format!("invalid draft length {v:?} (--draft-tokens / PAGEKV_DRAFT_TOKENS): accepted values are 1 to {max}")),
+        _ => Err(format!(
+            "invalid draft length {v:?} (--draft-tokens / PAGEKV_DRAFT_TOKENS): accepted values are 1 to {max}"
+        )),
     }
 }
 

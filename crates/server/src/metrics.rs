@@ -291,19 +291,9 @@ fn render_backend(out: &mut String, b: &BackendMetrics) {
         "Sequence-steps that generated tokens (generated / steps = tokens per step).",
         b.sequence_steps,
     );
-    counter(
-        out,
-        "pagekv_speculative_steps_total",
-        "Sequence-steps that verified drafted tokens.",
-        b.draft_steps,
-    );
+    counter(out, "pagekv_speculative_steps_total", "Sequence-steps that verified drafted tokens.", b.draft_steps);
     counter(out, "pagekv_speculative_draft_tokens_total", "Tokens drafted for verification.", b.draft_tokens);
-    counter(
-        out,
-        "pagekv_speculative_accepted_tokens_total",
-        "Drafted tokens the model kept.",
-        b.draft_accepted_tokens,
-    );
+    counter(out, "pagekv_speculative_accepted_tokens_total", "Drafted tokens the model kept.", b.draft_accepted_tokens);
     let per_step = if b.sequence_steps == 0 { 0.0 } else { b.generated_tokens as f64 / b.sequence_steps as f64 };
     gauge(
         out,

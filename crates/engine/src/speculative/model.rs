@@ -75,7 +75,8 @@ impl<D: Forward> ModelDrafter<D> {
     fn rewind(&mut self, id: u64, tokens: &[u32]) {
         let Some(s) = self.seqs.get_mut(&id) else { return };
         // The sequence's last token always stays out: feeding it gives the first draft token.
-        let common = s.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len().saturating_sub(1));
+        let common =
+            s.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len().saturating_sub(1));
         if common < s.tokens.len() {
             let n = s.tokens.len() - common;
             if s.cache.trim(&mut self.pool, n).is_err() {
@@ -160,7 +161,13 @@ impl<D: Forward> Drafter for ModelDrafter<D> {
                 budget -= t;
                 let last = t == rest;
                 let logits = if last { Logits::Last } else { Logits::None };
-                self.batch.push(&r.tokens[start..start + t], start + t, s.cache.pending_slots(), s.cache.block_table(), logits);
+                self.batch.push(
+                    &r.tokens[start..start + t],
+                    start + t,
+                    s.cache.pending_slots(),
+                    s.cache.block_table(),
+                    logits,
+                );
                 s.tokens.extend_from_slice(&r.tokens[start..start + t]);
                 members.push((ri, r.id, t));
                 if !last {

@@ -110,7 +110,8 @@ pub fn run(mut a: BenchSpeculativeArgs) -> Result<()> {
     let prompts: Vec<(&str, String, Vec<u32>)> = set
         .iter()
         .map(|&(name, user)| {
-            let text = loaded.template.render(&[ChatMessage::new("system", SYSTEM), ChatMessage::new("user", user)], true)?;
+            let text =
+                loaded.template.render(&[ChatMessage::new("system", SYSTEM), ChatMessage::new("user", user)], true)?;
             let ids = tok.encode(&text, true)?;
             Ok((name, text, ids))
         })
@@ -141,7 +142,11 @@ pub fn run(mut a: BenchSpeculativeArgs) -> Result<()> {
         for run in 0..a.runs {
             for speculative in [run % 2 == 1, run % 2 == 0] {
                 let g = generate(&user, ids.clone(), a.max_tokens as usize, speculative)?;
-                if speculative { drafted.push(g) } else { plain.push(g) }
+                if speculative {
+                    drafted.push(g)
+                } else {
+                    plain.push(g)
+                }
             }
         }
         let same = plain.iter().chain(&drafted).all(|g| g.tokens == plain[0].tokens);
@@ -237,7 +242,14 @@ fn print_rows(rows: &[Row], json_out: bool, mode: &str) {
     }
     println!(
         "{:<8} {:>7} {:>12} {:>12} {:>8} {:>9} {:>10} {:>11}",
-        "prompt", "tokens", "plain tok/s", format!("{mode} tok/s"), "speedup", "accepted", "mean kept", "tokens/step"
+        "prompt",
+        "tokens",
+        "plain tok/s",
+        format!("{mode} tok/s"),
+        "speedup",
+        "accepted",
+        "mean kept",
+        "tokens/step"
     );
     for r in rows {
         println!(
@@ -292,7 +304,10 @@ fn print_step_costs(rows: &[StepCost], json_out: bool) {
     let base = rows.iter().find(|r| r.tokens == 1).map_or(f64::NAN, |r| r.ms);
     if json_out {
         for r in rows {
-            println!("{}", json!({"step_tokens": r.tokens, "step_ms": round(r.ms, 3), "vs_one_token": round(r.ms / base, 3)}));
+            println!(
+                "{}",
+                json!({"step_tokens": r.tokens, "step_ms": round(r.ms, 3), "vs_one_token": round(r.ms / base, 3)})
+            );
         }
         return;
     }

@@ -10,11 +10,12 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use clap::Args;
 use kvcache::CacheConfig;
+use pagekv_cpu::attention::AttnNumerics;
 use pagekv_engine::sampling::{SamplingParams, DEFAULT_SEED};
 use pagekv_engine::stop::{FinishReason, StopConditions};
-use pagekv_cpu::attention::AttnNumerics;
 use pagekv_engine::{
-    BankConfig, DraftMode, Engine, EngineConfig, EngineHandle, EngineMetrics, Event, GenerationRequest, SpeculativeConfig,
+    BankConfig, DraftMode, Engine, EngineConfig, EngineHandle, EngineMetrics, Event, GenerationRequest,
+    SpeculativeConfig,
 };
 use pagekv_model::tokenizer::Tokenizer;
 use pagekv_model::Model;
