@@ -92,10 +92,10 @@ impl<D: Forward> ModelDrafter<D> {
 
     /// Runs the batch with one greedy id per logit row; on an error every sequence in it is
     /// dropped (its draft cache rebuilt later) and no proposal is made for them.
-    fn run(&mut self, members: &[(usize, u64, usize)]) -> bool {
+    fn run(&mut self, members: &[(usize, u64)]) -> bool {
         match self.model.forward_greedy(&self.batch, &mut self.pool, &mut self.ids) {
             Ok(()) => {
-                for &(_, id, _) in members {
+                for &(_, id) in members {
                     let s = self.seqs.get_mut(&id).expect("a member has state");
                     s.cache.commit_append(&mut self.pool);
                 }
@@ -103,7 +103,7 @@ impl<D: Forward> ModelDrafter<D> {
             }
             Err(e) => {
                 tracing::warn!("draft model {}: forward failed, not drafting this step: {e}", self.name);
-                for &(_, id, _) in members {
+                for &(_, id) in members {
                     if let Some(mut s) = self.seqs.remove(&id) {
                         s.cache.cancel_append();
                         s.cache.release(&mut self.pool);
@@ -139,7 +139,7 @@ impl<D: Forward> Drafter for ModelDrafter<D> {
         let mut pending: Vec<usize> = live.clone();
         while !pending.is_empty() {
             self.batch.clear();
-            let mut members: Vec<(usize, u64, usize)> = Vec::new();
+            let mut members: Vec<(usize, u64)> = Vec::new();
             let mut budget = CATCH_UP_TOKENS;
             let mut next = Vec::new();
             for &ri in &pending {
@@ -169,7 +169,7 @@ impl<D: Forward> Drafter for ModelDrafter<D> {
                     logits,
                 );
                 s.tokens.extend_from_slice(&r.tokens[start..start + t]);
-                members.push((ri, r.id, t));
+                members.push((ri, r.id));
                 if !last {
                     next.push(ri);
                 }
@@ -180,7 +180,7 @@ impl<D: Forward> Drafter for ModelDrafter<D> {
             if self.run(&members) {
                 // The members whose catch-up ended have a logit row each, in batch order.
                 let mut row = 0;
-                for &(ri, id, _) in &members {
+                for &(ri, id) in &members {
                     let r = &mut requests[ri];
                     if self.seqs[&id].tokens.len() == r.tokens.len() {
                         r.draft.push(self.ids[row]);
@@ -196,7 +196,7 @@ impl<D: Forward> Drafter for ModelDrafter<D> {
         // Feed each new draft token back until every request has its draft.
         loop {
             self.batch.clear();
-            let mut members: Vec<(usize, u64, usize)> = Vec::new();
+            let mut members: Vec<(usize, u64)> = Vec::new();
             for &ri in &live {
                 let r = &requests[ri];
                 if r.draft.is_empty() || r.draft.len() >= r.max {
@@ -210,12 +210,12 @@ impl<D: Forward> Drafter for ModelDrafter<D> {
                 let pos = s.tokens.len();
                 self.batch.push(&[token], pos + 1, s.cache.pending_slots(), s.cache.block_table(), Logits::Last);
                 s.tokens.push(token);
-                members.push((ri, r.id, 1));
+                members.push((ri, r.id));
             }
             if members.is_empty() || !self.run(&members) {
                 break;
             }
-            for (row, &(ri, _, _)) in members.iter().enumerate() {
+            for (row, &(ri, _)) in members.iter().enumerate() {
                 requests[ri].draft.push(self.ids[row]);
             }
         }
