@@ -415,3 +415,98 @@ fn shape_errors_are_reported() {
     assert!(matches!(matmul(ragged, &[0.0; 48], 1, &mut out, &mut scratch, &pool), Err(QuantError::RaggedRow { .. })));
     assert!(matmul(w, &[], 0, &mut [], &mut scratch, &pool).is_ok());
 }
+
+/// llama.cpp's order for the 32-value formats × Q8 activations (ggml-cpu's AVX2 `vec_dot` and
+/// tinyBLAS): per block, eight lanes each take the integer sum of four code × activation
+/// products (codes signed: Q4_0 `q - 8`, Q5_0 `q - 16`, IQ4_NL its levels, Q8_0 as stored;
+/// Q4_1/Q5_1 unsigned with their min apart), `lane = fma(d_w · d_x, lane sum, lane)`; the
+/// lanes are folded `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))`, then the mins' `Σ m_w s_x`
+/// (accumulated in f32 block by block) is added.
+fn ggml_order_dot(ty: WeightType, row: &[u8], x: &[f32]) -> f32 {
+    let kind = Q8Kind::for_weights(ty).expect("a 32-value format");
+    let nibbles = |qs: &[u8; 16]| -> [i32; 32] {
+        std::array::from_fn(|e| if e < 16 { qs[e] & 0xF } else { qs[e - 16] >> 4 } as i32)
+    };
+    let (mut lanes, mut summs) = ([0f32; 8], 0f32);
+    for (b, xb) in x.chunks_exact(QK).enumerate() {
+        let (y, [dx, sx]) = quantize_q8_block(kind, xb.try_into().unwrap());
+        let (codes, d, m): ([i32; 32], f32, Option<f32>) = match ty {
+            WeightType::Q4_0 => {
+                let blk: BlockQ4_0 = bytemuck::pod_read_unaligned(&row[b * 18..][..18]);
+                (nibbles(&blk.qs).map(|q| q - 8), blk.d.to_f32(), None)
+            }
+            WeightType::Q4_1 => {
+                let blk: BlockQ4_1 = bytemuck::pod_read_unaligned(&row[b * 20..][..20]);
+                (nibbles(&blk.qs), blk.d.to_f32(), Some(blk.m.to_f32()))
+            }
+            WeightType::Q5_0 => {
+                let blk: BlockQ5_0 = bytemuck::pod_read_unaligned(&row[b * 22..][..22]);
+                let q = pagekv_cpu::quant::reference::q5_codes(&blk.qh, &blk.qs);
+                (q.map(|q| q as i32 - 16), blk.d.to_f32(), None)
+            }
+            WeightType::Q5_1 => {
+                let blk: BlockQ5_1 = bytemuck::pod_read_unaligned(&row[b * 24..][..24]);
+                let q = pagekv_cpu::quant::reference::q5_codes(&blk.qh, &blk.qs);
+                (q.map(|q| q as i32), blk.d.to_f32(), Some(blk.m.to_f32()))
+            }
+            WeightType::Q8_0 => {
+                let blk: BlockQ8_0 = bytemuck::pod_read_unaligned(&row[b * 34..][..34]);
+                (blk.qs.map(|q| q as i32), blk.d.to_f32(), None)
+            }
+            WeightType::IQ4NL => {
+                let blk: BlockIQ4NL = bytemuck::pod_read_unaligned(&row[b * 18..][..18]);
+                (nibbles(&blk.qs).map(|q| KVALUES_IQ4NL[q as usize] as i32), blk.d.to_f32(), None)
+            }
+            other => panic!("{other:?} is not a 32-value format"),
+        };
+        let s = d * dx;
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let p: i32 = (4 * l..4 * l + 4).map(|e| codes[e] * y[e] as i32).sum();
+            *lane = s.mul_add(p as f32, *lane);
+        }
+        if let Some(m) = m {
+            summs += m * sx;
+        }
+    }
+    let l = lanes;
+    (((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))) + summs
+}
+
+#[test]
+fn legacy_formats_sum_in_llama_cpps_order() {
+    // Bit for bit against ggml's order on fresh random data, decode (n = 1) and prefill
+    // tiles, every SIMD instruction set: a last-bit difference here flips activation codes of
+    // the next layer and moves a model's logits by tenths (found on Gemma 3's Q5_0 layers).
+    let pool = ThreadPool::new(2);
+    let mut scratch = QuantScratch::new();
+    let isas: Vec<Isa> = [Isa::Avx2, Isa::Avx512Vnni].into_iter().filter(|i| i.is_available()).collect();
+    assert!(!isas.is_empty(), "no SIMD kernels on this CPU");
+    for ty in
+        [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q5_0, WeightType::Q5_1, WeightType::Q8_0, WeightType::IQ4NL]
+    {
+        for (m, k, n) in [(7, 640, 1), (9, 256, 5), (4, 2048, 14)] {
+            let seed = fresh_seed();
+            let mut rng = StdRng::seed_from_u64(seed);
+            let data = random_weights(&mut rng, ty, m, k);
+            let w = WeightView::new(ty, m, k, &data).unwrap();
+            let x = normal_vec(&mut rng, n * k, 1.0);
+            let row_bytes = data.len() / m;
+            for &isa in &isas {
+                let mut got = vec![f32::NAN; n * m];
+                matmul_with_isa(isa, w, &x, n, &mut got, &mut scratch, &pool).unwrap();
+                for j in 0..n {
+                    for r in 0..m {
+                        let want =
+                            ggml_order_dot(ty, &data[r * row_bytes..(r + 1) * row_bytes], &x[j * k..(j + 1) * k]);
+                        assert_eq!(
+                            got[j * m + r].to_bits(),
+                            want.to_bits(),
+                            "seed {seed} {ty:?} {isa:?} m={m} k={k} n={n} row {r} act {j}: {} vs {want}",
+                            got[j * m + r]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -4,13 +4,17 @@
 //! agreement over 2,199 positions (so the local layers' window slides), greedy continuations of
 //! 16 tokens on 4 prompts, two of them longer than 600 tokens (see `golden/`).
 //!
-//! Measured (2 threads, default numerics): tokenizer 17 of 17; top-1 agreement 95.65 % over
-//! 2,000 positions, perplexity +0.40 %; greedy 1 of 4 (`long_code`, past the window). With a
-//! variant of the K-quant kernels that rounds differently the same test measured 96.20 % and 2
-//! of 4: the figures move with last-bit rounding, the mark of near-ties. The issue asks 97 % and
-//! 3 of 4: not met. llama.cpp agrees with its own golden run at 100 % with
-//! and without weight repacking, so the gap is ours: the first position's logits (BOS alone, so
-//! no attention mixing) are already off by up to 0.30 (mean 0.05). Where is open work; the bounds
+//! Measured (2 threads, default numerics): tokenizer 17 of 17; top-1 agreement 95.10 % over
+//! 2,000 positions, perplexity +0.23 %; greedy 2 of 4 (`digits`, `long_code`). The issue asks
+//! 97 % and 3 of 4: not met. Layer by layer against `llama-eval-callback` (same file, flash
+//! attention off), the forward is now bit for bit llama.cpp's through the first layer's
+//! attention (Q5_0 projections in llama.cpp's summation order, the f16 GELU table, the
+//! attention scale on the queries); the first difference is the Q4_K `attn_output` product,
+//! where llama.cpp repacks Q4_K weights into interleaved 8-row tiles whose GEMM sums in an
+//! order the row kernels here do not reproduce (24 % of outputs bit-equal, the rest off in the
+//! last bits). Those last-bit differences flip 8-bit activation codes downstream, so the
+//! agreement figures move by tenths of a percent with any rounding change (fixing the Q5_0
+//! order moved them from 95.85 % to 95.10 %): near-ties, not a modelling error. The bounds
 //! below hold the measured figures so a regression shows.
 
 mod golden;
@@ -21,10 +25,10 @@ const GEMMA3: Spec = Spec {
     model_file: "gemma3-270m.gguf",
     data_dir: "gemma3-270m",
     positions: 2000,
-    min_agreement: 0.955,
+    min_agreement: 0.95,
     max_ppl_diff: 0.02,
     greedy_tokens: 16,
-    min_greedy_matches: 1,
+    min_greedy_matches: 2,
 };
 
 #[test]

@@ -118,8 +118,9 @@ unsafe fn exp_pass(
 /// accumulator correction `exp(m_old - m_new)` per row.
 ///
 /// The reference `m` is the running max only in spirit: while no score of the tile exceeds a
-/// row's `m` by more than [`HEADROOM`], `m` stays and the correction is 1, so the common tile
-/// costs one pass (exp, mask, sum, max); otherwise the tile is redone against its true max.
+/// row's `m` by more than [`HEADROOM`], `m` stays and the correction is exactly 1; otherwise the
+/// row takes the tile's max. Each row decides on its own scores alone, so a row's result is the
+/// same whichever rows share its block of four.
 /// Either way `acc / l` is the same softmax (the reference cancels).
 ///
 /// # Safety
@@ -145,17 +146,7 @@ pub(crate) unsafe fn update(
         let m_old = _mm_loadu_ps(m.as_ptr());
         let l_old = _mm_loadu_ps(l.as_ptr());
         let ninf = _mm_set1_ps(f32::NEG_INFINITY);
-        // Fast path: every active row has a running max to measure against.
-        let known = _mm_or_ps(_mm_cmpneq_ps(m_old, ninf), _mm_xor_ps(active, _mm_castsi128_ps(_mm_set1_epi32(-1))));
-        if _mm_movemask_ps(known) == 0xF {
-            let m_ref = _mm_blendv_ps(_mm_setzero_ps(), m_old, active);
-            let (sum, max) = exp_pass(sc, p, t0, t1, &masks, m_ref);
-            if _mm_movemask_ps(_mm_cmple_ps(max, _mm_set1_ps(HEADROOM.exp()))) == 0xF {
-                _mm_storeu_ps(l.as_mut_ptr(), _mm_add_ps(l_old, sum));
-                return [1.0; 4];
-            }
-        }
-        // A new max: mask, take it, redo the exponentials against it.
+        // The tile's max of each row (its masked lanes at -inf).
         let mut tile_max = _mm256_set1_ps(f32::NEG_INFINITY);
         let mut t = t0;
         while t < t1 {
@@ -165,10 +156,19 @@ pub(crate) unsafe fn update(
             t += 2;
         }
         let tile_max = _mm_max_ps(_mm256_castps256_ps128(tile_max), _mm256_extractf128_ps::<1>(tile_max));
-        let m_new = _mm_max_ps(m_old, tile_max);
+        // Each row decides alone, so its result does not depend on which rows share its block
+        // (a decode's rows, or a chunk's of several queries): a row with a running max keeps it
+        // while the tile stays within HEADROOM of it (correction exactly 1); otherwise it takes
+        // the new max and rescales.
+        let known = _mm_cmpneq_ps(m_old, ninf);
+        let within = _mm_cmple_ps(_mm_sub_ps(tile_max, m_old), _mm_set1_ps(HEADROOM));
+        let inactive = _mm_xor_ps(active, _mm_castsi128_ps(_mm_set1_epi32(-1)));
+        let keep = _mm_and_ps(known, _mm_or_ps(within, inactive));
+        let m_new = _mm_blendv_ps(_mm_max_ps(m_old, tile_max), m_old, keep);
         // A row with no visible key yet keeps m = -inf; use 0 as its reference (p is 0 anyway).
         let m_ref = _mm_blendv_ps(m_new, _mm_setzero_ps(), _mm_cmpeq_ps(m_new, ninf));
-        let corr = _mm256_castps256_ps128(exp256(_mm256_castps128_ps256(_mm_sub_ps(m_old, m_ref))));
+        let rescale = _mm256_castps256_ps128(exp256(_mm256_castps128_ps256(_mm_sub_ps(m_old, m_ref))));
+        let corr = _mm_blendv_ps(rescale, _mm_set1_ps(1.0), keep);
         let (sum, _) = exp_pass(sc, p, t0, t1, &masks, m_ref);
         _mm_storeu_ps(m.as_mut_ptr(), m_new);
         _mm_storeu_ps(l.as_mut_ptr(), _mm_fmadd_ps(l_old, corr, sum));

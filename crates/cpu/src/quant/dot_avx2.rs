@@ -6,10 +6,13 @@
 //! `_mm256_maddubs_epi16` against the signed activation codes (u8 × i8 → pairs of i16; no
 //! saturation: |15·127·2| and |127·127·2| < 2^15), `_mm256_madd_epi16` with ones → 8 × i32,
 //! convert and FMA with the block's combined scale `d_w · d_x`.
-//! The offset terms (`m_w` of Q4_1, `-8 d_w` of Q4_0) multiply the activation block's sum
-//! `s_x` (see [`Q8Kind`](super::activations::Q8Kind)), so the two scales `[d_w, off_w]` meet
-//! `[d_x, s_x]` in one 2-lane multiply per block; lane 1 accumulates
-//! the offsets and lane 0 feeds the FMA.
+//! The offset `m_w` of Q4_1/Q5_1 multiplies the activation block's sum `s_x` (see
+//! [`Q8Kind`](super::activations::Q8Kind)), so the two scales `[d_w, m_w]` meet `[d_x, s_x]`
+//! in one 2-lane multiply per block; lane 1 accumulates the offsets and lane 0 feeds the FMA
+//! (ggml's `summs`). The fixed code offsets of Q4_0 (8) and Q5_0 (16) are subtracted inside
+//! each lane's integer sum instead, `Σ (q - offset) y`, as ggml's `vec_dot` and tinyBLAS form
+//! signed codes: the products are the same integers, so the lanes, the FMA sequence and the
+//! final tree equal llama.cpp's bit for bit.
 //! Kernels work on tiles of `NR` weight rows × `NJ` activation rows (4×1 for decode, 1×4 for
 //! prefill): each weight block is unpacked once per tile, each activation block loaded once.
 
@@ -106,16 +109,16 @@ pub(super) mod fmt {
     }
 }
 
-/// The block header as `[d_w, off_w, _, _]`: with a min `[d, m]`, else `[d, -offset d]`
-/// (Q4_0 `-8 d`, Q5_0 `-16 d`, IQ4_NL 0).
+/// The block header as `[d_w, m_w, _, _]`: with a min `[d, m]`, else `[d, 0]` (Q4_0's and
+/// Q5_0's fixed code offsets are taken inside the lanes' integer sums).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn header_scales<const FMT: u8>(blk: *const u8) -> __m128 {
     if fmt::has_min(FMT) {
         load_2xf16(blk)
     } else {
-        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const u16) as i32));
-        _mm_mul_ps(_mm_broadcastss_ps(d), _mm_setr_ps(1.0, -fmt::code_offset(FMT), 0.0, 0.0))
+        // [d, 0, 0, 0]: a fixed code offset is taken inside the integer sums.
+        _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const u16) as i32))
     }
 }
 
@@ -195,27 +198,42 @@ unsafe fn nibble_tile<const NR: usize, const NJ: usize, const FMT: u8>(
         }
         let mut y = [_mm256_setzero_si256(); NJ];
         let mut dx = [_mm_setzero_ps(); NJ];
+        // Formats with a fixed code offset: `offset · Σ y` per lane, subtracted from the
+        // unsigned codes' sums so each lane holds the signed sum `Σ (q - offset) y` (exact
+        // integers), as ggml's `vec_dot`/tinyBLAS form it.
+        let mut corr = [_mm256_setzero_si256(); NJ];
         for t in 0..NJ {
             y[t] = _mm256_loadu_si256(ys.add(t * a.k + b * QK) as *const __m256i);
             dx[t] = _mm_castpd_ps(_mm_load_sd(ds.add(t * nb + b)));
+            if fmt::code_offset(FMT) != 0.0 {
+                corr[t] = dot_bytes::<false>(_mm256_set1_epi8(fmt::code_offset(FMT) as i8), y[t]);
+            }
         }
         for i in 0..NR {
             let blk = wp.add(i * row_bytes + b * block);
             let dw = header_scales::<FMT>(blk);
             let qw = block_codes::<FMT>(blk);
             for t in 0..NJ {
-                let prod = _mm_mul_ps(dw, dx[t]); // [d_w d_x, off_w s_x]
-                if fmt::has_min(FMT) || fmt::code_offset(FMT) != 0.0 {
+                let prod = _mm_mul_ps(dw, dx[t]); // [d_w d_x, m_w s_x]
+                if fmt::has_min(FMT) {
                     acc_off[i][t] = _mm_add_ps(acc_off[i][t], prod);
                 }
-                let p = if FMT == fmt::IQ4_NL { dot_bytes::<true>(qw, y[t]) } else { dot_bytes::<false>(qw, y[t]) };
+                let p = match FMT {
+                    fmt::IQ4_NL => dot_bytes::<true>(qw, y[t]),
+                    _ if fmt::code_offset(FMT) != 0.0 => _mm256_sub_epi32(dot_bytes::<false>(qw, y[t]), corr[t]),
+                    _ => dot_bytes::<false>(qw, y[t]),
+                };
                 acc[i][t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), _mm256_cvtepi32_ps(p), acc[i][t]);
             }
         }
     }
     for i in 0..NR {
         for t in 0..NJ {
-            out[i][t] = hsum(acc[i][t]) + _mm_cvtss_f32(_mm_movehdup_ps(acc_off[i][t]));
+            out[i][t] = if fmt::has_min(FMT) {
+                hsum(acc[i][t]) + _mm_cvtss_f32(_mm_movehdup_ps(acc_off[i][t]))
+            } else {
+                hsum(acc[i][t])
+            };
         }
     }
 }

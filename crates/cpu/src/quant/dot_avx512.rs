@@ -51,8 +51,8 @@ fn hsum_tree(a: &[f32], b: &[f32]) -> f32 {
     ((a[0] + b[0]) + (a[2] + b[2])) + ((a[1] + b[1]) + (a[3] + b[3]))
 }
 
-/// The headers of four blocks as `[d0, off0, d1, off1, d2, off2, d3, off3]`: with a min
-/// `[d, m]`, else `[d, -offset d]` (exact: a power-of-two scaling, as in the AVX2 kernel).
+/// The headers of four blocks as `[d0, m0, d1, m1, d2, m2, d3, m3]` (`m` = 0 for the formats
+/// without a min, whose fixed code offset is taken inside the integer sums).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn quad_header<const FMT: u8>(b: [*const u8; 4]) -> __m256 {
@@ -69,8 +69,7 @@ unsafe fn quad_header<const FMT: u8>(b: [*const u8; 4]) -> __m256 {
         h = _mm_insert_epi16(h, std::ptr::read_unaligned(b[3] as *const u16) as i32, 3);
         let d = _mm256_castps128_ps256(_mm_cvtph_ps(h)); // [d0, d1, d2, d3, ..]
         let dd = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-        let o = -fmt::code_offset(FMT);
-        _mm256_mul_ps(dd, _mm256_setr_ps(1.0, o, 1.0, o, 1.0, o, 1.0, o))
+        _mm256_blend_ps::<0b1010_1010>(dd, _mm256_setzero_ps())
     }
 }
 
@@ -111,12 +110,21 @@ unsafe fn nibble_quad<const NJ: usize, const FMT: u8>(
         let mut ylo = [_mm512_setzero_si512(); NJ];
         let mut yhi = [_mm512_setzero_si512(); NJ];
         let mut dx = [_mm256_setzero_ps(); NJ];
+        // A fixed code offset: the lanes' sums start from `-offset · Σ y` (exact integers), so
+        // they hold `Σ (q - offset) y` as the AVX2 kernel's (ggml's signed codes).
+        let (mut start_lo, mut start_hi) = ([_mm512_setzero_si512(); NJ], [_mm512_setzero_si512(); NJ]);
         for t in 0..NJ {
             let y = ys.add(t * a.k + b * QK);
             ylo[t] = _mm512_broadcast_i32x4(_mm_loadu_si128(y as *const __m128i));
             yhi[t] = _mm512_broadcast_i32x4(_mm_loadu_si128(y.add(16) as *const __m128i));
             // [d_x, s_x] × 4
             dx[t] = _mm256_castpd_ps(_mm256_broadcast_sd(&*ds.add(t * nb + b)));
+            if fmt::code_offset(FMT) != 0.0 {
+                let offset = _mm512_set1_epi8(fmt::code_offset(FMT) as i8);
+                let zero = _mm512_setzero_si512();
+                start_lo[t] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, offset, ylo[t]));
+                start_hi[t] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, offset, yhi[t]));
+            }
         }
         let blk: [*const u8; 4] = std::array::from_fn(|i| rows[i].add(b * block));
         let h = quad_header::<FMT>(blk);
@@ -138,11 +146,13 @@ unsafe fn nibble_quad<const NJ: usize, const FMT: u8>(
             hi = _mm512_mask_add_epi8(hi, mask_hi, hi, sixteen);
         }
         for t in 0..NJ {
-            let prod = _mm256_mul_ps(h, dx[t]); // [d_i d_x, off_i s_x] for i < 4
-            acc_off[t] = _mm256_add_ps(acc_off[t], prod);
+            let prod = _mm256_mul_ps(h, dx[t]); // [d_i d_x, m_i s_x] for i < 4
+            if fmt::has_min(FMT) {
+                acc_off[t] = _mm256_add_ps(acc_off[t], prod);
+            }
             let scale = _mm512_permutexvar_ps(scale_idx, _mm512_castps256_ps512(prod));
-            let sum_lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, ylo[t]);
-            let sum_hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, yhi[t]);
+            let sum_lo = _mm512_dpbusd_epi32(start_lo[t], lo, ylo[t]);
+            let sum_hi = _mm512_dpbusd_epi32(start_hi[t], hi, yhi[t]);
             acc_lo[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum_lo), acc_lo[t]);
             acc_hi[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum_hi), acc_hi[t]);
         }
@@ -153,7 +163,8 @@ unsafe fn nibble_quad<const NJ: usize, const FMT: u8>(
         _mm512_storeu_ps(hi.as_mut_ptr(), acc_hi[t]);
         _mm256_storeu_ps(off.as_mut_ptr(), acc_off[t]);
         for i in 0..nr {
-            out[i][t] = hsum_tree(&lo[4 * i..], &hi[4 * i..]) + off[2 * i + 1];
+            let sum = hsum_tree(&lo[4 * i..], &hi[4 * i..]);
+            out[i][t] = if fmt::has_min(FMT) { sum + off[2 * i + 1] } else { sum };
         }
     }
 }

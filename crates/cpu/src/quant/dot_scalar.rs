@@ -55,13 +55,12 @@ fn dot_i32(q: impl IntoIterator<Item = i32>, y: &[i8]) -> i32 {
     q.into_iter().zip(y).map(|(q, &y)| q * y as i32).sum()
 }
 
-/// Q5_0 × Q8_0: `d_w (d_x Σ q_w q_x) - 16 d_w s_x` per block, `q_w` the 5-bit code (0..31).
+/// Q5_0 × Q8_0: `d_w d_x Σ (q_w - 16) q_x` per block, `q_w` the 5-bit code (0..31).
 pub fn q5_0(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
-    legacy_rows::<22>(w, a, j0, nj, out, |bytes, y, [dx, sx]| {
+    legacy_rows::<22>(w, a, j0, nj, out, |bytes, y, [dx, _]| {
         let blk: BlockQ5_0 = pod_read_unaligned(bytes);
-        let sumi = dot_i32(super::reference::q5_codes(&blk.qh, &blk.qs).map(i32::from), y);
-        let d = blk.d.to_f32();
-        d * dx * sumi as f32 - 16.0 * d * sx
+        let sumi = dot_i32(super::reference::q5_codes(&blk.qh, &blk.qs).map(|q| q as i32 - 16), y);
+        blk.d.to_f32() * dx * sumi as f32
     })
 }
 
@@ -128,7 +127,7 @@ pub fn iq4_xs(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
     })
 }
 
-/// Q4_0 × Q8_0: `Σ_b d_w (d_x Σ q_w q_x) - 8 d_w s_x`, `q_w` the raw nibble, `s_x = d_x Σ q_x`.
+/// Q4_0 × Q8_0: `Σ_b d_w d_x Σ (q_w - 8) q_x`, `q_w` the raw nibble.
 pub fn q4_0(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
     for_rows(nj, out, |t| {
         let j = j0 + t;
@@ -136,10 +135,9 @@ pub fn q4_0(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
         for (b, bytes) in w.chunks_exact(18).enumerate() {
             let blk: BlockQ4_0 = pod_read_unaligned(bytes);
             let y = &a.q8_qs[j * a.k + b * QK..][..QK];
-            let [dx, sx] = a.q8_ds[j * a.k / QK + b];
-            let sumi = nibble_dot(&blk.qs, y);
-            let d = blk.d.to_f32();
-            acc += d * dx * sumi as f32 - 8.0 * d * sx;
+            let dx = a.q8_ds[j * a.k / QK + b][0];
+            let sumi = nibble_dot(&blk.qs, y) - 8 * y.iter().map(|&v| v as i32).sum::<i32>();
+            acc += blk.d.to_f32() * dx * sumi as f32;
         }
         acc
     })

@@ -56,8 +56,9 @@ pub struct ModelConfig {
     /// reclaims blocks behind (Mistral-style). `None` for models whose windows are per layer.
     pub sliding_window: Option<usize>,
     /// Per-layer sliding windows (Gemma 3: five local layers of every six): `Some(w)` where layer
-    /// `i` attends only to the last `w` positions. Attention applies them; the cache keeps every
-    /// position (one block table per sequence).
+    /// `i` attends only to the last `w` positions. Attention applies them by masking; a hybrid
+    /// cache (`kvcache::CacheConfig::set_layer_windows`) also gives them block tables that free
+    /// the blocks their window left.
     pub layer_windows: Vec<Option<usize>>,
     /// RoPE base of the layers with a window in `layer_windows` (`rope.freq_base_swa`).
     pub rope_base_local: f32,
@@ -65,6 +66,11 @@ pub struct ModelConfig {
     pub embed_scale: f32,
     /// Scale of the query·key products.
     pub attn_scale: f32,
+    /// Whether the scale multiplies the queries (in f32, before attention rounds them) rather
+    /// than the scores: llama.cpp's Gemma 3 graph scales Q and attends with scale 1. The two
+    /// are equal in exact arithmetic but not after the ggml numerics round queries to f16
+    /// (a query component scaled into f16's subnormal range keeps fewer bits).
+    pub scale_queries: bool,
     pub activation: Activation,
 }
 
@@ -160,6 +166,7 @@ impl ModelConfig {
             rope_base_local: opt_f32("rope.freq_base_swa", 10000.0)?,
             embed_scale: if gemma3 { (hidden as f32).sqrt() } else { 1.0 },
             attn_scale,
+            scale_queries: gemma3,
             activation: if gemma3 { Activation::GeluTanh } else { Activation::Silu },
             arch_name,
         };

@@ -151,7 +151,9 @@ impl Model {
     /// Runs one step: writes the batch's K/V into `pool` (every layer) and returns the logits
     /// asked for, `[batch.num_logit_rows(), vocab]`, in sequence order.
     pub fn forward(&mut self, batch: &Batch, pool: &mut KvPool) -> Result<&[f32], ModelError> {
-        batch.validate(&self.config, pool.geometry())?;
+        batch.validate(&self.config, pool.geometry(), pool.groups())?;
+        // Each layer reads and writes its group's block table, in its page plane.
+        let groups = pool.groups().clone();
         let c = &self.config;
         let n = batch.num_tokens();
         let n_logits = batch.num_logit_rows();
@@ -206,13 +208,19 @@ impl Model {
                 rope.apply(&mut s.q[i * qd..(i + 1) * qd], batch.positions[i] as usize);
                 rope.apply_cached(&mut s.k[i * kvd..(i + 1) * kvd]);
             }
-            pool.pages_mut().write(li, &batch.slots, &s.k[..n * kvd], &s.v[..n * kvd]);
-            let layer = pool.layer(li);
+            let (group, plane) = groups.locate(li);
+            debug_assert!(groups.kind(group).window().is_none_or(|w| window.is_some_and(|lw| lw <= w)));
+            pool.pages_mut().write(plane, &batch.slots[group], &s.k[..n * kvd], &s.v[..n * kvd]);
+            if c.scale_queries {
+                s.q[..n * qd].iter_mut().for_each(|v| *v *= c.attn_scale);
+            }
+            let layer = pool.layer(plane);
             self.attention.prepare_queries(&layer, &mut s.q[..n * qd]);
             attend(
                 &mut self.attention,
                 &layer,
                 batch,
+                group,
                 c,
                 &s.q[..n * qd],
                 window.or(batch.sliding_window),
@@ -337,6 +345,7 @@ fn attend(
     attention: &mut Attention,
     layer: &LayerView,
     batch: &Batch,
+    group: usize,
     c: &ModelConfig,
     q: &[f32], // [n, q_dim]
     sliding_window: Option<usize>,
@@ -346,7 +355,7 @@ fn attend(
     lens_buf: &mut Vec<usize>,
 ) -> Result<(), ModelError> {
     let qd = c.q_dim();
-    let scale = c.attn_scale;
+    let scale = if c.scale_queries { 1.0 } else { c.attn_scale };
     let mut tables: Vec<&[u32]> = recycle(std::mem::take(tables_buf));
     let mut i = 0;
     let seqs = &batch.seqs;
@@ -359,7 +368,7 @@ fn attend(
             }
         }
         tables.clear();
-        tables.extend(seqs[i..j].iter().map(|s| s.block_table.as_slice()));
+        tables.extend(seqs[i..j].iter().map(|s| s.block_tables[group].as_slice()));
         lens_buf.clear();
         lens_buf.extend(seqs[i..j].iter().map(|s| s.context_len));
         let q_len = seqs[i].num_tokens;

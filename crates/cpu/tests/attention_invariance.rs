@@ -1,0 +1,79 @@
+//! Shape invariance of the primitive fast path: a query's output must not depend on how many
+//! queries share its call. Drafted decoding verifies k+1 tokens in one causal call (q_len k+1)
+//! where plain decoding runs each of them alone (q_len 1); greedy outputs are identical only
+//! if every row of the chunk equals, bit for bit, the same query run alone over the same pages.
+//! Cases cover the head shapes that broke it (head_dim 128, six query heads per kv head: a
+//! block of four rows mixes heads of different positions) and SmolLM2's (64, group 3), with
+//! heads of very different score scales.
+
+mod attention_common;
+
+use std::sync::Arc;
+
+use attention_common::{assert_bits, build, fast_config, isas, Case};
+use kvcache::{CacheCounters, KvFormat};
+use pagekv_cpu::attention::{Attention, AttnImpl, IsaChoice};
+use pagekv_cpu::threadpool::ThreadPool;
+
+/// Runs `case` (one sequence, causal chunk of `q_len`) through the primitive path, then each
+/// of its queries alone at its own context over the same pages, and compares bit patterns.
+fn check_chunk_equals_single(case: &Case, pool: &Arc<ThreadPool>) {
+    assert_eq!(case.contexts.len(), 1);
+    let mut built = build(case);
+    // Real models' heads differ in scale by orders of magnitude (Qwen's reach scores in the
+    // hundreds): every third head's queries ×25, so its running max keeps rising tile after
+    // tile (new max, rescale) while its neighbours' stays put (correction exactly 1).
+    let d = case.head_dim;
+    for (i, q) in built.queries.chunks_mut(d).enumerate() {
+        if i % 3 == 1 {
+            q.iter_mut().for_each(|x| *x *= 25.0);
+        }
+    }
+    let tables = built.tables();
+    let layer = built.pages.layer(0);
+    let counters = CacheCounters::default();
+    let row = built.num_heads * case.head_dim;
+    for isa in isas() {
+        let config = fast_config(AttnImpl::Primitive, IsaChoice::Only(isa), case.partition_size);
+        let mut attn = Attention::new(config, pool.clone());
+        let p = built.params(case, &tables);
+        let mut chunk = vec![f32::NAN; built.queries.len()];
+        attn.forward(&layer, &p, &counters, &mut chunk).unwrap_or_else(|e| panic!("{case:?}: {e}"));
+        let context = case.contexts[0];
+        for j in 0..case.q_len {
+            // Query j of the chunk sits at position context - q_len + j: alone, its context
+            // ends there.
+            let alone_context = [context - case.q_len + j + 1];
+            let mut single = p;
+            single.queries = &built.queries[j * row..(j + 1) * row];
+            single.q_len = 1;
+            single.causal = false;
+            single.context_lens = &alone_context;
+            let mut out = vec![f32::NAN; row];
+            attn.forward(&layer, &single, &counters, &mut out).unwrap_or_else(|e| panic!("{case:?}: {e}"));
+            assert_bits(
+                &out,
+                &chunk[j * row..(j + 1) * row],
+                &format!("{case:?}: {isa:?}, query {j} alone vs in the chunk"),
+            );
+        }
+    }
+}
+
+#[test]
+fn a_query_gives_the_same_bits_alone_and_in_a_verification_chunk() {
+    let pool = Arc::new(ThreadPool::new(2));
+    let mut seed = 11;
+    for format in [KvFormat::F16, KvFormat::Q8, KvFormat::F32] {
+        // (head_dim, kv heads, group, q_len, context): Qwen2.5-1.5B, Qwen2.5-0.5B-like,
+        // SmolLM2, and an odd group.
+        for (d, hkv, group, q_len, context) in
+            [(128, 2, 6, 9, 300), (64, 2, 7, 5, 97), (64, 3, 3, 9, 200), (128, 1, 5, 4, 33), (256, 1, 4, 9, 120)]
+        {
+            seed += 1;
+            let mut case = Case::f16(d, hkv, group, q_len, vec![context], seed);
+            case.format = format;
+            check_chunk_equals_single(&case, &pool);
+        }
+    }
+}
