@@ -17,6 +17,12 @@
 //! and TTLs evict the same way. Blocks a running sequence also holds are never counted as
 //! cached nor evicted for room (that would free nothing).
 //!
+//! With a hybrid cache (layer groups, `kvcache::LayerGroups`) an entry holds every group's
+//! table: a full group's whole prefix, a sliding group's last window. A prefix is reused only
+//! where every sliding group still holds the window before the hit (the fork's trim refuses
+//! otherwise, and the prompt is recomputed): the next turn of the same conversation, whose
+//! prompt extends everything the entry held, always is; a hit further back is not.
+//!
 //! The bank touches only block bookkeeping (tables, reference counts, forks, trims), never
 //! the pages, so it serves any [`PageStore`] (host or device pages) alike.
 //!
@@ -153,7 +159,7 @@ impl SessionBank {
         }
         self.forget(id, &hashes[full..]);
         self.register(id, &hashes[..full], 0);
-        self.count_refs(cache.block_table(), true);
+        self.count_cache_refs(&cache, true);
         self.tick += 1;
         let entry = Entry {
             cache,
@@ -179,7 +185,7 @@ impl SessionBank {
     /// Takes entry `id` out of the bank (a preempted sequence coming back for its own cache).
     pub fn take(&mut self, id: u64) -> Option<SequenceCache> {
         let e = self.entries.remove(&id)?;
-        self.count_refs(e.cache.block_table(), false);
+        self.count_cache_refs(&e.cache, false);
         // The keys stay: they point to `id`, which is about to run again and holds the blocks.
         Some(e.cache)
     }
@@ -201,7 +207,7 @@ impl SessionBank {
                     self.index.remove(h);
                 }
             }
-            self.count_refs(e.cache.block_table(), false);
+            self.count_cache_refs(&e.cache, false);
             e.cache.release(pool);
         }
     }
@@ -214,7 +220,7 @@ impl SessionBank {
             let victim = self
                 .entries
                 .iter()
-                .filter(|(_, e)| e.cache.block_table().last().is_some_and(|&b| self.is_cached(b, pool)))
+                .filter(|(_, e)| e.cache.block_tables().any(|t| t.last().is_some_and(|&b| self.is_cached(b, pool))))
                 .min_by_key(|(_, e)| e.tick)
                 .map(|(&id, _)| id);
             let Some(id) = victim else { return false };
@@ -253,6 +259,13 @@ impl SessionBank {
         (0..self.bank_refs.len() as u32).filter(|&b| self.is_cached(b, pool)).count()
     }
 
+    /// Blocks that two or more running sequences hold (the continuations of one prompt, a
+    /// prefix hit on a running sequence); the bank's own references do not count.
+    pub fn shared_blocks<S: PageStore>(&self, pool: &KvPool<S>) -> usize {
+        let blocks = pool.blocks();
+        (0..self.bank_refs.len() as u32).filter(|&b| blocks.ref_count(b) >= 2 + self.bank_refs[b as usize]).count()
+    }
+
     /// Whether every reference on block `b` is a bank entry's.
     fn is_cached<S: PageStore>(&self, b: u32, pool: &KvPool<S>) -> bool {
         b != kvcache::NULL_BLOCK && {
@@ -261,8 +274,9 @@ impl SessionBank {
         }
     }
 
-    fn count_refs(&mut self, table: &[u32], add: bool) {
-        for &b in table.iter().filter(|&&b| b != kvcache::NULL_BLOCK) {
+    /// Counts (or uncounts) the bank's reference on every block of every group of `cache`.
+    fn count_cache_refs(&mut self, cache: &SequenceCache, add: bool) {
+        for &b in cache.block_tables().flatten().filter(|&&b| b != kvcache::NULL_BLOCK) {
             let n = &mut self.bank_refs[b as usize];
             if add {
                 *n += 1;
@@ -295,10 +309,21 @@ impl SessionBank {
             0 => bs,
             r => r,
         };
-        let tail = *e.cache.block_table().last().expect("entries hold tokens");
+        if !e.cache.can_cut_to(offset - in_tail) {
+            // A sliding group would lose its window: the entry goes whole.
+            self.remove(pool, id);
+            return;
+        }
+        // The trim drops each group's last logical block: the bank's references on them go.
+        let tails: Vec<u32> =
+            e.cache.block_tables().filter_map(|t| t.last().copied()).filter(|&b| b != kvcache::NULL_BLOCK).collect();
         e.cache.trim(pool, in_tail).expect("an idle entry holds its tokens");
-        debug_assert_eq!(e.cache.block_table().len() * bs, e.cache.offset().div_ceil(bs) * bs);
-        self.bank_refs[tail as usize] -= 1;
+        for table in e.cache.block_tables() {
+            debug_assert_eq!(table.len(), e.cache.offset().div_ceil(bs));
+        }
+        for b in tails {
+            self.bank_refs[b as usize] -= 1;
+        }
         e.tokens.truncate(offset - in_tail);
         if e.hashes.len() > e.tokens.len() / bs {
             let h = e.hashes.pop().expect("checked");
@@ -326,7 +351,7 @@ impl SessionBank {
         }
         let mut refs = vec![0u32; self.bank_refs.len()];
         for e in self.entries.values() {
-            for &b in e.cache.block_table().iter().filter(|&&b| b != kvcache::NULL_BLOCK) {
+            for &b in e.cache.block_tables().flatten().filter(|&&b| b != kvcache::NULL_BLOCK) {
                 refs[b as usize] += 1;
             }
         }

@@ -21,10 +21,10 @@ use pagekv_model::{Forward, ModelError};
 
 use crate::bank::SessionBank;
 use crate::config::{EngineConfig, EngineInfo};
-use crate::constraint::GrammarCompiler;
+use crate::constraint::{Constraint, GrammarCompiler};
 use crate::metrics::EngineMetrics;
-use crate::request::{EngineError, GenerationRequest, MAX_TOP_LOGPROBS};
-use crate::sampling::Sampler;
+use crate::request::{EngineError, GenerationRequest, MAX_CHOICES, MAX_TOP_LOGPROBS};
+use crate::sampling::{Sampler, SamplingParams};
 use crate::scheduler::{Command, Limits, Scheduler};
 use crate::sequence::Sequence;
 use crate::speculative::DraftPool;
@@ -167,20 +167,20 @@ fn assemble<M: Forward>(
     if cache.sliding_window.is_none() {
         cache.sliding_window = mc.sliding_window;
     }
+    // Layers with their own window get their own block tables (when the backend reads them).
+    cache.hybrid &= model.reads_layer_groups();
+    cache.set_layer_windows(&mc.layer_windows).map_err(|e| EngineError::Config(e.to_string()))?;
     let policy = SequencePolicy {
         dynamic_growth: false,
         context_window: Some(context_window),
         sliding_window: cache.sliding_window,
         debug_blocks: cache.debug_blocks,
     };
-    let mut pool = model.new_pool(cache.clone()).map_err(|e| EngineError::Config(e.to_string()))?;
+    let pool = model.new_pool(cache.clone()).map_err(|e| EngineError::Config(e.to_string()))?;
     let bs = cache.block_size;
-    // The template reserves the whole window (or pool) and then lets every block go.
+    // The template reserves the whole window (or pool) and holds no block.
     let reserve = context_window.min(cache.num_blocks * bs);
-    let mut template =
-        SequenceCache::new(&mut pool, policy, reserve).map_err(|e| EngineError::Config(e.to_string()))?;
-    template.trim(&mut pool, 0).map_err(|e| EngineError::Config(e.to_string()))?;
-    debug_assert_eq!(template.allocated_blocks(), 0);
+    let template = SequenceCache::reserving(&pool, policy, reserve);
     let (codes, scales) = pool.geometry().block_bytes_by_category();
     let block_bytes = codes + scales;
     let mut bank_config = config.bank.clone();
@@ -216,9 +216,11 @@ fn assemble<M: Forward>(
     let bank = SessionBank::new(bank_config, cache.num_blocks, bs, block_bytes);
     // Drafts are trimmed back after verification; a window that already reclaimed the blocks
     // before its start could not move back with them, so windowed pools do not draft.
-    let drafter = match cache.sliding_window {
-        Some(_) => None,
-        None => {
+    // Sliding layer groups free blocks the same way.
+    let windowed = cache.sliding_window.is_some() || !cache.groups.is_single();
+    let drafter = match windowed {
+        true => None,
+        false => {
             let pool = DraftPool { block_size: bs, num_blocks: cache.num_blocks, context_window };
             config.speculative.drafter(pool).map_err(|e| EngineError::Model(format!("draft model: {e}")))?
         }
@@ -237,43 +239,72 @@ impl EngineHandle {
     /// Validates `request` and queues it. Errors name the violated limit; a request that
     /// passes will run to `Done` (or fail with a forward error or at shutdown).
     pub fn submit(&self, request: GenerationRequest) -> Result<RequestStream, EngineError> {
+        let mut streams = self.submit_n(request, 1)?;
+        debug_assert_eq!(streams.len(), 1);
+        streams.pop().ok_or(EngineError::ShutDown)
+    }
+
+    /// Validates `request` and queues `n` continuations of it (`1..=MAX_CHOICES`), one stream
+    /// each, in order. The prompt is computed once; then its cache is forked `n − 1` times
+    /// (copy-on-write: the prompt's blocks are shared) and each continuation samples on its own:
+    /// continuation `i` seeds its sampler with `seed + i` (the same tokens as a plain request
+    /// with that seed, so temperature 0 gives `n` equal outputs and sampling `n` different,
+    /// reproducible ones) and has its own grammar state, stop conditions, `max_tokens`,
+    /// logprobs and finish. Dropping a stream cancels its continuation only.
+    pub fn submit_n(&self, request: GenerationRequest, n: usize) -> Result<Vec<RequestStream>, EngineError> {
         if !self.accepting.load(Ordering::Acquire) {
             return Err(EngineError::ShutDown);
         }
+        if !(1..=MAX_CHOICES).contains(&n) {
+            return Err(EngineError::InvalidChoices { got: n, max: MAX_CHOICES });
+        }
         self.validate(&request)?;
-        let sampler = Sampler::new(request.sampling)?;
-        // Compiled here, on the caller's thread: a bad grammar is this call's error.
+        Sampler::new(request.sampling)?;
+        // Compiled here, on the caller's thread: a bad grammar is this call's error. Compiled
+        // once; the other continuations start from copies.
         let constraint = request.grammar.as_ref().map(|g| self.grammars.compile(g)).transpose()?;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (out, stream) = channel(id);
-        let mut stop = request.stop;
+        let first_id = self.next_id.fetch_add(n as u64, Ordering::Relaxed);
+        let mut stop = request.stop.clone();
         if !request.ignore_eos {
             stop.stop_tokens.extend_from_slice(&self.info.eos_tokens);
         }
-        let seq = Sequence {
-            id,
-            prompt_len: request.prompt.len(),
-            tokens: request.prompt,
-            cache: None,
-            hashes: Vec::new(),
-            registered: 0,
-            origin: None,
-            sampler,
-            matcher: StopMatcher::new(&stop.stop_strings),
-            stop,
-            decoder: StreamDecoder::new(true),
-            logprobs: request.logprobs,
-            constraint,
-            generated: 0,
-            draft: Vec::new(),
-            draft_max: 0,
-            speculative: request.speculative,
-            draft_length: Default::default(),
-            cached_tokens: None,
-            out,
-        };
-        self.tx.send(Command::Submit(Box::new(seq))).map_err(|_| EngineError::ShutDown)?;
-        Ok(stream)
+        let mut streams = Vec::with_capacity(n);
+        let mut sequences = Vec::with_capacity(n);
+        for i in 0..n {
+            let id = first_id + i as u64;
+            let (out, stream) = channel(id);
+            let sampling = SamplingParams { seed: request.sampling.seed.wrapping_add(i as u64), ..request.sampling };
+            let constraint = constraint.as_ref().map(Constraint::fork);
+            sequences.push(Sequence {
+                id,
+                prompt_len: request.prompt.len(),
+                // The continuations' token lists start when they are forked (a copy of the prompt).
+                tokens: if i == 0 { request.prompt.clone() } else { Vec::new() },
+                cache: None,
+                hashes: Vec::new(),
+                registered: 0,
+                origin: None,
+                sampler: Sampler::new(sampling)?,
+                matcher: StopMatcher::new(&stop.stop_strings),
+                stop: stop.clone(),
+                decoder: StreamDecoder::new(true),
+                logprobs: request.logprobs,
+                constraint,
+                generated: 0,
+                draft: Vec::new(),
+                draft_max: 0,
+                speculative: request.speculative,
+                draft_length: Default::default(),
+                cached_tokens: None,
+                out,
+                siblings: Vec::new(),
+            });
+            streams.push(stream);
+        }
+        let mut first = sequences.remove(0);
+        first.siblings = sequences;
+        self.tx.send(Command::Submit(Box::new(first))).map_err(|_| EngineError::ShutDown)?;
+        Ok(streams)
     }
 
     /// Checks a request against the engine's limits without submitting it.

@@ -47,8 +47,10 @@ impl<M: Forward> Generator<M> {
         if cache.sliding_window.is_none() {
             cache.sliding_window = c.sliding_window;
         }
+        cache.hybrid &= model.reads_layer_groups();
+        cache.set_layer_windows(&c.layer_windows)?;
         let policy = SequencePolicy::from_config(&cache);
-        let reserve = if cache.dynamic_growth { cache.block_size } else { cache.num_blocks * cache.block_size };
+        let reserve = if cache.dynamic_growth { cache.block_size } else { cache.whole_pool_tokens() };
         let mut pool = model.new_pool(cache)?;
         let seq = SequenceCache::new(&mut pool, policy, reserve)?;
         Ok(Generator {
@@ -109,7 +111,7 @@ impl<M: Forward> Generator<M> {
         }
         let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         let keep = common.min(prompt.len() - 1);
-        if keep < self.seq.live_start() {
+        if !self.seq.can_cut_to(keep) {
             self.reset()?;
         } else {
             self.seq.trim(&mut self.pool, self.seq.offset() - keep)?;
@@ -159,11 +161,11 @@ impl<M: Forward> Generator<M> {
         self.seq.begin_append(&mut self.pool, tokens.len())?;
         self.batch.clear();
         self.batch.sliding_window = self.seq.attention_window(None);
-        self.batch.push(
+        self.batch.push_groups(
             tokens,
             self.seq.offset() + tokens.len(),
             self.seq.pending_slots(),
-            self.seq.block_table(),
+            self.seq.block_tables(),
             logits,
         );
         let result = if greedy {

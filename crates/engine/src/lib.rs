@@ -45,7 +45,7 @@ pub use constraint::{Grammar, GrammarCompiler, GrammarError};
 pub use engine::{Engine, EngineHandle};
 pub use generate::{Generator, Prefill};
 pub use metrics::EngineMetrics;
-pub use request::{EngineError, Event, GenerationRequest, Usage, MAX_TOP_LOGPROBS};
+pub use request::{EngineError, Event, GenerationRequest, Usage, MAX_CHOICES, MAX_TOP_LOGPROBS};
 pub use sampling::{logprobs, Sampler, SamplingError, SamplingParams, TokenLogprobs};
 pub use speculative::{DraftMode, DraftModel, SpeculativeConfig, SpeculativeError, MAX_DRAFT_TOKENS};
 pub use stop::{FinishReason, StopConditions, StopMatcher, StopOutput};

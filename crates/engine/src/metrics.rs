@@ -2,7 +2,7 @@
 //! step for the server's `/metrics` and for tests. Counters only grow; gauges are as of the
 //! last step.
 
-use kvcache::CacheStats;
+use kvcache::{CacheStats, GroupKind, LayerGroups, SequenceCache};
 
 /// Scheduler, pool and session-bank state as of the last step.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -64,8 +64,21 @@ pub struct EngineMetrics {
     pub draft_accepted_tokens: u64,
     /// The drafter (`ngram`, …), `None` when drafting is off.
     pub drafter: Option<String>,
+    /// Continuations forked from a computed prompt (`n > 1` requests: `n − 1` each).
+    pub sequence_forks: u64,
+    /// Blocks held by two or more running sequences at once (copy-on-write sharing).
+    pub blocks_shared: usize,
+    /// Grammar masks computed for constrained sequences (one per constrained token), and the
+    /// seconds spent computing them (mostly beside the forward pass, on a worker thread):
+    /// `mask_seconds / masks_computed` is the mask time per constrained token.
+    pub masks_computed: u64,
+    pub mask_seconds: f64,
     /// The pool's own counters (attention calls by route, fallbacks, bytes, formats).
     pub cache: CacheStats,
+    /// `[layer groups]` each group's attention type and the block references running
+    /// sequences hold in it (one entry for a one-group cache; a block two sequences share
+    /// counts twice).
+    pub group_blocks: Vec<(GroupKind, usize)>,
 }
 
 impl EngineMetrics {
@@ -88,4 +101,18 @@ impl EngineMetrics {
             self.live_tokens as f64 / slots as f64
         }
     }
+}
+
+/// `[layer groups]` each group's kind and the blocks `caches` hold in it.
+pub(crate) fn group_blocks<'a>(
+    groups: &LayerGroups,
+    caches: impl Iterator<Item = &'a SequenceCache>,
+) -> Vec<(GroupKind, usize)> {
+    let mut out: Vec<(GroupKind, usize)> = groups.kinds().iter().map(|&k| (k, 0)).collect();
+    for cache in caches {
+        for (o, n) in out.iter_mut().zip(cache.group_blocks()) {
+            o.1 += n;
+        }
+    }
+    out
 }

@@ -10,6 +10,9 @@ use thiserror::Error;
 /// Most alternatives a request may ask for per token (OpenAI's `top_logprobs` cap).
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
+/// Most continuations one request may ask for ([`crate::EngineHandle::submit_n`]; OpenAI's `n`).
+pub const MAX_CHOICES: usize = 16;
+
 /// One generation: a tokenized prompt and how to continue it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenerationRequest {
@@ -90,6 +93,8 @@ pub enum EngineError {
     TokenOutOfRange { id: u32, position: usize, vocab: usize },
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
+    #[error("n must be between 1 and {max}, got {got}")]
+    InvalidChoices { got: usize, max: usize },
     #[error("top_logprobs must be at most {max}, got {got}")]
     TooManyLogprobs { got: usize, max: usize },
     #[error(transparent)]

@@ -31,12 +31,15 @@
 //! appends it then opens cannot fail for lack of blocks. Every request ends exactly once, with
 //! `Done` or `Error`; a preempted request is requeued, never dropped nor duplicated.
 
+mod fork;
+mod sample;
+
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvcache::{KvPool, SequenceCache};
+use kvcache::{KvPool, PageStore, SequenceCache};
 use pagekv_model::tokenizer::Tokenizer;
 use pagekv_model::{Batch, Forward, Logits};
 
@@ -49,6 +52,8 @@ use crate::sequence::Sequence;
 use crate::speculative::{DraftRequest, Drafter, SpeculativeConfig};
 use crate::stop::FinishReason;
 use crate::stream::EventSender;
+use fork::{cache_blocks_needed, cache_fit_tokens, requests_in};
+use sample::{Ended, HostRows};
 
 /// What the handles send the scheduler.
 pub(crate) enum Command {
@@ -96,6 +101,11 @@ struct Counters {
     draft_steps: u64,
     draft_tokens: u64,
     draft_accepted: u64,
+    /// Continuations forked from a request's computed prompt (`n > 1`).
+    forks: u64,
+    /// Grammar masks computed, and the time spent computing them.
+    masks: u64,
+    mask_nanos: u64,
 }
 
 /// Largest `top_k` a step may ask the backend for (`Forward::forward_top_k`); larger ones read
@@ -273,7 +283,7 @@ impl<M: Forward> Scheduler<M> {
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::Submit(seq) => {
-                self.counters.submitted += 1;
+                self.counters.submitted += requests_in([&*seq]) as u64;
                 self.counters.prompt_tokens += seq.prompt_len as u64;
                 self.waiting.push_back(*seq);
             }
@@ -306,7 +316,6 @@ impl<M: Forward> Scheduler<M> {
     /// Gives the running sequences their tokens for this step; returns whether any was
     /// preempted.
     fn schedule_running(&mut self, budget: &mut Budget) -> bool {
-        let bs = self.limits.block_size;
         let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() && budget.tokens > 0 {
@@ -314,7 +323,7 @@ impl<M: Forward> Scheduler<M> {
             debug_assert!(t > 0, "a running sequence always has a token to feed");
             let mut pool_full = false;
             loop {
-                let need = blocks_needed(&self.running[i], t, bs);
+                let need = blocks_needed(&self.running[i], t, &self.pool);
                 if self.free_blocks() >= budget.promised_blocks + need {
                     break;
                 }
@@ -336,7 +345,7 @@ impl<M: Forward> Scheduler<M> {
                 }
                 // Alone and the pool is exhausted: feed what fits, or end the sequence.
                 let spare = self.free_blocks() - budget.promised_blocks;
-                let fit = fit_tokens(&self.running[i], spare, bs);
+                let fit = fit_tokens(&self.running[i], spare, &self.pool);
                 if fit == 0 {
                     pool_full = true;
                     break;
@@ -351,7 +360,7 @@ impl<M: Forward> Scheduler<M> {
             if t == 0 {
                 break;
             }
-            budget.promised_blocks += blocks_needed(&self.running[i], t, bs);
+            budget.promised_blocks += blocks_needed(&self.running[i], t, &self.pool);
             budget.tokens -= t;
             self.plan.push((i, t));
             self.allow_draft(i, budget);
@@ -365,7 +374,6 @@ impl<M: Forward> Scheduler<M> {
     /// step: its adaptive length, within its `max_tokens`, the context window, the step's token
     /// budget and the free blocks (drafts never evict nor preempt). Takes that from `budget`.
     fn allow_draft(&mut self, i: usize, budget: &mut Budget) {
-        let bs = self.limits.block_size;
         let seq = &mut self.running[i];
         seq.draft.clear();
         seq.draft_max = 0;
@@ -379,13 +387,13 @@ impl<M: Forward> Scheduler<M> {
             .min(seq.stop.max_tokens.saturating_sub(seq.generated + 1))
             .min(self.limits.context_window.saturating_sub(seq.tokens.len()))
             .min(budget.tokens);
-        let base = blocks_needed(seq, 1, bs);
+        let base = blocks_needed(seq, 1, &self.pool);
         let spare = self.pool.blocks().num_free().saturating_sub(budget.promised_blocks);
-        while k > 0 && blocks_needed(seq, 1 + k, bs) - base > spare {
+        while k > 0 && blocks_needed(seq, 1 + k, &self.pool) - base > spare {
             k -= 1;
         }
         budget.tokens -= k;
-        budget.promised_blocks += blocks_needed(seq, 1 + k, bs) - base;
+        budget.promised_blocks += blocks_needed(seq, 1 + k, &self.pool) - base;
         seq.draft_max = k;
     }
 
@@ -422,22 +430,22 @@ impl<M: Forward> Scheduler<M> {
             let (cache, origin, own) = self.find_cache(&mut seq);
             let computed = cache.offset();
             let mut t = (seq.tokens.len() - computed).min(budget.tokens);
-            let mut need = (computed + t).div_ceil(bs).saturating_sub(cache.block_table().len());
+            let mut need = cache_blocks_needed(&cache, t, &self.pool);
             let watermark = if self.running.is_empty() { 0 } else { self.limits.watermark };
             let wanted = budget.promised_blocks + need + watermark;
             while self.free_blocks() < wanted && self.bank.evict_block(&mut self.pool) {}
             if self.free_blocks() < wanted && self.running.is_empty() {
                 // Alone with every other block reclaimed (a recomputed sequence longer than a
                 // step's worth of the pool): feed what fits, or end it if nothing does.
-                let slack = cache.block_table().len() * bs - computed;
-                let fit = (slack + (self.free_blocks() - budget.promised_blocks) * bs).min(t);
+                let spare = self.free_blocks() - budget.promised_blocks;
+                let fit = cache_fit_tokens(&cache, t, spare, &self.pool);
                 if fit == 0 {
                     seq.cache = Some(cache);
                     self.finish(seq, FinishReason::Length);
                     continue;
                 }
                 t = fit;
-                need = (computed + t).div_ceil(bs).saturating_sub(cache.block_table().len());
+                need = cache_blocks_needed(&cache, t, &self.pool);
             } else if self.free_blocks() < wanted {
                 // Not now: give the cache back and keep the queue's order.
                 if own {
@@ -536,7 +544,7 @@ impl<M: Forward> Scheduler<M> {
             self.feed.extend_from_slice(&seq.tokens[start..]);
             self.feed.extend_from_slice(&seq.draft);
             debug_assert!(!drafted || (samples && start + 1 == seq.tokens.len()), "drafts follow a decode");
-            self.batch.push(&self.feed[..t], start + t, cache.pending_slots(), cache.block_table(), logits);
+            self.batch.push_groups(&self.feed[..t], start + t, cache.pending_slots(), cache.block_tables(), logits);
         }
         // A step with no logit row (prefill chunks only) copies nothing either way.
         self.sampling = match top_k {
@@ -594,10 +602,8 @@ impl<M: Forward> Scheduler<M> {
     /// Commits the appends, registers newly full blocks, samples where the feed reached the end.
     fn after_forward(&mut self) {
         let bs = self.limits.block_size;
-        let v = self.limits.vocab_size;
         // The host rows: there for full-row steps, fetched on first need in top-k steps.
-        let mut fetched = self.sampling == Sampling::FullRows;
-        let mut fetch_error = None;
+        let mut rows = HostRows { fetched: self.sampling == Sampling::FullRows, fetch_error: None };
         debug_assert!(match self.sampling {
             Sampling::FullRows => true,
             Sampling::Greedy => self.greedy_ids.len() == self.batch.num_logit_rows(),
@@ -607,11 +613,7 @@ impl<M: Forward> Scheduler<M> {
             }
         });
         let mut row = 0;
-        let mut done: Vec<(usize, FinishReason)> = Vec::new();
-        // Sequences whose full row could not be fetched (a device error).
-        let mut failed: Vec<usize> = Vec::new();
-        // Sequences whose grammar could not continue.
-        let mut grammar_failed: Vec<(usize, GrammarError)> = Vec::new();
+        let mut ended = Ended::default();
         for pi in 0..self.plan.len() {
             let (i, t) = self.plan[pi];
             let seq = &mut self.running[i];
@@ -619,11 +621,11 @@ impl<M: Forward> Scheduler<M> {
             cache.commit_append(&mut self.pool);
             self.counters.computed_tokens += t as u64;
             if !seq.draft.is_empty() {
-                let rows = seq.draft.len() + 1;
+                let drafted_rows = seq.draft.len() + 1;
                 if let Some(reason) = self.verify_draft(i, row) {
-                    done.push((i, reason));
+                    ended.done.push((i, reason));
                 }
-                row += rows;
+                row += drafted_rows;
                 continue;
             }
             let seq = &mut self.running[i];
@@ -636,86 +638,17 @@ impl<M: Forward> Scheduler<M> {
                 seq.registered = full;
             }
             if offset == seq.tokens.len() {
-                self.counters.sampling_steps += 1;
-                let (token, lp) = match self.sampling {
-                    Sampling::FullRows => {
-                        let row_logits = &self.model.last_logits()[row * v..(row + 1) * v];
-                        self.counters.sampled_full_rows += 1;
-                        let token = match seq.constraint.as_mut() {
-                            None => seq.sampler.sample(row_logits, &seq.tokens),
-                            Some(c) => match c.apply(row_logits, &mut self.masked_row) {
-                                Ok(()) => seq.sampler.sample(&self.masked_row, &seq.tokens),
-                                Err(e) => {
-                                    row += 1;
-                                    grammar_failed.push((i, e));
-                                    continue;
-                                }
-                            },
-                        };
-                        // Log-probabilities are of the model's own distribution (the raw row).
-                        (token, seq.logprobs.map(|n| logprobs(row_logits, token, n)))
-                    }
-                    Sampling::Greedy => {
-                        debug_assert!(seq.needs_only_argmax());
-                        self.counters.sampled_greedy_rows += 1;
-                        (self.greedy_ids[row], None)
-                    }
-                    Sampling::TopK(k) => {
-                        let (ids, values) = (&self.greedy_ids[row * k..], &self.top_values[row * k..]);
-                        let reduced = match seq.reduced_top_k(MAX_REDUCED_TOP_K) {
-                            // The first entry is the argmax; a row of NaN has none, and argmax says 0.
-                            None => Some(if values[0].is_nan() { 0 } else { ids[0] }),
-                            Some(n) => seq.sampler.sample_top_k(&ids[..n + 1], &values[..n + 1]),
-                        };
-                        match reduced {
-                            Some(token) => {
-                                self.counters.sampled_top_k_rows += 1;
-                                (token, None)
-                            }
-                            None => {
-                                self.counters.top_k_fallbacks += 1;
-                                self.counters.sampled_full_rows += 1;
-                                if !fetched && fetch_error.is_none() {
-                                    match self.model.fetch_logits().map(|l| l.len()) {
-                                        Ok(n) if n >= self.batch.num_logit_rows() * v => fetched = true,
-                                        Ok(n) => fetch_error = Some(format!("fetch_logits returned {n} values")),
-                                        Err(e) => fetch_error = Some(e.to_string()),
-                                    }
-                                }
-                                match fetched {
-                                    true => {
-                                        let l = &self.model.last_logits()[row * v..(row + 1) * v];
-                                        (seq.sampler.sample(l, &seq.tokens), None)
-                                    }
-                                    // The step's other sequences go on; this one fails below.
-                                    false => {
-                                        row += 1;
-                                        done.push((i, FinishReason::Stop));
-                                        failed.push(i);
-                                        continue;
-                                    }
-                                }
-                            }
-                        }
-                    }
-                };
+                // A request's first continuation forks the others here, once its prompt is
+                // computed: all of them sample from this row.
+                let siblings = self.fork_siblings(i);
+                self.take_token(i, row, &mut rows, &mut ended);
+                for c in siblings {
+                    self.take_token(c, row, &mut rows, &mut ended);
+                }
                 row += 1;
-                self.counters.generated_tokens += 1;
-                // The grammar takes every token but the ones that end the sequence.
-                if let (Some(c), false) = (seq.constraint.as_mut(), seq.stop.stop_tokens.contains(&token)) {
-                    if let Err(e) = c.commit(token) {
-                        grammar_failed.push((i, e));
-                        continue;
-                    }
-                }
-                let reason = accept_token(seq, token, lp, &self.tokenizer, self.limits.context_window);
-                // A complete grammar allows nothing more: the output ends here.
-                let complete = seq.constraint.as_ref().is_some_and(Constraint::is_finished);
-                if let Some(reason) = reason.or(complete.then_some(FinishReason::Stop)) {
-                    done.push((i, reason));
-                }
             }
         }
+        let Ended { done, failed, grammar_failed } = ended;
         let mut ended: Vec<(usize, Option<FinishReason>)> = done.into_iter().map(|(i, r)| (i, Some(r))).collect();
         ended.extend(grammar_failed.iter().map(|&(i, _)| (i, None)));
         ended.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
@@ -728,7 +661,7 @@ impl<M: Forward> Scheduler<M> {
                 continue;
             };
             if failed.contains(&i) {
-                let msg = fetch_error.clone().unwrap_or_default();
+                let msg = rows.fetch_error.clone().unwrap_or_default();
                 self.fail(seq, EngineError::Forward(format!("cannot fetch the logits: {msg}")));
             } else {
                 self.finish(seq, reason);
@@ -808,6 +741,10 @@ impl<M: Forward> Scheduler<M> {
 
     /// Ends a sequence normally: flushes held text, sends `Done`, banks its cache.
     fn finish(&mut self, mut seq: Sequence, reason: FinishReason) {
+        // Continuations still waiting for this prompt end with it, without a token.
+        for sibling in std::mem::take(&mut seq.siblings) {
+            self.finish(sibling, reason);
+        }
         let rest = seq.decoder.finish();
         let o = seq.matcher.push(&rest);
         let mut text = o.text;
@@ -828,6 +765,9 @@ impl<M: Forward> Scheduler<M> {
 
     /// Ends a sequence with an error; its blocks are released (their contents may be partial).
     fn fail(&mut self, mut seq: Sequence, err: EngineError) {
+        for sibling in std::mem::take(&mut seq.siblings) {
+            self.fail(sibling, err.clone());
+        }
         self.counters.failed += 1;
         if let Some(d) = self.drafter.as_mut() {
             d.release(seq.id);
@@ -870,17 +810,17 @@ impl<M: Forward> Scheduler<M> {
     fn reap_cancelled(&mut self) {
         let mut i = 0;
         while i < self.running.len() {
-            if self.running[i].out.is_cancelled() {
+            if self.running[i].is_cancelled() {
                 let mut seq = self.running.remove(i);
                 self.bank_sequence(&mut seq);
-                self.counters.cancelled += 1;
+                self.counters.cancelled += requests_in([&seq]) as u64;
             } else {
                 i += 1;
             }
         }
-        let before = self.waiting.len();
-        self.waiting.retain(|s| !s.out.is_cancelled());
-        self.counters.cancelled += (before - self.waiting.len()) as u64;
+        let before = requests_in(&self.waiting);
+        self.waiting.retain(|s| !s.is_cancelled());
+        self.counters.cancelled += (before - requests_in(&self.waiting)) as u64;
     }
 
     /// Fails every request in flight (shutdown).
@@ -932,7 +872,15 @@ impl<M: Forward> Scheduler<M> {
             draft_tokens: self.counters.draft_tokens,
             draft_accepted_tokens: self.counters.draft_accepted,
             drafter: self.drafter.as_ref().map(|d| d.name()),
+            sequence_forks: self.counters.forks,
+            blocks_shared: self.bank.shared_blocks(&self.pool),
+            masks_computed: self.counters.masks,
+            mask_seconds: self.counters.mask_nanos as f64 * 1e-9,
             cache: self.pool.stats(),
+            group_blocks: crate::metrics::group_blocks(
+                self.template.layer_groups(),
+                self.running.iter().filter_map(|s| s.cache.as_ref()),
+            ),
         };
         *self.metrics.lock().unwrap_or_else(|e| e.into_inner()) = m;
     }
@@ -946,22 +894,23 @@ impl<M: Forward> Scheduler<M> {
         for s in &self.running {
             let c = s.cache.as_ref().expect("running sequences hold a cache");
             assert!(c.offset() < s.tokens.len(), "sequence {} has nothing to compute", s.id);
-            assert_eq!(c.block_table().len(), c.offset().div_ceil(self.limits.block_size), "blocks beyond need");
+            for table in c.block_tables() {
+                assert_eq!(table.len(), c.offset().div_ceil(self.limits.block_size), "blocks beyond need");
+            }
         }
     }
 }
 
-/// New blocks `seq` needs to feed `t` more tokens.
-fn blocks_needed(seq: &Sequence, t: usize, block_size: usize) -> usize {
-    let cache = seq.cache.as_ref().expect("running sequences hold a cache");
-    (cache.offset() + t).div_ceil(block_size).saturating_sub(cache.block_table().len())
+/// New blocks `seq` needs to feed `t` more tokens over every layer group (copies of shared
+/// blocks included).
+fn blocks_needed<S: PageStore>(seq: &Sequence, t: usize, pool: &KvPool<S>) -> usize {
+    cache_blocks_needed(seq.cache.as_ref().expect("running sequences hold a cache"), t, pool)
 }
 
 /// Tokens `seq` can feed with `spare` more blocks.
-fn fit_tokens(seq: &Sequence, spare: usize, block_size: usize) -> usize {
+fn fit_tokens<S: PageStore>(seq: &Sequence, spare: usize, pool: &KvPool<S>) -> usize {
     let cache = seq.cache.as_ref().expect("running sequences hold a cache");
-    let slack = cache.block_table().len() * block_size - cache.offset();
-    (slack + spare * block_size).min(seq.pending())
+    cache_fit_tokens(cache, seq.pending(), spare, pool)
 }
 
 /// Appends the chosen `token` (with its logprobs, when asked for), streams it, and says whether

@@ -6,6 +6,11 @@
 //! (the last sampled token, or the rest of the prompt), so one rule drives prefill, decode and
 //! recompute after preemption: feed `tokens[computed..]`, as much as the step's budget allows,
 //! and sample when the feed reaches the end.
+//!
+//! Continuations (`n > 1`): the request's first sequence carries the others in `siblings`,
+//! without caches, until its prompt is computed; then the scheduler forks its cache into each
+//! (copy-on-write, the prompt's blocks shared) and every one samples its first token from the
+//! same logit row, with its own sampler, grammar state and stop conditions.
 
 use kvcache::{BlockHash, SequenceCache};
 use pagekv_model::tokenizer::StreamDecoder;
@@ -51,9 +56,18 @@ pub(crate) struct Sequence {
     /// Prompt tokens found in the bank at first admission (`None` before it).
     pub cached_tokens: Option<usize>,
     pub out: EventSender,
+    /// The request's other continuations, waiting for this one's prompt (empty once forked,
+    /// and for `n = 1`).
+    pub siblings: Vec<Sequence>,
 }
 
 impl Sequence {
+    /// True when no client waits for this sequence: its stream and every waiting sibling's
+    /// were dropped (a prompt still feeds the siblings whose clients remain).
+    pub fn is_cancelled(&self) -> bool {
+        self.out.is_cancelled() && self.siblings.iter().all(|s| s.out.is_cancelled())
+    }
+
     /// Tokens whose K/V the cache holds.
     pub fn computed(&self) -> usize {
         self.cache.as_ref().map_or(0, |c| c.offset())

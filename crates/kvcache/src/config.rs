@@ -11,12 +11,14 @@
 //! | `PAGEKV_CONTEXT_WINDOW` | `context_window` | integer ≥ 1, or `off` |
 //! | `PAGEKV_SLIDING_WINDOW` | `sliding_window` | integer ≥ 1, or `off` |
 //! | `PAGEKV_DEBUG_BLOCKS` | `debug_blocks` | as `DYNAMIC_KV` |
+//! | `PAGEKV_HYBRID_KV` | `hybrid` | as `DYNAMIC_KV` |
 //!
 //! An invalid value is an error naming the variable and the accepted values; nothing falls
 //! back silently. Parsing takes a lookup function so tests need not touch the process env.
 
 use crate::error::ConfigError;
 use crate::format::{KvFormat, DEFAULT_ROTATION_SEED, TURBO_BITS};
+use crate::groups::LayerGroups;
 
 /// Block sizes (tokens per block) the cache supports.
 pub const BLOCK_SIZES: [usize; 3] = [8, 16, 32];
@@ -43,6 +45,13 @@ pub struct CacheConfig {
     pub sliding_window: Option<usize>,
     /// Print block tables as ASCII on growth, trim and fork (`PAGEKV_DEBUG_BLOCKS=1`).
     pub debug_blocks: bool,
+    /// Give layers with a sliding window their own block tables, which free blocks as the
+    /// window slides (default on). Off: every layer is in one group and per-layer windows are
+    /// applied by masking alone (every block kept). Read by [`Self::set_layer_windows`].
+    pub hybrid: bool,
+    /// The layer groups (default: one group of every layer). Set through
+    /// [`Self::set_layer_windows`], which keeps the pool's bytes unchanged.
+    pub groups: LayerGroups,
 }
 
 impl CacheConfig {
@@ -60,7 +69,26 @@ impl CacheConfig {
             context_window: None,
             sliding_window: None,
             debug_blocks: false,
+            hybrid: true,
+            groups: LayerGroups::single(num_layers),
         }
+    }
+
+    /// Sets the layer groups from each layer's window (`None`: full attention), as
+    /// [`LayerGroups::from_layer_windows`] builds them when `hybrid` is on, or one group when
+    /// it is off. `num_layers` becomes `windows.len()`. `num_blocks` counts blocks spanning
+    /// [`LayerGroups::planes`] layers, so it is scaled to keep the pool's bytes: 1024 blocks of
+    /// 18 layers become 6144 blocks of 3.
+    pub fn set_layer_windows(&mut self, windows: &[Option<usize>]) -> Result<(), ConfigError> {
+        if self.groups.num_layers() != windows.len() {
+            self.num_layers = windows.len();
+            self.groups = LayerGroups::single(windows.len());
+        }
+        let groups =
+            if self.hybrid { LayerGroups::from_layer_windows(windows)? } else { LayerGroups::single(windows.len()) };
+        self.num_blocks = self.num_blocks * self.groups.planes() / groups.planes();
+        self.groups = groups;
+        Ok(())
     }
 
     /// Overlays the `PAGEKV_*` settings read through `lookup` (the binary passes its flags over
@@ -106,6 +134,9 @@ impl CacheConfig {
         if let Some(v) = var("PAGEKV_DEBUG_BLOCKS") {
             self.debug_blocks = parse_bool(&v, "PAGEKV_DEBUG_BLOCKS")?;
         }
+        if let Some(v) = var("PAGEKV_HYBRID_KV") {
+            self.hybrid = parse_bool(&v, "PAGEKV_HYBRID_KV")?;
+        }
         self.validate()?;
         Ok(self)
     }
@@ -127,6 +158,13 @@ impl CacheConfig {
                 self.num_blocks
             )));
         }
+        if self.groups.num_layers() != self.num_layers {
+            return Err(ConfigError::Geometry(format!(
+                "layer groups cover {} layers but the cache has {}",
+                self.groups.num_layers(),
+                self.num_layers
+            )));
+        }
         self.format.validate(self.head_dim)?;
         if let (Some(w), Some(c)) = (self.sliding_window, self.context_window) {
             if w > c {
@@ -134,6 +172,17 @@ impl CacheConfig {
             }
         }
         Ok(())
+    }
+
+    /// The most tokens one sequence holds when it takes the whole pool: its full groups share
+    /// what its sliding groups' window-sized tables leave (`num_blocks × block_size` for one
+    /// group).
+    pub fn whole_pool_tokens(&self) -> usize {
+        let kinds = self.groups.kinds();
+        let sliding: usize =
+            kinds.iter().filter_map(|k| k.window()).map(|w| LayerGroups::sliding_cap(w, self.block_size)).sum();
+        let full = kinds.iter().filter(|k| k.window().is_none()).count().max(1);
+        self.num_blocks.saturating_sub(sliding) / full * self.block_size
     }
 
     /// Bytes one token occupies across all layers.
@@ -226,11 +275,13 @@ mod tests {
                 ("PAGEKV_CONTEXT_WINDOW", "4096"),
                 ("PAGEKV_SLIDING_WINDOW", "512"),
                 ("PAGEKV_DEBUG_BLOCKS", "yes"),
+                ("PAGEKV_HYBRID_KV", "off"),
             ]))
             .unwrap();
         assert_eq!(c.format, KvFormat::Turbo { k_bits: 4, v_bits: 2 });
         assert_eq!((c.block_size, c.num_blocks, c.dynamic_growth), (32, 77, true));
         assert_eq!((c.context_window, c.sliding_window, c.debug_blocks), (Some(4096), Some(512), true));
+        assert!(!c.hybrid);
         let c = base()
             .with_env_from(env(&[
                 ("PAGEKV_KV_QUANT", "q8"),
@@ -254,6 +305,7 @@ mod tests {
             ("PAGEKV_CONTEXT_WINDOW", "big"),
             ("PAGEKV_SLIDING_WINDOW", "-1"),
             ("PAGEKV_DEBUG_BLOCKS", "2"),
+            ("PAGEKV_HYBRID_KV", "sometimes"),
         ];
         for (k, v) in cases {
             let err = base().with_env_from(env(&[(k, v)])).unwrap_err().to_string();
@@ -267,5 +319,27 @@ mod tests {
             .with_env_from(env(&[("PAGEKV_CONTEXT_WINDOW", "100"), ("PAGEKV_SLIDING_WINDOW", "200")]))
             .unwrap_err();
         assert!(matches!(err, ConfigError::Geometry(_)));
+    }
+
+    #[test]
+    fn layer_windows_set_groups_and_keep_the_pool_bytes() {
+        let windows: Vec<Option<usize>> = (0..6).map(|l| if l % 3 == 2 { None } else { Some(64) }).collect();
+        let mut c = CacheConfig::new(6, 1, 64);
+        c.num_blocks = 100;
+        c.set_layer_windows(&windows).unwrap();
+        assert_eq!((c.groups.num_groups(), c.groups.planes(), c.num_blocks), (3, 2, 300));
+        c.validate().unwrap();
+        // Two sliding groups of ⌈64/16⌉ + 1 blocks; the full group takes the rest.
+        assert_eq!(c.whole_pool_tokens(), (300 - 2 * 5) * 16);
+        c.hybrid = false;
+        c.set_layer_windows(&windows).unwrap();
+        assert_eq!((c.groups.num_groups(), c.num_blocks), (1, 100));
+        // A different layer count starts over from one group.
+        c.hybrid = true;
+        c.set_layer_windows(&[None, Some(8)]).unwrap();
+        assert_eq!((c.num_layers, c.groups.num_groups(), c.num_blocks), (2, 2, 200));
+        let mut bad = CacheConfig::new(6, 1, 64);
+        bad.num_layers = 5;
+        assert!(bad.validate().unwrap_err().to_string().contains("layer groups cover 6"));
     }
 }

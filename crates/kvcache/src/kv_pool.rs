@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::config::CacheConfig;
 use crate::error::ConfigError;
+use crate::groups::LayerGroups;
 use crate::pages::{HostPages, LayerView, PageGeometry, PageStore};
 use crate::pool::BlockPool;
 use crate::stats::{CacheCounters, CacheStats};
@@ -13,6 +14,8 @@ use crate::stats::{CacheCounters, CacheStats};
 /// A block pool with its pages (host memory by default) and counters.
 pub struct KvPool<S: PageStore = HostPages> {
     config: CacheConfig,
+    /// The layer groups of `config`, shared with every sequence over the pool.
+    groups: Arc<LayerGroups>,
     blocks: BlockPool,
     pages: S,
     counters: Arc<CacheCounters>,
@@ -50,12 +53,18 @@ impl<S: PageStore> KvPool<S> {
             blocks: BlockPool::new(config.num_blocks),
             pages,
             counters: Arc::new(CacheCounters::default()),
+            groups: Arc::new(config.groups.clone()),
             config,
         }
     }
 
     pub fn config(&self) -> &CacheConfig {
         &self.config
+    }
+
+    /// Layer groups: which block table and page plane each layer uses.
+    pub fn groups(&self) -> &Arc<LayerGroups> {
+        &self.groups
     }
 
     pub fn geometry(&self) -> &PageGeometry {
@@ -99,6 +108,7 @@ impl<S: PageStore> KvPool<S> {
             blocks_used: self.blocks.num_used(),
             blocks_free: self.blocks.num_free(),
             blocks_cached: self.blocks.num_cached(),
+            blocks_shared: self.blocks.num_shared(),
             evictions: self.blocks.counters().evictions,
             cache_hits: self.blocks.counters().cache_hits,
             code_bytes_used: code_per_block * self.blocks.num_used(),
@@ -112,9 +122,11 @@ impl<S: PageStore> KvPool<S> {
 }
 
 /// The page geometry a configuration describes.
+/// Its `num_layers` is the page planes ([`crate::LayerGroups::planes`]): `num_layers` when the
+/// cache is one group.
 pub fn geometry_of(config: &CacheConfig) -> PageGeometry {
     PageGeometry {
-        num_layers: config.num_layers,
+        num_layers: config.groups.planes(),
         num_blocks: config.num_blocks,
         block_size: config.block_size,
         num_kv_heads: config.num_kv_heads,

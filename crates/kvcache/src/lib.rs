@@ -14,6 +14,8 @@
 //! - [`KvFormat`] and [`format`]: f32, f16, bf16, q8, q4 (optionally rotated), turbo, each with
 //!   a scalar reference codec; [`LayerView`] is what attention kernels read.
 //! - [`CacheConfig`]: geometry and policy with the `PAGEKV_*` variables.
+//! - [`LayerGroups`]: layers grouped by attention type (full, or sliding window W); a
+//!   sequence keeps one block table per group and a sliding group frees what its window left.
 //!
 //! No device code and no model code lives here.
 
@@ -22,6 +24,8 @@ pub mod bench;
 pub mod config;
 pub mod error;
 pub mod format;
+mod group_table;
+pub mod groups;
 mod kv_pool;
 pub mod pages;
 pub mod pool;
@@ -32,6 +36,7 @@ pub mod stats;
 pub use config::CacheConfig;
 pub use error::{CacheError, CapacityReason, ConfigError};
 pub use format::{Codec, KvFormat, Rotation};
+pub use groups::{GroupKind, LayerGroups};
 pub use kv_pool::{geometry_of, KvPool};
 pub use pages::{HostPages, LayerView, PageGeometry, PageStore, PlaneView};
 pub use pool::{BlockHash, BlockPool, NULL_BLOCK};

@@ -120,6 +120,11 @@ impl BlockPool {
         self.by_hash.len()
     }
 
+    /// Blocks with more than one reference (shared by forks, prefix hits or the session bank).
+    pub fn num_shared(&self) -> usize {
+        self.ref_count.iter().filter(|&&n| n > 1).count()
+    }
+
     pub fn ref_count(&self, id: u32) -> u32 {
         self.ref_count[id as usize]
     }

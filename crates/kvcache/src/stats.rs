@@ -115,6 +115,8 @@ pub struct CacheStats {
     pub blocks_used: usize,
     pub blocks_free: usize,
     pub blocks_cached: usize,
+    /// Blocks with more than one reference (forks, prefix hits, the session bank).
+    pub blocks_shared: usize,
     pub evictions: u64,
     pub cache_hits: u64,
     /// Bytes of code planes in used blocks (all layers, K and V).

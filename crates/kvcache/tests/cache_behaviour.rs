@@ -200,8 +200,13 @@ fn fork_shares_blocks_and_copies_on_write() {
     assert_eq!(&b.block_table()[..2], shared.as_slice());
     assert_eq!(pool.blocks().ref_count(shared[0]), 2);
     let (ka, va) = a.gather(&pool, 1, 0..20).unwrap();
+    assert_eq!((pool.blocks().num_shared(), pool.stats().blocks_shared), (2, 2));
+    assert_eq!(b.copy_on_write_blocks(&pool, 3), 1, "the partly filled block is shared");
+    assert_eq!(b.copy_on_write_blocks(&pool, 0), 0);
     // b writes into the shared, partly filled block 1: it gets its own copy.
     append_all(&mut b, &mut pool, 3, 7).unwrap();
+    assert_eq!(pool.blocks().num_shared(), 1, "only the full block stays shared");
+    assert_eq!((a.copy_on_write_blocks(&pool, 1), b.copy_on_write_blocks(&pool, 1)), (0, 0));
     assert_eq!(b.block_table()[0], shared[0], "full block stays shared");
     assert_ne!(b.block_table()[1], shared[1], "written block was copied");
     assert_eq!(pool.stats().cow_copies, 1);

@@ -19,6 +19,13 @@ pub trait Forward {
 
     fn config(&self) -> &ModelConfig;
 
+    /// Whether the forward reads a hybrid cache (one block table per layer group,
+    /// [`kvcache::LayerGroups`]). A backend that does not is given one group: per-layer
+    /// windows then apply by masking alone.
+    fn reads_layer_groups(&self) -> bool {
+        true
+    }
+
     /// A pool of `cache` (its geometry must be the model's) in the backend's memory.
     fn new_pool(&self, cache: CacheConfig) -> Result<KvPool<Self::Pages>, ModelError>;
 

@@ -68,6 +68,21 @@ impl EngineBackend {
     }
 }
 
+impl EngineBackend {
+    /// The server-side stream of one engine stream, fed by a forwarding thread.
+    fn relay(&self, mut stream: engine::RequestStream) -> Result<EventStream, BackendError> {
+        let (tx, rx) = EventStream::channel();
+        let tokenizer = self.tokenizer.clone();
+        std::thread::Builder::new()
+            .name("pagekv-forward".into())
+            .spawn(move || forward(&mut stream, &tx, &tokenizer))
+            .map_err(|e| {
+                BackendError::new(BackendErrorKind::Overloaded, format!("cannot start a request thread: {e}"))
+            })?;
+        Ok(rx)
+    }
+}
+
 impl Backend for EngineBackend {
     fn model_id(&self) -> &str {
         &self.model_id
@@ -105,21 +120,24 @@ impl Backend for EngineBackend {
     }
 
     fn submit(&self, request: GenerationRequest) -> Result<EventStream, BackendError> {
-        let mut stream = self.handle.submit(self.translate(request)).map_err(backend_error)?;
-        let (tx, rx) = EventStream::channel();
-        let tokenizer = self.tokenizer.clone();
-        std::thread::Builder::new()
-            .name("pagekv-forward".into())
-            .spawn(move || forward(&mut stream, &tx, &tokenizer))
-            .map_err(|e| {
-                BackendError::new(BackendErrorKind::Overloaded, format!("cannot start a request thread: {e}"))
-            })?;
-        Ok(rx)
+        let stream = self.handle.submit(self.translate(request)).map_err(backend_error)?;
+        self.relay(stream)
+    }
+
+    /// The engine prefills the prompt once and forks its cache into the `n` choices.
+    fn submit_n(&self, request: GenerationRequest, n: usize) -> Result<Vec<EventStream>, BackendError> {
+        let streams = self.handle.submit_n(self.translate(request), n).map_err(backend_error)?;
+        streams.into_iter().map(|s| self.relay(s)).collect()
     }
 
     fn tool_call_format(&self) -> Option<ToolCallFormat> {
+        let special = |text: &str| self.tokenizer.token_id(text).filter(|&id| self.tokenizer.is_special(id));
         self.template.tool_call_format().map(|f| match f {
             TemplateToolFormat::Hermes => ToolCallFormat::Hermes,
+            TemplateToolFormat::Llama3Json => ToolCallFormat::Llama3Json,
+            TemplateToolFormat::Mistral { args } => {
+                ToolCallFormat::Mistral { args, tool_calls: special("[TOOL_CALLS]"), args_token: special("[ARGS]") }
+            }
         })
     }
 
@@ -133,6 +151,18 @@ impl Backend for EngineBackend {
             kv_blocks_used: m.blocks_used as u64,
             kv_blocks_free: m.blocks_free as u64,
             kv_blocks_cached: m.blocks_cached as u64,
+            kv_blocks_shared: m.blocks_shared as u64,
+            sequence_forks: m.sequence_forks,
+            grammar_masks: m.masks_computed,
+            grammar_mask_seconds: m.mask_seconds,
+            kv_group_blocks: m
+                .group_blocks
+                .iter()
+                .map(|&(kind, n)| match kind {
+                    kvcache::GroupKind::Full => ("full".to_string(), n as u64),
+                    kvcache::GroupKind::Sliding { window } => (format!("sliding_{window}"), n as u64),
+                })
+                .collect(),
             session_bank_hits: m.bank_hits,
             session_bank_misses: m.bank_misses,
             session_bank_evictions: m.bank_evictions,

@@ -62,6 +62,12 @@ pub struct CacheArgs {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "1",
           env = "PAGEKV_DEBUG_BLOCKS", hide_env = true, value_parser = crate::config::parse_bool)]
     pub debug_blocks: Option<bool>,
+    /// Layers with their own sliding window (Gemma 3) get block tables that free what the
+    /// window left; off: one table for every layer, windows by masking alone (`--hybrid-kv=0|1`)
+    /// [env: PAGEKV_HYBRID_KV].
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "1",
+          env = "PAGEKV_HYBRID_KV", hide_env = true, value_parser = crate::config::parse_bool)]
+    pub hybrid_kv: Option<bool>,
 }
 
 /// Kernel and device settings.
@@ -187,6 +193,7 @@ impl CacheArgs {
         given(&mut v, "PAGEKV_NUM_BLOCKS", self.num_blocks.map(|n| n.to_string()));
         given(&mut v, "PAGEKV_SLIDING_WINDOW", self.sliding_window.map(|n| n.to_string()));
         given(&mut v, "PAGEKV_DEBUG_BLOCKS", self.debug_blocks.map(bool_text));
+        given(&mut v, "PAGEKV_HYBRID_KV", self.hybrid_kv.map(bool_text));
         v
     }
 }

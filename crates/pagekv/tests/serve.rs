@@ -288,14 +288,14 @@ async fn bad_input_is_refused_with_openai_errors_and_the_server_keeps_serving() 
     ] {
         s.post("/v1/chat/completions", &body).await.error(400);
     }
-    // Unknown model, empty messages, unsupported role, n > 1, out-of-range sampling.
+    // Unknown model, empty messages, unsupported role, n > 16, out-of-range sampling.
     let e = s.post("/v1/chat/completions", &chat("gpt-9", json!([{"role": "user", "content": "x"}]), 4)).await;
     assert_eq!(e.error(404)["code"], "model_not_found");
     s.post("/v1/chat/completions", &chat(&model, json!([]), 4)).await.error(400);
     s.post("/v1/chat/completions", &chat(&model, json!([{"role": "wizard", "content": "x"}]), 4)).await.error(400);
     let mut body = chat(&model, json!([{"role": "user", "content": "x"}]), 4);
-    body["n"] = json!(2);
-    s.post("/v1/chat/completions", &body).await.error(400);
+    body["n"] = json!(17);
+    assert_eq!(s.post("/v1/chat/completions", &body).await.error(400)["param"], "n");
     body["n"] = json!(1);
     body["temperature"] = json!(7.5);
     s.post("/v1/chat/completions", &body).await.error(400);

@@ -194,8 +194,22 @@ impl Constraint {
         self.matcher.is_accepting().unwrap_or(false)
     }
 
-    /// Time spent computing masks, and how many.
+    /// Time spent computing masks, and how many (since the last [`Constraint::take_mask_stats`]).
     pub fn mask_stats(&self) -> (Duration, u64) {
         (self.mask_time, self.masks)
+    }
+
+    /// Time spent computing masks and how many, since the last call (the scheduler adds them
+    /// to the engine's counters after every step).
+    pub fn take_mask_stats(&mut self) -> (Duration, u64) {
+        let taken = (self.mask_time, self.masks);
+        (self.mask_time, self.masks) = (Duration::ZERO, 0);
+        taken
+    }
+
+    /// An independent copy of this grammar state (one per continuation of an `n > 1`
+    /// request): the same position in the grammar, its own future, no mask yet.
+    pub fn fork(&self) -> Constraint {
+        Constraint { matcher: self.matcher.clone(), mask: None, mask_time: Duration::ZERO, masks: 0 }
     }
 }

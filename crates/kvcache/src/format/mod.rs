@@ -107,7 +107,7 @@ impl KvFormat {
 
     /// Checks that this format can store head vectors of `head_dim` values.
     pub fn validate(&self, head_dim: usize) -> Result<(), ConfigError> {
-        if head_dim == 0 || head_dim % 8 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(8) {
             return Err(ConfigError::Geometry(format!("head_dim {head_dim} must be a positive multiple of 8")));
         }
         if let KvFormat::Turbo { k_bits, v_bits } = *self {

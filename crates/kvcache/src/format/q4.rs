@@ -23,7 +23,7 @@ const _: () = assert!(std::mem::size_of::<Q4Group>() == 16);
 /// Encodes one group (`x.len()` ∈ {16, 32}) into `x.len()/2` packed bytes; returns its scale.
 pub(crate) fn encode_group(x: &[f32], packed: &mut [u8]) -> f16 {
     let n = x.len();
-    debug_assert!(n % 2 == 0 && packed.len() == n / 2);
+    debug_assert!(n.is_multiple_of(2) && packed.len() == n / 2);
     let mut m = 0.0f32;
     for &v in x {
         if v.abs() > m.abs() {

@@ -19,7 +19,7 @@ pub struct Rotation {
 impl Rotation {
     /// Rotation for `head_dim` values (a multiple of 8) with signs derived from `seed`.
     pub fn new(head_dim: usize, seed: u64) -> Rotation {
-        debug_assert!(head_dim > 0 && head_dim % 8 == 0, "head_dim {head_dim} must be a multiple of 8");
+        debug_assert!(head_dim > 0 && head_dim.is_multiple_of(8), "head_dim {head_dim} must be a multiple of 8");
         let block = 1usize << head_dim.trailing_zeros();
         let signs = (0..head_dim)
             .map(

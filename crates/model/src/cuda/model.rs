@@ -172,11 +172,14 @@ impl CudaModel {
         if let Some(e) = pool.pages_mut().take_error() {
             return Err(dev(e));
         }
-        batch.validate(&self.config, pool.geometry())?;
+        batch.validate(&self.config, pool.geometry(), pool.groups())?;
+        if !pool.groups().is_single() {
+            return Err(ModelError::Batch("the CUDA forward reads one layer group: build its pool with one".into()));
+        }
         let c = &self.config;
         let n = batch.num_tokens();
         let n_logits = batch.num_logit_rows();
-        let blocks = batch.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1).max(1);
+        let blocks = batch.seqs.iter().map(|s| s.block_tables[0].len()).max().unwrap_or(1).max(1);
         let dtype = self.weights.dtype;
         let (s, mb, scratch_generation) = self.scratch.ensure(&self.device, c, dtype, n, n_logits, blocks)?;
 
@@ -189,8 +192,8 @@ impl CudaModel {
         host.rows.clear();
         for seq in &batch.seqs {
             for _ in 0..seq.num_tokens {
-                host.tables.extend_from_slice(&seq.block_table);
-                host.tables.extend(std::iter::repeat_n(0, mb - seq.block_table.len()));
+                host.tables.extend_from_slice(&seq.block_tables[0]);
+                host.tables.extend(std::iter::repeat_n(0, mb - seq.block_tables[0].len()));
             }
             let last = seq.token_start + seq.num_tokens;
             match seq.logits {
@@ -240,7 +243,7 @@ impl CudaModel {
         let up = drv("cuMemcpyHtoD");
         stream.memcpy_htod(&batch.tokens, &mut s.tokens.slice_mut(..n)).map_err(&up)?;
         stream.memcpy_htod(&batch.positions, &mut s.positions.slice_mut(..n)).map_err(&up)?;
-        stream.memcpy_htod(&batch.slots, &mut s.slots.slice_mut(..n)).map_err(&up)?;
+        stream.memcpy_htod(&batch.slots[0], &mut s.slots.slice_mut(..n)).map_err(&up)?;
         stream.memcpy_htod(&host.ctx, &mut s.ctx.slice_mut(..n)).map_err(&up)?;
         stream.memcpy_htod(&host.tables, &mut s.tables.slice_mut(..n * mb)).map_err(&up)?;
         if n_logits > 0 {
@@ -300,6 +303,10 @@ impl Forward for CudaModel {
 
     fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    fn reads_layer_groups(&self) -> bool {
+        false
     }
 
     fn new_pool(&self, cache: CacheConfig) -> Result<KvPool<DevicePages>, ModelError> {

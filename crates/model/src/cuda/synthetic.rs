@@ -36,6 +36,7 @@ pub fn synthetic_config(name: &str) -> Option<ModelConfig> {
         rope_base_local: rope_base,
         embed_scale: 1.0,
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
+        scale_queries: false,
         activation: crate::llama::Activation::Silu,
     };
     match name {

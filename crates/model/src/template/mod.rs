@@ -65,6 +65,12 @@ pub enum ToolCallFormat {
     /// Hermes / Qwen 2.5: `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`, one block
     /// per call.
     Hermes,
+    /// Llama 3.x JSON: the reply is `{"name": …, "parameters": {…}}` (after `<|python_tag|>`
+    /// when the model writes it).
+    Llama3Json,
+    /// Mistral: `[TOOL_CALLS][{"name": …, "arguments": {…}}, …]`, or with `args` (templates
+    /// that print `[ARGS]`, Mistral's newer tokenizers) `[TOOL_CALLS]name[ARGS]{…}` per call.
+    Mistral { args: bool },
 }
 
 /// Where a template's source came from.
@@ -215,10 +221,25 @@ impl ChatTemplate {
     }
 
     /// The tool-call convention the template teaches the model, if it teaches one: Hermes/Qwen
-    /// when it writes `<tool_call>` blocks.
+    /// when it writes `<tool_call>` blocks, Mistral when it writes `[TOOL_CALLS]` (with `[ARGS]`:
+    /// the newer form), Llama 3.x when it asks for `{"name": …, "parameters": …}` replies (its
+    /// templates say so in prose and use the `ipython` role or `<|python_tag|>`).
     pub fn tool_call_format(&self) -> Option<ToolCallFormat> {
         let s = &self.source;
-        (s.contains("<tool_call>") && s.contains("tools")).then_some(ToolCallFormat::Hermes)
+        if !s.contains("tools") {
+            None
+        } else if s.contains("<tool_call>") {
+            Some(ToolCallFormat::Hermes)
+        } else if s.contains("[TOOL_CALLS]") {
+            Some(ToolCallFormat::Mistral { args: s.contains("[ARGS]") })
+        } else if s.contains("<|start_header_id|>")
+            && s.contains("parameters")
+            && (s.contains("<|python_tag|>") || s.contains("ipython"))
+        {
+            Some(ToolCallFormat::Llama3Json)
+        } else {
+            None
+        }
     }
 
     /// Where the source came from.

@@ -142,6 +142,14 @@ fn tools_and_tool_calls_render_as_in_transformers() {
     let t = ChatTemplate::new(source).unwrap();
     assert_eq!(t.tool_call_format(), Some(ToolCallFormat::Hermes));
     assert_eq!(ChatTemplate::new(CHATML_TEMPLATE).unwrap().tool_call_format(), None);
+    let mistral = "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}{% endif %}{% for m in messages %}{% if m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls | tojson }}{% endif %}{% endfor %}";
+    assert_eq!(ChatTemplate::new(mistral).unwrap().tool_call_format(), Some(ToolCallFormat::Mistral { args: false }));
+    let mistral_args =
+        "{% if tools %}{% endif %}{% for c in tool_calls %}[TOOL_CALLS]{{ c.name }}[ARGS]{{ c.arguments }}{% endfor %}";
+    let args = ChatTemplate::new(mistral_args).unwrap().tool_call_format();
+    assert_eq!(args, Some(ToolCallFormat::Mistral { args: true }));
+    let llama = "{% if tools %}<|start_header_id|>user<|end_header_id|>Respond in the format {\"name\": function name, \"parameters\": dictionary}{% endif %}{% for m in messages %}{% if m.role == 'ipython' %}<|start_header_id|>ipython<|end_header_id|>{% endif %}{% endfor %}";
+    assert_eq!(ChatTemplate::new(llama).unwrap().tool_call_format(), Some(ToolCallFormat::Llama3Json));
 
     let call = serde_json::json!({"id": "c1", "type": "function",
         "function": {"name": "get_weather", "arguments": {"city": "Paris"}}});

@@ -16,6 +16,12 @@
 //!   of the second (a hit: takes the prefix from the bank), median over `--prefix-runs` fresh
 //!   prefixes, and their ratio.
 //!
+//! - `json_schema` (with `--json-schema FILE`): every client-count row runs twice, free then
+//!   with every request carrying `response_format: json_schema` (strict) with that schema;
+//!   the constrained row's output tokens/s ÷ the free row's, and the engine's grammar-mask time
+//!   per constrained token (`pagekv_grammar_mask_seconds_total` ÷ `pagekv_grammar_masks_total`
+//!   over the row). `crates/pagekv/src/commands/workloads/person.schema.json` is an example.
+//!
 //! `--device cuda[:N]` (feature `cuda`) runs the engine over the GPU model, as `pagekv serve`
 //! does. Prompts are token ids (the completions API takes them), so lengths are exact; each starts
 //! with a tag of its own, so no two rows share a block and the bank serves only the prefix row.
@@ -67,6 +73,10 @@ pub struct BenchServeArgs {
     /// Most sequences running at once (as `pagekv serve`).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_seqs: u64,
+    /// A JSON Schema file: each client-count row also runs constrained to it
+    /// (`response_format: json_schema`), and the constrained/free throughput is reported.
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -105,6 +115,11 @@ struct Row {
     live_tokens: u64,
     slots: u64,
     preemptions: u64,
+    /// The requests carried the `--json-schema` schema.
+    constrained: bool,
+    /// Grammar masks the engine computed during the row, and the seconds it spent on them.
+    masks: u64,
+    mask_seconds: f64,
 }
 
 pub fn run(a: BenchServeArgs) -> Result<()> {
@@ -118,6 +133,16 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
                 })
             })
             .collect::<Result<_>>()?;
+    let schema: Option<Arc<Value>> = match &a.json_schema {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let v: Value = serde_json::from_str(&text)
+                .with_context(|| format!("--json-schema {}: not a JSON document", path.display()))?;
+            ensure!(v.is_object(), "--json-schema {}: a JSON Schema is an object", path.display());
+            Some(Arc::new(v))
+        }
+    };
     let loaded = load(a.model.model.as_deref(), a.model.chat_template.as_deref())?;
     // Measure the steady state: the weights' background copy into huge pages complete.
     loaded.model.weights.wait_until_resident();
@@ -173,8 +198,8 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         let serving = tokio::spawn(server.run(async move {
             let _ = stop_rx.await;
         }));
-        let measured =
-            measure(addr, &handle, &prompts, &clients, prompt_tokens, max_tokens, prefix, a.prefix_runs as usize).await;
+        let shape = Shape { prompt_tokens, max_tokens, schema };
+        let measured = measure(addr, &handle, &prompts, &clients, &shape, prefix, a.prefix_runs as usize).await;
         let _ = stop_tx.send(());
         let _ = serving.await;
         measured
@@ -201,16 +226,32 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         v
     };
     let rate = |r: &Row| r.output_tokens as f64 / r.wall.as_secs_f64().max(1e-9);
+    // `(clients, constrained ÷ free tok/s, mask µs per constrained token)` per client count.
+    // (clients, whole-run throughput ratio, decode-rate ratio, mask µs per token). The whole-run
+    // ratio carries each request's prefill, so a constrained run whose outputs end sooner (a
+    // closed JSON object) pays it over fewer tokens; the decode-rate ratio (mean inter-token gap,
+    // free over constrained) is the per-token cost of the constraint alone.
+    let schema_rows: Vec<(usize, f64, f64, Option<f64>)> = rows
+        .iter()
+        .filter(|r| r.constrained)
+        .filter_map(|c| {
+            let free = rows.iter().find(|f| !f.constrained && f.clients == c.clients)?;
+            let mask_us = (c.masks > 0).then(|| c.mask_seconds * 1e6 / c.masks as f64);
+            let decode = mean_secs(&free.gaps) / mean_secs(&c.gaps).max(1e-12);
+            Some((c.clients, rate(c) / rate(free).max(1e-9), decode, mask_us))
+        })
+        .collect();
+    let (rows, constrained): (Vec<Row>, Vec<Row>) = rows.into_iter().partition(|r| !r.constrained);
     let ratio_8_1 = match (rows.iter().find(|r| r.clients == 1), rows.iter().find(|r| r.clients == 8)) {
         (Some(one), Some(eight)) => Some(rate(eight) / rate(one).max(1e-9)),
         _ => None,
     };
     if a.json {
-        for r in &rows {
+        for r in rows.iter().chain(&constrained) {
             println!(
                 "{}",
                 with_common(json!({
-                    "row": "clients",
+                    "row": if r.constrained { "clients_json_schema" } else { "clients" },
                     "clients": r.clients,
                     "prompt_tokens": prompt_tokens,
                     "max_tokens": max_tokens,
@@ -228,6 +269,18 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         }
         if let Some(x) = ratio_8_1 {
             println!("{}", with_common(json!({"row": "batching", "throughput_8_vs_1": round(x, 3)})));
+        }
+        for &(clients, ratio, decode, mask_us) in &schema_rows {
+            println!(
+                "{}",
+                with_common(json!({
+                    "row": "json_schema",
+                    "clients": clients,
+                    "constrained_vs_free": round(ratio, 3),
+                    "decode_rate_vs_free": round(decode, 3),
+                    "mask_us_per_token": mask_us.map(|m| round(m, 2)),
+                }))
+            );
         }
         if let Some(b) = &bank {
             println!(
@@ -253,9 +306,9 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         "{:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8}",
         "clients", "tokens", "tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "pool", "preempt"
     );
-    for r in &rows {
+    for r in rows.iter().chain(&constrained) {
         println!(
-            "{:>8} {:>8} {:>10.1} {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>7.1}% {:>8}",
+            "{:>8} {:>8} {:>10.1} {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>7.1}% {:>8}{}",
             r.clients,
             r.output_tokens,
             rate(r),
@@ -264,11 +317,18 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
             ms(percentile(&r.gaps, 50.0)),
             ms(percentile(&r.gaps, 99.0)),
             utilization(r).unwrap_or(f64::NAN) * 100.0,
-            r.preemptions
+            r.preemptions,
+            if r.constrained { "  json_schema" } else { "" }
         );
     }
     if let Some(x) = ratio_8_1 {
         println!("throughput at 8 clients / 1 client: {x:.2}x");
+    }
+    for &(clients, ratio, decode, mask_us) in &schema_rows {
+        let mask = mask_us.map_or("no mask computed".to_string(), |m| format!("{m:.1} µs mask time per token"));
+        println!(
+            "json_schema at {clients} clients: {ratio:.2}x the free throughput (prefill included), {decode:.2}x its decode rate (inter-token gaps), {mask}"
+        );
     }
     if let Some(b) = &bank {
         println!(
@@ -291,22 +351,35 @@ struct BankRow {
     cached_tokens: usize,
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What every client-count row's requests look like.
+struct Shape {
+    prompt_tokens: usize,
+    max_tokens: usize,
+    /// `--json-schema`: each row also runs constrained to it.
+    schema: Option<Arc<Value>>,
+}
+
 async fn measure(
     addr: SocketAddr,
     engine: &EngineHandle,
     prompts: &Prompts,
     clients: &[usize],
-    prompt_tokens: usize,
-    max_tokens: usize,
+    shape: &Shape,
     prefix: usize,
     prefix_runs: usize,
 ) -> Result<(Vec<Row>, Option<BankRow>)> {
-    // Warm-up: weights paged in, threads started.
-    stream_completion(addr, &prompts.make("warm-up", 32), 4).await?;
+    // Warm-up: weights paged in, threads started (and the grammar's vocabulary trie built).
+    stream_completion(addr, &prompts.make("warm-up", 32), 4, None).await?;
+    if let Some(schema) = &shape.schema {
+        stream_completion(addr, &prompts.make("warm-up schema", 32), 4, Some(schema.clone())).await?;
+    }
     let mut rows = Vec::new();
     for (row, &n) in clients.iter().enumerate() {
-        rows.push(client_row(addr, engine, prompts, row, n, prompt_tokens, max_tokens).await?);
+        // Free, then constrained at the same client count (each row with prompts of its own).
+        rows.push(client_row(addr, engine, prompts, 2 * row, n, shape, None).await?);
+        if let Some(schema) = &shape.schema {
+            rows.push(client_row(addr, engine, prompts, 2 * row + 1, n, shape, Some(schema.clone())).await?);
+        }
     }
     let bank = if prefix > 0 { Some(bank_row(addr, prompts, prefix, prefix_runs).await?) } else { None };
     Ok((rows, bank))
@@ -318,9 +391,10 @@ async fn client_row(
     prompts: &Prompts,
     row: usize,
     n: usize,
-    prompt_tokens: usize,
-    max_tokens: usize,
+    shape: &Shape,
+    schema: Option<Arc<Value>>,
 ) -> Result<Row> {
+    let (prompt_tokens, max_tokens, constrained) = (shape.prompt_tokens, shape.max_tokens, schema.is_some());
     let before = engine.metrics();
     let running = Arc::new(AtomicBool::new(true));
     let sampler = {
@@ -342,7 +416,8 @@ async fn client_row(
     let tasks: Vec<_> = (0..n)
         .map(|i| {
             let prompt = prompts.make(&format!("row {row} client {i}"), prompt_tokens);
-            tokio::spawn(async move { stream_completion(addr, &prompt, max_tokens).await })
+            let schema = schema.clone();
+            tokio::spawn(async move { stream_completion(addr, &prompt, max_tokens, schema).await })
         })
         .collect();
     let mut runs = Vec::with_capacity(n);
@@ -362,6 +437,9 @@ async fn client_row(
         live_tokens,
         slots,
         preemptions: after.preemptions - before.preemptions,
+        constrained,
+        masks: after.masks_computed - before.masks_computed,
+        mask_seconds: after.mask_seconds - before.mask_seconds,
     })
 }
 
@@ -375,9 +453,9 @@ async fn bank_row(addr: SocketAddr, prompts: &Prompts, prefix: usize, runs: usiz
             p
         };
         // One token each: the first token is the answer, nothing waits behind it.
-        let miss = stream_completion(addr, &with_question(" First question: what happened at noon?"), 1).await?;
+        let miss = stream_completion(addr, &with_question(" First question: what happened at noon?"), 1, None).await?;
         ensure!(miss.cached_tokens == 0, "the miss found {} cached tokens", miss.cached_tokens);
-        let hit = stream_completion(addr, &with_question(" Second question: who wound the clock?"), 1).await?;
+        let hit = stream_completion(addr, &with_question(" Second question: who wound the clock?"), 1, None).await?;
         ensure!(hit.cached_tokens > 0, "the second request over the shared prefix found nothing in the bank");
         row.miss.push(miss.ttft);
         row.hit.push(hit.ttft);
@@ -417,16 +495,26 @@ impl Prompts {
     }
 }
 
-/// Streams one `/v1/completions` request over a fresh loopback connection.
-async fn stream_completion(addr: SocketAddr, prompt: &[u32], max_tokens: usize) -> Result<ClientRun> {
-    let body = json!({
+/// Streams one `/v1/completions` request over a fresh loopback connection, constrained to
+/// `schema` (`response_format: json_schema`, strict) when there is one.
+async fn stream_completion(
+    addr: SocketAddr,
+    prompt: &[u32],
+    max_tokens: usize,
+    schema: Option<Arc<Value>>,
+) -> Result<ClientRun> {
+    let mut body = json!({
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": true,
         "stream_options": {"include_usage": true},
-    })
-    .to_string();
+    });
+    if let Some(schema) = schema {
+        body["response_format"] =
+            json!({"type": "json_schema", "json_schema": {"name": "bench", "schema": &*schema, "strict": true}});
+    }
+    let body = body.to_string();
     let sent = Instant::now();
     let stream = TcpStream::connect(addr).await.context("connect to the server")?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
@@ -497,6 +585,14 @@ fn percentile(values: &[Duration], p: f64) -> Duration {
     v.sort_unstable();
     let rank = ((p / 100.0) * v.len() as f64).ceil().max(1.0) as usize;
     v[rank.min(v.len()) - 1]
+}
+
+/// Mean of `gaps` in seconds (0 for none).
+fn mean_secs(gaps: &[Duration]) -> f64 {
+    if gaps.is_empty() {
+        return 0.0;
+    }
+    gaps.iter().map(Duration::as_secs_f64).sum::<f64>() / gaps.len() as f64
 }
 
 fn median(values: &[Duration]) -> Duration {
