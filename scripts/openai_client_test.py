@@ -174,6 +174,7 @@ def main() -> int:
         checks.unknown_model_is_not_found,
         checks.wrong_key_is_refused,
     ]
+    order += [f.__get__(checks) for f in N_CHOICE_CHECKS]
     passed = failed = 0
     for c in order:
         try:
@@ -187,6 +188,64 @@ def main() -> int:
             print(f"ok   {c.__name__}")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
+
+
+# `n` choices: the server computes the prompt once and forks it into the n continuations.
+
+
+def n_choices_sampled_are_distinct(self: Checks):
+    """n=4 at temperature 1 (seeded): four different answers with indices 0..3, the same
+    four when streamed (chunks interleaved, each choice with its own index and finish)."""
+    messages = [{"role": "user", "content": "Write a short poem about the sea."}]
+    kw = dict(model=self.model, messages=messages, max_tokens=24, temperature=1.0, seed=1234, n=4)
+    whole = self.client.chat.completions.create(**kw)
+    check([c.index for c in whole.choices] == [0, 1, 2, 3], f"indices {[c.index for c in whole.choices]}")
+    texts = [c.message.content for c in whole.choices]
+    check(len(set(texts)) == 4, f"expected 4 distinct samples, got {texts}")
+    check(all(c.finish_reason in ("stop", "length") for c in whole.choices), "finish reasons")
+    u = whole.usage
+    check(4 <= u.completion_tokens <= 4 * 24, f"usage sums the choices' tokens: {u}")
+    check(u.total_tokens == u.prompt_tokens + u.completion_tokens, f"usage {u}")
+    parts, finishes, usage = {}, {}, None
+    for chunk in self.client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            parts.setdefault(c.index, []).append(c.delta.content or "")
+            if c.finish_reason:
+                check(c.index not in finishes, f"choice {c.index} finished twice")
+                finishes[c.index] = c.finish_reason
+    streamed = ["".join(parts.get(i, [])) for i in range(4)]
+    check(streamed == texts, f"streamed {streamed} != {texts}")
+    check(sorted(finishes) == [0, 1, 2, 3], f"finish chunks {finishes}")
+    check(usage is not None and usage.completion_tokens == u.completion_tokens, f"streamed usage {usage}")
+
+
+def n_choices_greedy_are_identical(self: Checks):
+    """n=4 at temperature 0: four identical answers, the n=1 answer, on both endpoints; n=17
+    is a 400 naming `n`."""
+    messages = [{"role": "user", "content": "Name three colors."}]
+    one = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=16, temperature=0)
+    four = self.client.chat.completions.create(
+        model=self.model, messages=messages, max_tokens=16, temperature=0, n=4
+    )
+    texts = [c.message.content for c in four.choices]
+    check(texts == [one.choices[0].message.content] * 4, f"expected 4 x {one.choices[0].message.content!r}: {texts}")
+    check(four.usage.prompt_tokens == one.usage.prompt_tokens, f"the prompt is counted once: {four.usage}")
+    check(four.usage.completion_tokens == 4 * one.usage.completion_tokens, f"usage {four.usage}")
+    done = self.client.completions.create(
+        model=self.model, prompt="The capital of France is", max_tokens=8, temperature=0, n=4
+    )
+    check(len({c.text for c in done.choices}) == 1 and len(done.choices) == 4, f"completions {done.choices}")
+    try:
+        self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=4, n=17)
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and e.param == "n", f"status {e.status_code}, param {e.param!r}")
+    else:
+        raise AssertionError("n=17 was accepted")
+
+
+N_CHOICE_CHECKS = [n_choices_sampled_are_distinct, n_choices_greedy_are_identical]
 
 
 if __name__ == "__main__":

@@ -45,6 +45,21 @@ pub trait Backend: Send + Sync + 'static {
     /// the client as an internal error.
     fn submit(&self, request: GenerationRequest) -> Result<EventStream, BackendError>;
 
+    /// Enqueues `n` continuations of one request (OpenAI's `n`; `2..=MAX_CHOICES`, checked by
+    /// the server) and returns their streams, choice 0 first; each follows `submit`'s contract,
+    /// and dropping one cancels that continuation. Continuation `i` samples with seed
+    /// `seed + i` when the request has a seed. The default submits `n` independent requests;
+    /// an engine that forks the computed prompt's cache (prefilling it once) overrides it.
+    fn submit_n(&self, request: GenerationRequest, n: usize) -> Result<Vec<EventStream>, BackendError> {
+        (0..n)
+            .map(|i| {
+                let mut r = request.clone();
+                r.sampling.seed = r.sampling.seed.map(|s| s.wrapping_add(i as u64));
+                self.submit(r)
+            })
+            .collect()
+    }
+
     /// A snapshot of the engine's gauges and counters (counters are monotonic totals).
     fn metrics(&self) -> BackendMetrics;
 
@@ -61,6 +76,15 @@ pub trait Backend: Send + Sync + 'static {
 pub enum ToolCallFormat {
     /// Hermes / Qwen 2.5: `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` blocks.
     Hermes,
+    /// Llama 3.x JSON: the reply is `{"name": …, "parameters": {…}}` (several joined by `; `),
+    /// after `<|python_tag|>` when the model writes it.
+    Llama3Json,
+    /// Mistral: `[TOOL_CALLS][{"name": …, "arguments": {…}}, …]`, or with `args`
+    /// `[TOOL_CALLS]name[ARGS]{…}` per call. `tool_calls` / `args_token`: the ids of the
+    /// `[TOOL_CALLS]` / `[ARGS]` special tokens when the vocabulary has them (grammars then
+    /// write the token; its text prints nothing, so the parser also reads calls without it);
+    /// `None`: the marker is plain text.
+    Mistral { args: bool, tool_calls: Option<u32>, args_token: Option<u32> },
 }
 
 /// A function the model may call.
@@ -183,6 +207,9 @@ pub enum Grammar {
 
 /// The [`BackendError::code`] of a grammar the backend cannot compile.
 pub const INVALID_GRAMMAR: &str = "invalid_grammar";
+
+/// Most choices (`n`) one request may ask for.
+pub const MAX_CHOICES: usize = 16;
 
 /// Most stop strings one request may carry.
 pub const MAX_STOP_SEQUENCES: usize = 16;
@@ -405,8 +432,20 @@ pub struct BackendMetrics {
     pub kv_blocks_used: u64,
     /// Blocks holding nothing.
     pub kv_blocks_free: u64,
+    /// Blocks held by two or more live sequences at once (the `n` choices of a request share
+    /// their prompt's blocks copy-on-write).
+    pub kv_blocks_shared: u64,
+    /// Choices forked from a request's computed prompt (`n − 1` per request with `n > 1`).
+    pub sequence_forks: u64,
+    /// Grammar masks computed for constrained decoding (one per constrained token), and the
+    /// seconds spent computing them.
+    pub grammar_masks: u64,
+    pub grammar_mask_seconds: f64,
     /// Unreferenced blocks kept by the session bank for prefix reuse (evictable).
     pub kv_blocks_cached: u64,
+    /// `[layer groups]` (attention type: `full` or `sliding_W`, blocks running sequences
+    /// hold in the group).
+    pub kv_group_blocks: Vec<(String, u64)>,
     /// Session-bank lookups that found a cached block (counted in blocks).
     pub session_bank_hits: u64,
     /// Session-bank lookups that missed (counted in blocks).

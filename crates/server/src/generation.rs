@@ -24,6 +24,7 @@ use crate::backend::{
     Event, EventStream, FinishReason, GenerationRequest, Grammar, Prompt, SamplingParams, TokenLogprob, Usage,
     INVALID_GRAMMAR,
 };
+use crate::choices::total_usage;
 use crate::error::ApiError;
 use crate::metrics::Outcome;
 use crate::params::fit_context;
@@ -64,6 +65,18 @@ pub(crate) enum Step {
 
 /// Prepares, checks and submits. Errors are the client's (400) or the backend's.
 pub(crate) async fn start(state: &Arc<AppState>, arrived: Instant, spec: Spec) -> Result<Job, ApiError> {
+    let mut jobs = start_n(state, arrived, spec, 1).await?;
+    jobs.pop().ok_or_else(|| ApiError::internal("the backend returned no stream"))
+}
+
+/// [`start`] for `n` choices of one prompt (`1..=MAX_CHOICES`, checked by the caller): one
+/// job per choice, choice 0 first. The prompt is prepared and counted once.
+pub(crate) async fn start_n(
+    state: &Arc<AppState>,
+    arrived: Instant,
+    spec: Spec,
+    n: usize,
+) -> Result<Vec<Job>, ApiError> {
     if *state.cancel.borrow() {
         return Err(ApiError::shutting_down());
     }
@@ -87,15 +100,19 @@ pub(crate) async fn start(state: &Arc<AppState>, arrived: Instant, spec: Spec) -
         logprobs: spec.logprobs,
         grammar,
     };
-    let submitted = if request.grammar.is_some() {
+    let submit = move |backend: &dyn crate::backend::Backend| match n {
+        1 => backend.submit(request).map(|s| vec![s]),
+        n => backend.submit_n(request, n),
+    };
+    let submitted = if grammar_param.is_some() {
         // Compiling a grammar takes milliseconds (the first one builds the vocabulary's trie):
         // not on the async threads.
         let backend = state.backend.clone();
-        tokio::task::spawn_blocking(move || backend.submit(request))
+        tokio::task::spawn_blocking(move || submit(&*backend))
             .await
             .map_err(|e| ApiError::internal(format!("submitting the request failed: {e}")))?
     } else {
-        state.backend.submit(request)
+        submit(&*state.backend)
     };
     let events = submitted.map_err(|e| {
         let invalid_grammar = e.code == Some(INVALID_GRAMMAR);
@@ -105,19 +122,25 @@ pub(crate) async fn start(state: &Arc<AppState>, arrived: Instant, spec: Spec) -
             _ => api,
         }
     })?;
-    state.metrics.generation_started();
     state.metrics.add_prompt_tokens(prompt_tokens, 0);
     let deadline = state.request_timeout.map(|t| (tokio::time::Instant::from_std(arrived) + t, t));
-    Ok(Job {
-        state: state.clone(),
-        events,
-        cancel: state.cancel.clone(),
-        deadline,
-        arrived,
-        last_token: None,
-        prompt_tokens,
-        finished: false,
-    })
+    let jobs = events
+        .into_iter()
+        .map(|events| {
+            state.metrics.generation_started();
+            Job {
+                state: state.clone(),
+                events,
+                cancel: state.cancel.clone(),
+                deadline,
+                arrived,
+                last_token: None,
+                prompt_tokens,
+                finished: false,
+            }
+        })
+        .collect();
+    Ok(jobs)
 }
 
 /// A submitted generation. Owns the backend stream: dropping the job cancels it.
@@ -242,12 +265,21 @@ pub(crate) async fn collect(mut job: Job) -> Result<Collected, ApiError> {
     }
 }
 
+/// Runs the jobs of one request's choices to the end, together; the first failure is the
+/// result (the other choices are then dropped, which cancels them).
+pub(crate) async fn collect_all(jobs: Vec<Job>) -> Result<Vec<Collected>, ApiError> {
+    futures_util::future::try_join_all(jobs.into_iter().map(collect)).await
+}
+
 /// Renders one generation as SSE chunks (one encoder per API shape).
 pub(crate) trait Encoder: Send + 'static {
     /// Chunks sent before the first step (role announcement, `message_start`).
     fn start(&mut self, out: &mut Vec<Bytes>);
     /// Chunks for one step; after a terminal step the stream ends.
     fn step(&mut self, step: Step, out: &mut Vec<Bytes>);
+    /// Chunks that end a stream of several choices once every choice is done (whose encoders
+    /// then leave them out of their `Done` step), given the usage of the whole request.
+    fn close(&mut self, _usage: Usage, _out: &mut Vec<Bytes>) {}
 }
 
 /// The SSE body stream of a job: the encoder's chunks, in order, until a terminal step.
@@ -269,6 +301,62 @@ pub(crate) fn sse_stream<E: Encoder>(job: Job, mut encoder: E) -> impl Stream<It
             ended = matches!(step, Step::Done { .. } | Step::Failed(_));
             let mut out = Vec::new();
             encoder.step(step, &mut out);
+            out.reverse();
+            pending = out;
+        }
+    })
+}
+
+/// The SSE body of a request's choices (`n > 1`): each job's steps through its own encoder
+/// (one per choice, which marks its chunks with the choice's index), interleaved as they come;
+/// after the last choice's `Done`, the first encoder's [`Encoder::close`] with the request's
+/// usage (the prompt once, the completions summed). A failed choice ends the stream with its
+/// error chunks, and dropping the stream (client disconnect) drops every job, which cancels
+/// every choice.
+pub(crate) fn sse_stream_choices<E: Encoder>(jobs: Vec<Job>, mut encoders: Vec<E>) -> impl Stream<Item = Bytes> + Send {
+    debug_assert_eq!(jobs.len(), encoders.len());
+    let open = jobs.len();
+    let steps = stream::select_all(jobs.into_iter().enumerate().map(|(i, job)| {
+        // Yields `(choice, step)` until the job's terminal step (then drops the job).
+        Box::pin(stream::unfold(Some(job), move |job| async move {
+            let mut job = job?;
+            let step = job.next().await;
+            let terminal = matches!(step, Step::Done { .. } | Step::Failed(_));
+            Some(((i, step), (!terminal).then_some(job)))
+        }))
+    }));
+    let mut pending = Vec::new();
+    for e in &mut encoders {
+        e.start(&mut pending);
+    }
+    pending.reverse();
+    let usage: Option<Usage> = None;
+    // State: (steps, encoders, chunks to send in reverse order, choices not done, usage so
+    // far, stream ended).
+    let state = (steps, encoders, pending, open, usage, false);
+    stream::unfold(state, |(mut steps, mut encoders, mut pending, mut open, mut usage, mut ended)| async move {
+        loop {
+            if let Some(chunk) = pending.pop() {
+                return Some((chunk, (steps, encoders, pending, open, usage, ended)));
+            }
+            if ended {
+                return None;
+            }
+            let (i, step) = steps.next().await?;
+            match &step {
+                Step::Done { usage: u, .. } => {
+                    open -= 1;
+                    usage = Some(total_usage(usage.into_iter().chain([*u])));
+                }
+                Step::Failed(_) => ended = true,
+                Step::Token { .. } => {}
+            }
+            let mut out = Vec::new();
+            encoders[i].step(step, &mut out);
+            if open == 0 && !ended {
+                ended = true;
+                encoders[0].close(usage.unwrap_or_default(), &mut out);
+            }
             out.reverse();
             pending = out;
         }

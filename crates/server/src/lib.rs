@@ -4,7 +4,8 @@
 //! - [`backend`]: the [`Backend`] trait and its types — the only thing the server needs from
 //!   an engine (prompt preparation, submission with a cancellable [`EventStream`], metrics).
 //! - [`serve`] / [`Server`]: bind (127.0.0.1:8080 by default), serve, shut down gracefully.
-//! - Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (openai.rs),
+//! - Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (openai.rs; `n` choices:
+//!   choices.rs),
 //!   `POST /v1/messages` (anthropic.rs), `GET /v1/models`, `GET /health`, `GET /metrics`
 //!   (Prometheus text, metrics.rs).
 //! - Every bad input becomes an [`ApiError`] in the API's error shape (error.rs, params.rs);
@@ -22,6 +23,7 @@
 
 mod anthropic;
 pub mod backend;
+mod choices;
 mod error;
 mod format;
 mod generation;
@@ -35,7 +37,7 @@ mod tools;
 pub use backend::{
     AttentionCalls, Backend, BackendError, BackendErrorKind, BackendMetrics, Cancelled, ChatMessage, Event,
     EventSender, EventStream, FallbackCalls, FinishReason, GenerationRequest, Grammar, LogprobEntry, PreparedPrompt,
-    Prompt, Role, SamplingParams, TokenLogprob, Tool, ToolCall, ToolCallFormat, Usage, INVALID_GRAMMAR,
+    Prompt, Role, SamplingParams, TokenLogprob, Tool, ToolCall, ToolCallFormat, Usage, INVALID_GRAMMAR, MAX_CHOICES,
     MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS,
 };
 pub use error::ApiError;

@@ -251,6 +251,33 @@ fn render_backend(out: &mut String, b: &BackendMetrics) {
         "Unreferenced KV cache blocks kept by the session bank (evictable).",
         b.kv_blocks_cached as f64,
     );
+    gauge(
+        out,
+        "pagekv_kv_blocks_shared",
+        "KV cache blocks held by two or more live sequences (choices of one prompt share its blocks).",
+        b.kv_blocks_shared as f64,
+    );
+    counter(
+        out,
+        "pagekv_sequence_forks_total",
+        "Choices forked copy-on-write from a request's computed prompt (n - 1 per request with n > 1).",
+        b.sequence_forks,
+    );
+    counter(out, "pagekv_grammar_masks_total", "Token masks computed for constrained decoding.", b.grammar_masks);
+    header(
+        out,
+        "pagekv_grammar_mask_seconds_total",
+        "Seconds spent computing constrained-decoding token masks (mostly beside the forward pass).",
+        "counter",
+    );
+    let _ = writeln!(out, "pagekv_grammar_mask_seconds_total {}", b.grammar_mask_seconds);
+    if !b.kv_group_blocks.is_empty() {
+        let name = "pagekv_kv_group_blocks_used";
+        header(out, name, "KV cache blocks running sequences hold, per layer group.", "gauge");
+        for (i, (attention, n)) in b.kv_group_blocks.iter().enumerate() {
+            let _ = writeln!(out, "{name}{{group=\"{i}\",attention=\"{}\"}} {n}", escape(attention));
+        }
+    }
     counter(
         out,
         "pagekv_session_bank_hits_total",
@@ -388,5 +415,39 @@ mod tests {
         assert!(text.contains("\npagekv_session_bank_hit_rate 0\n"));
         let b = BackendMetrics { session_bank_hits: 3, session_bank_misses: 1, ..Default::default() };
         assert!(m.render("m", &b).contains("\npagekv_session_bank_hit_rate 0.75\n"));
+    }
+
+    #[test]
+    fn shared_blocks_forks_and_mask_time_are_rendered() {
+        let m = ServerMetrics::default();
+        let b = BackendMetrics {
+            kv_blocks_shared: 5,
+            sequence_forks: 3,
+            grammar_masks: 8,
+            grammar_mask_seconds: 0.25,
+            ..Default::default()
+        };
+        let text = m.render("m", &b);
+        for line in [
+            "\npagekv_kv_blocks_shared 5\n",
+            "\npagekv_sequence_forks_total 3\n",
+            "\npagekv_grammar_masks_total 8\n",
+            "\npagekv_grammar_mask_seconds_total 0.25\n",
+            "\n# TYPE pagekv_sequence_forks_total counter\n",
+        ] {
+            assert!(text.contains(line), "{line:?} missing from:\n{text}");
+        }
+    }
+
+    #[test]
+    fn group_blocks_get_one_series_per_group() {
+        let m = ServerMetrics::default();
+        let b = BackendMetrics {
+            kv_group_blocks: vec![("sliding_512".into(), 33), ("full".into(), 250)],
+            ..Default::default()
+        };
+        let text = m.render("m", &b);
+        assert!(text.contains("\npagekv_kv_group_blocks_used{group=\"0\",attention=\"sliding_512\"} 33\n"), "{text}");
+        assert!(text.contains("\npagekv_kv_group_blocks_used{group=\"1\",attention=\"full\"} 250\n"));
     }
 }

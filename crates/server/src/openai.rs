@@ -18,9 +18,10 @@ use serde_json::{json, Map, Value};
 use crate::backend::{
     ChatMessage, FinishReason, LogprobEntry, Prompt, Role, TokenLogprob, ToolCallFormat, Usage, MAX_TOP_LOGPROBS,
 };
+use crate::choices::{choices, choices_stream, stamp_index, total_usage};
 use crate::error::ApiError;
 use crate::format::{response_format, SCHEMA_PARAM};
-use crate::generation::{self, collect, sse_data, sse_response, sse_stream, Encoder, Spec, Step};
+use crate::generation::{self, collect_all, sse_data, Collected, Encoder, Spec, Step};
 use crate::models::ModelNames;
 use crate::params::{
     check_model, kind_of, logprob_json, max_tokens_bound, parse_object, read_body, sampling, stop_strings, unsupported,
@@ -28,8 +29,8 @@ use crate::params::{
 };
 use crate::server::{unix_now, AppState};
 use crate::tools::{
-    call_grammar, call_id, check_tool_results, message_tool_calls, tool_request, HermesParser, ParsedCall, Piece,
-    ToolChoice, ToolRequest,
+    call_grammar, call_id, check_tool_results, message_tool_calls, output_format, parser, split_output, tool_request,
+    ParsedCall, Piece, ToolChoice, ToolParser, ToolRequest,
 };
 
 /// Request fields accepted and ignored (they change nothing here).
@@ -82,7 +83,7 @@ fn stream_options(f: &mut Fields) -> Result<StreamOptions, ApiError> {
     Ok(StreamOptions { stream, include_usage })
 }
 
-/// `n` (and `best_of`) must be 1: one choice per request.
+/// `best_of` must be 1: choices are not ranked.
 fn single_choice(f: &mut Fields, name: &str) -> Result<(), ApiError> {
     match f.integer(name)? {
         None | Some(1) => Ok(()),
@@ -103,6 +104,8 @@ pub(crate) struct OpenAiRequest {
     /// The tool fields (chat only; none for completions).
     pub tools: ToolRequest,
     pub spec: Spec,
+    /// Choices to generate (`n`).
+    pub n: usize,
     stream: StreamOptions,
 }
 
@@ -136,7 +139,7 @@ pub(crate) fn parse_chat(f: &mut Fields, served: &ModelNames, window: usize) -> 
         }
         (true, top) => Some(top_logprobs("top_logprobs", top.unwrap_or(0))?),
     };
-    single_choice(f, "n")?;
+    let n = choices(f)?;
     reject_unsupported_common(f)?;
     let grammar = response_format(f)?;
     let tools = tool_request(f)?;
@@ -166,6 +169,7 @@ pub(crate) fn parse_chat(f: &mut Fields, served: &ModelNames, window: usize) -> 
             logprobs,
             grammar: grammar.map(|g| (g, SCHEMA_PARAM)),
         },
+        n,
         stream,
     })
 }
@@ -307,7 +311,7 @@ pub(crate) fn parse_completion(f: &mut Fields, served: &ModelNames, window: usiz
         None => None,
         Some(k) => Some(top_logprobs("logprobs", k)?),
     };
-    single_choice(f, "n")?;
+    let n = choices(f)?;
     single_choice(f, "best_of")?;
     reject_unsupported_common(f)?;
     let grammar = response_format(f)?;
@@ -326,6 +330,7 @@ pub(crate) fn parse_completion(f: &mut Fields, served: &ModelNames, window: usiz
             logprobs,
             grammar: grammar.map(|g| (g, SCHEMA_PARAM)),
         },
+        n,
         stream,
     })
 }
@@ -417,11 +422,13 @@ async fn respond(
     f.finish(IGNORED)?;
     let want_logprobs = req.spec.logprobs.is_some();
     let mut spec = req.spec;
-    let tool_format = tool_format(&state, &req.tools)?;
-    if let Some(grammar) = tool_format.and_then(|format| call_grammar(&req.tools, format)) {
+    let tool_format = output_format(state.backend.tool_call_format(), &req.tools, "tool_choice")?;
+    // A `response_format` under `auto` wins: the output is its JSON (a forced call cannot be
+    // combined with one; parse_chat refuses that).
+    if let Some(grammar) = tool_format.filter(|_| spec.grammar.is_none()).and_then(|f| call_grammar(&req.tools, f)) {
         spec.grammar = Some((grammar, "tools"));
     }
-    let job = generation::start(&state, arrived, spec).await?;
+    let jobs = generation::start_n(&state, arrived, spec, req.n).await?;
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl-",
         Endpoint::Completion => "cmpl-",
@@ -429,27 +436,76 @@ async fn respond(
     let head = Head { id: state.request_id(prefix), created: unix_now(), model: req.model };
     let include_usage = req.stream.include_usage;
     if req.stream.stream {
+        // One encoder per choice, stamping its index; with several choices the usage chunk
+        // and `[DONE]` close the whole stream once, after the last choice's finish chunk.
+        let closes = jobs.len() == 1;
         return Ok(match endpoint {
             Endpoint::Chat => {
-                let calls = tool_format.map(|_| StreamedCalls {
-                    parser: HermesParser::default(),
-                    count: 0,
-                    blank: String::new(),
+                let encoders = (0..jobs.len()).map(|index| ChatEncoder {
+                    head: head.clone(),
+                    include_usage,
+                    calls: tool_format.map(|format| StreamedCalls {
+                        parser: parser(format),
+                        count: 0,
+                        blank: String::new(),
+                    }),
+                    index,
+                    closes,
                 });
-                sse_response(sse_stream(job, ChatEncoder { head, include_usage, calls }))
+                choices_stream(jobs, encoders.collect())
             }
-            Endpoint::Completion => sse_response(sse_stream(job, CompletionEncoder { head, include_usage, chars: 0 })),
+            Endpoint::Completion => {
+                let encoders = (0..jobs.len()).map(|index| CompletionEncoder {
+                    head: head.clone(),
+                    include_usage,
+                    chars: 0,
+                    index,
+                    closes,
+                });
+                choices_stream(jobs, encoders.collect())
+            }
         });
     }
-    let c = collect(job).await?;
+    let collected = collect_all(jobs).await?;
+    let choices: Vec<Value> = collected
+        .iter()
+        .enumerate()
+        .map(|(index, c)| choice_json(endpoint, index, c, want_logprobs, tool_format, &head.id))
+        .collect();
+    let object = match endpoint {
+        Endpoint::Chat => "chat.completion",
+        Endpoint::Completion => "text_completion",
+    };
+    Ok(Json(json!({
+        "id": head.id,
+        "object": object,
+        "created": head.created,
+        "model": head.model,
+        "choices": choices,
+        "usage": usage_json(&total_usage(collected.iter().map(|c| c.usage))),
+    }))
+    .into_response())
+}
+
+/// Choice `index` of a whole (not streamed) response.
+fn choice_json(
+    endpoint: Endpoint,
+    index: usize,
+    c: &Collected,
+    want_logprobs: bool,
+    tool_format: Option<ToolCallFormat>,
+    request_id: &str,
+) -> Value {
     let mut finish_reason = c.finish_reason.as_str();
-    let (object, choice) = match endpoint {
+    let mut choice = match endpoint {
         Endpoint::Chat => {
             let logprobs = want_logprobs
                 .then(|| json!({"content": c.logprobs.iter().map(chat_logprob).collect::<Vec<_>>(), "refusal": null}));
             let mut message = json!({"role": "assistant", "content": c.text, "refusal": null});
-            if tool_format.is_some() {
-                let (text, calls) = split_calls(&c.text, &head.id);
+            if let Some(format) = tool_format {
+                let (text, calls) = split_output(format, &c.text);
+                let calls: Vec<Value> =
+                    calls.iter().enumerate().map(|(i, call)| call_json(call, call_id(request_id, i))).collect();
                 if !calls.is_empty() {
                     message["content"] = if text.is_empty() { Value::Null } else { json!(text) };
                     message["tool_calls"] = json!(calls);
@@ -458,41 +514,15 @@ async fn respond(
                     }
                 }
             }
-            ("chat.completion", json!({"index": 0, "message": message, "logprobs": logprobs}))
+            json!({"index": index, "message": message, "logprobs": logprobs})
         }
         Endpoint::Completion => {
             let logprobs = want_logprobs.then(|| completion_logprobs(&c.logprobs, &c.text_offsets));
-            ("text_completion", json!({"index": 0, "text": c.text, "logprobs": logprobs}))
+            json!({"index": index, "text": c.text, "logprobs": logprobs})
         }
     };
-    let mut choice = choice;
     choice["finish_reason"] = json!(finish_reason);
-    Ok(Json(json!({
-        "id": head.id,
-        "object": object,
-        "created": head.created,
-        "model": head.model,
-        "choices": [choice],
-        "usage": usage_json(&c.usage),
-    }))
-    .into_response())
-}
-
-/// The model's tool-call format when calls are to be parsed out of this request's output.
-/// A call the model cannot be made to write (`required` or a named function without a known
-/// format) is a 400.
-fn tool_format(state: &AppState, tools: &ToolRequest) -> Result<Option<ToolCallFormat>, ApiError> {
-    if !tools.parses_calls() {
-        return Ok(None);
-    }
-    let format = state.backend.tool_call_format();
-    if format.is_none() && matches!(tools.choice, ToolChoice::Required | ToolChoice::Function(_)) {
-        return Err(ApiError::invalid(
-            "tool_choice",
-            "This model's chat template teaches no tool-call format the server can parse, so a call cannot be required.",
-        ));
-    }
-    Ok(format)
+    choice
 }
 
 /// One parsed call in OpenAI's response shape.
@@ -500,26 +530,11 @@ fn call_json(call: &ParsedCall, id: String) -> Value {
     json!({"id": id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}})
 }
 
-/// The text and the calls of a whole output (the text trimmed; calls numbered from 0).
-fn split_calls(text: &str, request_id: &str) -> (String, Vec<Value>) {
-    let mut parser = HermesParser::default();
-    let mut pieces = parser.push(text);
-    pieces.extend(parser.finish());
-    let (mut content, mut calls) = (String::new(), Vec::new());
-    for piece in pieces {
-        match piece {
-            Piece::Text(t) => content.push_str(&t),
-            Piece::Call(call) => calls.push(call_json(&call, call_id(request_id, calls.len()))),
-        }
-    }
-    (content.trim().to_string(), calls)
-}
-
 // ---------------------------------------------------------------------------------------------
 // Response shapes
 
 /// The fields every response object and chunk of one request repeats.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Head {
     id: String,
     created: u64,
@@ -573,17 +588,22 @@ fn stream_error(e: &ApiError, out: &mut Vec<Bytes>) {
     out.push(Bytes::from_static(DONE));
 }
 
-/// `chat.completion.chunk` stream.
+/// `chat.completion.chunk` stream of one choice.
 struct ChatEncoder {
     head: Head,
     include_usage: bool,
     /// Tool calls parsed out of the stream, when the request has tools the model can call.
     calls: Option<StreamedCalls>,
+    /// The choice's `index`, stamped on every chunk.
+    index: usize,
+    /// This choice's `Done` ends the stream (usage, `[DONE]`): the only choice; with several,
+    /// [`Encoder::close`] does once they are all done.
+    closes: bool,
 }
 
 /// The tool-call state of a chat stream.
 struct StreamedCalls {
-    parser: HermesParser,
+    parser: Box<dyn ToolParser>,
     /// Calls sent so far (the next one's `index`).
     count: usize,
     /// Whitespace at the end of the text so far, held until it is known whether a call (which
@@ -598,7 +618,7 @@ impl ChatEncoder {
             "object": "chat.completion.chunk",
             "created": self.head.created,
             "model": self.head.model,
-            "choices": choices,
+            "choices": stamp_index(choices, self.index),
         });
         if self.include_usage {
             v["usage"] = usage.unwrap_or(Value::Null);
@@ -690,22 +710,31 @@ impl Encoder for ChatEncoder {
                 }
                 let choices = json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason}]);
                 out.push(self.chunk(choices, None));
-                if self.include_usage {
-                    out.push(self.chunk(json!([]), Some(usage_json(&usage))));
+                if self.closes {
+                    self.close(usage, out);
                 }
-                out.push(Bytes::from_static(DONE));
             }
             Step::Failed(e) => stream_error(&e, out),
         }
     }
+
+    fn close(&mut self, usage: Usage, out: &mut Vec<Bytes>) {
+        if self.include_usage {
+            out.push(self.chunk(json!([]), Some(usage_json(&usage))));
+        }
+        out.push(Bytes::from_static(DONE));
+    }
 }
 
-/// `text_completion` stream.
+/// `text_completion` stream of one choice.
 struct CompletionEncoder {
     head: Head,
     include_usage: bool,
     /// Characters streamed so far (for `text_offset`).
     chars: usize,
+    /// As [`ChatEncoder`]'s.
+    index: usize,
+    closes: bool,
 }
 
 impl CompletionEncoder {
@@ -715,7 +744,7 @@ impl CompletionEncoder {
             "object": "text_completion",
             "created": self.head.created,
             "model": self.head.model,
-            "choices": choices,
+            "choices": stamp_index(choices, self.index),
         });
         if self.include_usage {
             v["usage"] = usage.unwrap_or(Value::Null);
@@ -751,13 +780,19 @@ impl Encoder for CompletionEncoder {
                     "finish_reason": finish_reason.as_str(),
                 }]);
                 out.push(self.chunk(choices, None));
-                if self.include_usage {
-                    out.push(self.chunk(json!([]), Some(usage_json(&usage))));
+                if self.closes {
+                    self.close(usage, out);
                 }
-                out.push(Bytes::from_static(DONE));
             }
             Step::Failed(e) => stream_error(&e, out),
         }
+    }
+
+    fn close(&mut self, usage: Usage, out: &mut Vec<Bytes>) {
+        if self.include_usage {
+            out.push(self.chunk(json!([]), Some(usage_json(&usage))));
+        }
+        out.push(Bytes::from_static(DONE));
     }
 }
 
@@ -814,7 +849,8 @@ mod tests {
             (r#"{"messages": [{"role": "user"}]}"#, "messages[0].content"),
             (r#"{"messages": [{"role": "user", "content": 5}]}"#, "messages[0].content"),
             (r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#, "messages[0].content[0].type"),
-            (r#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#, "n"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "n": 17}"#, "n"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "n": 0}"#, "n"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{}]}"#, "tools[0].type"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}"#, "max_tokens"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 101}"#, "max_tokens"),
@@ -861,6 +897,7 @@ mod tests {
             (r#"{"prompt": "x", "echo": true}"#, "echo"),
             (r#"{"prompt": "x", "suffix": "y"}"#, "suffix"),
             (r#"{"prompt": "x", "best_of": 3}"#, "best_of"),
+            (r#"{"prompt": "x", "n": 17}"#, "n"),
             (r#"{"prompt": "x", "logprobs": 50}"#, "logprobs"),
             (r#"{"prompt": "x", "max_tokens": 0}"#, "max_tokens"),
         ] {

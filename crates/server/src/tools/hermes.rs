@@ -7,17 +7,11 @@
 
 use serde_json::Value;
 
-use super::ParsedCall;
+use super::scan::{call_of, partial_tag_len};
+use super::{push_text, ParsedCall, Piece, ToolParser};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
-
-/// What the parser recognised in a piece of text, in order.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Piece {
-    Text(String),
-    Call(ParsedCall),
-}
 
 /// Streaming separator of text and `<tool_call>` blocks.
 #[derive(Debug, Default)]
@@ -28,17 +22,9 @@ pub(crate) struct HermesParser {
     in_call: bool,
 }
 
-/// The longest suffix of `s` that is a proper prefix of `tag` (where `s` may be cut).
-fn partial_tag_len(s: &str, tag: &str) -> usize {
-    (1..tag.len().min(s.len() + 1))
-        .rev()
-        .find(|&n| s.is_char_boundary(s.len() - n) && tag.starts_with(&s[s.len() - n..]))
-        .unwrap_or(0)
-}
-
-impl HermesParser {
+impl ToolParser for HermesParser {
     /// Takes the next piece of generated text; returns what is decided.
-    pub(crate) fn push(&mut self, text: &str) -> Vec<Piece> {
+    fn push(&mut self, text: &str) -> Vec<Piece> {
         self.held.push_str(text);
         let mut out = Vec::new();
         loop {
@@ -67,7 +53,7 @@ impl HermesParser {
     }
 
     /// The end of the output: what is still held is text (an unclosed block included, tag and all).
-    pub(crate) fn finish(&mut self) -> Vec<Piece> {
+    fn finish(&mut self) -> Vec<Piece> {
         let mut out = Vec::new();
         let rest = std::mem::take(&mut self.held);
         if self.in_call {
@@ -85,28 +71,9 @@ impl HermesParser {
     }
 }
 
-fn push_text(out: &mut Vec<Piece>, text: String) {
-    if text.is_empty() {
-        return;
-    }
-    if let Some(Piece::Text(t)) = out.last_mut() {
-        t.push_str(&text);
-    } else {
-        out.push(Piece::Text(text));
-    }
-}
-
-/// `{"name": "…", "arguments": {…}}` (arguments may also be given as a JSON string, or under
-/// `parameters`); surrounding whitespace is ignored.
+/// `{"name": "…", "arguments": {…}}` (surrounding whitespace ignored), as [`call_of`] reads it.
 fn parse_call(body: &str) -> Option<ParsedCall> {
-    let Value::Object(mut o) = serde_json::from_str::<Value>(body.trim()).ok()? else { return None };
-    let Value::String(name) = o.remove("name")? else { return None };
-    let arguments = match o.remove("arguments").or_else(|| o.remove("parameters")) {
-        None | Some(Value::Null) => "{}".to_string(),
-        Some(Value::String(s)) => s,
-        Some(v) => v.to_string(),
-    };
-    Some(ParsedCall { name, arguments })
+    call_of(serde_json::from_str::<Value>(body.trim()).ok()?)
 }
 
 #[cfg(test)]
@@ -117,28 +84,8 @@ mod tests {
         Piece::Call(ParsedCall { name: name.into(), arguments: arguments.into() })
     }
 
-    /// All pieces of `text` fed in chunks of `n` bytes (on char boundaries), merged.
     fn run(text: &str, n: usize) -> Vec<Piece> {
-        let mut p = HermesParser::default();
-        let mut out = Vec::new();
-        let mut rest = text;
-        while !rest.is_empty() {
-            let mut cut = n.min(rest.len());
-            while !rest.is_char_boundary(cut) {
-                cut += 1;
-            }
-            out.extend(p.push(&rest[..cut]));
-            rest = &rest[cut..];
-        }
-        out.extend(p.finish());
-        let mut merged = Vec::new();
-        for piece in out {
-            match piece {
-                Piece::Text(t) => push_text(&mut merged, t),
-                c => merged.push(c),
-            }
-        }
-        merged
+        crate::tools::scan::run_split(&mut HermesParser::default(), text, n)
     }
 
     #[test]

@@ -1,22 +1,105 @@
-//! OpenAI tool calling: the request fields (`tools`, `tool_choice`, `parallel_tool_calls`),
-//! the history fields (assistant `tool_calls`, `tool` messages answering them), the grammar that
-//! holds decoding to a call under `required` or a named function, and parsing the calls out of
-//! the generated text (`hermes.rs`, the model's convention as its [`ToolCallFormat`] says).
+//! Tool calling: OpenAI's request fields (`tools`, `tool_choice`, `parallel_tool_calls`) and
+//! history fields (assistant `tool_calls`, `tool` messages answering them); one tool
+//! declaration shared with the Anthropic endpoint ([`new_tool`], with the schema shape check of
+//! `schema.rs`); the grammars that hold decoding to calls (`grammar/`); and the calls parsed out
+//! of the generated text by one [`ToolParser`] per family, as the model's [`ToolCallFormat`]
+//! says — Hermes/Qwen (`hermes.rs`), Llama 3.x JSON (`llama.rs`), Mistral (`mistral.rs`).
 
+mod grammar;
 mod hermes;
+mod llama;
+mod mistral;
+mod scan;
+mod schema;
 
 use serde_json::{json, Map, Value};
 
-use crate::backend::{ChatMessage, Grammar, Role, Tool, ToolCall, ToolCallFormat};
+use crate::backend::{ChatMessage, Role, Tool, ToolCall, ToolCallFormat};
 use crate::error::ApiError;
 use crate::params::{kind_of, Fields};
 
-pub(crate) use hermes::{HermesParser, Piece};
+pub(crate) use grammar::call_grammar;
+use hermes::HermesParser;
+use llama::Llama3Parser;
+use mistral::MistralParser;
 
 /// Longest function name (OpenAI's limit).
 const MAX_NAME: usize = 64;
 /// Most tools one request may declare.
 const MAX_TOOLS: usize = 128;
+
+/// What a tool-call parser recognised in a piece of text, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Piece {
+    Text(String),
+    Call(ParsedCall),
+}
+
+/// Separates plain text from tool calls in a model's output, in one family's convention.
+/// The text comes in pieces split anywhere (inside a tag, inside a UTF-8 character's
+/// neighbours — pieces are `str`s); each `push` returns what is decided, in order, and holds
+/// back what could still become part of a call. `finish` ends the output: what is held is
+/// decided then (a complete call counts even without its closing tag).
+pub(crate) trait ToolParser: Send {
+    fn push(&mut self, text: &str) -> Vec<Piece>;
+    fn finish(&mut self) -> Vec<Piece>;
+}
+
+/// A fresh parser for `format`.
+pub(crate) fn parser(format: ToolCallFormat) -> Box<dyn ToolParser> {
+    match format {
+        ToolCallFormat::Hermes => Box::new(HermesParser::default()),
+        ToolCallFormat::Llama3Json => Box::new(Llama3Parser::default()),
+        ToolCallFormat::Mistral { args, .. } => Box::new(MistralParser::new(args)),
+    }
+}
+
+/// A whole output's text (trimmed) and calls, in order.
+pub(crate) fn split_output(format: ToolCallFormat, text: &str) -> (String, Vec<ParsedCall>) {
+    let mut p = parser(format);
+    let mut pieces = p.push(text);
+    pieces.extend(p.finish());
+    let (mut content, mut calls) = (String::new(), Vec::new());
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => content.push_str(&t),
+            Piece::Call(call) => calls.push(call),
+        }
+    }
+    (content.trim().to_string(), calls)
+}
+
+/// Appends `text` to `out`, merging it into a text piece at the end.
+pub(crate) fn push_text(out: &mut Vec<Piece>, text: String) {
+    if text.is_empty() {
+        return;
+    }
+    if let Some(Piece::Text(t)) = out.last_mut() {
+        t.push_str(&text);
+    } else {
+        out.push(Piece::Text(text));
+    }
+}
+
+/// The model's tool-call format when calls are to be parsed out of this request's output
+/// (`model`: what the backend reports). A call the model cannot be made to write (`required`
+/// or a named function without a known format) is a 400 naming `choice_param`.
+pub(crate) fn output_format(
+    model: Option<ToolCallFormat>,
+    tools: &ToolRequest,
+    choice_param: &str,
+) -> Result<Option<ToolCallFormat>, ApiError> {
+    if !tools.parses_calls() {
+        return Ok(None);
+    }
+    if model.is_none() && matches!(tools.choice, ToolChoice::Required | ToolChoice::Function(_)) {
+        return Err(ApiError::invalid(
+            choice_param,
+            "This model's chat template teaches no tool-call format the server can parse, so a call cannot be required.",
+        ));
+    }
+    Ok(model)
+}
 
 /// A call parsed out of generated text: the function and its arguments as JSON text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,27 +203,55 @@ fn tools(items: Vec<Value>) -> Result<Vec<Tool>, ApiError> {
             Some(Value::String(n)) => n,
             _ => return Err(invalid(&at(".function.name"), format!("'{}' is required.", at(".function.name")))),
         };
-        check_name(&at(".function.name"), &name)?;
-        if out.iter().any(|t| t.name == name) {
-            return Err(invalid(&at(".function.name"), format!("Duplicate function name '{name}' in 'tools'.")));
-        }
         let description = match function.remove("description") {
             None | Some(Value::Null) => None,
             Some(Value::String(d)) => Some(d),
             Some(_) => return Err(invalid(&at(".function.description"), "A description must be a string.".into())),
         };
-        let parameters = match function.remove("parameters") {
-            None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
-            Some(p @ Value::Object(_)) => p,
-            Some(v) => {
-                let p = at(".function.parameters");
-                return Err(invalid(&p, format!("'{p}' must be a JSON Schema object, but got {}.", kind_of(&v))));
-            }
-        };
         let strict = matches!(function.remove("strict"), Some(Value::Bool(true)));
-        out.push(Tool { name, description, parameters, strict });
+        let parameters = function.remove("parameters");
+        let tool = new_tool(
+            &out,
+            ToolFields { at: at(".function"), name, description, schema: parameters, schema_key: "parameters", strict },
+        )?;
+        out.push(tool);
     }
     Ok(out)
+}
+
+/// One declared tool's fields, as either API spells them (`at`: the tool's path, for errors).
+pub(crate) struct ToolFields {
+    pub at: String,
+    pub name: String,
+    pub description: Option<String>,
+    /// The arguments' JSON Schema (absent: an empty object).
+    pub schema: Option<Value>,
+    /// Its key under `at` (`parameters` for OpenAI, `input_schema` for Anthropic).
+    pub schema_key: &'static str,
+    pub strict: bool,
+}
+
+/// Checks one declared tool against those before it (name shape, no duplicate, a schema whose
+/// keywords have the shapes JSON Schema gives them) and builds it.
+pub(crate) fn new_tool(before: &[Tool], f: ToolFields) -> Result<Tool, ApiError> {
+    let name_at = format!("{}.name", f.at);
+    check_name(&name_at, &f.name)?;
+    if before.iter().any(|t| t.name == f.name) {
+        return Err(invalid(&name_at, format!("Duplicate function name '{}' in 'tools'.", f.name)));
+    }
+    let schema_at = format!("{}.{}", f.at, f.schema_key);
+    let parameters = match f.schema {
+        None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+        Some(p @ Value::Object(_)) => p,
+        Some(v) => {
+            return Err(invalid(
+                &schema_at,
+                format!("'{schema_at}' must be a JSON Schema object, but got {}.", kind_of(&v)),
+            ))
+        }
+    };
+    schema::check(&parameters, &schema_at)?;
+    Ok(Tool { name: f.name, description: f.description, parameters, strict: f.strict })
 }
 
 fn tool_choice(v: Value, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
@@ -235,42 +346,6 @@ pub(crate) fn check_tool_results(messages: &[ChatMessage]) -> Result<(), ApiErro
     Ok(())
 }
 
-/// The grammar of the output under `required` or a named function, in the model's format:
-/// one call (or, with `parallel`, one or more) whose name is among the allowed functions and
-/// whose arguments follow that function's schema. `None` under `auto` and `none`.
-pub(crate) fn call_grammar(request: &ToolRequest, format: ToolCallFormat) -> Option<Grammar> {
-    let allowed: Vec<&Tool> = match &request.choice {
-        ToolChoice::Required => request.tools.iter().collect(),
-        ToolChoice::Function(name) => request.tools.iter().filter(|t| &t.name == name).collect(),
-        ToolChoice::None | ToolChoice::Auto => return None,
-    };
-    let variants: Vec<Value> = allowed
-        .iter()
-        .map(|t| {
-            json!({
-                "type": "object",
-                "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-                "required": ["name", "arguments"],
-                "additionalProperties": false,
-            })
-        })
-        .collect();
-    let lenient = !allowed.iter().all(|t| t.strict);
-    let schema = json!({
-        "anyOf": variants,
-        "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "lenient": lenient},
-    });
-    let ToolCallFormat::Hermes = format;
-    let calls = if request.parallel && !matches!(request.choice, ToolChoice::Function(_)) {
-        "call (\"\\n\" call)*"
-    } else {
-        "call"
-    };
-    Some(Grammar::Lark(format!(
-        "start: {calls}\ncall: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {schema}\n"
-    )))
-}
-
 /// A fresh call id, OpenAI style (`call_` and 24 hex digits), unique per `seed` and index.
 pub(crate) fn call_id(seed: &str, index: usize) -> String {
     let h = format!("{seed}/{index}")
@@ -282,6 +357,7 @@ pub(crate) fn call_id(seed: &str, index: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Grammar;
     use crate::params::parse_object;
 
     fn parse(body: Value) -> Result<ToolRequest, ApiError> {
@@ -345,8 +421,11 @@ mod tests {
     }
 
     #[test]
-    fn call_grammar_only_under_required_or_a_named_function() {
+    fn call_grammar_holds_calls_under_required_or_a_named_function_and_allows_text_under_auto() {
         let mut r = parse(json!({"tools": [weather()]})).unwrap();
+        let Some(Grammar::Lark(g)) = call_grammar(&r, ToolCallFormat::Hermes) else { panic!("auto constrains") };
+        assert!(g.starts_with("start: call* tail\n") && g.contains(r#""const":"get_weather""#), "{g}");
+        r.choice = ToolChoice::None;
         assert_eq!(call_grammar(&r, ToolCallFormat::Hermes), None);
         r.choice = ToolChoice::Required;
         let Some(Grammar::Lark(g)) = call_grammar(&r, ToolCallFormat::Hermes) else { panic!() };

@@ -130,7 +130,7 @@ async fn bad_chat_parameters() {
             "messages",
             Some("context_length_exceeded"),
         ),
-        ("n > 1", chat(json!({"n": 3})), 400, "n", Some("unsupported_parameter")),
+        ("n > 16", chat(json!({"n": 17})), 400, "n", Some("invalid_value")),
         ("tools", chat(json!({"tools": [{"type": "function"}]})), 400, "tools[0].function", Some("invalid_value")),
         (
             "bad response_format",
@@ -159,8 +159,8 @@ async fn bad_chat_parameters() {
     }
     assert_healthy(&server).await;
     // Streaming requests are validated before the stream starts: a plain JSON error.
-    let r = server.post("/v1/chat/completions", &chat(json!({"stream": true, "n": 2}))).await;
-    assert_openai_error(&r, 400, Some("n"), None, "streaming n > 1");
+    let r = server.post("/v1/chat/completions", &chat(json!({"stream": true, "n": 0}))).await;
+    assert_openai_error(&r, 400, Some("n"), None, "streaming n < 1");
     // Nothing reached the backend.
     assert!(server.backend.submitted.lock().unwrap().is_empty());
 }
@@ -178,7 +178,7 @@ async fn bad_completion_parameters() {
         ("max_tokens over the window", json!({"prompt": "z", "max_tokens": 64}), 400, "max_tokens"),
         ("echo", json!({"prompt": "z", "echo": true}), 400, "echo"),
         ("best_of", json!({"prompt": "z", "best_of": 2}), 400, "best_of"),
-        ("n", json!({"prompt": "z", "n": 2}), 400, "n"),
+        ("n", json!({"prompt": "z", "n": 17}), 400, "n"),
         ("logprobs type", json!({"prompt": "z", "logprobs": true}), 400, "logprobs"),
         ("unknown model", json!({"prompt": "z", "model": "m2"}), 404, "model"),
         ("empty prompt", json!({"prompt": ""}), 400, "prompt"),

@@ -4,6 +4,9 @@
 //! - openai.rs: chat and completions, streaming and not, finish reasons, parameters,
 //!   logprobs, usage with cached tokens, models, health.
 //! - anthropic.rs: /v1/messages, streaming and not.
+//! - anthropic_tools.rs: Anthropic tool use: tool_use blocks, streaming, constrained choices,
+//!   history, Claude Code request shapes, errors.
+//! - choices.rs: `n` choices on both OpenAI endpoints: indices, usage, interleaved streams, errors, cancellation.
 //! - errors.rs: every bad input gets the right status and error shape, and the server keeps
 //!   serving; API keys.
 //! - format.rs: `response_format` to the backend's grammar, and its errors.
@@ -14,6 +17,8 @@
 //!   after it).
 
 mod anthropic;
+mod anthropic_tools;
+mod choices;
 mod client;
 mod errors;
 mod fake;

@@ -43,14 +43,16 @@ async fn calls_are_parsed_out_of_the_text() {
     assert_eq!(calls[1]["function"], json!({"name": "get_time", "arguments": "{}"}));
     assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
     assert_ne!(calls[0]["id"], calls[1]["id"]);
-    let req = server.backend.last_request();
-    assert_eq!(req.grammar, None, "auto does not constrain");
+    // auto: decoding is held to text or well-formed calls.
+    let Some(Grammar::Lark(g)) = server.backend.last_request().grammar else { panic!("auto constrains") };
+    assert!(g.starts_with("start: call* tail\n") && g.contains("get_weather") && g.contains("get_time"), "{g}");
 
     // tool_choice none: the same text comes back as text.
     let v = server.post("/v1/chat/completions", &ask(json!({"tool_choice": "none"}))).await.ok();
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     assert!(v["choices"][0]["message"]["content"].as_str().unwrap().contains("<tool_call>"));
     assert!(v["choices"][0]["message"].get("tool_calls").is_none());
+    assert_eq!(server.backend.last_request().grammar, None, "none does not constrain");
 }
 
 /// The streamed `tool_calls` deltas, accumulated as OpenAI's clients do: by index, the first
@@ -157,4 +159,11 @@ async fn bad_tool_input_is_a_400_naming_the_field() {
     let e = plain.post("/v1/chat/completions", &ask(json!({"tool_choice": "required"}))).await.error(400);
     assert_eq!(e["param"], "tool_choice");
     let _ = ToolCallFormat::Hermes;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_format_under_auto_keeps_its_grammar() {
+    let server = TestServer::start().await;
+    server.post("/v1/chat/completions", &ask(json!({"response_format": {"type": "json_object"}}))).await.ok();
+    assert_eq!(server.backend.last_request().grammar, Some(Grammar::JsonObject));
 }
