@@ -72,10 +72,10 @@ fn gemma3_sliding_groups_free_their_blocks_and_keep_the_masked_tokens() {
         assert_eq!(a, b, "token {step} differs from the masking-only run");
         let s = hybrid.sequence();
         let len = s.offset();
-        for g in 0..groups.num_groups() {
+        for (g, most) in most.iter_mut().enumerate() {
             let table = s.group_table(g);
             let held = table.iter().filter(|&&id| id != NULL_BLOCK).count();
-            most[g] = most[g].max(held);
+            *most = (*most).max(held);
             match groups.kind(g) {
                 GroupKind::Sliding { window } => {
                     assert_eq!(window, 512);
@@ -92,9 +92,9 @@ fn gemma3_sliding_groups_free_their_blocks_and_keep_the_masked_tokens() {
     }
     let len = hybrid.sequence().offset();
     assert_eq!(len, prompt.len() + TOKENS);
-    for g in 0..groups.num_groups() {
+    for (g, &most) in most.iter().enumerate() {
         if groups.kind(g) != GroupKind::Full {
-            assert_eq!(most[g], 33, "local group {g} reached the bound");
+            assert_eq!(most, 33, "local group {g} reached the bound");
         }
     }
     // The masking-only run kept every block of every layer.

@@ -14,6 +14,7 @@
 use crate::groups::GroupKind;
 use crate::kv_pool::KvPool;
 use crate::pages::PageStore;
+use crate::policy::SequencePolicy;
 use crate::pool::{BlockPool, NULL_BLOCK};
 use crate::stats::CacheCounters;
 
@@ -97,10 +98,10 @@ impl GroupTable {
         p0: usize,
         t: usize,
         bs: usize,
-        seq_window: Option<usize>,
-        dynamic_growth: bool,
-        context_window: Option<usize>,
+        policy: &SequencePolicy,
     ) -> Result<GroupPlan, usize> {
+        let (seq_window, dynamic_growth, context_window) =
+            (policy.sliding_window, policy.dynamic_growth, policy.context_window);
         let end = p0 + t;
         let mut plan = GroupPlan { reclaim_to: self.first_live, ..GroupPlan::default() };
         if let Some(w) = self.window(seq_window) {

@@ -34,32 +34,9 @@ use crate::group_table::{GroupPlan, GroupTable};
 use crate::groups::{GroupKind, LayerGroups};
 use crate::kv_pool::KvPool;
 use crate::pages::PageStore;
+use crate::policy::SequencePolicy;
 use crate::pool::NULL_BLOCK;
 use crate::stats::CacheCounters;
-
-/// Growth and window policy of one sequence.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SequencePolicy {
-    /// Take more blocks when an append does not fit the reservation.
-    pub dynamic_growth: bool,
-    /// Without a sliding window: the most positions the sequence may hold.
-    pub context_window: Option<usize>,
-    /// Attention sees at most the last W tokens; blocks no future window reaches are freed.
-    pub sliding_window: Option<usize>,
-    /// Print the block table on growth, trim and fork.
-    pub debug_blocks: bool,
-}
-
-impl SequencePolicy {
-    pub fn from_config(c: &crate::CacheConfig) -> SequencePolicy {
-        SequencePolicy {
-            dynamic_growth: c.dynamic_growth,
-            context_window: c.context_window,
-            sliding_window: c.sliding_window,
-            debug_blocks: c.debug_blocks,
-        }
-    }
-}
 
 /// Offset and geometry of a sequence, to roll back to later.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -659,21 +636,11 @@ impl SequenceCache {
         let blocks = pool.blocks();
         let mut plans = Vec::with_capacity(self.groups.len());
         for g in &self.groups {
-            let plan = g
-                .plan(
-                    blocks,
-                    p0,
-                    t,
-                    self.block_size,
-                    policy.sliding_window,
-                    policy.dynamic_growth,
-                    policy.context_window,
-                )
-                .map_err(|available| CacheError::Capacity {
-                    required: t,
-                    available,
-                    reason: CapacityReason::GrowthDisabled,
-                })?;
+            let plan = g.plan(blocks, p0, t, self.block_size, policy).map_err(|available| CacheError::Capacity {
+                required: t,
+                available,
+                reason: CapacityReason::GrowthDisabled,
+            })?;
             plans.push(plan);
         }
         let minimum: usize = plans.iter().map(|p| p.new_blocks + p.copy_on_write.len()).sum();

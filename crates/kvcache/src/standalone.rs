@@ -7,7 +7,8 @@ use crate::config::CacheConfig;
 use crate::error::{CacheError, ConfigError};
 use crate::kv_pool::KvPool;
 use crate::pages::LayerView;
-use crate::sequence::{SequenceCache, SequencePolicy, Snapshot};
+use crate::policy::SequencePolicy;
+use crate::sequence::{SequenceCache, Snapshot};
 use crate::stats::CacheStats;
 
 pub struct StandaloneCache {

@@ -106,6 +106,8 @@ impl Sampler {
             return Some(ids[0]);
         }
         self.candidates.sort_unstable_by(by_logit_desc);
+        // Written as a negation on purpose: a NaN pair is "not strictly greater" too.
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
         if !(self.candidates[k - 1].1 > self.candidates[k].1) {
             return None;
         }

@@ -74,24 +74,24 @@ impl Codec {
                 }
             }
             Codec::Q8 => {
-                for g in 0..groups(d) {
+                for (g, scale) in scales.iter_mut().enumerate().take(groups(d)) {
                     let r = g * GROUP..g * GROUP + group_len(d, g);
-                    scales[g] = q8::encode_group(&x[r.clone()], &mut codes[r]);
+                    *scale = q8::encode_group(&x[r.clone()], &mut codes[r]);
                 }
             }
             Codec::Q4 => {
-                for g in 0..groups(d) {
+                for (g, scale) in scales.iter_mut().enumerate().take(groups(d)) {
                     let n = group_len(d, g);
                     let start = g * GROUP;
-                    scales[g] = q4::encode_group(&x[start..start + n], &mut codes[start / 2..(start + n) / 2]);
+                    *scale = q4::encode_group(&x[start..start + n], &mut codes[start / 2..(start + n) / 2]);
                 }
             }
             Codec::LloydMax { bits } => {
                 codes.fill(0);
-                for g in 0..groups(d) {
+                for (g, scale) in scales.iter_mut().enumerate().take(groups(d)) {
                     let n = group_len(d, g);
                     let start = g * GROUP;
-                    scales[g] = turbo::encode_group(&x[start..start + n], bits, start, codes);
+                    *scale = turbo::encode_group(&x[start..start + n], bits, start, codes);
                 }
             }
             Codec::LloydMaxSub { bits } => turbo_sub::encode(x, bits, codes, scales),
@@ -120,23 +120,23 @@ impl Codec {
                 }
             }
             Codec::Q8 => {
-                for g in 0..groups(d) {
+                for (g, &scale) in scales.iter().enumerate().take(groups(d)) {
                     let r = g * GROUP..g * GROUP + group_len(d, g);
-                    q8::decode_group(&codes[r.clone()], scales[g], &mut out[r]);
+                    q8::decode_group(&codes[r.clone()], scale, &mut out[r]);
                 }
             }
             Codec::Q4 => {
-                for g in 0..groups(d) {
+                for (g, &scale) in scales.iter().enumerate().take(groups(d)) {
                     let n = group_len(d, g);
                     let start = g * GROUP;
-                    q4::decode_group(&codes[start / 2..(start + n) / 2], scales[g], &mut out[start..start + n]);
+                    q4::decode_group(&codes[start / 2..(start + n) / 2], scale, &mut out[start..start + n]);
                 }
             }
             Codec::LloydMax { bits } => {
-                for g in 0..groups(d) {
+                for (g, &scale) in scales.iter().enumerate().take(groups(d)) {
                     let n = group_len(d, g);
                     let start = g * GROUP;
-                    turbo::decode_group(codes, bits, start, scales[g], &mut out[start..start + n]);
+                    turbo::decode_group(codes, bits, start, scale, &mut out[start..start + n]);
                 }
             }
             Codec::LloydMaxSub { bits } => turbo_sub::decode(codes, scales, bits, out),

@@ -29,6 +29,9 @@
 //! so the GPU encoder (crates/cuda/kernels/cache_write.cu), one lane per value, chooses the
 //! same `D`, `q` and codes bit for bit.
 
+// The encoder compares the N candidate multipliers lane by lane across parallel arrays.
+#![allow(clippy::needless_range_loop)]
+
 use half::f16;
 
 use super::lloyd_max::{codebook, Codebook};

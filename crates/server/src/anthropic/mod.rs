@@ -175,21 +175,21 @@ async fn run(
     let req = parse_messages_request(&mut f, &state.models, backend.context_window())?;
     f.finish(IGNORED)?;
     let mut spec = req.spec;
-    let format = output_format(backend.tool_call_format(), &req.tools, "tool_choice")?;
-    if let Some(grammar) = format.and_then(|format| call_grammar(&req.tools, format)) {
+    let calls = output_format(backend.tool_call_format(), &req.tools, "tool_choice")?;
+    if let Some(grammar) = calls.as_ref().and_then(|c| call_grammar(&req.tools, c.format)) {
         spec.grammar = Some((grammar, "tools"));
     }
     let job = generation::start(&state, arrived, spec).await?;
     let id = state.request_id("msg_");
     if req.stream {
-        let encoder = MessagesEncoder::new(id, req.model, job.prompt_tokens, format);
+        let encoder = MessagesEncoder::new(id, req.model, job.prompt_tokens, calls.as_ref());
         return Ok(sse_response(sse_stream(job, encoder)));
     }
     let c = collect(job).await?;
-    let (content, called) = match format {
+    let (content, called) = match &calls {
         None => (json!([{"type": "text", "text": c.text}]), false),
-        Some(format) => {
-            let (text, calls) = split_output(format, &c.text);
+        Some(syntax) => {
+            let (text, calls) = split_output(syntax, &c.text);
             let mut blocks = Vec::new();
             if !text.is_empty() || calls.is_empty() {
                 blocks.push(json!({"type": "text", "text": text}));

@@ -12,10 +12,9 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::{stop_reason, tool_use_block, tool_use_id, usage_json};
-use crate::backend::ToolCallFormat;
 use crate::error::Dialect;
 use crate::generation::{sse_event, Encoder, Step};
-use crate::tools::{parser, Piece, ToolParser};
+use crate::tools::{parser, CallSyntax, Piece, ToolParser};
 
 pub(super) struct MessagesEncoder {
     id: String,
@@ -35,8 +34,8 @@ pub(super) struct MessagesEncoder {
 }
 
 impl MessagesEncoder {
-    pub(super) fn new(id: String, model: String, prompt_tokens: usize, format: Option<ToolCallFormat>) -> Self {
-        let parser = format.map(parser);
+    pub(super) fn new(id: String, model: String, prompt_tokens: usize, calls: Option<&CallSyntax>) -> Self {
+        let parser = calls.map(parser);
         MessagesEncoder {
             id,
             model,

@@ -1,25 +1,107 @@
 //! The Hermes / Qwen 2.5 tool-call convention: each call is a block
 //! `<tool_call>\n{"name": "…", "arguments": {…}}\n</tool_call>` in the generated text.
 //!
+//! Models of this family do not always keep to their tags when nothing forces them (under
+//! `tool_choice: auto`): Qwen2.5-Coder often writes the same object in a fenced block
+//! (```` ```json … ``` ````) or bare, as its whole answer. Like llama.cpp's Hermes parser, such
+//! a block counts as a call too — but only when its object names one of the declared tools, so
+//! a JSON example in an answer stays text. A bare object counts only at the start of the output
+//! (or right after another call).
+//!
 //! [`HermesParser`] takes the text as it streams (any split, even inside a tag) and separates
-//! plain text from complete calls; text that could be the start of a `<tool_call>` tag is held
-//! back until it is decided. A block whose JSON does not parse as a call stays text.
+//! plain text from complete calls; text that could be the start of a tag or fence (or, at the
+//! start, of a bare object) is held back until it is decided. A block whose JSON does not parse
+//! as a call stays text, verbatim.
 
 use serde_json::Value;
 
-use super::scan::{call_of, partial_tag_len};
+use super::scan::{call_of, json_prefix, partial_tag_len, JsonPrefix};
 use super::{push_text, ParsedCall, Piece, ToolParser};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
+const FENCE_OPEN: &str = "```json";
+const FENCE_CLOSE: &str = "```";
 
-/// Streaming separator of text and `<tool_call>` blocks.
+/// The kind of block the parser is inside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    /// After `<tool_call>`, until `</tool_call>`.
+    Tag,
+    /// After ```` ```json ````, until the closing fence.
+    Fence,
+}
+
+impl Block {
+    fn open(self) -> &'static str {
+        match self {
+            Block::Tag => OPEN,
+            Block::Fence => FENCE_OPEN,
+        }
+    }
+
+    fn close(self) -> &'static str {
+        match self {
+            Block::Tag => CLOSE,
+            Block::Fence => FENCE_CLOSE,
+        }
+    }
+}
+
+/// Streaming separator of text and call blocks.
 #[derive(Debug, Default)]
 pub(crate) struct HermesParser {
     /// Text not yet decided: a possible tag start, or an open block waiting for its close.
     held: String,
-    /// Inside a block (after `<tool_call>`).
-    in_call: bool,
+    /// The block the parser is inside, if any.
+    open: Option<Block>,
+    /// The declared tools' names: a fenced or bare object is a call only if it names one.
+    names: Vec<String>,
+    /// Nothing but blank text and calls released so far (where a bare object may be a call).
+    at_start: bool,
+}
+
+impl HermesParser {
+    pub(crate) fn new(names: Vec<String>) -> HermesParser {
+        HermesParser { names, at_start: true, ..HermesParser::default() }
+    }
+
+    /// `body` as a call if it is one in `block`'s convention.
+    fn call_in(&self, block: Block, body: &str) -> Option<ParsedCall> {
+        let call = parse_call(body)?;
+        (block == Block::Tag || self.names.contains(&call.name)).then_some(call)
+    }
+
+    /// Releases `text` as text; non-blank text ends the output's start.
+    fn release(&mut self, out: &mut Vec<Piece>, text: String) {
+        if !text.trim().is_empty() {
+            self.at_start = false;
+        }
+        push_text(out, text);
+    }
+
+    /// At the start, a bare JSON object naming a declared tool: `Some(true)` when one was
+    /// taken, `Some(false)` when the held text may still become one (wait for more), `None`
+    /// when it cannot.
+    fn bare_call(&mut self, out: &mut Vec<Piece>) -> Option<bool> {
+        let body = self.held.trim_start();
+        if body.is_empty() {
+            return Some(false);
+        }
+        if !body.starts_with('{') {
+            return None;
+        }
+        match json_prefix(&self.held) {
+            JsonPrefix::Incomplete => Some(false),
+            JsonPrefix::Invalid => None,
+            JsonPrefix::Complete(v, end) => {
+                let call = call_of(v).filter(|c| self.names.contains(&c.name))?;
+                self.held.drain(..end);
+                out.push(Piece::Call(call));
+                Some(true)
+            }
+        }
+    }
 }
 
 impl ToolParser for HermesParser {
@@ -28,24 +110,35 @@ impl ToolParser for HermesParser {
         self.held.push_str(text);
         let mut out = Vec::new();
         loop {
-            if self.in_call {
-                let Some(end) = self.held.find(CLOSE) else { break };
+            if let Some(block) = self.open {
+                let Some(end) = self.held.find(block.close()) else { break };
                 let body: String = self.held[..end].to_string();
-                self.held.drain(..end + CLOSE.len());
-                self.in_call = false;
-                match parse_call(&body) {
+                self.held.drain(..end + block.close().len());
+                self.open = None;
+                match self.call_in(block, &body) {
                     Some(call) => out.push(Piece::Call(call)),
-                    None => push_text(&mut out, format!("{OPEN}{body}{CLOSE}")),
+                    None => self.release(&mut out, format!("{}{body}{}", block.open(), block.close())),
                 }
-            } else if let Some(start) = self.held.find(OPEN) {
+                continue;
+            }
+            if self.at_start {
+                match self.bare_call(&mut out) {
+                    Some(true) => continue,
+                    Some(false) => break,
+                    None => {}
+                }
+            }
+            let tag = self.held.find(OPEN).map(|i| (i, Block::Tag));
+            let fence = self.held.find(FENCE_OPEN).map(|i| (i, Block::Fence));
+            if let Some((start, block)) = [tag, fence].into_iter().flatten().min_by_key(|&(i, _)| i) {
                 let before: String = self.held[..start].to_string();
-                self.held.drain(..start + OPEN.len());
-                self.in_call = true;
-                push_text(&mut out, before);
+                self.held.drain(..start + block.open().len());
+                self.open = Some(block);
+                self.release(&mut out, before);
             } else {
-                let keep = partial_tag_len(&self.held, OPEN);
+                let keep = partial_tag_len(&self.held, OPEN).max(partial_tag_len(&self.held, FENCE_OPEN));
                 let ready: String = self.held.drain(..self.held.len() - keep).collect();
-                push_text(&mut out, ready);
+                self.release(&mut out, ready);
                 break;
             }
         }
@@ -56,16 +149,14 @@ impl ToolParser for HermesParser {
     fn finish(&mut self) -> Vec<Piece> {
         let mut out = Vec::new();
         let rest = std::mem::take(&mut self.held);
-        if self.in_call {
-            self.in_call = false;
+        match self.open.take() {
             // A block cut by the length limit, or left unclosed at the end: a complete call
             // inside still counts (some models omit the closing tag before their end token).
-            match parse_call(&rest) {
+            Some(block) => match self.call_in(block, &rest) {
                 Some(call) => out.push(Piece::Call(call)),
-                None => push_text(&mut out, format!("{OPEN}{rest}")),
-            }
-        } else {
-            push_text(&mut out, rest);
+                None => self.release(&mut out, format!("{}{rest}", block.open())),
+            },
+            None => self.release(&mut out, rest),
         }
         out
     }
@@ -85,7 +176,7 @@ mod tests {
     }
 
     fn run(text: &str, n: usize) -> Vec<Piece> {
-        crate::tools::scan::run_split(&mut HermesParser::default(), text, n)
+        crate::tools::scan::run_split(&mut HermesParser::new(vec!["get_weather".into(), "get_time".into()]), text, n)
     }
 
     #[test]
@@ -131,8 +222,51 @@ mod tests {
     }
 
     #[test]
+    fn fenced_and_bare_objects_naming_a_declared_tool_are_calls() {
+        let weather = r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#;
+        let example = r#"{"name": "Ada", "arguments": 2}"#;
+        let cases: Vec<(String, Vec<Piece>)> = vec![
+            (format!("```json\n{weather}\n```"), vec![call("get_weather", r#"{"city":"Paris"}"#)]),
+            (
+                format!("Checking.\n```json\n{weather}\n```\nDone."),
+                vec![
+                    Piece::Text("Checking.\n".into()),
+                    call("get_weather", r#"{"city":"Paris"}"#),
+                    Piece::Text("\nDone.".into()),
+                ],
+            ),
+            (format!("  {weather}"), vec![call("get_weather", r#"{"city":"Paris"}"#)]),
+            (
+                format!("{weather}\n{weather}"),
+                vec![call("get_weather", r#"{"city":"Paris"}"#), call("get_weather", r#"{"city":"Paris"}"#)],
+            ),
+            // Not a declared tool, not a call, or not at the start: text, verbatim.
+            (format!("```json\n{example}\n```"), vec![Piece::Text(format!("```json\n{example}\n```"))]),
+            (example.to_string(), vec![Piece::Text(example.into())]),
+            ("{\"a\": 1} and more".into(), vec![Piece::Text("{\"a\": 1} and more".into())]),
+            (format!("Like this: {weather}"), vec![Piece::Text(format!("Like this: {weather}"))]),
+            ("```python\nx = {}\n```".into(), vec![Piece::Text("```python\nx = {}\n```".into())]),
+            ("{\"name\": \"get_wea".into(), vec![Piece::Text("{\"name\": \"get_wea".into())]),
+            // A fence left open by the length limit: a complete call inside still counts.
+            (format!("```json\n{weather}\n"), vec![call("get_weather", r#"{"city":"Paris"}"#)]),
+        ];
+        for (text, want) in cases {
+            for n in 1..=text.len() {
+                assert_eq!(run(&text, n), want, "{text:?} in chunks of {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_code_fence_other_than_json_streams_at_once() {
+        let mut p = HermesParser::new(vec!["f".into()]);
+        assert_eq!(p.push("Here:\n```py"), vec![Piece::Text("Here:\n```py".into())]);
+        assert_eq!(p.push("thon\n"), vec![Piece::Text("thon\n".into())]);
+    }
+
+    #[test]
     fn text_before_a_tag_is_released_as_soon_as_it_cannot_start_one() {
-        let mut p = HermesParser::default();
+        let mut p = HermesParser::new(vec![]);
         assert_eq!(p.push("Hello <to"), vec![Piece::Text("Hello ".into())]);
         assert_eq!(p.push("day"), vec![Piece::Text("<today".into())]);
         assert_eq!(p.push(" <tool_call>{\"name\""), vec![Piece::Text(" ".into())]);

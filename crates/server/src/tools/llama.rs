@@ -36,7 +36,7 @@ pub(crate) struct Llama3Parser {
 }
 
 impl Llama3Parser {
-    fn to_text(&mut self, out: &mut Vec<Piece>) {
+    fn fall_back_to_text(&mut self, out: &mut Vec<Piece>) {
         self.state = State::Text;
         let text = std::mem::take(&mut self.consumed) + &std::mem::take(&mut self.held);
         push_text(out, text);
@@ -64,7 +64,7 @@ impl Llama3Parser {
                         return;
                     }
                     if !body.starts_with('{') {
-                        return self.to_text(out);
+                        return self.fall_back_to_text(out);
                     }
                     if !self.read_call(out) {
                         return;
@@ -75,12 +75,12 @@ impl Llama3Parser {
                     if body.is_empty() {
                         return;
                     }
-                    let Some(rest) = body.strip_prefix(';') else { return self.to_text(out) };
+                    let Some(rest) = body.strip_prefix(';') else { return self.fall_back_to_text(out) };
                     if rest.trim_start().is_empty() {
                         return;
                     }
                     if !rest.trim_start().starts_with('{') {
-                        return self.to_text(out);
+                        return self.fall_back_to_text(out);
                     }
                     // The separator is consumed; the next call is read as the first one was
                     // (and given back as text with the separator if it is none).
@@ -98,7 +98,7 @@ impl Llama3Parser {
         match json_prefix(&self.held) {
             JsonPrefix::Incomplete => false,
             JsonPrefix::Invalid => {
-                self.to_text(out);
+                self.fall_back_to_text(out);
                 true
             }
             JsonPrefix::Complete(v, end) => match call_of(v) {
@@ -110,7 +110,7 @@ impl Llama3Parser {
                     true
                 }
                 None => {
-                    self.to_text(out);
+                    self.fall_back_to_text(out);
                     true
                 }
             },
@@ -131,7 +131,7 @@ impl ToolParser for Llama3Parser {
         if self.state == State::Calls && matches!(self.held.trim(), "" | ";") {
             self.held.clear();
         } else {
-            self.to_text(&mut out);
+            self.fall_back_to_text(&mut out);
         }
         out
     }

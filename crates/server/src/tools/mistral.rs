@@ -86,7 +86,7 @@ impl MistralParser {
 
     /// What was read as a possible call is text: the consumed marker goes out, and `held` is
     /// scanned as text (it may hold a later marker).
-    fn to_text(&mut self, out: &mut Vec<Piece>) {
+    fn fall_back_to_text(&mut self, out: &mut Vec<Piece>) {
         self.state = State::Text;
         push_text(out, std::mem::take(&mut self.consumed));
     }
@@ -169,7 +169,7 @@ impl MistralParser {
                 self.state = State::Open;
                 self.called = true;
             }
-            None => self.to_text(out),
+            None => self.fall_back_to_text(out),
         }
         true
     }

@@ -45,18 +45,27 @@ pub(crate) trait ToolParser: Send {
     fn finish(&mut self) -> Vec<Piece>;
 }
 
-/// A fresh parser for `format`.
-pub(crate) fn parser(format: ToolCallFormat) -> Box<dyn ToolParser> {
-    match format {
-        ToolCallFormat::Hermes => Box::new(HermesParser::default()),
+/// How one request's calls are written: the model family's format, and the names of the
+/// declared tools (JSON outside the family's own markers counts as a call only when it names
+/// one of them).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct CallSyntax {
+    pub format: ToolCallFormat,
+    pub names: Vec<String>,
+}
+
+/// A fresh parser for `syntax`.
+pub(crate) fn parser(syntax: &CallSyntax) -> Box<dyn ToolParser> {
+    match syntax.format {
+        ToolCallFormat::Hermes => Box::new(HermesParser::new(syntax.names.clone())),
         ToolCallFormat::Llama3Json => Box::new(Llama3Parser::default()),
         ToolCallFormat::Mistral { args, .. } => Box::new(MistralParser::new(args)),
     }
 }
 
 /// A whole output's text (trimmed) and calls, in order.
-pub(crate) fn split_output(format: ToolCallFormat, text: &str) -> (String, Vec<ParsedCall>) {
-    let mut p = parser(format);
+pub(crate) fn split_output(syntax: &CallSyntax, text: &str) -> (String, Vec<ParsedCall>) {
+    let mut p = parser(syntax);
     let mut pieces = p.push(text);
     pieces.extend(p.finish());
     let (mut content, mut calls) = (String::new(), Vec::new());
@@ -81,14 +90,14 @@ pub(crate) fn push_text(out: &mut Vec<Piece>, text: String) {
     }
 }
 
-/// The model's tool-call format when calls are to be parsed out of this request's output
-/// (`model`: what the backend reports). A call the model cannot be made to write (`required`
+/// How calls are to be parsed out of this request's output, if they are (`model`: the format
+/// the backend reports). A call the model cannot be made to write (`required`
 /// or a named function without a known format) is a 400 naming `choice_param`.
 pub(crate) fn output_format(
     model: Option<ToolCallFormat>,
     tools: &ToolRequest,
     choice_param: &str,
-) -> Result<Option<ToolCallFormat>, ApiError> {
+) -> Result<Option<CallSyntax>, ApiError> {
     if !tools.parses_calls() {
         return Ok(None);
     }
@@ -98,7 +107,7 @@ pub(crate) fn output_format(
             "This model's chat template teaches no tool-call format the server can parse, so a call cannot be required.",
         ));
     }
-    Ok(model)
+    Ok(model.map(|format| CallSyntax { format, names: tools.tools.iter().map(|t| t.name.clone()).collect() }))
 }
 
 /// A call parsed out of generated text: the function and its arguments as JSON text.
@@ -346,7 +355,8 @@ pub(crate) fn check_tool_results(messages: &[ChatMessage]) -> Result<(), ApiErro
     Ok(())
 }
 
-/// A fresh call id, OpenAI style (`call_` and 24 hex digits), unique per `seed` and index.
+/// A fresh call id, OpenAI style (`call_` and 24 hex digits), unique per `seed` and index
+/// (the seed names the response and, where a response has several, the choice).
 pub(crate) fn call_id(seed: &str, index: usize) -> String {
     let h = format!("{seed}/{index}")
         .bytes()

@@ -167,7 +167,11 @@ async fn tool_calls_are_parsed_per_choice() {
     ]);
     let body = json!({"messages": [{"role": "user", "content": "CALL_TOOLS please"}], "tools": tools, "n": 2});
     let v = server.post("/v1/chat/completions", &body).await.ok();
+    let mut ids = std::collections::BTreeSet::new();
     for (i, choice) in v["choices"].as_array().unwrap().iter().enumerate() {
+        for call in choice["message"]["tool_calls"].as_array().unwrap() {
+            assert!(ids.insert(call["id"].as_str().unwrap().to_string()), "call ids repeat across choices: {v}");
+        }
         assert_eq!((choice["index"].clone(), choice["finish_reason"].clone()), (json!(i), json!("tool_calls")), "{v}");
         let names: Vec<&str> = choice["message"]["tool_calls"]
             .as_array()
@@ -182,10 +186,14 @@ async fn tool_calls_are_parsed_per_choice() {
     let chunks = chunks(&server.stream("/v1/chat/completions", &streamed).await);
     let mut names: BTreeMap<u64, Vec<String>> = BTreeMap::new();
     let mut finishes: BTreeMap<u64, String> = BTreeMap::new();
+    let mut streamed_ids = std::collections::BTreeSet::new();
     for c in &chunks {
         let choice = &c["choices"][0];
         let i = choice["index"].as_u64().unwrap();
         for call in choice["delta"]["tool_calls"].as_array().into_iter().flatten() {
+            if let Some(id) = call["id"].as_str() {
+                assert!(streamed_ids.insert(id.to_string()), "call ids repeat across streamed choices");
+            }
             if let Some(name) = call["function"]["name"].as_str() {
                 names.entry(i).or_default().push(name.to_string());
             }
@@ -197,4 +205,5 @@ async fn tool_calls_are_parsed_per_choice() {
     let expected: Vec<String> = vec!["get_weather".into(), "get_time".into()];
     assert_eq!(names, BTreeMap::from([(0, expected.clone()), (1, expected)]));
     assert_eq!(finishes, BTreeMap::from([(0, "tool_calls".to_string()), (1, "tool_calls".to_string())]));
+    assert_eq!(streamed_ids.len(), 4, "two calls in each of two choices");
 }

@@ -1,40 +1,21 @@
-//! OpenAI-compatible endpoints: `POST /v1/chat/completions` and `POST /v1/completions`,
-//! streaming (SSE `data: {...}` chunks, `data: [DONE]`) and not, in OpenAI's exact shapes.
-//!
-//! Each handler: read the body (size limit) → parse and validate every field
-//! ([`parse_chat`], [`parse_completion`]) → [`generation::start`] → either collect and answer
-//! with one JSON object, or stream chunks through an [`Encoder`].
+//! The OpenAI request bodies: every field of `/v1/chat/completions` and `/v1/completions`
+//! parsed and validated into an [`OpenAiRequest`], each bad one a 400 naming it.
 
-use std::sync::Arc;
-use std::time::Instant;
+use serde_json::{Map, Value};
 
-use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
-use bytes::Bytes;
-use serde_json::{json, Map, Value};
-
-use crate::backend::{
-    ChatMessage, FinishReason, LogprobEntry, Prompt, Role, TokenLogprob, ToolCallFormat, Usage, MAX_TOP_LOGPROBS,
-};
-use crate::choices::{choices, choices_stream, stamp_index, total_usage};
+use crate::backend::{ChatMessage, Prompt, Role, MAX_TOP_LOGPROBS};
+use crate::choices::choices;
 use crate::error::ApiError;
 use crate::format::{response_format, SCHEMA_PARAM};
-use crate::generation::{self, collect_all, sse_data, Collected, Encoder, Spec, Step};
+use crate::generation::Spec;
 use crate::models::ModelNames;
 use crate::params::{
-    check_model, kind_of, logprob_json, max_tokens_bound, parse_object, read_body, sampling, stop_strings, unsupported,
-    Fields, SamplingRanges,
+    check_model, kind_of, max_tokens_bound, sampling, stop_strings, unsupported, Fields, SamplingRanges,
 };
-use crate::server::{unix_now, AppState};
-use crate::tools::{
-    call_grammar, call_id, check_tool_results, message_tool_calls, output_format, parser, split_output, tool_request,
-    ParsedCall, Piece, ToolChoice, ToolParser, ToolRequest,
-};
+use crate::tools::{check_tool_results, message_tool_calls, tool_request, ToolChoice, ToolRequest};
 
 /// Request fields accepted and ignored (they change nothing here).
-const IGNORED: &[&str] =
+pub(super) const IGNORED: &[&str] =
     &["user", "metadata", "store", "service_tier", "reasoning_effort", "safety_identifier", "prompt_cache_key"];
 
 const OPENAI_RANGES: SamplingRanges = SamplingRanges { max_temperature: 2.0 };
@@ -44,9 +25,9 @@ const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
 
 /// Streaming choices shared by both endpoints.
 #[derive(Debug, Clone, Copy)]
-struct StreamOptions {
-    stream: bool,
-    include_usage: bool,
+pub(crate) struct StreamOptions {
+    pub stream: bool,
+    pub include_usage: bool,
 }
 
 fn stream_options(f: &mut Fields) -> Result<StreamOptions, ApiError> {
@@ -106,7 +87,7 @@ pub(crate) struct OpenAiRequest {
     pub spec: Spec,
     /// Choices to generate (`n`).
     pub n: usize,
-    stream: StreamOptions,
+    pub stream: StreamOptions,
 }
 
 /// Validates a chat completion request body (everything except the prompt's length, which
@@ -381,424 +362,10 @@ fn parse_prompt(v: Value) -> Result<Prompt, ApiError> {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Handlers
-
-pub(crate) async fn chat_completions(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let arrived = Instant::now();
-    respond(state, arrived, body, Endpoint::Chat).await.unwrap_or_else(IntoResponse::into_response)
-}
-
-pub(crate) async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    let arrived = Instant::now();
-    respond(state, arrived, body, Endpoint::Completion).await.unwrap_or_else(IntoResponse::into_response)
-}
-
-/// The two OpenAI generation endpoints, which differ only in their request and response shapes.
-#[derive(Clone, Copy, Debug)]
-enum Endpoint {
-    Chat,
-    Completion,
-}
-
-/// One request of either endpoint: validate, start the generation, then stream its chunks or
-/// answer with the whole response object.
-async fn respond(
-    state: Arc<AppState>,
-    arrived: Instant,
-    body: Result<Bytes, BytesRejection>,
-    endpoint: Endpoint,
-) -> Result<Response, ApiError> {
-    let body = read_body(body, state.max_body_bytes)?;
-    let mut f = parse_object(&body)?;
-    let (served, window) = (&state.models, state.backend.context_window());
-    let req = match endpoint {
-        Endpoint::Chat => parse_chat(&mut f, served, window)?,
-        Endpoint::Completion => parse_completion(&mut f, served, window)?,
-    };
-    f.finish(IGNORED)?;
-    let want_logprobs = req.spec.logprobs.is_some();
-    let mut spec = req.spec;
-    let tool_format = output_format(state.backend.tool_call_format(), &req.tools, "tool_choice")?;
-    // A `response_format` under `auto` wins: the output is its JSON (a forced call cannot be
-    // combined with one; parse_chat refuses that).
-    if let Some(grammar) = tool_format.filter(|_| spec.grammar.is_none()).and_then(|f| call_grammar(&req.tools, f)) {
-        spec.grammar = Some((grammar, "tools"));
-    }
-    let jobs = generation::start_n(&state, arrived, spec, req.n).await?;
-    let prefix = match endpoint {
-        Endpoint::Chat => "chatcmpl-",
-        Endpoint::Completion => "cmpl-",
-    };
-    let head = Head { id: state.request_id(prefix), created: unix_now(), model: req.model };
-    let include_usage = req.stream.include_usage;
-    if req.stream.stream {
-        // One encoder per choice, stamping its index; with several choices the usage chunk
-        // and `[DONE]` close the whole stream once, after the last choice's finish chunk.
-        let closes = jobs.len() == 1;
-        return Ok(match endpoint {
-            Endpoint::Chat => {
-                let encoders = (0..jobs.len()).map(|index| ChatEncoder {
-                    head: head.clone(),
-                    include_usage,
-                    calls: tool_format.map(|format| StreamedCalls {
-                        parser: parser(format),
-                        count: 0,
-                        blank: String::new(),
-                    }),
-                    index,
-                    closes,
-                });
-                choices_stream(jobs, encoders.collect())
-            }
-            Endpoint::Completion => {
-                let encoders = (0..jobs.len()).map(|index| CompletionEncoder {
-                    head: head.clone(),
-                    include_usage,
-                    chars: 0,
-                    index,
-                    closes,
-                });
-                choices_stream(jobs, encoders.collect())
-            }
-        });
-    }
-    let collected = collect_all(jobs).await?;
-    let choices: Vec<Value> = collected
-        .iter()
-        .enumerate()
-        .map(|(index, c)| choice_json(endpoint, index, c, want_logprobs, tool_format, &head.id))
-        .collect();
-    let object = match endpoint {
-        Endpoint::Chat => "chat.completion",
-        Endpoint::Completion => "text_completion",
-    };
-    Ok(Json(json!({
-        "id": head.id,
-        "object": object,
-        "created": head.created,
-        "model": head.model,
-        "choices": choices,
-        "usage": usage_json(&total_usage(collected.iter().map(|c| c.usage))),
-    }))
-    .into_response())
-}
-
-/// Choice `index` of a whole (not streamed) response.
-fn choice_json(
-    endpoint: Endpoint,
-    index: usize,
-    c: &Collected,
-    want_logprobs: bool,
-    tool_format: Option<ToolCallFormat>,
-    request_id: &str,
-) -> Value {
-    let mut finish_reason = c.finish_reason.as_str();
-    let mut choice = match endpoint {
-        Endpoint::Chat => {
-            let logprobs = want_logprobs
-                .then(|| json!({"content": c.logprobs.iter().map(chat_logprob).collect::<Vec<_>>(), "refusal": null}));
-            let mut message = json!({"role": "assistant", "content": c.text, "refusal": null});
-            if let Some(format) = tool_format {
-                let (text, calls) = split_output(format, &c.text);
-                let calls: Vec<Value> =
-                    calls.iter().enumerate().map(|(i, call)| call_json(call, call_id(request_id, i))).collect();
-                if !calls.is_empty() {
-                    message["content"] = if text.is_empty() { Value::Null } else { json!(text) };
-                    message["tool_calls"] = json!(calls);
-                    if c.finish_reason == FinishReason::Stop {
-                        finish_reason = "tool_calls";
-                    }
-                }
-            }
-            json!({"index": index, "message": message, "logprobs": logprobs})
-        }
-        Endpoint::Completion => {
-            let logprobs = want_logprobs.then(|| completion_logprobs(&c.logprobs, &c.text_offsets));
-            json!({"index": index, "text": c.text, "logprobs": logprobs})
-        }
-    };
-    choice["finish_reason"] = json!(finish_reason);
-    choice
-}
-
-/// One parsed call in OpenAI's response shape.
-fn call_json(call: &ParsedCall, id: String) -> Value {
-    json!({"id": id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}})
-}
-
-// ---------------------------------------------------------------------------------------------
-// Response shapes
-
-/// The fields every response object and chunk of one request repeats.
-#[derive(Clone, Debug)]
-struct Head {
-    id: String,
-    created: u64,
-    model: String,
-}
-
-fn usage_json(u: &Usage) -> Value {
-    json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    })
-}
-
-fn logprob_entry(e: &LogprobEntry) -> Value {
-    json!({"token": e.token, "logprob": logprob_json(e.logprob), "bytes": e.bytes})
-}
-
-/// One position of chat `logprobs.content`.
-fn chat_logprob(lp: &TokenLogprob) -> Value {
-    let mut v = logprob_entry(&lp.chosen);
-    v["top_logprobs"] = lp.top.iter().map(logprob_entry).collect();
-    v
-}
-
-/// The legacy completions `logprobs` object over some positions.
-fn completion_logprobs(lps: &[TokenLogprob], text_offsets: &[usize]) -> Value {
-    debug_assert_eq!(lps.len(), text_offsets.len());
-    let top: Vec<Value> = lps
-        .iter()
-        .map(|lp| {
-            let map: Map<String, Value> =
-                lp.top.iter().map(|e| (e.token.clone(), json!(logprob_json(e.logprob)))).collect();
-            Value::Object(map)
-        })
-        .collect();
-    json!({
-        "tokens": lps.iter().map(|lp| lp.chosen.token.clone()).collect::<Vec<_>>(),
-        "token_logprobs": lps.iter().map(|lp| logprob_json(lp.chosen.logprob)).collect::<Vec<_>>(),
-        "top_logprobs": top,
-        "text_offset": text_offsets,
-    })
-}
-
-const DONE: &[u8] = b"data: [DONE]\n\n";
-
-/// Error chunk then `[DONE]`, as vLLM does when a stream fails midway.
-fn stream_error(e: &ApiError, out: &mut Vec<Bytes>) {
-    out.push(sse_data(&e.body(crate::error::Dialect::OpenAi)));
-    out.push(Bytes::from_static(DONE));
-}
-
-/// `chat.completion.chunk` stream of one choice.
-struct ChatEncoder {
-    head: Head,
-    include_usage: bool,
-    /// Tool calls parsed out of the stream, when the request has tools the model can call.
-    calls: Option<StreamedCalls>,
-    /// The choice's `index`, stamped on every chunk.
-    index: usize,
-    /// This choice's `Done` ends the stream (usage, `[DONE]`): the only choice; with several,
-    /// [`Encoder::close`] does once they are all done.
-    closes: bool,
-}
-
-/// The tool-call state of a chat stream.
-struct StreamedCalls {
-    parser: Box<dyn ToolParser>,
-    /// Calls sent so far (the next one's `index`).
-    count: usize,
-    /// Whitespace at the end of the text so far, held until it is known whether a call (which
-    /// it would only lay out) or more text follows.
-    blank: String,
-}
-
-impl ChatEncoder {
-    fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
-        let mut v = json!({
-            "id": self.head.id,
-            "object": "chat.completion.chunk",
-            "created": self.head.created,
-            "model": self.head.model,
-            "choices": stamp_index(choices, self.index),
-        });
-        if self.include_usage {
-            v["usage"] = usage.unwrap_or(Value::Null);
-        }
-        sse_data(&v)
-    }
-
-    fn choice(delta: Value, logprobs: Option<Value>, finish: Option<FinishReason>) -> Value {
-        json!([{
-            "index": 0,
-            "delta": delta,
-            "logprobs": logprobs,
-            "finish_reason": finish.map(FinishReason::as_str),
-        }])
-    }
-}
-
-impl ChatEncoder {
-    /// Chunks for parsed pieces: text as `content` deltas (the token's logprobs ride on the
-    /// first chunk, or on an empty one), each call as OpenAI's incremental `tool_calls` deltas —
-    /// its index, id, type and name first, then its arguments.
-    fn pieces(&mut self, pieces: Vec<Piece>, mut logprobs: Option<Value>, out: &mut Vec<Bytes>) {
-        for piece in pieces {
-            match piece {
-                Piece::Text(t) => {
-                    let Some(calls) = self.calls.as_mut() else { continue };
-                    // Blank text around calls is layout, not content (as in the whole response).
-                    let mut text = std::mem::take(&mut calls.blank) + &t;
-                    let end = text.trim_end().len();
-                    calls.blank = text.split_off(end);
-                    if text.trim().is_empty() && calls.count > 0 || text.is_empty() {
-                        continue;
-                    }
-                    out.push(self.chunk(Self::choice(json!({"content": text}), logprobs.take(), None), None));
-                }
-                Piece::Call(call) => {
-                    let Some(calls) = self.calls.as_mut() else { continue };
-                    calls.blank.clear();
-                    let index = calls.count;
-                    calls.count += 1;
-                    let id = call_id(&self.head.id, index);
-                    let first = json!({"tool_calls": [{"index": index, "id": id, "type": "function",
-                                       "function": {"name": call.name, "arguments": ""}}]});
-                    out.push(self.chunk(Self::choice(first, logprobs.take(), None), None));
-                    let args = json!({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]});
-                    out.push(self.chunk(Self::choice(args, None, None), None));
-                }
-            }
-        }
-        if let Some(lp) = logprobs {
-            out.push(self.chunk(Self::choice(json!({"content": ""}), Some(lp), None), None));
-        }
-    }
-}
-
-impl Encoder for ChatEncoder {
-    fn start(&mut self, out: &mut Vec<Bytes>) {
-        let delta = json!({"role": "assistant", "content": ""});
-        out.push(self.chunk(Self::choice(delta, None, None), None));
-    }
-
-    fn step(&mut self, step: Step, out: &mut Vec<Bytes>) {
-        match step {
-            Step::Token { text, logprob } => {
-                let logprobs = logprob.as_ref().map(|lp| json!({"content": [chat_logprob(lp)], "refusal": null}));
-                let Some(calls) = self.calls.as_mut() else {
-                    if text.is_empty() && logprobs.is_none() {
-                        return;
-                    }
-                    out.push(self.chunk(Self::choice(json!({"content": text}), logprobs, None), None));
-                    return;
-                };
-                let pieces = calls.parser.push(&text);
-                self.pieces(pieces, logprobs, out);
-            }
-            Step::Done { finish_reason, usage, .. } => {
-                let mut reason = finish_reason.as_str();
-                if let Some(calls) = self.calls.as_mut() {
-                    let pieces = calls.parser.finish();
-                    self.pieces(pieces, None, out);
-                    // Trailing blank text of a plain answer is content.
-                    if let Some(c) = self.calls.as_mut().filter(|c| c.count == 0 && !c.blank.is_empty()) {
-                        let blank = std::mem::take(&mut c.blank);
-                        out.push(self.chunk(Self::choice(json!({"content": blank}), None, None), None));
-                    }
-                    if self.calls.as_ref().is_some_and(|c| c.count > 0) && finish_reason == FinishReason::Stop {
-                        reason = "tool_calls";
-                    }
-                }
-                let choices = json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason}]);
-                out.push(self.chunk(choices, None));
-                if self.closes {
-                    self.close(usage, out);
-                }
-            }
-            Step::Failed(e) => stream_error(&e, out),
-        }
-    }
-
-    fn close(&mut self, usage: Usage, out: &mut Vec<Bytes>) {
-        if self.include_usage {
-            out.push(self.chunk(json!([]), Some(usage_json(&usage))));
-        }
-        out.push(Bytes::from_static(DONE));
-    }
-}
-
-/// `text_completion` stream of one choice.
-struct CompletionEncoder {
-    head: Head,
-    include_usage: bool,
-    /// Characters streamed so far (for `text_offset`).
-    chars: usize,
-    /// As [`ChatEncoder`]'s.
-    index: usize,
-    closes: bool,
-}
-
-impl CompletionEncoder {
-    fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
-        let mut v = json!({
-            "id": self.head.id,
-            "object": "text_completion",
-            "created": self.head.created,
-            "model": self.head.model,
-            "choices": stamp_index(choices, self.index),
-        });
-        if self.include_usage {
-            v["usage"] = usage.unwrap_or(Value::Null);
-        }
-        sse_data(&v)
-    }
-}
-
-impl Encoder for CompletionEncoder {
-    fn start(&mut self, _out: &mut Vec<Bytes>) {}
-
-    fn step(&mut self, step: Step, out: &mut Vec<Bytes>) {
-        match step {
-            Step::Token { text, logprob } => {
-                if text.is_empty() && logprob.is_none() {
-                    return;
-                }
-                let logprobs = logprob.as_ref().map(|lp| completion_logprobs(std::slice::from_ref(lp), &[self.chars]));
-                self.chars += text.chars().count();
-                let choices = json!([{
-                    "index": 0,
-                    "text": text,
-                    "logprobs": logprobs,
-                    "finish_reason": null,
-                }]);
-                out.push(self.chunk(choices, None));
-            }
-            Step::Done { finish_reason, usage, .. } => {
-                let choices = json!([{
-                    "index": 0,
-                    "text": "",
-                    "logprobs": null,
-                    "finish_reason": finish_reason.as_str(),
-                }]);
-                out.push(self.chunk(choices, None));
-                if self.closes {
-                    self.close(usage, out);
-                }
-            }
-            Step::Failed(e) => stream_error(&e, out),
-        }
-    }
-
-    fn close(&mut self, usage: Usage, out: &mut Vec<Bytes>) {
-        if self.include_usage {
-            out.push(self.chunk(json!([]), Some(usage_json(&usage))));
-        }
-        out.push(Bytes::from_static(DONE));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::params::parse_object;
 
     /// The error a chat body produces, from parsing or from the unknown-field check.
     fn chat_err(body: &str) -> ApiError {
@@ -905,28 +472,5 @@ mod tests {
             let e = parse_completion(&mut f, &ModelNames::single("m"), 100).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{body}");
         }
-    }
-
-    #[test]
-    fn logprob_shapes() {
-        let e = |id, token: &str, logprob| LogprobEntry {
-            id,
-            token: token.into(),
-            bytes: token.as_bytes().to_vec(),
-            logprob,
-        };
-        let lp = TokenLogprob { chosen: e(1, "a", -0.1), top: vec![e(1, "a", -0.1), e(2, "b", f32::NEG_INFINITY)] };
-        assert_eq!(
-            chat_logprob(&lp),
-            json!({"token": "a", "logprob": -0.1, "bytes": [97], "top_logprobs": [
-                {"token": "a", "logprob": -0.1, "bytes": [97]},
-                {"token": "b", "logprob": -9999.0, "bytes": [98]},
-            ]})
-        );
-        assert_eq!(
-            completion_logprobs(&[lp], &[0]),
-            json!({"tokens": ["a"], "token_logprobs": [-0.1],
-                   "top_logprobs": [{"a": -0.1, "b": -9999.0}], "text_offset": [0]})
-        );
     }
 }

@@ -1,0 +1,243 @@
+//! The OpenAI streams: `chat.completion.chunk` and `text_completion` chunks of one choice, as
+//! SSE `data:` events ending in `data: [DONE]`; tool calls go out as OpenAI's incremental
+//! `tool_calls` deltas.
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use crate::backend::{FinishReason, Usage};
+use crate::choices::stamp_index;
+use crate::error::ApiError;
+use crate::generation::{sse_data, Encoder, Step};
+use crate::tools::{call_id, parser, CallSyntax, Piece, ToolParser};
+
+/// Request fields accepted and ignored (they change nothing here).
+use super::{chat_logprob, choice_seed, completion_logprobs, usage_json, Head};
+
+const DONE: &[u8] = b"data: [DONE]\n\n";
+
+/// Error chunk then `[DONE]`, as vLLM does when a stream fails midway.
+fn stream_error(e: &ApiError, out: &mut Vec<Bytes>) {
+    out.push(sse_data(&e.body(crate::error::Dialect::OpenAi)));
+    out.push(Bytes::from_static(DONE));
+}
+
+/// `chat.completion.chunk` stream of one choice.
+pub(super) struct ChatEncoder {
+    head: Head,
+    include_usage: bool,
+    /// Tool calls parsed out of the stream, when the request has tools the model can call.
+    calls: Option<StreamedCalls>,
+    /// The choice's `index`, stamped on every chunk.
+    index: usize,
+    /// This choice's `Done` ends the stream (usage, `[DONE]`): the only choice; with several,
+    /// [`Encoder::close`] does once they are all done.
+    closes: bool,
+}
+
+/// The tool-call state of a chat stream.
+struct StreamedCalls {
+    parser: Box<dyn ToolParser>,
+    /// Calls sent so far (the next one's `index`).
+    count: usize,
+    /// Whitespace at the end of the text so far, held until it is known whether a call (which
+    /// it would only lay out) or more text follows.
+    blank: String,
+}
+
+impl ChatEncoder {
+    /// The encoder of choice `index`; `calls`: how tool calls are parsed out of the text, if
+    /// they are; `closes`: whether its end ends the stream (the only choice).
+    pub(super) fn new(head: Head, include_usage: bool, calls: Option<&CallSyntax>, index: usize, closes: bool) -> Self {
+        let calls = calls.map(|syntax| StreamedCalls { parser: parser(syntax), count: 0, blank: String::new() });
+        ChatEncoder { head, include_usage, calls, index, closes }
+    }
+
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
+        let mut v = json!({
+            "id": self.head.id,
+            "object": "chat.completion.chunk",
+            "created": self.head.created,
+            "model": self.head.model,
+            "choices": stamp_index(choices, self.index),
+        });
+        if self.include_usage {
+            v["usage"] = usage.unwrap_or(Value::Null);
+        }
+        sse_data(&v)
+    }
+
+    fn choice(delta: Value, logprobs: Option<Value>, finish: Option<FinishReason>) -> Value {
+        json!([{
+            "index": 0,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish.map(FinishReason::as_str),
+        }])
+    }
+}
+
+impl ChatEncoder {
+    /// Chunks for parsed pieces: text as `content` deltas (the token's logprobs ride on the
+    /// first chunk, or on an empty one), each call as OpenAI's incremental `tool_calls` deltas —
+    /// its index, id, type and name first, then its arguments.
+    fn pieces(&mut self, pieces: Vec<Piece>, mut logprobs: Option<Value>, out: &mut Vec<Bytes>) {
+        for piece in pieces {
+            match piece {
+                Piece::Text(t) => {
+                    let Some(calls) = self.calls.as_mut() else { continue };
+                    // Blank text around calls is layout, not content (as in the whole response).
+                    let mut text = std::mem::take(&mut calls.blank) + &t;
+                    let end = text.trim_end().len();
+                    calls.blank = text.split_off(end);
+                    if text.trim().is_empty() && calls.count > 0 || text.is_empty() {
+                        continue;
+                    }
+                    out.push(self.chunk(Self::choice(json!({"content": text}), logprobs.take(), None), None));
+                }
+                Piece::Call(call) => {
+                    let Some(calls) = self.calls.as_mut() else { continue };
+                    calls.blank.clear();
+                    let index = calls.count;
+                    calls.count += 1;
+                    let id = call_id(&choice_seed(&self.head.id, self.index), index);
+                    let first = json!({"tool_calls": [{"index": index, "id": id, "type": "function",
+                                       "function": {"name": call.name, "arguments": ""}}]});
+                    out.push(self.chunk(Self::choice(first, logprobs.take(), None), None));
+                    let args = json!({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]});
+                    out.push(self.chunk(Self::choice(args, None, None), None));
+                }
+            }
+        }
+        if let Some(lp) = logprobs {
+            out.push(self.chunk(Self::choice(json!({"content": ""}), Some(lp), None), None));
+        }
+    }
+}
+
+impl Encoder for ChatEncoder {
+    fn start(&mut self, out: &mut Vec<Bytes>) {
+        let delta = json!({"role": "assistant", "content": ""});
+        out.push(self.chunk(Self::choice(delta, None, None), None));
+    }
+
+    fn step(&mut self, step: Step, out: &mut Vec<Bytes>) {
+        match step {
+            Step::Token { text, logprob } => {
+                let logprobs = logprob.as_ref().map(|lp| json!({"content": [chat_logprob(lp)], "refusal": null}));
+                let Some(calls) = self.calls.as_mut() else {
+                    if text.is_empty() && logprobs.is_none() {
+                        return;
+                    }
+                    out.push(self.chunk(Self::choice(json!({"content": text}), logprobs, None), None));
+                    return;
+                };
+                let pieces = calls.parser.push(&text);
+                self.pieces(pieces, logprobs, out);
+            }
+            Step::Done { finish_reason, usage, .. } => {
+                let mut reason = finish_reason.as_str();
+                if let Some(calls) = self.calls.as_mut() {
+                    let pieces = calls.parser.finish();
+                    self.pieces(pieces, None, out);
+                    // Trailing blank text of a plain answer is content.
+                    if let Some(c) = self.calls.as_mut().filter(|c| c.count == 0 && !c.blank.is_empty()) {
+                        let blank = std::mem::take(&mut c.blank);
+                        out.push(self.chunk(Self::choice(json!({"content": blank}), None, None), None));
+                    }
+                    if self.calls.as_ref().is_some_and(|c| c.count > 0) && finish_reason == FinishReason::Stop {
+                        reason = "tool_calls";
+                    }
+                }
+                let choices = json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason}]);
+                out.push(self.chunk(choices, None));
+                if self.closes {
+                    self.close(usage, out);
+                }
+            }
+            Step::Failed(e) => stream_error(&e, out),
+        }
+    }
+
+    fn close(&mut self, usage: Usage, out: &mut Vec<Bytes>) {
+        if self.include_usage {
+            out.push(self.chunk(json!([]), Some(usage_json(&usage))));
+        }
+        out.push(Bytes::from_static(DONE));
+    }
+}
+
+/// `text_completion` stream of one choice.
+pub(super) struct CompletionEncoder {
+    head: Head,
+    include_usage: bool,
+    /// Characters streamed so far (for `text_offset`).
+    chars: usize,
+    /// As [`ChatEncoder`]'s.
+    index: usize,
+    closes: bool,
+}
+
+impl CompletionEncoder {
+    /// As [`ChatEncoder::new`], without tool calls.
+    pub(super) fn new(head: Head, include_usage: bool, index: usize, closes: bool) -> Self {
+        CompletionEncoder { head, include_usage, chars: 0, index, closes }
+    }
+
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
+        let mut v = json!({
+            "id": self.head.id,
+            "object": "text_completion",
+            "created": self.head.created,
+            "model": self.head.model,
+            "choices": stamp_index(choices, self.index),
+        });
+        if self.include_usage {
+            v["usage"] = usage.unwrap_or(Value::Null);
+        }
+        sse_data(&v)
+    }
+}
+
+impl Encoder for CompletionEncoder {
+    fn start(&mut self, _out: &mut Vec<Bytes>) {}
+
+    fn step(&mut self, step: Step, out: &mut Vec<Bytes>) {
+        match step {
+            Step::Token { text, logprob } => {
+                if text.is_empty() && logprob.is_none() {
+                    return;
+                }
+                let logprobs = logprob.as_ref().map(|lp| completion_logprobs(std::slice::from_ref(lp), &[self.chars]));
+                self.chars += text.chars().count();
+                let choices = json!([{
+                    "index": 0,
+                    "text": text,
+                    "logprobs": logprobs,
+                    "finish_reason": null,
+                }]);
+                out.push(self.chunk(choices, None));
+            }
+            Step::Done { finish_reason, usage, .. } => {
+                let choices = json!([{
+                    "index": 0,
+                    "text": "",
+                    "logprobs": null,
+                    "finish_reason": finish_reason.as_str(),
+                }]);
+                out.push(self.chunk(choices, None));
+                if self.closes {
+                    self.close(usage, out);
+                }
+            }
+            Step::Failed(e) => stream_error(&e, out),
+        }
+    }
+
+    fn close(&mut self, usage: Usage, out: &mut Vec<Bytes>) {
+        if self.include_usage {
+            out.push(self.chunk(json!([]), Some(usage_json(&usage))));
+        }
+        out.push(Bytes::from_static(DONE));
+    }
+}
