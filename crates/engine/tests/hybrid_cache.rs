@@ -134,13 +134,8 @@ fn gemma3_kv_bytes_resident_at_8192_tokens() {
         let bytes = s.code_bytes_used + s.scale_bytes_used;
         let (codes, scales) = g.pool().geometry().block_bytes_by_category();
         let per_block = codes + scales;
-        // Blocks beyond the tokens (growth's reserved tail) are not resident KV: count the
-        // blocks the tables use.
-        let seq = g.sequence();
-        let tokens_blocks: usize = seq
-            .block_tables()
-            .map(|t| t[..context.div_ceil(BLOCK).min(t.len())].iter().filter(|&&b| b != NULL_BLOCK).count())
-            .sum();
+        // Blocks beyond the tokens (growth's reserved tail) are not resident KV.
+        let tokens_blocks = g.sequence().blocks_holding_tokens();
         eprintln!(
             "gemma3-270m f16 KV at {context} tokens, hybrid {hybrid}: {:.1} MiB in the tokens' blocks ({} blocks of {} layers), {:.1} MiB held with growth's tail",
             (tokens_blocks * per_block) as f64 / (1 << 20) as f64,

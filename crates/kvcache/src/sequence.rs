@@ -233,6 +233,14 @@ impl SequenceCache {
         self.groups.iter().map(|g| g.table.as_slice())
     }
 
+    /// Blocks (over all groups) that hold the sequence's tokens `[0, offset)`: not the ones a
+    /// sliding group has freed, nor the reserved tail growth took beyond the tokens. Times the
+    /// pool's bytes per block, the KV the tokens keep resident.
+    pub fn blocks_holding_tokens(&self) -> usize {
+        let used = self.offset.div_ceil(self.block_size);
+        self.block_tables().map(|t| t[..used.min(t.len())].iter().filter(|&&b| b != NULL_BLOCK).count()).sum()
+    }
+
     /// Slot of position `pos` in group 0 (must be resident).
     pub fn slot(&self, pos: usize) -> u32 {
         self.group_slot(0, pos)

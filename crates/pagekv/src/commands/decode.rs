@@ -3,7 +3,10 @@
 //!
 //! For each (format, context): prefill `context` tokens of real text (timed: pp tok/s), then
 //! decode `--decode-tokens` tokens greedily (timed: tg tok/s); the median over `--runs` decode
-//! runs (the cache is trimmed back to the prompt between runs). With `--llama-cpp PYTHON`, the
+//! runs (the cache is trimmed back to the prompt between runs). Each pagekv row also gives the
+//! decode rate as a fraction of the memory roofline (weights plus the K/V each layer's window
+//! reads) and the KV the prompt keeps resident (`KV MiB`: the blocks holding its tokens, so a
+//! hybrid cache's freed sliding-window blocks are not counted). With `--llama-cpp PYTHON`, the
 //! same shapes are measured with llama-cpp-python (that interpreter must have it installed) in
 //! the same run, for a like-for-like comparison; `--llama-cpp-kv` picks llama.cpp's KV types
 //! (f16 as llama-cpp-python sets it up by default, or with flash attention, or q8_0 / q4_0 —
@@ -167,9 +170,18 @@ pub fn run(a: DecodeArgs) -> Result<()> {
     let model_name = loaded.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     let gbps = super::anchors::stream_read_gbps(pool)?;
     let weight_bytes = loaded.model.weight_bytes_per_token();
-    // The decode roofline at a context: every weight byte and every cached K/V byte read once.
+    // The decode roofline at a context: every weight byte and every cached K/V byte attention
+    // reads read once. A layer with a sliding window (per layer, as Gemma 3's local ones, or the
+    // model's) reads only its window's positions.
+    let windows: Vec<Option<usize>> = (0..loaded.model.config.num_layers)
+        .map(|l| loaded.model.config.layer_windows.get(l).copied().flatten().or(loaded.model.config.sliding_window))
+        .collect();
+    let kv_read = move |ctx: usize, kv_bytes_per_token: usize| -> usize {
+        let per_layer = kv_bytes_per_token / windows.len();
+        windows.iter().map(|w| ctx.min(w.unwrap_or(usize::MAX)) * per_layer).sum()
+    };
     let roofline =
-        |ctx: usize, kv_bytes_per_token: usize| gbps * 1e9 / (weight_bytes + ctx * kv_bytes_per_token) as f64;
+        |ctx: usize, kv_bytes_per_token: usize| gbps * 1e9 / (weight_bytes + kv_read(ctx, kv_bytes_per_token)) as f64;
     let mut model = loaded.model;
     if !a.json {
         println!(
@@ -182,8 +194,8 @@ pub fn run(a: DecodeArgs) -> Result<()> {
             roofline(0, 0)
         );
         println!(
-            "{:<12} {:<12} {:>8} {:>10} {:>10} {:>10}",
-            "engine", "format", "context", "pp tok/s", "tg tok/s", "roofline"
+            "{:<12} {:<12} {:>8} {:>10} {:>10} {:>10} {:>8}",
+            "engine", "format", "context", "pp tok/s", "tg tok/s", "roofline", "KV MiB"
         );
     }
     let f16_kv = KvFormat::F16.bytes_per_token(base.num_kv_heads, base.head_dim) * base.num_layers;
@@ -198,6 +210,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
                 pp: r.pp,
                 tg: r.tg,
                 roofline: Some(r.tg / roofline(ctx, f16_kv)),
+                kv_mib: None,
             };
             print_row(a.json, &row, threads, &model_name);
         }
@@ -228,6 +241,8 @@ pub fn run(a: DecodeArgs) -> Result<()> {
             let (_, logits) = g.prefill(&prompt[..ctx])?;
             let first = argmax(logits);
             let pp = ctx as f64 / t.elapsed().as_secs_f64();
+            let (codes, scales) = g.pool().geometry().block_bytes_by_category();
+            let kv_mib = (g.sequence().blocks_holding_tokens() * (codes + scales)) as f64 / (1 << 20) as f64;
             let mut tg = Vec::new();
             for _ in 0..a.runs {
                 let mut token = first;
@@ -248,6 +263,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
                 pp,
                 tg: tg[tg.len() / 2],
                 roofline: Some(tg[tg.len() / 2] / roofline(ctx, cfg_bytes_per_token)),
+                kv_mib: Some(kv_mib),
             };
             print_row(a.json, &row, threads, &model_name);
             if format == KvFormat::F16 {
@@ -273,6 +289,7 @@ pub fn run(a: DecodeArgs) -> Result<()> {
                 pp: row.pp,
                 tg: row.tg,
                 roofline: None,
+                kv_mib: None,
             };
             print_row(a.json, &row, threads, &model_name);
         }
@@ -290,18 +307,21 @@ struct Row<'a> {
     pp: f64,
     tg: f64,
     roofline: Option<f64>,
+    /// KV the prompt's tokens keep resident (pagekv only): the blocks holding them.
+    kv_mib: Option<f64>,
 }
 
 fn print_row(json_out: bool, r: &Row, threads: usize, model: &str) {
     if json_out {
         println!(
             "{}",
-            json!({"engine": r.engine, "format": r.format, "attn_numerics": r.numerics, "context": r.ctx, "pp_tokens_per_s": round(r.pp, 1), "tg_tokens_per_s": round(r.tg, 1), "roofline_fraction": r.roofline.map(|f| round(f, 3)), "threads": threads, "model": model})
+            json!({"engine": r.engine, "format": r.format, "attn_numerics": r.numerics, "context": r.ctx, "pp_tokens_per_s": round(r.pp, 1), "tg_tokens_per_s": round(r.tg, 1), "roofline_fraction": r.roofline.map(|f| round(f, 3)), "kv_resident_mib": r.kv_mib.map(|m| round(m, 1)), "threads": threads, "model": model})
         );
     } else {
         let (engine, format, ctx, pp, tg) = (r.engine, r.format, r.ctx, r.pp, r.tg);
         let roof = r.roofline.map(|f| format!("{:.0} %", 100.0 * f)).unwrap_or_default();
-        println!("{engine:<12} {format:<12} {ctx:>8} {pp:>10.1} {tg:>10.1} {roof:>10}");
+        let kv = r.kv_mib.map(|m| format!("{m:.1}")).unwrap_or_default();
+        println!("{engine:<12} {format:<12} {ctx:>8} {pp:>10.1} {tg:>10.1} {roof:>10} {kv:>8}");
     }
 }
 
