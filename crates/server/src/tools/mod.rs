@@ -439,10 +439,11 @@ mod tests {
         assert_eq!(call_grammar(&r, ToolCallFormat::Hermes), None);
         r.choice = ToolChoice::Required;
         let Some(Grammar::Lark(g)) = call_grammar(&r, ToolCallFormat::Hermes) else { panic!() };
-        assert!(g.starts_with("start: call (\"\\n\" call)*\n") && g.contains(r#""const":"get_weather""#), "{g}");
+        assert!(g.starts_with("start: calls \"\\n\"?\ncalls: call (\"\\n\" call)*\n"), "{g}");
+        assert!(g.contains(r#""const":"get_weather""#), "{g}");
         r.parallel = false;
         let Some(Grammar::Lark(g)) = call_grammar(&r, ToolCallFormat::Hermes) else { panic!() };
-        assert!(g.starts_with("start: call\n"), "{g}");
+        assert!(g.starts_with("start: calls \"\\n\"?\ncalls: call\n"), "{g}");
     }
 
     #[test]

@@ -110,6 +110,11 @@ fn hermes_calls_under_required_and_auto_and_text_only_under_auto() {
         let unknown = "<tool_call>\n{\"name\": \"rm_rf\"";
         assert!(matches!(ch.walk(g, &ch.text(unknown)), Walk::RefusedAt(_)));
     }
+    // Under required a call may also come fenced, and a newline may close the calls.
+    let fenced = format!("```json\n{WEATHER}\n```\n");
+    assert_eq!(ch.walk(&required, &ch.text(&fenced)), Walk::Accepted);
+    let bad_fence = "```json\n{\"name\": \"rm_rf\"";
+    assert!(matches!(ch.walk(&required, &ch.text(bad_fence)), Walk::RefusedAt(_)));
     let prose = "The weather in Paris is <b>mild</b> today.\nNo call needed.";
     assert!(matches!(ch.walk(&required, &ch.text(prose)), Walk::RefusedAt(0)));
     assert_eq!(ch.walk(&auto, &ch.text(prose)), Walk::Accepted);

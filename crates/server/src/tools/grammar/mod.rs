@@ -8,7 +8,8 @@
 //!   parses. The text terminals exclude what would begin a call, so the grammar is not
 //!   ambiguous and the parser of the family reads the output exactly as the grammar split it.
 //!
-//! Families: Hermes `<tool_call>\n{…}\n</tool_call>` blocks (text before, between and after);
+//! Families: Hermes `<tool_call>\n{…}\n</tool_call>` blocks (text before, between and after;
+//! under `required` or a named function a ```` ```json ```` fenced block also counts);
 //! Llama 3.x JSON `{"name", "parameters"}` objects joined by `; ` (the whole reply, or text);
 //! Mistral `[TOOL_CALLS]` + a list of `{"name", "arguments"}` or `name[ARGS]{…}` per call. A
 //! marker that is a special token is written as that token (`<[id]>`); since its text prints
@@ -56,8 +57,10 @@ fn marker(token: Option<u32>, text: &str) -> String {
 fn call_rules(format: ToolCallFormat, allowed: &[&Tool], many: bool, head: &str) -> String {
     let repeat = |one: &str, sep: &str| if many { format!("{one} ({sep:?} {one})*") } else { one.to_string() };
     match format {
+        // A call in its tags, or in a ```json fence (which Qwen2.5-Coder prefers by far: held
+        // to the tags it tends to add unasked calls after the first); the parser reads both.
         ToolCallFormat::Hermes => format!(
-            "{head}: {}\ncall: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {}\n",
+            "{head}: {}\ncall: \"<tool_call>\\n\" body \"\\n</tool_call>\" | \"```json\\n\" body \"\\n```\"\nbody: %json {}\n",
             repeat("call", "\n"),
             call_schema(allowed, "arguments")
         ),
@@ -107,7 +110,10 @@ pub(crate) fn call_grammar(request: &ToolRequest, format: ToolCallFormat) -> Opt
     let many = request.parallel && !matches!(request.choice, ToolChoice::Function(_));
     match request.choice {
         ToolChoice::Auto => Some(auto_grammar(format, &allowed, many)),
-        _ => Some(Grammar::Lark(call_rules(format, &allowed, many, "start"))),
+        // One newline may follow the last call, as llama.cpp's tool grammars allow trailing
+        // space: a model that writes one after a call can still end there instead of being
+        // held to begin another.
+        _ => Some(Grammar::Lark(format!("start: calls \"\\n\"?\n{}", call_rules(format, &allowed, many, "calls")))),
     }
 }
 
@@ -181,18 +187,18 @@ mod tests {
     fn required_and_named_grammars_per_family() {
         let required = request(ToolChoice::Required, true);
         let g = lark(&required, ToolCallFormat::Hermes);
-        assert!(g.starts_with("start: call (\"\\n\" call)*\n"), "{g}");
+        assert!(g.starts_with("start: calls \"\\n\"?\ncalls: call (\"\\n\" call)*\n"), "{g}");
         assert!(g.contains(r#""const":"get_weather""#) && g.contains(r#""const":"get_time""#), "{g}");
         let g = lark(&required, ToolCallFormat::Llama3Json);
-        assert!(g.starts_with("start: body (\"; \" body)*\n") && g.contains(r#""parameters":{"type""#), "{g}");
+        assert!(g.starts_with("start: calls \"\\n\"?\ncalls: body (\"; \" body)*\n") && g.contains(r#""parameters":{"type""#), "{g}");
         let mistral = ToolCallFormat::Mistral { args: false, tool_calls: Some(5), args_token: None };
         let g = lark(&required, mistral);
-        assert!(g.starts_with("start: <[5]> \"[\" body (\", \" body)* \"]\"\n"), "{g}");
+        assert!(g.starts_with("start: calls \"\\n\"?\ncalls: <[5]> \"[\" body (\", \" body)* \"]\"\n"), "{g}");
         let text_marker = ToolCallFormat::Mistral { args: false, tool_calls: None, args_token: None };
-        assert!(lark(&required, text_marker).starts_with("start: \"[TOOL_CALLS]\" \"[\""));
+        assert!(lark(&required, text_marker).starts_with("start: calls \"\\n\"?\ncalls: \"[TOOL_CALLS]\" \"[\""));
         let args = ToolCallFormat::Mistral { args: true, tool_calls: Some(5), args_token: Some(32) };
         let g = lark(&required, args);
-        assert!(g.starts_with("start: call+\ncall: <[5]> fn\nfn: f0 | f1\nf0: \"get_weather\" <[32]> %json {"), "{g}");
+        assert!(g.starts_with("start: calls \"\\n\"?\ncalls: call+\ncall: <[5]> fn\nfn: f0 | f1\nf0: \"get_weather\" <[32]> %json {"), "{g}");
 
         let named = request(ToolChoice::Function("get_time".into()), true);
         for format in [ToolCallFormat::Hermes, ToolCallFormat::Llama3Json, mistral, args] {
