@@ -140,7 +140,7 @@ impl GroupTable {
     }
 
     /// Applies a plan (checked against the pool by the caller). Returns whether it grew.
-    pub(crate) fn apply<S: PageStore>(&mut self, pool: &mut KvPool<S>, plan: &GroupPlan, p0: usize, bs: usize) -> bool {
+    pub(crate) fn apply<S: PageStore>(&mut self, pool: &mut KvPool<S>, plan: &GroupPlan) -> bool {
         self.reclaim(pool, plan.reclaim_to);
         let (blocks, pages, counters) = pool.parts_mut();
         for &b in &plan.copy_on_write {
@@ -150,11 +150,6 @@ impl GroupTable {
             blocks.release(old);
             self.table[b] = new;
             CacheCounters::add(&counters.cow_copies, 1);
-        }
-        // Blocks about to be written lose any prefix hash: their contents change.
-        let first_written = (p0 / bs).max(self.first_live);
-        for &b in &self.table[first_written..] {
-            blocks.unregister(b);
         }
         for _ in 0..plan.new_blocks {
             self.table.push(blocks.allocate().expect("planned against free blocks"));

@@ -75,8 +75,8 @@ impl<S: PageStore> KvPool<S> {
         &self.blocks
     }
 
-    /// Direct access to the block pool, for the engine's prefix cache (retain, register,
-    /// acquire_cached). Sequence bookkeeping goes through [`crate::SequenceCache`].
+    /// Direct access to the block pool, for the engine's session bank (which retains and
+    /// releases the blocks it keeps). Sequence bookkeeping goes through [`crate::SequenceCache`].
     pub fn blocks_mut(&mut self) -> &mut BlockPool {
         &mut self.blocks
     }
@@ -107,10 +107,7 @@ impl<S: PageStore> KvPool<S> {
             blocks_total: self.blocks.num_blocks(),
             blocks_used: self.blocks.num_used(),
             blocks_free: self.blocks.num_free(),
-            blocks_cached: self.blocks.num_cached(),
             blocks_shared: self.blocks.num_shared(),
-            evictions: self.blocks.counters().evictions,
-            cache_hits: self.blocks.counters().cache_hits,
             code_bytes_used: code_per_block * self.blocks.num_used(),
             scale_bytes_used: scale_per_block * self.blocks.num_used(),
             bytes_total: (code_per_block + scale_per_block) * self.blocks.num_blocks(),

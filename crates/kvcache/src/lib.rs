@@ -5,7 +5,8 @@
 //! formats). Each sequence owns a block table and grows block by block.
 //!
 //! Main types:
-//! - [`BlockPool`]: block ids, reference counts, free queue, prefix-hash map.
+//! - [`BlockPool`]: block ids, reference counts, free queue; [`BlockHash`]: the chained identity
+//!   of a full block's tokens, which the engine's session bank indexes prefixes by.
 //! - [`KvPool`]: a block pool plus its page storage ([`HostPages`], or device pages behind
 //!   [`PageStore`]) and its counters ([`CacheCounters`], [`CacheStats`]).
 //! - [`SequenceCache`]: one sequence's block table, offset, growth and window policy, trim,
@@ -21,6 +22,7 @@
 
 mod aligned;
 pub mod bench;
+mod block_hash;
 pub mod config;
 pub mod error;
 pub mod format;
@@ -34,6 +36,7 @@ mod sequence;
 mod standalone;
 pub mod stats;
 
+pub use block_hash::BlockHash;
 pub use config::CacheConfig;
 pub use error::{CacheError, CapacityReason, ConfigError};
 pub use format::{Codec, KvFormat, Rotation};
@@ -41,7 +44,7 @@ pub use groups::{GroupKind, LayerGroups};
 pub use kv_pool::{geometry_of, KvPool};
 pub use pages::{HostPages, LayerView, PageGeometry, PageStore, PlaneView};
 pub use policy::SequencePolicy;
-pub use pool::{BlockHash, BlockPool, NULL_BLOCK};
+pub use pool::{BlockPool, NULL_BLOCK};
 pub use sequence::{SequenceCache, Snapshot};
 pub use standalone::StandaloneCache;
 pub use stats::{AttentionRoute, CacheCounters, CacheStats, FallbackReason};

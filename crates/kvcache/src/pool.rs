@@ -1,65 +1,20 @@
-//! The block pool: block ids, reference counts, the free queue and the prefix-hash map —
-//! nothing else (no bytes, no policy).
+//! The block pool: block ids, reference counts and the free queue — nothing else (no bytes,
+//! no policy, no prefix index: which blocks hold which prefix is the engine's session bank's
+//! to know, since a prefix spans one block per layer group).
 //!
 //! Invariants (checked by [`BlockPool::check_invariants`] in debug builds and tests):
 //! - every block is either *used* (`ref_count ≥ 1`) or *free* (`ref_count = 0`), and a block is
 //!   in the free queue exactly when it is free: `used + free = total`;
-//! - a free block may still carry a prefix hash (it is *cached*: a later request can revive it
-//!   by [`BlockPool::acquire_cached`]); allocation pops the queue's front, evicting that
-//!   block's hash, so the least recently freed cached block is evicted first;
-//! - the hash map and the per-block hash agree both ways.
+//! - allocation pops the queue's front and a freed block joins its back, so the least recently
+//!   freed block is reused first.
 //!
-//! The free queue is an intrusive doubly linked list over block ids, so allocate, free and
-//! reviving a cached block from the middle of the queue are all O(1). Free a sequence's
-//! blocks tail first ([`crate::SequenceCache::release`] does) so its tail is evicted first.
-
-use std::collections::HashMap;
+//! The free queue is an intrusive doubly linked list over block ids, so allocate and free are
+//! O(1).
 
 /// Sentinel for "no block" in block tables (a reclaimed position) and in the free list.
 pub const NULL_BLOCK: u32 = u32::MAX;
 
-/// Identity of a full block's contents: chained over the prefix (see [`BlockHash::chain`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BlockHash(pub u128);
-
-impl BlockHash {
-    /// `hash(parent, tokens, extra)`: `extra` carries the model and format identity, so blocks
-    /// of another model or KV format never match.
-    pub fn chain(parent: Option<BlockHash>, tokens: &[u32], extra: u64) -> BlockHash {
-        // Two independent 64-bit FNV-1a-style mixes finished with SplitMix64: stable across
-        // runs and platforms (unlike std's RandomState), 128 bits against accidental collisions.
-        let mut a: u64 = 0xcbf2_9ce4_8422_2325 ^ extra;
-        let mut b: u64 = 0x6c62_272e_07bb_0142 ^ extra.rotate_left(29);
-        let mut feed = |x: u64| {
-            a = (a ^ x).wrapping_mul(0x0000_0100_0000_01b3);
-            b = crate::format::rotation::splitmix64(b ^ x);
-        };
-        match parent {
-            Some(BlockHash(p)) => {
-                feed(p as u64);
-                feed((p >> 64) as u64);
-            }
-            None => feed(0x5eed),
-        }
-        feed(tokens.len() as u64);
-        for &t in tokens {
-            feed(t as u64);
-        }
-        let a = crate::format::rotation::splitmix64(a);
-        BlockHash(((a as u128) << 64) | b as u128)
-    }
-}
-
-/// Counters the pool keeps about itself.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PoolCounters {
-    /// Cached blocks whose hash was dropped because the block was reallocated.
-    pub evictions: u64,
-    /// Cached blocks revived by [`BlockPool::acquire_cached`].
-    pub cache_hits: u64,
-}
-
-/// Fixed set of blocks with reference counts, a free queue and a prefix-hash map.
+/// Fixed set of blocks with reference counts and a free queue.
 #[derive(Clone, Debug)]
 pub struct BlockPool {
     /// `[num_blocks]` references held on each block.
@@ -70,10 +25,6 @@ pub struct BlockPool {
     head: u32,
     tail: u32,
     num_free: usize,
-    /// `[num_blocks]` hash of each cached/registered block.
-    hash: Vec<Option<BlockHash>>,
-    by_hash: HashMap<BlockHash, u32>,
-    counters: PoolCounters,
 }
 
 impl BlockPool {
@@ -90,9 +41,6 @@ impl BlockPool {
             head: if n == 0 { NULL_BLOCK } else { 0 },
             tail: if n == 0 { NULL_BLOCK } else { n - 1 },
             num_free: num_blocks,
-            hash: vec![None; num_blocks],
-            by_hash: HashMap::new(),
-            counters: PoolCounters::default(),
         }
     }
 
@@ -100,7 +48,7 @@ impl BlockPool {
         self.ref_count.len()
     }
 
-    /// Blocks with no reference (cached ones included).
+    /// Blocks with no reference.
     pub fn num_free(&self) -> usize {
         self.num_free
     }
@@ -110,17 +58,7 @@ impl BlockPool {
         self.num_blocks() - self.num_free
     }
 
-    /// Free blocks that still hold a registered prefix (revivable).
-    pub fn num_cached(&self) -> usize {
-        self.by_hash.values().filter(|&&id| self.ref_count[id as usize] == 0).count()
-    }
-
-    /// Blocks registered under a prefix hash, used or free.
-    pub fn num_hashed(&self) -> usize {
-        self.by_hash.len()
-    }
-
-    /// Blocks with more than one reference (shared by forks, prefix hits or the session bank).
+    /// Blocks with more than one reference (shared by forks or the session bank).
     pub fn num_shared(&self) -> usize {
         self.ref_count.iter().filter(|&&n| n > 1).count()
     }
@@ -129,11 +67,7 @@ impl BlockPool {
         self.ref_count[id as usize]
     }
 
-    pub fn counters(&self) -> PoolCounters {
-        self.counters
-    }
-
-    /// Takes the least recently freed block (evicting its cached prefix, if any) with one
+    /// Takes the least recently freed block with one
     /// reference; `None` when every block is in use.
     pub fn allocate(&mut self) -> Option<u32> {
         let id = self.head;
@@ -141,10 +75,6 @@ impl BlockPool {
             return None;
         }
         self.unlink(id);
-        if let Some(h) = self.hash[id as usize].take() {
-            self.by_hash.remove(&h);
-            self.counters.evictions += 1;
-        }
         self.ref_count[id as usize] = 1;
         Some(id)
     }
@@ -157,14 +87,14 @@ impl BlockPool {
         Some((0..n).map(|_| self.allocate().expect("counted free blocks")).collect())
     }
 
-    /// Adds a reference to a block that is in use (sharing by a fork or a prefix hit).
+    /// Adds a reference to a block that is in use (sharing by a fork or the session bank).
     pub fn retain(&mut self, id: u32) {
-        debug_assert!(self.ref_count[id as usize] >= 1, "retain of free block {id}: use acquire_cached");
+        debug_assert!(self.ref_count[id as usize] >= 1, "retain of free block {id}");
         self.ref_count[id as usize] += 1;
     }
 
-    /// Drops a reference; the last one returns the block to the back of the free queue, where
-    /// it stays cached under its hash until reallocated. Returns whether it became free.
+    /// Drops a reference; the last one returns the block to the back of the free queue.
+    /// Returns whether it became free.
     pub fn release(&mut self, id: u32) -> bool {
         let rc = &mut self.ref_count[id as usize];
         debug_assert!(*rc >= 1, "double free of block {id}");
@@ -175,60 +105,6 @@ impl BlockPool {
         } else {
             false
         }
-    }
-
-    /// Registers a full block under `hash`. A hash already registered to another block keeps
-    /// its block (the first copy wins); returns whether this block was registered.
-    pub fn register(&mut self, id: u32, hash: BlockHash) -> bool {
-        if self.by_hash.contains_key(&hash) || self.hash[id as usize].is_some() {
-            return false;
-        }
-        self.by_hash.insert(hash, id);
-        self.hash[id as usize] = Some(hash);
-        true
-    }
-
-    /// Forgets a block's hash (its contents are about to change).
-    pub fn unregister(&mut self, id: u32) {
-        if let Some(h) = self.hash[id as usize].take() {
-            self.by_hash.remove(&h);
-        }
-    }
-
-    pub fn hash_of(&self, id: u32) -> Option<BlockHash> {
-        self.hash[id as usize]
-    }
-
-    /// Looks up a cached prefix block without taking it.
-    pub fn lookup(&self, hash: BlockHash) -> Option<u32> {
-        self.by_hash.get(&hash).copied()
-    }
-
-    /// Takes a reference on the block cached under `hash`, reviving it from the free queue if
-    /// no one held it. `None` if no block holds that prefix.
-    pub fn acquire_cached(&mut self, hash: BlockHash) -> Option<u32> {
-        let id = *self.by_hash.get(&hash)?;
-        if self.ref_count[id as usize] == 0 {
-            self.unlink(id);
-        }
-        self.ref_count[id as usize] += 1;
-        self.counters.cache_hits += 1;
-        Some(id)
-    }
-
-    /// Evicts the least recently freed cached block, if any cached block is free; returns it.
-    /// (Used by byte budgets and TTLs above the pool; allocation evicts on its own.)
-    pub fn evict_one(&mut self) -> Option<u32> {
-        let mut id = self.head;
-        while id != NULL_BLOCK {
-            if let Some(h) = self.hash[id as usize].take() {
-                self.by_hash.remove(&h);
-                self.counters.evictions += 1;
-                return Some(id);
-            }
-            id = self.next[id as usize];
-        }
-        None
     }
 
     /// The free queue front to back (the order blocks will be allocated in). For tests and
@@ -255,11 +131,6 @@ impl BlockPool {
         for (id, &rc) in self.ref_count.iter().enumerate() {
             assert_eq!(rc == 0, in_queue[id], "block {id}: ref_count {rc} but queued={}", in_queue[id]);
         }
-        for (&h, &id) in &self.by_hash {
-            assert_eq!(self.hash[id as usize], Some(h), "hash map and block {id} disagree");
-        }
-        let registered = self.hash.iter().filter(|h| h.is_some()).count();
-        assert_eq!(registered, self.by_hash.len(), "blocks carry hashes missing from the map");
     }
 
     fn unlink(&mut self, id: u32) {
@@ -333,40 +204,5 @@ mod tests {
         assert_eq!(p.allocate_many(4), None);
         assert_eq!(p.num_free(), 3);
         assert_eq!(p.allocate_many(3), Some(vec![0, 1, 2]));
-    }
-
-    #[test]
-    fn cached_blocks_are_revived_or_evicted_lru() {
-        let mut p = BlockPool::new(3);
-        let h = |i: u32| BlockHash::chain(None, &[i], 0);
-        let a = p.allocate().unwrap();
-        let b = p.allocate().unwrap();
-        assert!(p.register(a, h(1)));
-        assert!(p.register(b, h(2)));
-        let c = p.allocate().unwrap();
-        assert!(!p.register(c, h(1)), "first copy wins");
-        // Free tail first: b then a, so b is evicted first.
-        p.release(b);
-        p.release(a);
-        assert_eq!(p.free_order(), vec![b, a]);
-        assert_eq!(p.num_cached(), 2);
-        // Revive a from the middle of the queue.
-        assert_eq!(p.acquire_cached(h(1)), Some(a));
-        assert_eq!(p.free_order(), vec![b]);
-        p.check_invariants();
-        // Allocation evicts b's prefix.
-        assert_eq!(p.allocate(), Some(b));
-        assert_eq!(p.lookup(h(2)), None);
-        assert_eq!(p.counters(), PoolCounters { evictions: 1, cache_hits: 1 });
-        p.check_invariants();
-    }
-
-    #[test]
-    fn chained_hashes_depend_on_parent_tokens_and_identity() {
-        let root = BlockHash::chain(None, &[1, 2, 3], 7);
-        assert_eq!(root, BlockHash::chain(None, &[1, 2, 3], 7));
-        assert_ne!(root, BlockHash::chain(None, &[1, 2, 4], 7));
-        assert_ne!(root, BlockHash::chain(None, &[1, 2, 3], 8));
-        assert_ne!(BlockHash::chain(Some(root), &[5], 7), BlockHash::chain(None, &[5], 7));
     }
 }

@@ -14,7 +14,7 @@
 //!   sequence holds one reference on; `table.len() * block_size ≥ offset`;
 //! - block tables only grow at the end; reclamation only nulls entries at the front;
 //! - `allocated_blocks() ≤ reserved` unless growth raised `reserved` (a grow event);
-//! - a block written to has a single reference (copy-on-write otherwise) and no prefix hash.
+//! - a block written to has a single reference (copy-on-write otherwise).
 //!
 //! Mutations follow "plan, then apply": [`SequenceCache::begin_append`] computes a plan
 //! (reclaim, copy-on-write, new blocks, for every group) without touching anything, checks it
@@ -327,7 +327,7 @@ impl SequenceCache {
         let (p0, bs) = (self.offset, self.block_size);
         let mut grew = false;
         for (g, plan) in self.groups.iter_mut().zip(&plans) {
-            grew |= g.apply(pool, plan, p0, bs);
+            grew |= g.apply(pool, plan);
             debug_assert!(g.table.len() * bs >= p0 + t);
         }
         if grew {
@@ -575,8 +575,8 @@ impl SequenceCache {
         Ok(())
     }
 
-    /// Returns every block to the pool, tail first (so the tail is evicted first from the
-    /// prefix cache), group after group from the last.
+    /// Returns every block to the pool, tail first (so the tail is reallocated first), group
+    /// after group from the last.
     pub fn release<S: PageStore>(mut self, pool: &mut KvPool<S>) {
         for g in self.groups.iter_mut().rev() {
             g.release_from(pool.blocks_mut(), 0);

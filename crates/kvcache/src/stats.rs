@@ -114,11 +114,8 @@ pub struct CacheStats {
     pub blocks_total: usize,
     pub blocks_used: usize,
     pub blocks_free: usize,
-    pub blocks_cached: usize,
-    /// Blocks with more than one reference (forks, prefix hits, the session bank).
+    /// Blocks with more than one reference (forks, the session bank).
     pub blocks_shared: usize,
-    pub evictions: u64,
-    pub cache_hits: u64,
     /// Bytes of code planes in used blocks (all layers, K and V).
     pub code_bytes_used: usize,
     /// Bytes of scale planes in used blocks.

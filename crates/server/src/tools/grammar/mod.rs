@@ -190,7 +190,11 @@ mod tests {
         assert!(g.starts_with("start: calls \"\\n\"?\ncalls: call (\"\\n\" call)*\n"), "{g}");
         assert!(g.contains(r#""const":"get_weather""#) && g.contains(r#""const":"get_time""#), "{g}");
         let g = lark(&required, ToolCallFormat::Llama3Json);
-        assert!(g.starts_with("start: calls \"\\n\"?\ncalls: body (\"; \" body)*\n") && g.contains(r#""parameters":{"type""#), "{g}");
+        assert!(
+            g.starts_with("start: calls \"\\n\"?\ncalls: body (\"; \" body)*\n")
+                && g.contains(r#""parameters":{"type""#),
+            "{g}"
+        );
         let mistral = ToolCallFormat::Mistral { args: false, tool_calls: Some(5), args_token: None };
         let g = lark(&required, mistral);
         assert!(g.starts_with("start: calls \"\\n\"?\ncalls: <[5]> \"[\" body (\", \" body)* \"]\"\n"), "{g}");
@@ -198,7 +202,12 @@ mod tests {
         assert!(lark(&required, text_marker).starts_with("start: calls \"\\n\"?\ncalls: \"[TOOL_CALLS]\" \"[\""));
         let args = ToolCallFormat::Mistral { args: true, tool_calls: Some(5), args_token: Some(32) };
         let g = lark(&required, args);
-        assert!(g.starts_with("start: calls \"\\n\"?\ncalls: call+\ncall: <[5]> fn\nfn: f0 | f1\nf0: \"get_weather\" <[32]> %json {"), "{g}");
+        assert!(
+            g.starts_with(
+                "start: calls \"\\n\"?\ncalls: call+\ncall: <[5]> fn\nfn: f0 | f1\nf0: \"get_weather\" <[32]> %json {"
+            ),
+            "{g}"
+        );
 
         let named = request(ToolChoice::Function("get_time".into()), true);
         for format in [ToolCallFormat::Hermes, ToolCallFormat::Llama3Json, mistral, args] {
