@@ -92,27 +92,43 @@ impl MessagesEncoder {
                     }
                 }
                 Piece::Call(call) => {
-                    self.blank.clear();
-                    self.close_text(out);
-                    let index = self.blocks;
-                    let block = tool_use_block(&call, tool_use_id(&self.id, self.calls));
-                    let input = block["input"].to_string();
-                    let mut start = block;
-                    start["input"] = json!({});
-                    Self::event(
-                        "content_block_start",
-                        json!({"type": "content_block_start", "index": index, "content_block": start}),
-                        out,
-                    );
-                    let delta = json!({"type": "content_block_delta", "index": index,
-                                       "delta": {"type": "input_json_delta", "partial_json": input}});
-                    Self::event("content_block_delta", delta, out);
-                    Self::event("content_block_stop", json!({"type": "content_block_stop", "index": index}), out);
-                    self.blocks += 1;
-                    self.calls += 1;
+                    let input = tool_use_block(&call, String::new())["input"].to_string();
+                    self.begin_tool_use(call.name, out);
+                    self.tool_input(input, out);
+                    self.end_tool_use(out);
                 }
+                Piece::CallBegin(name) => self.begin_tool_use(name, out),
+                Piece::CallArgs(fragment) => self.tool_input(fragment, out),
+                Piece::CallEnd => self.end_tool_use(out),
             }
         }
+    }
+}
+
+impl MessagesEncoder {
+    /// Opens a `tool_use` block (its input comes as `input_json_delta`s).
+    fn begin_tool_use(&mut self, name: String, out: &mut Vec<Bytes>) {
+        self.blank.clear();
+        self.close_text(out);
+        let start = json!({"type": "tool_use", "id": tool_use_id(&self.id, self.calls), "name": name, "input": {}});
+        Self::event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": self.blocks, "content_block": start}),
+            out,
+        );
+    }
+
+    /// More of the open `tool_use` block's input JSON.
+    fn tool_input(&mut self, partial_json: String, out: &mut Vec<Bytes>) {
+        let delta = json!({"type": "content_block_delta", "index": self.blocks,
+                           "delta": {"type": "input_json_delta", "partial_json": partial_json}});
+        Self::event("content_block_delta", delta, out);
+    }
+
+    fn end_tool_use(&mut self, out: &mut Vec<Bytes>) {
+        Self::event("content_block_stop", json!({"type": "content_block_stop", "index": self.blocks}), out);
+        self.blocks += 1;
+        self.calls += 1;
     }
 }
 

@@ -80,7 +80,8 @@ impl ChatEncoder {
 impl ChatEncoder {
     /// Chunks for parsed pieces: text as `content` deltas (the token's logprobs ride on the
     /// first chunk, or on an empty one), each call as OpenAI's incremental `tool_calls` deltas —
-    /// its index, id, type and name first, then its arguments.
+    /// its index, id, type and name first, then its arguments (in one delta, or in fragments
+    /// as they are generated).
     fn pieces(&mut self, pieces: Vec<Piece>, mut logprobs: Option<Value>, out: &mut Vec<Bytes>) {
         for piece in pieces {
             match piece {
@@ -96,22 +97,39 @@ impl ChatEncoder {
                     out.push(self.chunk(Self::choice(json!({"content": text}), logprobs.take(), None), None));
                 }
                 Piece::Call(call) => {
-                    let Some(calls) = self.calls.as_mut() else { continue };
-                    calls.blank.clear();
-                    let index = calls.count;
-                    calls.count += 1;
-                    let id = call_id(&choice_seed(&self.head.id, self.index), index);
-                    let first = json!({"tool_calls": [{"index": index, "id": id, "type": "function",
-                                       "function": {"name": call.name, "arguments": ""}}]});
-                    out.push(self.chunk(Self::choice(first, logprobs.take(), None), None));
-                    let args = json!({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]});
-                    out.push(self.chunk(Self::choice(args, None, None), None));
+                    self.begin_call(call.name, logprobs.take(), out);
+                    self.call_arguments(call.arguments, None, out);
                 }
+                Piece::CallBegin(name) => self.begin_call(name, logprobs.take(), out),
+                Piece::CallArgs(fragment) => self.call_arguments(fragment, logprobs.take(), out),
+                Piece::CallEnd => {}
             }
         }
         if let Some(lp) = logprobs {
             out.push(self.chunk(Self::choice(json!({"content": ""}), Some(lp), None), None));
         }
+    }
+}
+
+impl ChatEncoder {
+    /// A call's first delta: its index, id, type and name.
+    fn begin_call(&mut self, name: String, logprobs: Option<Value>, out: &mut Vec<Bytes>) {
+        let Some(calls) = self.calls.as_mut() else { return };
+        calls.blank.clear();
+        let index = calls.count;
+        calls.count += 1;
+        let id = call_id(&choice_seed(&self.head.id, self.index), index);
+        let first = json!({"tool_calls": [{"index": index, "id": id, "type": "function",
+                           "function": {"name": name, "arguments": ""}}]});
+        out.push(self.chunk(Self::choice(first, logprobs, None), None));
+    }
+
+    /// More of the current call's arguments.
+    fn call_arguments(&mut self, fragment: String, logprobs: Option<Value>, out: &mut Vec<Bytes>) {
+        let Some(calls) = self.calls.as_ref() else { return };
+        let index = calls.count.saturating_sub(1);
+        let args = json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]});
+        out.push(self.chunk(Self::choice(args, logprobs, None), None));
     }
 }
 

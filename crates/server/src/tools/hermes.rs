@@ -9,13 +9,17 @@
 //! (or right after another call).
 //!
 //! [`HermesParser`] takes the text as it streams (any split, even inside a tag) and separates
-//! plain text from complete calls; text that could be the start of a tag or fence (or, at the
-//! start, of a bare object) is held back until it is decided. A block whose JSON does not parse
-//! as a call stays text, verbatim.
+//! plain text from calls; text that could be the start of a tag or fence (or, at the start, of a
+//! bare object) is held back until it is decided. A call in tags streams: once its object has
+//! named the function and opened its arguments (`{"name": "…", "arguments": {`), the arguments
+//! go out fragment by fragment as they are generated (blank space between JSON tokens dropped)
+//! — a grammar holds every tagged call whenever tools are offered, so a call begun is a call.
+//! Tagged objects in another shape, fenced and bare ones are decided whole at their end; a
+//! block whose JSON does not parse as a call stays text, verbatim.
 
 use serde_json::Value;
 
-use super::scan::{call_of, json_prefix, partial_tag_len, JsonPrefix};
+use super::scan::{call_head, call_of, json_prefix, partial_tag_len, CallHead, JsonPrefix, ObjectScan};
 use super::{push_text, ParsedCall, Piece, ToolParser};
 
 const OPEN: &str = "<tool_call>";
@@ -48,6 +52,20 @@ impl Block {
     }
 }
 
+/// Where the parser is inside a tagged block.
+#[derive(Debug, Default)]
+enum Tagged {
+    /// Before the arguments: the object's start is not decided yet.
+    #[default]
+    Head,
+    /// Streaming the arguments object.
+    Arguments(ObjectScan),
+    /// After the arguments, until the closing tag.
+    Tail,
+    /// Not in the streamable shape: the block is decided whole at its closing tag.
+    Whole,
+}
+
 /// Streaming separator of text and call blocks.
 #[derive(Debug, Default)]
 pub(crate) struct HermesParser {
@@ -59,6 +77,8 @@ pub(crate) struct HermesParser {
     names: Vec<String>,
     /// Nothing but blank text and calls released so far (where a bare object may be a call).
     at_start: bool,
+    /// Progress inside a tagged block.
+    tagged: Tagged,
 }
 
 impl HermesParser {
@@ -104,12 +124,63 @@ impl HermesParser {
     }
 }
 
+impl HermesParser {
+    /// Advances a tagged block that may stream; returns whether it made progress (so the
+    /// caller goes on) or waits for more text.
+    fn stream_tagged(&mut self, out: &mut Vec<Piece>) -> bool {
+        match &mut self.tagged {
+            Tagged::Head => match call_head(&self.held) {
+                CallHead::Incomplete if !self.held.contains(CLOSE) => false,
+                CallHead::Incomplete | CallHead::NoMatch => {
+                    self.tagged = Tagged::Whole;
+                    true
+                }
+                CallHead::Found(name, at) => {
+                    self.held.drain(..at);
+                    out.push(Piece::CallBegin(name));
+                    self.tagged = Tagged::Arguments(ObjectScan::default());
+                    true
+                }
+            },
+            Tagged::Arguments(scan) => {
+                let mut fragment = String::new();
+                let read = scan.feed(&self.held, &mut fragment);
+                let done = scan.done;
+                self.held.drain(..read);
+                if !fragment.is_empty() {
+                    out.push(Piece::CallArgs(fragment));
+                }
+                if done {
+                    self.tagged = Tagged::Tail;
+                }
+                done
+            }
+            // What follows the arguments up to the closing tag (the object's `}`) is layout.
+            Tagged::Tail => {
+                let Some(end) = self.held.find(CLOSE) else { return false };
+                self.held.drain(..end + CLOSE.len());
+                self.open = None;
+                self.tagged = Tagged::Head;
+                out.push(Piece::CallEnd);
+                true
+            }
+            Tagged::Whole => unreachable!("whole blocks are decided by the caller"),
+        }
+    }
+}
+
 impl ToolParser for HermesParser {
     /// Takes the next piece of generated text; returns what is decided.
     fn push(&mut self, text: &str) -> Vec<Piece> {
         self.held.push_str(text);
         let mut out = Vec::new();
         loop {
+            if self.open == Some(Block::Tag) && !matches!(self.tagged, Tagged::Whole) {
+                if self.stream_tagged(&mut out) {
+                    continue;
+                }
+                break;
+            }
             if let Some(block) = self.open {
                 let Some(end) = self.held.find(block.close()) else { break };
                 let body: String = self.held[..end].to_string();
@@ -134,6 +205,7 @@ impl ToolParser for HermesParser {
                 let before: String = self.held[..start].to_string();
                 self.held.drain(..start + block.open().len());
                 self.open = Some(block);
+                self.tagged = Tagged::Head;
                 self.release(&mut out, before);
             } else {
                 let keep = partial_tag_len(&self.held, OPEN).max(partial_tag_len(&self.held, FENCE_OPEN));
@@ -150,6 +222,8 @@ impl ToolParser for HermesParser {
         let mut out = Vec::new();
         let rest = std::mem::take(&mut self.held);
         match self.open.take() {
+            // A streamed call cut by the length limit (or left unclosed) ends where the text did.
+            Some(Block::Tag) if matches!(self.tagged, Tagged::Arguments(_) | Tagged::Tail) => out.push(Piece::CallEnd),
             // A block cut by the length limit, or left unclosed at the end: a complete call
             // inside still counts (some models omit the closing tag before their end token).
             Some(block) => match self.call_in(block, &rest) {
@@ -255,6 +329,25 @@ mod tests {
                 assert_eq!(run(&text, n), want, "{text:?} in chunks of {n}");
             }
         }
+    }
+
+    #[test]
+    fn tagged_arguments_stream_as_they_are_generated() {
+        let mut p = HermesParser::new(vec![]);
+        assert_eq!(p.push("Sure.\n<tool_call>\n{\"name\": \"get_wea"), vec![Piece::Text("Sure.\n".into())]);
+        assert_eq!(
+            p.push("ther\", \"arguments\": {\"ci"),
+            vec![Piece::CallBegin("get_weather".into()), Piece::CallArgs("{\"ci".into())]
+        );
+        assert_eq!(p.push("ty\": \"Pa"), vec![Piece::CallArgs("ty\":\"Pa".into())]);
+        assert_eq!(p.push("ris\"}}\n</tool"), vec![Piece::CallArgs("ris\"}".into())]);
+        assert_eq!(p.push("_call>"), vec![Piece::CallEnd]);
+        // Cut by the length limit inside the arguments: the call ends where the text did.
+        assert_eq!(
+            p.push("\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": [1,"),
+            vec![Piece::Text("\n".into()), Piece::CallBegin("f".into()), Piece::CallArgs("{\"x\":[1,".into()),]
+        );
+        assert_eq!(p.finish(), vec![Piece::CallEnd]);
     }
 
     #[test]

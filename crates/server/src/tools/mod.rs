@@ -32,7 +32,15 @@ const MAX_TOOLS: usize = 128;
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Piece {
     Text(String),
+    /// A whole call, decided at once.
     Call(ParsedCall),
+    /// A call streamed as it is generated: its function name (it is known to be a call) …
+    CallBegin(String),
+    /// … a fragment of its arguments' JSON text (the fragments of a call, joined, are its
+    /// arguments) …
+    CallArgs(String),
+    /// … and its end.
+    CallEnd,
 }
 
 /// Separates plain text from tool calls in a model's output, in one family's convention.
@@ -68,14 +76,27 @@ pub(crate) fn split_output(syntax: &CallSyntax, text: &str) -> (String, Vec<Pars
     let mut p = parser(syntax);
     let mut pieces = p.push(text);
     pieces.extend(p.finish());
-    let (mut content, mut calls) = (String::new(), Vec::new());
+    let (content, calls) = join_pieces(pieces);
+    (content.trim().to_string(), calls)
+}
+
+/// The text and the calls of `pieces`, a streamed call's fragments joined into one call.
+pub(crate) fn join_pieces(pieces: Vec<Piece>) -> (String, Vec<ParsedCall>) {
+    let (mut content, mut calls) = (String::new(), Vec::<ParsedCall>::new());
     for piece in pieces {
         match piece {
             Piece::Text(t) => content.push_str(&t),
             Piece::Call(call) => calls.push(call),
+            Piece::CallBegin(name) => calls.push(ParsedCall { name, arguments: String::new() }),
+            Piece::CallArgs(a) => {
+                if let Some(c) = calls.last_mut() {
+                    c.arguments.push_str(&a);
+                }
+            }
+            Piece::CallEnd => {}
         }
     }
-    (content.trim().to_string(), calls)
+    (content, calls)
 }
 
 /// Appends `text` to `out`, merging it into a text piece at the end.

@@ -51,6 +51,126 @@ pub(crate) fn call_of(v: Value) -> Option<ParsedCall> {
     Some(ParsedCall { name, arguments })
 }
 
+/// How far the start of a call object `{"name": "…", "arguments": {` has come.
+#[derive(Debug, PartialEq)]
+pub(crate) enum CallHead {
+    /// The text so far could still begin one.
+    Incomplete,
+    /// It does not (another key order, arguments that are not an object, not JSON).
+    NoMatch,
+    /// It does: the function's name, and the byte where the arguments object begins.
+    Found(String, usize),
+}
+
+/// Reads the start of a call object in `s` (blank space allowed between tokens), up to its
+/// arguments' opening brace.
+pub(crate) fn call_head(s: &str) -> CallHead {
+    fn blank(r: &str) -> &str {
+        r.trim_start_matches([' ', '\t', '\n', '\r'])
+    }
+    // Consumes `lit` at the start of `r` (after blank space): the rest, or how it failed.
+    fn literal<'a>(r: &'a str, lit: &str) -> Result<&'a str, CallHead> {
+        let r = blank(r);
+        match r.strip_prefix(lit) {
+            Some(rest) => Ok(rest),
+            None if lit.starts_with(r) => Err(CallHead::Incomplete),
+            None => Err(CallHead::NoMatch),
+        }
+    }
+    let step = || -> Result<(String, usize), CallHead> {
+        let mut rest = literal(s, "{")?;
+        rest = literal(rest, "\"name\"")?;
+        rest = literal(rest, ":")?;
+        rest = blank(rest);
+        let name = match json_prefix(rest) {
+            JsonPrefix::Complete(Value::String(name), n) => {
+                rest = &rest[n..];
+                name
+            }
+            JsonPrefix::Incomplete => return Err(CallHead::Incomplete),
+            _ => return Err(CallHead::NoMatch),
+        };
+        rest = literal(rest, ",")?;
+        rest = literal(rest, "\"arguments\"")?;
+        rest = literal(rest, ":")?;
+        rest = blank(rest);
+        match rest.chars().next() {
+            None => Err(CallHead::Incomplete),
+            Some('{') => Ok((name, s.len() - rest.len())),
+            Some(_) => Err(CallHead::NoMatch),
+        }
+    };
+    match step() {
+        Ok((name, at)) => CallHead::Found(name, at),
+        Err(e) => e,
+    }
+}
+
+/// Follows one JSON object as its text streams in: passes its characters on with the blank
+/// space between tokens dropped (so the joined fragments are the object in compact form), and
+/// says where it ends. Structure only — the text is known to be JSON (a grammar held it).
+#[derive(Debug, Default)]
+pub(crate) struct ObjectScan {
+    depth: usize,
+    in_string: bool,
+    escaped: bool,
+    /// The object's closing brace has been read.
+    pub done: bool,
+}
+
+impl ObjectScan {
+    /// Reads `text` (the object's next characters, its opening brace first), appending them
+    /// to `out`; returns how many bytes it read: all of `text`, or up to the closing brace.
+    pub(crate) fn feed(&mut self, text: &str, out: &mut String) -> usize {
+        for (i, c) in text.char_indices() {
+            if self.done {
+                return i;
+            }
+            if self.in_string {
+                out.push(c);
+                match (self.escaped, c) {
+                    (true, _) => self.escaped = false,
+                    (false, '\\') => self.escaped = true,
+                    (false, '"') => self.in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match c {
+                ' ' | '\t' | '\n' | '\r' => continue,
+                '"' => self.in_string = true,
+                '{' | '[' => self.depth += 1,
+                '}' | ']' => self.depth = self.depth.saturating_sub(1),
+                _ => {}
+            }
+            out.push(c);
+            self.done = self.depth == 0;
+        }
+        text.len()
+    }
+}
+
+/// `pieces` with adjacent text merged and each streamed call (begin, fragments, end) folded
+/// into one [`Piece::Call`]: what a test compares.
+#[cfg(test)]
+pub(crate) fn merged(pieces: Vec<super::Piece>) -> Vec<super::Piece> {
+    use super::Piece;
+    let mut out = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => super::push_text(&mut out, t),
+            Piece::CallBegin(name) => out.push(Piece::Call(ParsedCall { name, arguments: String::new() })),
+            Piece::CallArgs(a) => match out.last_mut() {
+                Some(Piece::Call(c)) => c.arguments.push_str(&a),
+                other => panic!("arguments outside a call: {other:?}"),
+            },
+            Piece::CallEnd => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Feeds `text` to a parser in chunks of `n` bytes (on char boundaries) and merges adjacent
 /// text pieces: what a stream split at every `n`-th byte yields (tests of every family).
 #[cfg(test)]
@@ -66,14 +186,7 @@ pub(crate) fn run_split(p: &mut dyn super::ToolParser, text: &str, n: usize) -> 
         rest = &rest[cut..];
     }
     out.extend(p.finish());
-    let mut merged = Vec::new();
-    for piece in out {
-        match piece {
-            super::Piece::Text(t) => super::push_text(&mut merged, t),
-            c => merged.push(c),
-        }
-    }
-    merged
+    merged(out)
 }
 
 /// Checks a family's fixtures: each text, whole and split at every byte position, gives the
@@ -90,14 +203,7 @@ pub(crate) fn check_fixtures(new: impl Fn() -> Box<dyn super::ToolParser>, cases
             let mut got = p.push(&text[..cut]);
             got.extend(p.push(&text[cut..]));
             got.extend(p.finish());
-            let mut merged = Vec::new();
-            for piece in got {
-                match piece {
-                    super::Piece::Text(t) => super::push_text(&mut merged, t),
-                    c => merged.push(c),
-                }
-            }
-            assert_eq!(&merged, want, "{text:?} cut at {cut}");
+            assert_eq!(&merged(got), want, "{text:?} cut at {cut}");
         }
     }
 }
@@ -116,5 +222,40 @@ mod tests {
         assert_eq!(json_prefix("[1, 2]; x"), JsonPrefix::Complete(json!([1, 2]), 6));
         assert_eq!(partial_tag_len("abc<to", "<tool_call>"), 3);
         assert_eq!(partial_tag_len("abc", "<tool_call>"), 0);
+    }
+
+    #[test]
+    fn call_heads() {
+        let full = r#"{"name": "f", "arguments": {"x": 1}}"#;
+        let at = full.find("{\"x").unwrap();
+        assert_eq!(call_head(full), CallHead::Found("f".into(), at));
+        for n in 0..at {
+            assert_eq!(call_head(&full[..n]), CallHead::Incomplete, "{:?}", &full[..n]);
+        }
+        let spaced = "{\n  \"name\":\"g\" ,\"arguments\" :{}";
+        assert_eq!(call_head(spaced), CallHead::Found("g".into(), spaced.rfind('{').unwrap()));
+        assert_eq!(call_head(r#"{"arguments": {}, "name": "f"}"#), CallHead::NoMatch);
+        assert_eq!(call_head(r#"{"name": "f", "arguments": "{}"}"#), CallHead::NoMatch);
+        assert_eq!(call_head(r#"{"name": 3"#), CallHead::NoMatch);
+        assert_eq!(call_head("not json"), CallHead::NoMatch);
+    }
+
+    #[test]
+    fn object_scan_compacts_and_finds_the_end() {
+        let text = "{ \"a\": [1, {\"b\": \"} \\\" ]\"}], \"c\" : null }\n</tool_call>";
+        let end = text.find('\n').unwrap();
+        for n in 1..=text.len() {
+            let (mut scan, mut out, mut read) = (ObjectScan::default(), String::new(), 0);
+            for chunk in text.as_bytes().chunks(n) {
+                let chunk = std::str::from_utf8(chunk).unwrap();
+                read += scan.feed(chunk, &mut out);
+                if scan.done {
+                    break;
+                }
+            }
+            assert!(scan.done);
+            assert_eq!(read, end, "chunks of {n}");
+            assert_eq!(out, r#"{"a":[1,{"b":"} \" ]"}],"c":null}"#);
+        }
     }
 }

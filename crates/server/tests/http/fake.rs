@@ -47,12 +47,13 @@ impl Default for FakeConfig {
 }
 
 /// What the fake generates when the prompt contains `CALL_TOOLS`: text, two Hermes calls split
-/// across tokens (tags cut in the middle), then the end.
+/// across tokens (tags and the first call's arguments cut in the middle), then the end.
 pub const TOOL_WORDS: &[&str] = &[
     "Checking.",
     "\n<tool",
     "_call>\n{\"name\": \"get_weather\", ",
-    "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}",
+    "\"arguments\": {\"city\": \"Pa",
+    "ris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}",
     "\n</tool_",
     "call>",
 ];

@@ -87,6 +87,14 @@ async fn streamed_calls_come_as_incremental_deltas() {
     assert_eq!(calls.len(), 2);
     assert_eq!((calls[0].1.as_str(), calls[1].1.as_str()), ("get_weather", "get_time"));
     assert_eq!(serde_json::from_str::<Value>(&calls[0].2).unwrap(), json!({"city": "Paris"}));
+    // The first call's arguments stream as the tokens come (the fake cuts them after "Pa").
+    let fragments = events
+        .iter()
+        .filter(|e| e.data != "[DONE]")
+        .flat_map(|e| e.json()["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default())
+        .filter(|d| d["index"] == 0 && d["function"]["arguments"].as_str().is_some_and(|a| !a.is_empty()))
+        .count();
+    assert!(fragments >= 2, "arguments in {fragments} delta(s)");
     let whole = server.post("/v1/chat/completions", &ask(json!({}))).await.ok();
     let ids: Vec<&str> = whole["choices"][0]["message"]["tool_calls"]
         .as_array()
