@@ -14,8 +14,8 @@ use pagekv_model::template::ChatTemplate;
 use pagekv_model::tokenizer::Tokenizer;
 use pagekv_model::Model;
 
+use crate::device::Device;
 use crate::registry;
-use crate::settings::Device;
 
 /// A loaded model and everything needed to talk to it.
 pub struct Loaded {

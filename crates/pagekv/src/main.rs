@@ -5,6 +5,7 @@
 
 mod commands;
 mod config;
+mod device;
 mod engine_backend;
 mod load;
 mod registry;
@@ -14,7 +15,8 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use settings::{Device, RuntimeArgs};
+use device::Device;
+use settings::RuntimeArgs;
 
 #[derive(Parser, Debug)]
 #[command(name = "pagekv", version, about = "LLM inference over a request-sized paged KV cache")]

@@ -300,6 +300,17 @@ pub struct Usage {
     pub completion_tokens: usize,
 }
 
+impl Usage {
+    /// A request's usage over its choices: the prompt counted once (it was computed once), the
+    /// completion tokens of every choice summed — as OpenAI counts `n > 1`.
+    pub(crate) fn of_choices(usages: impl IntoIterator<Item = Usage>) -> Usage {
+        usages.into_iter().enumerate().fold(Usage::default(), |total, (i, u)| match i {
+            0 => u,
+            _ => Usage { completion_tokens: total.completion_tokens + u.completion_tokens, ..total },
+        })
+    }
+}
+
 /// Log-probabilities at one generated position.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenLogprob {

@@ -1,12 +1,11 @@
-//! Several choices of one prompt (OpenAI's `n`): the field's validation, the usage of the
-//! whole request, the `index` of each choice's chunks, and the response stream of one or
+//! Several choices of one prompt (OpenAI's `n`): the field's validation, the `index` of each choice's chunks, and the response stream of one or
 //! several choices. The backend computes the prompt once and forks it into the choices
 //! ([`crate::Backend::submit_n`]); [`crate::generation::start_n`] gives one job per choice.
 
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use crate::backend::{Usage, MAX_CHOICES};
+use crate::backend::MAX_CHOICES;
 use crate::error::ApiError;
 use crate::generation::{sse_response, sse_stream, sse_stream_choices, Encoder, Job};
 use crate::params::Fields;
@@ -20,15 +19,6 @@ pub(crate) fn choices(f: &mut Fields) -> Result<usize, ApiError> {
         Some(n) => Err(ApiError::invalid("n", format!("'n' must be between 1 and {MAX_CHOICES}, got {n}."))
             .with_code("invalid_value")),
     }
-}
-
-/// A request's usage over its choices: the prompt counted once (it was computed once), the
-/// completion tokens of every choice summed — as OpenAI counts `n > 1`.
-pub(crate) fn total_usage(usages: impl IntoIterator<Item = Usage>) -> Usage {
-    usages.into_iter().enumerate().fold(Usage::default(), |total, (i, u)| match i {
-        0 => u,
-        _ => Usage { completion_tokens: total.completion_tokens + u.completion_tokens, ..total },
-    })
 }
 
 /// `choices` with every element's `index` set to the choice a stream's encoder serves.
@@ -71,10 +61,11 @@ mod tests {
 
     #[test]
     fn usage_counts_the_prompt_once_and_sums_completions() {
+        use crate::backend::Usage;
         let u = |completion_tokens| Usage { prompt_tokens: 7, cached_tokens: 4, completion_tokens };
-        assert_eq!(total_usage([u(3), u(5), u(1)]), u(9));
-        assert_eq!(total_usage([u(3)]), u(3));
-        assert_eq!(total_usage([]), Usage::default());
+        assert_eq!(Usage::of_choices([u(3), u(5), u(1)]), u(9));
+        assert_eq!(Usage::of_choices([u(3)]), u(3));
+        assert_eq!(Usage::of_choices([]), Usage::default());
     }
 
     #[test]

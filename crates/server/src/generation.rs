@@ -24,7 +24,6 @@ use crate::backend::{
     Event, EventStream, FinishReason, GenerationRequest, Grammar, Prompt, SamplingParams, TokenLogprob, Usage,
     INVALID_GRAMMAR,
 };
-use crate::choices::total_usage;
 use crate::error::ApiError;
 use crate::metrics::Outcome;
 use crate::params::fit_context;
@@ -346,7 +345,7 @@ pub(crate) fn sse_stream_choices<E: Encoder>(jobs: Vec<Job>, mut encoders: Vec<E
             match &step {
                 Step::Done { usage: u, .. } => {
                     open -= 1;
-                    usage = Some(total_usage(usage.into_iter().chain([*u])));
+                    usage = Some(Usage::of_choices(usage.into_iter().chain([*u])));
                 }
                 Step::Failed(_) => ended = true,
                 Step::Token { .. } => {}

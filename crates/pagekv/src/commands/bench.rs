@@ -9,7 +9,7 @@ use pagekv_cpu::threadpool::ThreadPool;
 use serde_json::json;
 
 use crate::commands::{parse_formats, parse_shapes, AttentionOpts};
-use crate::settings::Device;
+use crate::device::Device;
 
 /// `pagekv bench cache`.
 pub fn cache(json_out: bool, formats: Option<&str>, runs: usize, geometry: (usize, usize, usize)) -> Result<()> {

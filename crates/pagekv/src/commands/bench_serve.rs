@@ -43,9 +43,10 @@ use serde_json::{json, Value};
 use tokio::net::TcpStream;
 
 use super::bench::round;
+use crate::device::Device;
 use crate::engine_backend::EngineBackend;
 use crate::load::{cache_config, load};
-use crate::settings::{Device, ModelArgs, SpeculativeArgs};
+use crate::settings::{ModelArgs, SpeculativeArgs};
 
 #[derive(Args, Debug)]
 pub struct BenchServeArgs {

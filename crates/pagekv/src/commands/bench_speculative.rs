@@ -25,8 +25,9 @@ use serde_json::json;
 use super::anchors::{llama_speculation, SpeculationAnchor};
 use super::bench::round;
 use super::generation::{DraftStats, SingleUser};
+use crate::device::Device;
 use crate::load::{cache_config, load};
-use crate::settings::{Device, ModelArgs, Speculative, SpeculativeArgs};
+use crate::settings::{ModelArgs, Speculative, SpeculativeArgs};
 
 /// The built-in prompt sets: `(name, user message)`.
 const EDIT: [(&str, &str); 3] = [

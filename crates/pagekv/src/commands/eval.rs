@@ -29,8 +29,9 @@ use pagekv_model::Forward;
 use serde_json::json;
 
 use super::bench::round;
+use crate::device::Device;
 use crate::load::{cache_config, load};
-use crate::settings::{Device, ModelArgs};
+use crate::settings::ModelArgs;
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {

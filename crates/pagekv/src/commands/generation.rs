@@ -20,7 +20,7 @@ use pagekv_engine::{
 use pagekv_model::tokenizer::Tokenizer;
 use pagekv_model::Model;
 
-use crate::settings::Device;
+use crate::device::Device;
 
 /// Sampling and stopping flags.
 #[derive(Args, Debug, Clone)]

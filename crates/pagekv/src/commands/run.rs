@@ -11,8 +11,9 @@ use clap::Args;
 use pagekv_model::template::ChatMessage;
 
 use super::generation::{generate, SamplingArgs, SingleUser};
+use crate::device::Device;
 use crate::load::{cache_config, load};
-use crate::settings::{Device, ModelArgs, SpeculativeArgs};
+use crate::settings::{ModelArgs, SpeculativeArgs};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {

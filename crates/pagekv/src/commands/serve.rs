@@ -13,9 +13,10 @@ use clap::Args;
 use pagekv_engine::{BankConfig, Engine, EngineConfig};
 use pagekv_server::ServerConfig;
 
+use crate::device::Device;
 use crate::engine_backend::EngineBackend;
 use crate::load::{cache_config, load};
-use crate::settings::{Device, ModelArgs, SpeculativeArgs};
+use crate::settings::{ModelArgs, SpeculativeArgs};
 
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {

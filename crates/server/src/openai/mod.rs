@@ -19,7 +19,7 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use crate::backend::{FinishReason, LogprobEntry, TokenLogprob, Usage};
-use crate::choices::{choices_stream, total_usage};
+use crate::choices::choices_stream;
 use crate::error::ApiError;
 use crate::generation::{self, collect_all, Collected};
 use crate::params::{logprob_json, parse_object, read_body};
@@ -119,7 +119,7 @@ async fn respond(
         "created": head.created,
         "model": head.model,
         "choices": choices,
-        "usage": usage_json(&total_usage(collected.iter().map(|c| c.usage))),
+        "usage": usage_json(&Usage::of_choices(collected.iter().map(|c| c.usage))),
     }))
     .into_response())
 }
