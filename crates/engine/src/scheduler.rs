@@ -30,8 +30,13 @@
 //! Planning takes no block; it counts the blocks it promises (`Budget::promised`), so the
 //! appends it then opens cannot fail for lack of blocks. Every request ends exactly once, with
 //! `Done` or `Error`; a preempted request is requeued, never dropped nor duplicated.
+//!
+//! Beside this file: `draft.rs` (draft lengths, proposals, verification), `fork.rs` (the
+//! continuations of `n > 1`), `sample.rs` (taking a sampled token), `report.rs` (metrics).
 
+mod draft;
 mod fork;
+mod report;
 mod sample;
 
 use std::collections::VecDeque;
@@ -47,9 +52,9 @@ use crate::bank::{fork_prefix, SessionBank};
 use crate::constraint::{Constraint, GrammarError};
 use crate::metrics::EngineMetrics;
 use crate::request::{EngineError, Event, Usage};
-use crate::sampling::{logprobs, TokenLogprobs};
+use crate::sampling::TokenLogprobs;
 use crate::sequence::Sequence;
-use crate::speculative::{DraftRequest, Drafter, SpeculativeConfig};
+use crate::speculative::{Drafter, SpeculativeConfig};
 use crate::stop::FinishReason;
 use crate::stream::EventSender;
 use fork::{cache_blocks_needed, cache_fit_tokens, requests_in};
@@ -370,58 +375,6 @@ impl<M: Forward> Scheduler<M> {
         preempted
     }
 
-    /// Sets how many tokens running sequence `i`, planned to decode one token, may draft this
-    /// step: its adaptive length, within its `max_tokens`, the context window, the step's token
-    /// budget and the free blocks (drafts never evict nor preempt). Takes that from `budget`.
-    fn allow_draft(&mut self, i: usize, budget: &mut Budget) {
-        let seq = &mut self.running[i];
-        seq.draft.clear();
-        seq.draft_max = 0;
-        if self.drafter.is_none() || !seq.speculative || !seq.decoding() || seq.constraint.is_some() {
-            return;
-        }
-        let spec = &self.limits.speculative;
-        let mut k = seq.draft_length.next(spec.draft_tokens, spec.token_cost);
-        // A step emits at most k + 1 tokens; positions up to tokens.len() + k are written.
-        k = k
-            .min(seq.stop.max_tokens.saturating_sub(seq.generated + 1))
-            .min(self.limits.context_window.saturating_sub(seq.tokens.len()))
-            .min(budget.tokens);
-        let base = blocks_needed(seq, 1, &self.pool);
-        let spare = self.pool.blocks().num_free().saturating_sub(budget.promised_blocks);
-        while k > 0 && blocks_needed(seq, 1 + k, &self.pool) - base > spare {
-            k -= 1;
-        }
-        budget.tokens -= k;
-        budget.promised_blocks += blocks_needed(seq, 1 + k, &self.pool) - base;
-        seq.draft_max = k;
-    }
-
-    /// Asks the drafter for every sequence allowed a draft this step, and widens their planned
-    /// feeds by what it proposed (tokens it did not use stay unspent this step).
-    fn draft(&mut self) {
-        let Some(drafter) = self.drafter.as_mut() else { return };
-        let mut requests: Vec<DraftRequest<'_>> = self
-            .running
-            .iter_mut()
-            .filter(|s| s.draft_max > 0)
-            .map(|s| DraftRequest { id: s.id, tokens: &s.tokens, max: s.draft_max, draft: &mut s.draft })
-            .collect();
-        if requests.is_empty() {
-            return;
-        }
-        drafter.propose(&mut requests);
-        drop(requests);
-        let vocab = self.limits.vocab_size;
-        for (i, t) in self.plan.iter_mut() {
-            let seq = &mut self.running[*i];
-            // A draft model's vocabulary may be padded past the model's: such ids end a draft.
-            let valid = seq.draft.iter().position(|&d| d as usize >= vocab).unwrap_or(seq.draft.len());
-            seq.draft.truncate(seq.draft_max.min(valid));
-            *t += seq.draft.len();
-        }
-    }
-
     /// Admits queued requests in order while they fit.
     fn admit(&mut self, budget: &mut Budget) {
         let bs = self.limits.block_size;
@@ -669,76 +622,6 @@ impl<M: Forward> Scheduler<M> {
         }
     }
 
-    /// Accepts the longest prefix of running sequence `i`'s draft that its sampler keeps
-    /// (`Sampler::verify`, row by row from logit row `row`: the row of its last token scores the
-    /// first draft token), then the model's own token after it; trims the rejected positions
-    /// from the cache and registers the blocks that are now full. Returns why the sequence
-    /// ended, if it did (a stop token or string, `max_tokens`, the context window), which may be
-    /// in the middle of its draft. Drafted sequences have no grammar and sample from full rows
-    /// unless they need only the argmax (`execute`).
-    fn verify_draft(&mut self, i: usize, row: usize) -> Option<FinishReason> {
-        let v = self.limits.vocab_size;
-        let seq = &mut self.running[i];
-        let draft = std::mem::take(&mut seq.draft);
-        let mut accepted = 0;
-        let mut reason = None;
-        for (j, &proposed) in draft.iter().chain(std::iter::once(&u32::MAX)).enumerate() {
-            let r = row + j;
-            let last = j == draft.len();
-            let (token, lp) = match self.sampling {
-                Sampling::Greedy => {
-                    self.counters.sampled_greedy_rows += 1;
-                    (self.greedy_ids[r], None)
-                }
-                Sampling::TopK(k) => {
-                    // Only argmax samplers draft in top-k steps: the first entry is the argmax.
-                    self.counters.sampled_top_k_rows += 1;
-                    (if self.top_values[r * k].is_nan() { 0 } else { self.greedy_ids[r * k] }, None)
-                }
-                Sampling::FullRows => {
-                    self.counters.sampled_full_rows += 1;
-                    let l = &self.model.last_logits()[r * v..(r + 1) * v];
-                    let token = match last {
-                        true => seq.sampler.sample(l, &seq.tokens),
-                        false => seq.sampler.verify(l, &seq.tokens, proposed).0,
-                    };
-                    (token, seq.logprobs.map(|n| logprobs(l, token, n)))
-                }
-            };
-            let kept = !last && token == proposed;
-            accepted += kept as usize;
-            self.counters.generated_tokens += 1;
-            reason = accept_token(seq, token, lp, &self.tokenizer, self.limits.context_window);
-            if reason.is_some() || !kept {
-                break;
-            }
-        }
-        self.counters.sampling_steps += 1;
-        self.counters.draft_steps += 1;
-        self.counters.draft_tokens += draft.len() as u64;
-        self.counters.draft_accepted += accepted as u64;
-        seq.draft_length.record(draft.len(), accepted);
-        // The cache holds the fed last token and every draft token; the rejected ones go (their
-        // emptied blocks back to the pool) before any block of theirs is registered.
-        let cache = seq.cache.as_mut().expect("running sequences hold a cache");
-        if accepted < draft.len() {
-            cache.trim(&mut self.pool, draft.len() - accepted).expect("an idle cache trims back what it just wrote");
-        }
-        let full = cache.offset() / self.limits.block_size;
-        debug_assert!(cache.offset() <= seq.tokens.len());
-        if full > seq.registered {
-            seq.ensure_hashes(full, self.limits.block_size, self.limits.identity);
-            self.bank.register(seq.id, &seq.hashes[..full], seq.registered);
-            seq.registered = full;
-        }
-        if let Some(d) = self.drafter.as_mut() {
-            d.accepted(seq.id, &seq.tokens);
-        }
-        seq.draft = draft;
-        seq.draft.clear();
-        reason
-    }
-
     /// Ends a sequence normally: flushes held text, sends `Done`, banks its cache.
     fn finish(&mut self, mut seq: Sequence, reason: FinishReason) {
         // Continuations still waiting for this prompt end with it, without a token.
@@ -831,58 +714,6 @@ impl<M: Forward> Scheduler<M> {
         while let Some(seq) = self.waiting.pop_front() {
             self.fail(seq, err.clone());
         }
-    }
-
-    fn publish_metrics(&self) {
-        let blocks = self.pool.blocks();
-        let cached = self.bank.cached_blocks(&self.pool);
-        let free = blocks.num_free();
-        let m = EngineMetrics {
-            running: self.running.len(),
-            waiting: self.waiting.len(),
-            blocks_total: blocks.num_blocks(),
-            blocks_used: blocks.num_blocks() - free - cached,
-            blocks_cached: cached,
-            blocks_free: free,
-            block_size: self.limits.block_size,
-            block_bytes: self.pool.geometry().block_bytes_by_category().0
-                + self.pool.geometry().block_bytes_by_category().1,
-            live_tokens: self.running.iter().map(|s| s.computed()).sum(),
-            bank_entries: self.bank.num_entries(),
-            bank_hits: self.bank.counters.hits,
-            bank_misses: self.bank.counters.misses,
-            bank_hit_tokens: self.bank.counters.hit_tokens,
-            bank_evictions: self.bank.counters.evicted_blocks,
-            bank_expired_entries: self.bank.counters.expired_entries,
-            preemptions: self.counters.preemptions,
-            requests_submitted: self.counters.submitted,
-            requests_finished: self.counters.finished,
-            requests_cancelled: self.counters.cancelled,
-            requests_failed: self.counters.failed,
-            prompt_tokens: self.counters.prompt_tokens,
-            computed_tokens: self.counters.computed_tokens,
-            generated_tokens: self.counters.generated_tokens,
-            steps: self.counters.steps,
-            sampled_full_rows: self.counters.sampled_full_rows,
-            sampled_greedy_rows: self.counters.sampled_greedy_rows,
-            sampled_top_k_rows: self.counters.sampled_top_k_rows,
-            top_k_fallbacks: self.counters.top_k_fallbacks,
-            sampling_steps: self.counters.sampling_steps,
-            draft_steps: self.counters.draft_steps,
-            draft_tokens: self.counters.draft_tokens,
-            draft_accepted_tokens: self.counters.draft_accepted,
-            drafter: self.drafter.as_ref().map(|d| d.name()),
-            sequence_forks: self.counters.forks,
-            blocks_shared: self.bank.shared_blocks(&self.pool),
-            masks_computed: self.counters.masks,
-            mask_seconds: self.counters.mask_nanos as f64 * 1e-9,
-            cache: self.pool.stats(),
-            group_blocks: crate::metrics::group_blocks(
-                self.template.layer_groups(),
-                self.running.iter().filter_map(|s| s.cache.as_ref()),
-            ),
-        };
-        *self.metrics.lock().unwrap_or_else(|e| e.into_inner()) = m;
     }
 
     /// Pool and bank bookkeeping agree (debug builds, after every step).
