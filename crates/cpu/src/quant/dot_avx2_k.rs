@@ -92,9 +92,60 @@ unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usi
     }
 }
 
+/// Q4_K in llama.cpp's order ([`reference_q4k`](super::reference_q4k)): per super-block and
+/// activation row, the four sub-block pair sums as exact i32 (one horizontal add tree for all
+/// four), then the gemm order's four or the gemv order's one multiply-add per super-block in
+/// scalar FMA.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
-    k4_rows::<NJ, false>(w, a, j0, out)
+    const BLOCK: usize = 144;
+    let nb = a.k / QK_K;
+    debug_assert!(w.len() == nb * BLOCK && a.q8k.len() >= (j0 + NJ) * nb);
+    let mask = _mm256_set1_epi8(0x0F);
+    let (mut acc, mut accm) = ([0.0f32; NJ], [0.0f32; NJ]);
+    for b in 0..nb {
+        if NJ == 1 {
+            prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
+        }
+        let blk = w.as_ptr().add(b * BLOCK);
+        let (d, dmin, sc, mn) = k4_header(blk);
+        let scv: [__m256i; 8] = std::array::from_fn(|v| _mm256_set1_epi16(sc[v]));
+        let mut q = [_mm256_setzero_si256(); 8];
+        for c in 0..4 {
+            let raw = _mm256_loadu_si256(blk.add(16 + 32 * c) as *const __m256i);
+            q[2 * c] = _mm256_and_si256(raw, mask);
+            q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+        }
+        for t in 0..NJ {
+            let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
+            let yq = y.qs.as_ptr();
+            let pair = |p: usize| {
+                let lo = _mm256_maddubs_epi16(q[2 * p], _mm256_loadu_si256(yq.add(64 * p) as *const __m256i));
+                let hi = _mm256_maddubs_epi16(q[2 * p + 1], _mm256_loadu_si256(yq.add(64 * p + 32) as *const __m256i));
+                _mm256_add_epi32(_mm256_madd_epi16(lo, scv[2 * p]), _mm256_madd_epi16(hi, scv[2 * p + 1]))
+            };
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(pair(0), pair(1)), _mm256_hadd_epi32(pair(2), pair(3)));
+            let isums: [i32; 4] =
+                std::mem::transmute(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+            let msums: [i32; 4] = std::array::from_fn(|p| {
+                let s = |j: usize| y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32;
+                mn[2 * p] * s(2 * p) + mn[2 * p + 1] * s(2 * p + 1)
+            });
+            let (dd, dm) = (d * y.d, dmin * y.d);
+            if j0 + t < a.gemm_acts {
+                for p in 0..4 {
+                    acc[t] = (isums[p] as f32).mul_add(dd, acc[t]);
+                    accm[t] = (msums[p] as f32).mul_add(dm, accm[t]);
+                }
+            } else {
+                acc[t] = (isums.iter().sum::<i32>() as f32).mul_add(dd, acc[t]);
+                accm[t] = (msums.iter().sum::<i32>() as f32).mul_add(dm, accm[t]);
+            }
+        }
+    }
+    for t in 0..NJ {
+        out[t] = acc[t] - accm[t];
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

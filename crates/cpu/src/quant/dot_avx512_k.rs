@@ -1,5 +1,6 @@
-//! AVX-512 (F, BW, VL) + VNNI row kernels for the K-quants (Q4_K, Q5_K, Q6_K) × Q8_K
-//! activations, bit-identical to the AVX2 kernels of [`dot_avx2_k`](super::dot_avx2_k).
+//! AVX-512 (F, BW, VL) + VNNI row kernels for Q5_K and Q6_K × Q8_K activations,
+//! bit-identical to the AVX2 kernels of [`dot_avx2_k`](super::dot_avx2_k) (Q4_K has its own
+//! tile kernel, [`dot_avx512_q4k`](super::dot_avx512_q4k)).
 //!
 //! Exactness: per super-block the AVX2 kernel forms eight i32 lanes, lane `l` being
 //! `Σ_v sc_v · (the four byte products 4l..4l+4 of 32-value vector v)`, converts them once and
@@ -129,11 +130,6 @@ unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usi
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
-    k4_rows::<NJ, false>(w, a, j0, out)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q5_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
     k4_rows::<NJ, true>(w, a, j0, out)
 }
@@ -227,7 +223,6 @@ macro_rules! dispatch_nj_avx512 {
     };
 }
 
-dispatch_nj_avx512!(q4_k, q4_k_n);
 dispatch_nj_avx512!(q5_k, q5_k_n);
 dispatch_nj_avx512!(q6_k, q6_k_n);
 
