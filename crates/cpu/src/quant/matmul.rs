@@ -125,7 +125,7 @@ fn kernel_for(isa: Isa, ty: WeightType) -> Kernel {
             WeightType::Q8_0 => return quads(v::q8_0),
             WeightType::Q4K => {
                 let rows = super::dot_avx512_q4k::ROWS;
-                return Kernel { tile: super::dot_avx512_q4k::q4_k, decode_rows: rows, tile_rows: rows, tile_acts: 4 };
+                return Kernel { tile: super::dot_avx512_q4k::q4_k, decode_rows: 4, tile_rows: rows, tile_acts: 4 };
             }
             WeightType::Q5K => return rows(avx512_rows::q5_k),
             WeightType::Q6K => return rows(avx512_rows::q6_k),
