@@ -259,6 +259,21 @@ fn activation_quantizers_round_ties_like_the_reference() {
             assert_eq!(out[0], 0.0);
         }
     }
+    // Q8_K: ties of iscale · x on .5 and both signs of the largest magnitude, each first.
+    for first_sign in [1.0f32, -1.0] {
+        let mut x: Vec<f32> = (0..QK_K).map(|i| x[i % 64] * if i % 128 < 64 { 1.0 } else { -0.5 }).collect();
+        x[5] = 127.0 * first_sign;
+        x[200] = -127.0 * first_sign;
+        let ty = WeightType::Q4K;
+        let data = vec![0u8; ty.block_bytes()];
+        let w = WeightView::new(ty, 1, QK_K, &data).unwrap();
+        for isa in Isa::available() {
+            let mut scratch = QuantScratch::new();
+            let mut out = [f32::NAN];
+            matmul_with_isa(isa, w, &x, 1, &mut out, &mut scratch, &pool).unwrap();
+            check_scratch(ty, &scratch, &x, 0);
+        }
+    }
 }
 
 #[test]

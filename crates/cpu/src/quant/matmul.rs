@@ -306,7 +306,7 @@ pub fn matmul_fused_with_isa(
             (acts.q8_qs, acts.q8_ds) = scratch.q8();
         }
         ActLayout::Q8K => {
-            scratch.quantize_q8k(x, n, k, pool);
+            scratch.quantize_q8k_with(isa, x, n, k, pool);
             acts.q8k = scratch.q8k();
         }
         ActLayout::F32 => acts.x = x,
