@@ -1,4 +1,4 @@
-//! AVX-512 VNNI tile kernel for Q4_K × Q8_K: up to 16 weight rows × up to 4 activation rows,
+//! AVX-512 VNNI tile kernel for Q4_K × Q8_K: up to 16 weight rows × up to 16 activation rows,
 //! one output per 32-bit lane, in llama.cpp's order ([`reference_q4k`](super::reference_q4k)),
 //! straight from plain (not repacked) rows.
 //!
@@ -19,7 +19,6 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::blocks::{BlockQ8K, QK_K};
-use super::dot_avx2::{prefetch_share, K_PREFETCH_ROWS};
 use super::types::{Acts, TileOut};
 use std::arch::x86_64::*;
 
@@ -116,36 +115,45 @@ fn bsum_pairs(y: &BlockQ8K) -> [i32; 4] {
     std::array::from_fn(|p| (s(2 * p) | s(2 * p + 1) << 16) as i32)
 }
 
-/// The tile: `out[i][t] = W_i · x_{j0 + t}` for `i < nr`, `t < NJ`, every output in the gemm
-/// order (`GEMM`) or the gemv order.
+/// Activation rows of a tile.
+pub(super) const ACTS: usize = 16;
+
+/// The tile: `out[i][t] = W_i · x_{j0 + t}` for `i < nr`, `t < nj`, every output in the gemm
+/// order (`GEMM`) or the gemv order. Codes are transposed and unpacked once per pair of
+/// sub-blocks and shared by all `nj` activation rows; the accumulators live in L1.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile<const NJ: usize, const GEMM: bool>(w: &[u8], nr: usize, a: &Acts, j0: usize, out: &mut TileOut) {
+unsafe fn tile<const GEMM: bool>(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut TileOut) {
     let nb = a.k / QK_K;
     let rb = w.len() / nr;
-    debug_assert!((1..=ROWS).contains(&nr) && rb == nb * BLOCK && a.q8k.len() >= (j0 + NJ) * nb);
+    debug_assert!((1..=ROWS).contains(&nr) && nj <= ACTS && rb == nb * BLOCK && a.q8k.len() >= (j0 + nj) * nb);
     // Lanes past nr repeat the last row (computed, never stored).
     let rows: [*const u8; ROWS] = std::array::from_fn(|i| w.as_ptr().add(i.min(nr - 1) * rb));
     let nibble = _mm512_set1_epi8(0x0F);
-    let mut acc = [_mm512_setzero_ps(); NJ];
-    let mut accm = [_mm512_setzero_ps(); NJ];
+    let mut acc = [_mm512_setzero_ps(); ACTS];
+    let mut accm = [_mm512_setzero_ps(); ACTS];
+    let mut dd = [_mm512_setzero_ps(); ACTS];
+    let mut dm = [_mm512_setzero_ps(); ACTS];
+    let mut spairs = [[0i32; 4]; ACTS];
+    let mut isum = [_mm512_setzero_si512(); ACTS];
+    let mut msum = [_mm512_setzero_si512(); ACTS];
     for b in 0..nb {
-        if NJ == 1 {
-            // Decode: ask for the next rows' share while this tile's streams are read.
-            prefetch_share(w.as_ptr(), w.len().max(K_PREFETCH_ROWS * rb), b, w.len() / nb);
-        }
         let (d, dmin, sc, mn) = block_header(&rows, b);
-        let ys: [&BlockQ8K; NJ] = std::array::from_fn(|t| &a.q8k[(j0 + t) * nb + b]);
-        let dd: [__m512; NJ] = std::array::from_fn(|t| _mm512_mul_ps(d, _mm512_set1_ps(ys[t].d)));
-        let dm: [__m512; NJ] = std::array::from_fn(|t| _mm512_mul_ps(dmin, _mm512_set1_ps(ys[t].d)));
-        let spairs: [[i32; 4]; NJ] = std::array::from_fn(|t| bsum_pairs(ys[t]));
-        let mut isum = [_mm512_setzero_si512(); NJ];
-        let mut msum = [_mm512_setzero_si512(); NJ];
+        for t in 0..nj {
+            let y = &a.q8k[(j0 + t) * nb + b];
+            dd[t] = _mm512_mul_ps(d, _mm512_set1_ps(y.d));
+            dm[t] = _mm512_mul_ps(dmin, _mm512_set1_ps(y.d));
+            spairs[t] = bsum_pairs(y);
+            if !GEMM {
+                isum[t] = _mm512_setzero_si512();
+                msum[t] = _mm512_setzero_si512();
+            }
+        }
         for p in 0..4 {
             let raw = transpose_rows(&rows, b * BLOCK + 16 + 32 * p);
             let lo: [__m512i; 8] = std::array::from_fn(|k| _mm512_and_si512(raw[k], nibble));
             let hi: [__m512i; 8] = std::array::from_fn(|k| _mm512_and_si512(_mm512_srli_epi16::<4>(raw[k]), nibble));
-            for t in 0..NJ {
-                let yq = ys[t].qs.as_ptr().add(64 * p);
+            for t in 0..nj {
+                let yq = a.q8k[(j0 + t) * nb + b].qs.as_ptr().add(64 * p);
                 let bcast = |at: usize| _mm512_set1_epi32(std::ptr::read_unaligned(yq.add(at) as *const i32));
                 let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
                 for k in 0..8 {
@@ -164,13 +172,13 @@ unsafe fn tile<const NJ: usize, const GEMM: bool>(w: &[u8], nr: usize, a: &Acts,
             }
         }
         if !GEMM {
-            for t in 0..NJ {
+            for t in 0..nj {
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), dd[t], acc[t]);
                 accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[t]), dm[t], accm[t]);
             }
         }
     }
-    for t in 0..NJ {
+    for t in 0..nj {
         let mut lanes = [0.0f32; ROWS];
         _mm512_storeu_ps(lanes.as_mut_ptr(), _mm512_sub_ps(acc[t], accm[t]));
         for i in 0..nr {
@@ -179,17 +187,7 @@ unsafe fn tile<const NJ: usize, const GEMM: bool>(w: &[u8], nr: usize, a: &Acts,
     }
 }
 
-/// `tile` for `nj` activation rows all in one order.
-unsafe fn tile_nj<const GEMM: bool>(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut TileOut) {
-    match nj {
-        1 => tile::<1, GEMM>(w, nr, a, j0, out),
-        2 => tile::<2, GEMM>(w, nr, a, j0, out),
-        3 => tile::<3, GEMM>(w, nr, a, j0, out),
-        _ => tile::<4, GEMM>(w, nr, a, j0, out),
-    }
-}
-
-/// Tile kernel (see [`TileFn`](super::matmul::TileFn)) for `nr <= 16` rows and `nj <= 4`
+/// Tile kernel (see [`TileFn`](super::matmul::TileFn)) for `nr <= 16` rows and `nj <= 16`
 /// activation rows; requires AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
 pub(super) unsafe fn q4_k(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut TileOut) {
     // Rows below a.gemm_acts take the gemm order. Tiles start at multiples of 4, as gemm_acts
@@ -206,12 +204,12 @@ pub(super) unsafe fn q4_k(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, o
         return;
     }
     if split == 0 {
-        return tile_nj::<false>(w, nr, a, j0, nj, out);
+        return tile::<false>(w, nr, a, j0, nj, out);
     }
-    tile_nj::<true>(w, nr, a, j0, split, out);
+    tile::<true>(w, nr, a, j0, split, out);
     if split < nj {
         let mut rest: TileOut = Default::default();
-        tile_nj::<false>(w, nr, a, j0 + split, nj - split, &mut rest);
+        tile::<false>(w, nr, a, j0 + split, nj - split, &mut rest);
         for i in 0..nr {
             out[i][split..nj].copy_from_slice(&rest[i][..nj - split]);
         }

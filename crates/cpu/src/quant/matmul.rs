@@ -55,7 +55,15 @@ macro_rules! tile_from_rows {
             let row_bytes = w.len() / nr;
             for i in 0..nr {
                 // SAFETY: forwarded from the TileFn contract, one row at a time.
-                unsafe { $row(&w[i * row_bytes..(i + 1) * row_bytes], a, j0, nj, &mut out[i]) };
+                unsafe {
+                    $row(
+                        &w[i * row_bytes..(i + 1) * row_bytes],
+                        a,
+                        j0,
+                        nj,
+                        out[i].first_chunk_mut::<4>().expect("tile of 4 or more acts"),
+                    )
+                };
             }
         }
     };
@@ -125,7 +133,12 @@ fn kernel_for(isa: Isa, ty: WeightType) -> Kernel {
             WeightType::Q8_0 => return quads(v::q8_0),
             WeightType::Q4K => {
                 let rows = super::dot_avx512_q4k::ROWS;
-                return Kernel { tile: super::dot_avx512_q4k::q4_k, decode_rows: 4, tile_rows: rows, tile_acts: 4 };
+                return Kernel {
+                    tile: super::dot_avx512_q4k::q4_k,
+                    decode_rows: 4,
+                    tile_rows: rows,
+                    tile_acts: super::dot_avx512_q4k::ACTS,
+                };
             }
             WeightType::Q5K => return rows(avx512_rows::q5_k),
             WeightType::Q6K => return rows(avx512_rows::q6_k),
