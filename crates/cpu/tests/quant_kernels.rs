@@ -19,6 +19,7 @@ use pagekv_cpu::quant::activations::quantize_q8_block;
 use pagekv_cpu::quant::blocks::*;
 use pagekv_cpu::quant::quantize::{quantize_q8_k, quantize_row};
 use pagekv_cpu::quant::reference_q4k::{q4_k_dot, Q4KOrder};
+use pagekv_cpu::quant::reference_q6k::q6_k_dot;
 use pagekv_cpu::quant::{
     dequantize_row, matmul, matmul_fused_with_isa, matmul_with_isa, Isa, MatmulPart, Q8Kind, QuantError, QuantScratch,
     WeightType, WeightView,
@@ -575,6 +576,44 @@ fn q4_k_sums_in_llama_cpps_repacked_order() {
                         pool.n_threads(),
                         at % m,
                         at / m
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn q6_k_sums_in_llama_cpps_order() {
+    // Bit for bit against `ggml_vec_dot_q6_K_q8_K`'s order (see `reference_q6k`) on fresh random
+    // blocks: every instruction set, decode and prefill shapes, 1 and 2 threads.
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    let mut scratch = QuantScratch::new();
+    let ty = WeightType::Q6K;
+    for (m, k, n) in [(7, 512, 1), (9, 256, 5), (23, 1536, 14), (5, 768, 70)] {
+        let seed = fresh_seed();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let data = random_weights(&mut rng, ty, m, k);
+        let w = WeightView::new(ty, m, k, &data).unwrap();
+        let x = normal_vec(&mut rng, n * k, 1.0);
+        let row_bytes = data.len() / m;
+        let want: Vec<f32> = (0..n * m)
+            .map(|at| {
+                let (j, r) = (at / m, at % m);
+                let y: Vec<BlockQ8K> =
+                    x[j * k..(j + 1) * k].chunks_exact(QK_K).map(|c| quantize_q8_k(c.try_into().unwrap())).collect();
+                q6_k_dot(&data[r * row_bytes..(r + 1) * row_bytes], &y)
+            })
+            .collect();
+        for isa in Isa::available() {
+            for pool in &pools {
+                let mut got = vec![f32::NAN; n * m];
+                matmul_with_isa(isa, w, &x, n, &mut got, &mut scratch, pool).unwrap();
+                for (at, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        w.to_bits(),
+                        "seed {seed} {isa:?} m={m} k={k} n={n} output {at}: {g} vs {w}"
                     );
                 }
             }

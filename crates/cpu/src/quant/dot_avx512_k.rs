@@ -166,6 +166,7 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
         }
         let blk = w.as_ptr().add(b * BLOCK);
         let sc: [i8; 16] = std::ptr::read_unaligned(blk.add(192) as *const [i8; 16]);
+        let sc_i16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
         let sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i)));
         let d =
             _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk.add(208) as *const u16) as i32)));
@@ -210,10 +211,10 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
                 sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[c], yv), scz[c]);
             }
             let sumi = fold_halves(sumi);
-            let offset: i32 = (0..16).map(|g| sc[g] as i32 * y.bsums[g] as i32).sum();
-            let s = _mm256_cvtepi32_ps(sumi);
-            let s = _mm256_sub_ps(s, _mm256_setr_ps(32.0 * offset as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), s, acc[t]);
+            // ggml's order: lane l loses 32 (sc_2l bsums_2l + sc_2l+1 bsums_2l+1) as an integer.
+            let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+            let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc_i16), 5));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
         }
     }
     for t in 0..NJ {

@@ -7,6 +7,7 @@
 
 use super::blocks::*;
 use super::reference_q4k::{q4_k_dot, Q4KOrder};
+use super::reference_q6k::q6_k_dot;
 use super::types::Acts;
 use bytemuck::pod_read_unaligned;
 use half::{bf16, f16};
@@ -225,31 +226,10 @@ pub fn q5_k(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
     })
 }
 
-/// Q6_K × Q8_K: `d d_x Σ_g sc_g Σ_{i in g} (q_i - 32) y_i` over 16 groups of 16.
+/// Q6_K × Q8_K, in llama.cpp's order ([`reference_q6k`](super::reference_q6k)).
 pub fn q6_k(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
     let nb = a.k / QK_K;
-    for_rows(nj, out, |t| {
-        let mut acc = 0.0f32;
-        for (b, bytes) in w.chunks_exact(210).enumerate() {
-            let blk: BlockQ6K = pod_read_unaligned(bytes);
-            let mut q = [0i32; QK_K];
-            for h in 0..2 {
-                let (ql, qh) = (&blk.ql[64 * h..], &blk.qh[32 * h..]);
-                for l in 0..32 {
-                    q[128 * h + l] = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
-                    q[128 * h + l + 32] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
-                    q[128 * h + l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-                    q[128 * h + l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
-                }
-            }
-            let y = &a.q8k[(j0 + t) * nb + b];
-            let sumi: i32 = (0..16)
-                .map(|g| blk.scales[g] as i32 * (0..16).map(|i| q[16 * g + i] * y.qs[16 * g + i] as i32).sum::<i32>())
-                .sum();
-            acc += blk.d.to_f32() * y.d * sumi as f32;
-        }
-        acc
-    })
+    for_rows(nj, out, |t| q6_k_dot(w, &a.q8k[(j0 + t) * nb..(j0 + t + 1) * nb]))
 }
 
 /// F32 weights × f32 activations.

@@ -3,7 +3,7 @@
 //! - [`blocks`]: `#[repr(C)]` block types, bit-exact with ggml.
 //! - [`reference`]: scalar dequantizers written from each format's definition (the oracle).
 //! - [`reference_q4k`]: llama.cpp's float order for Q4_K × Q8_K (its repacked x86 kernels),
-//!   which every Q4_K kernel follows bit for bit.
+//!   which every Q4_K kernel follows bit for bit; [`reference_q6k`], the same for Q6_K.
 //! - [`quantize`]: scalar reference quantizers (Q8_0, Q8_1, Q8_K for activations, as
 //!   llama.cpp's ggml-cpu makes them on x86; Q4_0, Q4_1, Q8_0 for weight test data).
 //! - [`hugepage`]: [`HugePageBuf`](hugepage::HugePageBuf), weight storage in transparent huge pages.
@@ -26,6 +26,7 @@ pub mod matmul;
 pub mod quantize;
 pub mod reference;
 pub mod reference_q4k;
+pub mod reference_q6k;
 pub mod types;
 
 #[cfg(target_arch = "x86_64")]
