@@ -6,9 +6,12 @@
 //! activation row: `_mm256_maddubs_epi16` (no saturation: 2·63·127 < 2^15), `_mm256_madd_epi16`
 //! with the sub-block scales broadcast as i16, summed as i32 over the super-block and converted
 //! once. The min terms (Q4_K/Q5_K `dmin · mn_j`) and the Q6_K offset (`-32 · sc_g`) use the
-//! activation block sums `bsums`, in scalar integers. Q2_K (0..3) and Q3_K (0..7, its -4
-//! offset through `bsums` like Q6_K's) take the same path with 16 group scales; IQ4_XS looks
-//! its signed levels up with a byte shuffle and multiplies them as signed bytes.
+//! activation block sums `bsums`, in integers. Q2_K (0..3) and Q3_K (0..7, its -4 offset
+//! through `bsums` like Q6_K's) take the same path with 16 group scales; IQ4_XS looks its
+//! signed levels up with a byte shuffle and multiplies them as signed bytes. Q4_K and Q6_K keep
+//! llama.cpp's float order exactly ([`reference_q4k`](super::reference_q4k),
+//! [`reference_q6k`](super::reference_q6k)): Q4_K sums its lanes per pair of sub-blocks and
+//! multiply-adds in scalar, Q6_K subtracts its offset lane by lane before the conversion.
 
 // Kernels and references index several parallel arrays by the same lane or row.
 #![allow(clippy::needless_range_loop)]
@@ -153,7 +156,8 @@ unsafe fn q5_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     k4_rows::<NJ, true>(w, a, j0, out)
 }
 
-/// Q6_K: codes unpacked to 0..63 (`q + 32`), so the dot is `Σ sc_g Σ q y - 32 Σ sc_g bsums_g`.
+/// Q6_K: codes unpacked to 0..63 (`q + 32`), so the dot is `Σ sc_g Σ q y - 32 Σ sc_g bsums_g`,
+/// the offset taken from each lane as in [`reference_q6k`](super::reference_q6k).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
     const BLOCK: usize = 210;
