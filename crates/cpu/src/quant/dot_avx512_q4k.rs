@@ -1,4 +1,4 @@
-//! AVX-512 VNNI tile kernel for Q4_K × Q8_K: up to 16 weight rows × up to 16 activation rows,
+//! AVX-512 VNNI tile kernel for Q4_K × Q8_K: up to 16 weight rows × up to 32 activation rows,
 //! one output per 32-bit lane, in llama.cpp's order ([`reference_q4k`](super::reference_q4k)),
 //! straight from plain (not repacked) rows.
 //!
@@ -116,7 +116,7 @@ fn bsum_pairs(y: &BlockQ8K) -> [i32; 4] {
 }
 
 /// Activation rows of a tile.
-pub(super) const ACTS: usize = 16;
+pub(super) const ACTS: usize = 32;
 
 /// The tile: `out[i][t] = W_i · x_{j0 + t}` for `i < nr`, `t < nj`, every output in the gemm
 /// order (`GEMM`) or the gemv order. Codes are transposed and unpacked once per pair of
@@ -187,7 +187,7 @@ unsafe fn tile<const GEMM: bool>(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: u
     }
 }
 
-/// Tile kernel (see [`TileFn`](super::matmul::TileFn)) for `nr <= 16` rows and `nj <= 16`
+/// Tile kernel (see [`TileFn`](super::matmul::TileFn)) for `nr <= 16` rows and `nj <= 32`
 /// activation rows; requires AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
 pub(super) unsafe fn q4_k(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut TileOut) {
     // Rows below a.gemm_acts take the gemm order. Tiles start at multiples of 4, as gemm_acts

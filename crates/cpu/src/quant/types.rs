@@ -369,7 +369,7 @@ impl Q8Kind {
 /// Most weight rows of a tile.
 pub const TILE_MAX_ROWS: usize = 16;
 /// Most activation rows of a tile.
-pub const TILE_MAX_ACTS: usize = 16;
+pub const TILE_MAX_ACTS: usize = 32;
 /// A tile of results, `[weight row][activation row]`.
 pub type TileOut = [[f32; TILE_MAX_ACTS]; TILE_MAX_ROWS];
 
