@@ -35,7 +35,7 @@ fn bench(c: &mut Criterion) {
             let mut out = vec![0.0f32; m];
             group.throughput(Throughput::Bytes(data.len() as u64));
             group.bench_function(BenchmarkId::from_parameter(format!("{k}x{m}")), |b| {
-                b.iter(|| matmul(w, &x, 1, &mut out, &mut scratch, &pool).unwrap())
+                b.iter(|| matmul(w, &x, 1, &mut out, &mut scratch, pool).unwrap())
             });
         }
         group.finish();
@@ -50,7 +50,7 @@ fn bench(c: &mut Criterion) {
         let mut out = vec![0.0f32; n * m];
         group.throughput(Throughput::Elements((2 * m * k * n) as u64));
         group.bench_function(BenchmarkId::from_parameter(format!("{ty:?}_{k}x{m}")), |b| {
-            b.iter(|| matmul(w, &x, n, &mut out, &mut scratch, &pool).unwrap())
+            b.iter(|| matmul(w, &x, n, &mut out, &mut scratch, pool).unwrap())
         });
     }
     group.finish();

@@ -18,6 +18,8 @@ use half::f16;
 use pagekv_cpu::quant::activations::quantize_q8_block;
 use pagekv_cpu::quant::blocks::*;
 use pagekv_cpu::quant::quantize::{quantize_q8_k, quantize_row};
+use pagekv_cpu::quant::reference_q4k::{q4_k_dot, Q4KOrder};
+use pagekv_cpu::quant::reference_q6k::q6_k_dot;
 use pagekv_cpu::quant::{
     dequantize_row, matmul, matmul_fused_with_isa, matmul_with_isa, Isa, MatmulPart, Q8Kind, QuantError, QuantScratch,
     WeightType, WeightView,
@@ -256,6 +258,21 @@ fn activation_quantizers_round_ties_like_the_reference() {
             matmul_with_isa(isa, w, &x, 1, &mut out, &mut scratch, &pool).unwrap();
             check_scratch(ty, &scratch, &x, 0);
             assert_eq!(out[0], 0.0);
+        }
+    }
+    // Q8_K: ties of iscale · x on .5 and both signs of the largest magnitude, each first.
+    for first_sign in [1.0f32, -1.0] {
+        let mut x: Vec<f32> = (0..QK_K).map(|i| x[i % 64] * if i % 128 < 64 { 1.0 } else { -0.5 }).collect();
+        x[5] = 127.0 * first_sign;
+        x[200] = -127.0 * first_sign;
+        let ty = WeightType::Q4K;
+        let data = vec![0u8; ty.block_bytes()];
+        let w = WeightView::new(ty, 1, QK_K, &data).unwrap();
+        for isa in Isa::available() {
+            let mut scratch = QuantScratch::new();
+            let mut out = [f32::NAN];
+            matmul_with_isa(isa, w, &x, 1, &mut out, &mut scratch, &pool).unwrap();
+            check_scratch(ty, &scratch, &x, 0);
         }
     }
 }
@@ -505,6 +522,99 @@ fn legacy_formats_sum_in_llama_cpps_order() {
                             got[j * m + r]
                         );
                     }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn q4_k_sums_in_llama_cpps_repacked_order() {
+    // Bit for bit against llama.cpp's repacked Q4_K kernels (gemm order for the leading rows
+    // in groups of 4, gemv order for the rest; see `reference_q4k`), on fresh random blocks:
+    // every instruction set, decode and prefill shapes, odd row counts, 1 and 2 threads.
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    let mut scratch = QuantScratch::new();
+    let ty = WeightType::Q4K;
+    let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni].into_iter().filter(|i| i.is_available()).collect();
+    for (m, k, n) in [(7, 512, 1), (9, 256, 5), (23, 1536, 14), (16, 2304, 4), (33, 768, 70), (5, 256, 3), (40, 512, 2)]
+    {
+        let seed = fresh_seed();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let data = random_weights(&mut rng, ty, m, k);
+        let w = WeightView::new(ty, m, k, &data).unwrap();
+        let x = normal_vec(&mut rng, n * k, 1.0);
+        let row_bytes = data.len() / m;
+        let want: Vec<f32> = (0..n * m)
+            .map(|at| {
+                let (j, r) = (at / m, at % m);
+                let y: Vec<BlockQ8K> =
+                    x[j * k..(j + 1) * k].chunks_exact(QK_K).map(|c| quantize_q8_k(c.try_into().unwrap())).collect();
+                q4_k_dot(&data[r * row_bytes..(r + 1) * row_bytes], &y, Q4KOrder::of_row(j, n))
+            })
+            .collect();
+        if n >= 4 {
+            // The two orders really differ (so the test tells them apart).
+            let y: Vec<BlockQ8K> = x[..k].chunks_exact(QK_K).map(|c| quantize_q8_k(c.try_into().unwrap())).collect();
+            let differ = (0..m)
+                .filter(|r| {
+                    let row = &data[r * row_bytes..(r + 1) * row_bytes];
+                    q4_k_dot(row, &y, Q4KOrder::Gemm).to_bits() != q4_k_dot(row, &y, Q4KOrder::Gemv).to_bits()
+                })
+                .count();
+            assert!(differ > 0 || m < 8, "seed {seed}: gemm and gemv orders agree on all {m} rows");
+        }
+        for &isa in &isas {
+            for pool in &pools {
+                let mut got = vec![f32::NAN; n * m];
+                matmul_with_isa(isa, w, &x, n, &mut got, &mut scratch, pool).unwrap();
+                for (at, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        w.to_bits(),
+                        "seed {seed} {isa:?} m={m} k={k} n={n} threads {} row {} act {}: {g} vs {w}",
+                        pool.n_threads(),
+                        at % m,
+                        at / m
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn q6_k_sums_in_llama_cpps_order() {
+    // Bit for bit against `ggml_vec_dot_q6_K_q8_K`'s order (see `reference_q6k`) on fresh random
+    // blocks: every instruction set, decode and prefill shapes, 1 and 2 threads.
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    let mut scratch = QuantScratch::new();
+    let ty = WeightType::Q6K;
+    for (m, k, n) in [(7, 512, 1), (9, 256, 5), (23, 1536, 14), (5, 768, 70)] {
+        let seed = fresh_seed();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let data = random_weights(&mut rng, ty, m, k);
+        let w = WeightView::new(ty, m, k, &data).unwrap();
+        let x = normal_vec(&mut rng, n * k, 1.0);
+        let row_bytes = data.len() / m;
+        let want: Vec<f32> = (0..n * m)
+            .map(|at| {
+                let (j, r) = (at / m, at % m);
+                let y: Vec<BlockQ8K> =
+                    x[j * k..(j + 1) * k].chunks_exact(QK_K).map(|c| quantize_q8_k(c.try_into().unwrap())).collect();
+                q6_k_dot(&data[r * row_bytes..(r + 1) * row_bytes], &y)
+            })
+            .collect();
+        for isa in Isa::available() {
+            for pool in &pools {
+                let mut got = vec![f32::NAN; n * m];
+                matmul_with_isa(isa, w, &x, n, &mut got, &mut scratch, pool).unwrap();
+                for (at, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        w.to_bits(),
+                        "seed {seed} {isa:?} m={m} k={k} n={n} output {at}: {g} vs {w}"
+                    );
                 }
             }
         }

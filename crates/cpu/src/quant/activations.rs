@@ -128,8 +128,14 @@ impl QuantScratch {
         for_rows(n, pool, &rows);
     }
 
-    /// Quantizes `x: [n, k]` (k a multiple of 256) to Q8_K blocks.
+    /// Quantizes `x: [n, k]` (k a multiple of 256) to Q8_K blocks, with the fastest quantizer
+    /// of this CPU (all are bit-exact with [`quantize_q8_k`]).
     pub fn quantize_q8k(&mut self, x: &[f32], n: usize, k: usize, pool: &ThreadPool) {
+        self.quantize_q8k_with(Isa::best(), x, n, k, pool)
+    }
+
+    /// [`QuantScratch::quantize_q8k`] with the quantizer of `isa` (which must be available).
+    pub(crate) fn quantize_q8k_with(&mut self, isa: Isa, x: &[f32], n: usize, k: usize, pool: &ThreadPool) {
         debug_assert!(k.is_multiple_of(QK_K) && x.len() == n * k);
         let nb = k / QK_K;
         if self.q8k.len() < n * nb {
@@ -139,7 +145,16 @@ impl QuantScratch {
         let out = SyncPtr(self.q8k.as_mut_ptr());
         let rows = |r0: usize, r1: usize| {
             for b in r0 * nb..r1 * nb {
-                let block = quantize_q8_k(x[b * QK_K..(b + 1) * QK_K].try_into().expect("block of QK_K"));
+                let xb: &[f32; QK_K] = x[b * QK_K..(b + 1) * QK_K].try_into().expect("block of QK_K");
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `isa` is available (the caller's contract) and has AVX2.
+                let block = if isa.has_avx2() {
+                    unsafe { super::activations_avx2::quantize_q8_k_block(xb) }
+                } else {
+                    quantize_q8_k(xb)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let block = quantize_q8_k(xb);
                 // SAFETY: as in `quantize_q8`: rows r0..r1 belong to this task alone.
                 unsafe { *out.get().add(b) = block };
             }

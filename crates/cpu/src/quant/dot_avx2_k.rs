@@ -6,9 +6,12 @@
 //! activation row: `_mm256_maddubs_epi16` (no saturation: 2·63·127 < 2^15), `_mm256_madd_epi16`
 //! with the sub-block scales broadcast as i16, summed as i32 over the super-block and converted
 //! once. The min terms (Q4_K/Q5_K `dmin · mn_j`) and the Q6_K offset (`-32 · sc_g`) use the
-//! activation block sums `bsums`, in scalar integers. Q2_K (0..3) and Q3_K (0..7, its -4
-//! offset through `bsums` like Q6_K's) take the same path with 16 group scales; IQ4_XS looks
-//! its signed levels up with a byte shuffle and multiplies them as signed bytes.
+//! activation block sums `bsums`, in integers. Q2_K (0..3) and Q3_K (0..7, its -4 offset
+//! through `bsums` like Q6_K's) take the same path with 16 group scales; IQ4_XS looks its
+//! signed levels up with a byte shuffle and multiplies them as signed bytes. Q4_K and Q6_K keep
+//! llama.cpp's float order exactly ([`reference_q4k`](super::reference_q4k),
+//! [`reference_q6k`](super::reference_q6k)): Q4_K sums its lanes per pair of sub-blocks and
+//! multiply-adds in scalar, Q6_K subtracts its offset lane by lane before the conversion.
 
 // Kernels and references index several parallel arrays by the same lane or row.
 #![allow(clippy::needless_range_loop)]
@@ -92,9 +95,60 @@ unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usi
     }
 }
 
+/// Q4_K in llama.cpp's order ([`reference_q4k`](super::reference_q4k)): per super-block and
+/// activation row, the four sub-block pair sums as exact i32 (one horizontal add tree for all
+/// four), then the gemm order's four or the gemv order's one multiply-add per super-block in
+/// scalar FMA.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
-    k4_rows::<NJ, false>(w, a, j0, out)
+    const BLOCK: usize = 144;
+    let nb = a.k / QK_K;
+    debug_assert!(w.len() == nb * BLOCK && a.q8k.len() >= (j0 + NJ) * nb);
+    let mask = _mm256_set1_epi8(0x0F);
+    let (mut acc, mut accm) = ([0.0f32; NJ], [0.0f32; NJ]);
+    for b in 0..nb {
+        if NJ == 1 {
+            prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
+        }
+        let blk = w.as_ptr().add(b * BLOCK);
+        let (d, dmin, sc, mn) = k4_header(blk);
+        let scv: [__m256i; 8] = std::array::from_fn(|v| _mm256_set1_epi16(sc[v]));
+        let mut q = [_mm256_setzero_si256(); 8];
+        for c in 0..4 {
+            let raw = _mm256_loadu_si256(blk.add(16 + 32 * c) as *const __m256i);
+            q[2 * c] = _mm256_and_si256(raw, mask);
+            q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+        }
+        for t in 0..NJ {
+            let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
+            let yq = y.qs.as_ptr();
+            let pair = |p: usize| {
+                let lo = _mm256_maddubs_epi16(q[2 * p], _mm256_loadu_si256(yq.add(64 * p) as *const __m256i));
+                let hi = _mm256_maddubs_epi16(q[2 * p + 1], _mm256_loadu_si256(yq.add(64 * p + 32) as *const __m256i));
+                _mm256_add_epi32(_mm256_madd_epi16(lo, scv[2 * p]), _mm256_madd_epi16(hi, scv[2 * p + 1]))
+            };
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(pair(0), pair(1)), _mm256_hadd_epi32(pair(2), pair(3)));
+            let isums: [i32; 4] =
+                std::mem::transmute(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+            let msums: [i32; 4] = std::array::from_fn(|p| {
+                let s = |j: usize| y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32;
+                mn[2 * p] * s(2 * p) + mn[2 * p + 1] * s(2 * p + 1)
+            });
+            let (dd, dm) = (d * y.d, dmin * y.d);
+            if j0 + t < a.gemm_acts {
+                for p in 0..4 {
+                    acc[t] = (isums[p] as f32).mul_add(dd, acc[t]);
+                    accm[t] = (msums[p] as f32).mul_add(dm, accm[t]);
+                }
+            } else {
+                acc[t] = (isums.iter().sum::<i32>() as f32).mul_add(dd, acc[t]);
+                accm[t] = (msums.iter().sum::<i32>() as f32).mul_add(dm, accm[t]);
+            }
+        }
+    }
+    for t in 0..NJ {
+        out[t] = acc[t] - accm[t];
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -102,7 +156,8 @@ unsafe fn q5_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     k4_rows::<NJ, true>(w, a, j0, out)
 }
 
-/// Q6_K: codes unpacked to 0..63 (`q + 32`), so the dot is `Σ sc_g Σ q y - 32 Σ sc_g bsums_g`.
+/// Q6_K: codes unpacked to 0..63 (`q + 32`), so the dot is `Σ sc_g Σ q y - 32 Σ sc_g bsums_g`,
+/// the offset taken from each lane as in [`reference_q6k`](super::reference_q6k).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
     const BLOCK: usize = 210;
@@ -117,6 +172,7 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
         }
         let blk = w.as_ptr().add(b * BLOCK);
         let sc: [i8; 16] = std::ptr::read_unaligned(blk.add(192) as *const [i8; 16]);
+        let sc_i16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
         let d =
             _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk.add(208) as *const u16) as i32)));
         let mut q = [_mm256_setzero_si256(); 8];
@@ -139,10 +195,10 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
         for t in 0..NJ {
             let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
             let sumi = k4_dot(&q, &scv, y.qs.as_ptr());
-            let offset: i32 = (0..16).map(|g| sc[g] as i32 * y.bsums[g] as i32).sum();
-            let s = _mm256_cvtepi32_ps(sumi);
-            let s = _mm256_sub_ps(s, _mm256_setr_ps(32.0 * offset as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), s, acc[t]);
+            // ggml's order: lane l loses 32 (sc_2l bsums_2l + sc_2l+1 bsums_2l+1) as an integer.
+            let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+            let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc_i16), 5));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
         }
     }
     for t in 0..NJ {

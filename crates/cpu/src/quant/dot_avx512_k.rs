@@ -1,5 +1,7 @@
 //! AVX-512 (F, BW, VL) + VNNI row kernels for the K-quants (Q4_K, Q5_K, Q6_K) × Q8_K
-//! activations, bit-identical to the AVX2 kernels of [`dot_avx2_k`](super::dot_avx2_k).
+//! activations, bit-identical to the AVX2 kernels of [`dot_avx2_k`](super::dot_avx2_k). Q4_K
+//! here is the decode (gemv-order) row kernel; its prefill tiles are in
+//! [`dot_avx512_q4k`](super::dot_avx512_q4k).
 //!
 //! Exactness: per super-block the AVX2 kernel forms eight i32 lanes, lane `l` being
 //! `Σ_v sc_v · (the four byte products 4l..4l+4 of 32-value vector v)`, converts them once and
@@ -63,7 +65,9 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
 }
 
 /// Shared body of Q4_K (`FIVE = false`) and Q5_K (`FIVE = true`): one weight row × `NJ`
-/// activation rows.
+/// activation rows. Q4_K takes llama.cpp's gemv order ([`reference_q4k`](super::reference_q4k)):
+/// the eight lanes are summed as integers and each super-block is one scalar multiply-add, and
+/// so is its min term.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
@@ -74,6 +78,7 @@ unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usi
     let one = _mm512_set1_epi8(1);
     let mut acc = [_mm256_setzero_ps(); NJ];
     let mut acc_min = [0.0f32; NJ];
+    let mut acc_one = [0.0f32; NJ];
     for b in 0..nb {
         if NJ == 1 {
             prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
@@ -117,19 +122,25 @@ unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usi
                 sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[c], yv), scz[c]);
             }
             let sumi = fold_halves(sumi);
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
             let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
             let summ = hsum_i32(_mm256_madd_epi16(bsums, mn16));
-            acc_min[t] += dmin * y.d * summ as f32;
+            if FIVE {
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
+                acc_min[t] += dmin * y.d * summ as f32;
+            } else {
+                acc_one[t] = (hsum_i32(sumi) as f32).mul_add(d * y.d, acc_one[t]);
+                acc_min[t] = (summ as f32).mul_add(dmin * y.d, acc_min[t]);
+            }
         }
     }
     for t in 0..NJ {
-        out[t] = hsum(acc[t]) - acc_min[t];
+        out[t] = if FIVE { hsum(acc[t]) } else { acc_one[t] } - acc_min[t];
     }
 }
 
+/// Q4_K row kernel in llama.cpp's gemv order (decode; see [`RowFn`](super::matmul::RowFn)).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
+unsafe fn q4_k_gemv_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
     k4_rows::<NJ, false>(w, a, j0, out)
 }
 
@@ -155,6 +166,7 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
         }
         let blk = w.as_ptr().add(b * BLOCK);
         let sc: [i8; 16] = std::ptr::read_unaligned(blk.add(192) as *const [i8; 16]);
+        let sc_i16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
         let sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i)));
         let d =
             _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk.add(208) as *const u16) as i32)));
@@ -199,10 +211,10 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
                 sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[c], yv), scz[c]);
             }
             let sumi = fold_halves(sumi);
-            let offset: i32 = (0..16).map(|g| sc[g] as i32 * y.bsums[g] as i32).sum();
-            let s = _mm256_cvtepi32_ps(sumi);
-            let s = _mm256_sub_ps(s, _mm256_setr_ps(32.0 * offset as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), s, acc[t]);
+            // ggml's order: lane l loses 32 (sc_2l bsums_2l + sc_2l+1 bsums_2l+1) as an integer.
+            let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+            let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc_i16), 5));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
         }
     }
     for t in 0..NJ {
@@ -227,7 +239,7 @@ macro_rules! dispatch_nj_avx512 {
     };
 }
 
-dispatch_nj_avx512!(q4_k, q4_k_n);
+dispatch_nj_avx512!(q4_k_gemv, q4_k_gemv_n);
 dispatch_nj_avx512!(q5_k, q5_k_n);
 dispatch_nj_avx512!(q6_k, q6_k_n);
 

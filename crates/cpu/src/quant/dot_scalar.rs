@@ -6,6 +6,8 @@
 //! [`RowFn`](super::matmul::RowFn) signature.
 
 use super::blocks::*;
+use super::reference_q4k::{q4_k_dot, Q4KOrder};
+use super::reference_q6k::q6_k_dot;
 use super::types::Acts;
 use bytemuck::pod_read_unaligned;
 use half::{bf16, f16};
@@ -193,24 +195,13 @@ fn k_superblock(q: &[u8; QK_K], scales: &[u8; K_SCALE_SIZE], d: f32, dmin: f32, 
     d * y.d * sumi as f32 - dmin * y.d * summ as f32
 }
 
-/// Q4_K × Q8_K.
+/// Q4_K × Q8_K, in llama.cpp's order for each activation row ([`reference_q4k`](super::reference_q4k)).
 pub fn q4_k(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
     let nb = a.k / QK_K;
     for_rows(nj, out, |t| {
-        let mut acc = 0.0f32;
-        for (b, bytes) in w.chunks_exact(144).enumerate() {
-            let blk: BlockQ4K = pod_read_unaligned(bytes);
-            let mut q = [0u8; QK_K];
-            for c in 0..4 {
-                for l in 0..32 {
-                    q[64 * c + l] = blk.qs[32 * c + l] & 0xF;
-                    q[64 * c + 32 + l] = blk.qs[32 * c + l] >> 4;
-                }
-            }
-            let y = &a.q8k[(j0 + t) * nb + b];
-            acc += k_superblock(&q, &blk.scales, blk.d.to_f32(), blk.dmin.to_f32(), y);
-        }
-        acc
+        let j = j0 + t;
+        let order = if j < a.gemm_acts { Q4KOrder::Gemm } else { Q4KOrder::Gemv };
+        q4_k_dot(w, &a.q8k[j * nb..(j + 1) * nb], order)
     })
 }
 
@@ -235,31 +226,10 @@ pub fn q5_k(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
     })
 }
 
-/// Q6_K × Q8_K: `d d_x Σ_g sc_g Σ_{i in g} (q_i - 32) y_i` over 16 groups of 16.
+/// Q6_K × Q8_K, in llama.cpp's order ([`reference_q6k`](super::reference_q6k)).
 pub fn q6_k(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
     let nb = a.k / QK_K;
-    for_rows(nj, out, |t| {
-        let mut acc = 0.0f32;
-        for (b, bytes) in w.chunks_exact(210).enumerate() {
-            let blk: BlockQ6K = pod_read_unaligned(bytes);
-            let mut q = [0i32; QK_K];
-            for h in 0..2 {
-                let (ql, qh) = (&blk.ql[64 * h..], &blk.qh[32 * h..]);
-                for l in 0..32 {
-                    q[128 * h + l] = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
-                    q[128 * h + l + 32] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
-                    q[128 * h + l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-                    q[128 * h + l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
-                }
-            }
-            let y = &a.q8k[(j0 + t) * nb + b];
-            let sumi: i32 = (0..16)
-                .map(|g| blk.scales[g] as i32 * (0..16).map(|i| q[16 * g + i] * y.qs[16 * g + i] as i32).sum::<i32>())
-                .sum();
-            acc += blk.d.to_f32() * y.d * sumi as f32;
-        }
-        acc
-    })
+    for_rows(nj, out, |t| q6_k_dot(w, &a.q8k[(j0 + t) * nb..(j0 + t + 1) * nb]))
 }
 
 /// F32 weights × f32 activations.

@@ -18,6 +18,7 @@
 
 use super::activations::QuantScratch;
 use super::dot_scalar;
+use super::reference_q4k::gemm_rows;
 pub use super::types::{Acts, Isa, TileOut, TILE_MAX_ACTS, TILE_MAX_ROWS};
 use super::types::{Q8Kind, QuantError, SyncPtr, WeightType, WeightView};
 use crate::threadpool::ThreadPool;
@@ -54,7 +55,15 @@ macro_rules! tile_from_rows {
             let row_bytes = w.len() / nr;
             for i in 0..nr {
                 // SAFETY: forwarded from the TileFn contract, one row at a time.
-                unsafe { $row(&w[i * row_bytes..(i + 1) * row_bytes], a, j0, nj, &mut out[i]) };
+                unsafe {
+                    $row(
+                        &w[i * row_bytes..(i + 1) * row_bytes],
+                        a,
+                        j0,
+                        nj,
+                        out[i].first_chunk_mut::<4>().expect("tile of 4 or more acts"),
+                    )
+                };
             }
         }
     };
@@ -79,7 +88,6 @@ tile_from_rows!(scalar_bf16, dot_scalar::bf16_row);
 mod avx512_rows {
     use super::super::dot_avx512_k as kq;
     use super::{Acts, TileOut};
-    tile_from_rows!(q4_k, kq::q4_k);
     tile_from_rows!(q5_k, kq::q5_k);
     tile_from_rows!(q6_k, kq::q6_k);
 }
@@ -123,7 +131,15 @@ fn kernel_for(isa: Isa, ty: WeightType) -> Kernel {
             WeightType::Q5_0 => return quads(v::q5_0),
             WeightType::Q5_1 => return quads(v::q5_1),
             WeightType::Q8_0 => return quads(v::q8_0),
-            WeightType::Q4K => return rows(avx512_rows::q4_k),
+            WeightType::Q4K => {
+                let rows = super::dot_avx512_q4k::ROWS;
+                return Kernel {
+                    tile: super::dot_avx512_q4k::q4_k,
+                    decode_rows: 4,
+                    tile_rows: rows,
+                    tile_acts: super::dot_avx512_q4k::ACTS,
+                };
+            }
             WeightType::Q5K => return rows(avx512_rows::q5_k),
             WeightType::Q6K => return rows(avx512_rows::q6_k),
             _ => {}
@@ -296,14 +312,14 @@ pub fn matmul_fused_with_isa(
     if n == 0 || total_rows == 0 {
         return Ok(());
     }
-    let mut acts = Acts { k, q8_qs: &[], q8_ds: &[], q8k: &[], x: &[] };
+    let mut acts = Acts { k, q8_qs: &[], q8_ds: &[], q8k: &[], x: &[], gemm_acts: gemm_rows(n) };
     match layout {
         ActLayout::Q8(kind) => {
             scratch.quantize_q8_with(isa, kind, x, n, k, pool);
             (acts.q8_qs, acts.q8_ds) = scratch.q8();
         }
         ActLayout::Q8K => {
-            scratch.quantize_q8k(x, n, k, pool);
+            scratch.quantize_q8k_with(isa, x, n, k, pool);
             acts.q8k = scratch.q8k();
         }
         ActLayout::F32 => acts.x = x,

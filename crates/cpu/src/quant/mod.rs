@@ -2,6 +2,8 @@
 //!
 //! - [`blocks`]: `#[repr(C)]` block types, bit-exact with ggml.
 //! - [`reference`]: scalar dequantizers written from each format's definition (the oracle).
+//! - [`reference_q4k`]: llama.cpp's float order for Q4_K × Q8_K (its repacked x86 kernels),
+//!   which every Q4_K kernel follows bit for bit; [`reference_q6k`], the same for Q6_K.
 //! - [`quantize`]: scalar reference quantizers (Q8_0, Q8_1, Q8_K for activations, as
 //!   llama.cpp's ggml-cpu makes them on x86; Q4_0, Q4_1, Q8_0 for weight test data).
 //! - [`hugepage`]: [`HugePageBuf`](hugepage::HugePageBuf), weight storage in transparent huge pages.
@@ -10,7 +12,8 @@
 //!   over the same `x`), threads over output rows, dispatching to per-ISA tile kernels
 //!   ([`dot_scalar`]; `dot_avx2` for Q4_0/Q4_1/Q8_0, `dot_avx2_k` for the K-quants,
 //!   `dot_avx2_float` for F32/F16/BF16; `dot_avx512` for Q4_0/Q4_1/Q8_0 and `dot_avx512_k` for the
-//!   K-quants with AVX-512 VNNI, bit-identical to their AVX2 counterparts).
+//!   K-quants with AVX-512 VNNI, bit-identical to their AVX2 counterparts; `dot_avx512_q4k`,
+//!   Q4_K tiles of 16 weight rows × 4 activation rows).
 //!
 //! A weight tensor is a GGUF tensor with dims `[k, m]`: `m` rows of `k` values, `k` fastest,
 //! each row a whole number of blocks.
@@ -22,6 +25,8 @@ pub mod hugepage;
 pub mod matmul;
 pub mod quantize;
 pub mod reference;
+pub mod reference_q4k;
+pub mod reference_q6k;
 pub mod types;
 
 #[cfg(target_arch = "x86_64")]
@@ -36,6 +41,8 @@ mod dot_avx2_k;
 mod dot_avx512;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx512_k;
+#[cfg(target_arch = "x86_64")]
+mod dot_avx512_q4k;
 
 pub use activations::QuantScratch;
 pub use matmul::{fusable, matmul, matmul_fused, matmul_fused_with_isa, matmul_with_isa, MatmulPart};

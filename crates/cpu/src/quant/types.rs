@@ -367,9 +367,9 @@ impl Q8Kind {
 }
 
 /// Most weight rows of a tile.
-pub const TILE_MAX_ROWS: usize = 4;
+pub const TILE_MAX_ROWS: usize = 16;
 /// Most activation rows of a tile.
-pub const TILE_MAX_ACTS: usize = 4;
+pub const TILE_MAX_ACTS: usize = 32;
 /// A tile of results, `[weight row][activation row]`.
 pub type TileOut = [[f32; TILE_MAX_ACTS]; TILE_MAX_ROWS];
 
@@ -387,6 +387,10 @@ pub struct Acts<'a> {
     pub q8k: &'a [BlockQ8K],
     /// Raw f32 activations `[n, k]` (float weight types).
     pub x: &'a [f32],
+    /// Activation rows `0..gemm_acts` sum Q4_K products in llama.cpp's gemm order, the rest in
+    /// its gemv order ([`gemm_rows`](super::reference_q4k::gemm_rows) of the row count; see
+    /// [`reference_q4k`](super::reference_q4k)). A multiple of 4.
+    pub gemm_acts: usize,
 }
 
 /// Raw pointer that may be shared with pool tasks writing disjoint parts.
