@@ -2,8 +2,9 @@
 //! streaming (SSE `data: {...}` chunks, `data: [DONE]`) and not, in OpenAI's exact shapes.
 //!
 //! Each handler: read the body (size limit) → parse and validate every field
-//! ([`parse_chat`], [`parse_completion`]) → [`generation::start`] → either collect and answer
-//! with one JSON object, or stream chunks through an [`Encoder`](crate::generation::Encoder) (`stream.rs`).
+//! ([`parse_chat`], [`parse_completion`], `request.rs`) → [`generation::start`] → either
+//! collect and answer with one JSON object, or stream chunks through an
+//! [`Encoder`](crate::generation::Encoder) (`stream.rs`).
 
 mod request;
 mod stream;

@@ -81,7 +81,7 @@ pub(crate) fn split_output(syntax: &CallSyntax, text: &str) -> (String, Vec<Pars
 }
 
 /// The text and the calls of `pieces`, a streamed call's fragments joined into one call.
-pub(crate) fn join_pieces(pieces: Vec<Piece>) -> (String, Vec<ParsedCall>) {
+fn join_pieces(pieces: Vec<Piece>) -> (String, Vec<ParsedCall>) {
     let (mut content, mut calls) = (String::new(), Vec::<ParsedCall>::new());
     for piece in pieces {
         match piece {
