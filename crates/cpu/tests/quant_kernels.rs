@@ -104,7 +104,8 @@ fn dequantize_all(w: &WeightView) -> Vec<f32> {
 
 /// The activations as the kernels see them after reference quantization (f32 values), the
 /// per-value bound on the quantization error, and per 32-block `s - d Σq` (how far the
-/// block's offset sum is from the dequantized codes' sum: nonzero only for Q8_1).
+/// block's offset sum is from the dequantized codes' sum; read only for Q8_1 blocks, the
+/// activations of Q4_1/Q5_1).
 fn quantized_activations(ty: WeightType, x: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f64>) {
     if let Some(kind) = Q8Kind::for_weights(ty) {
         let mut xq = Vec::with_capacity(x.len());

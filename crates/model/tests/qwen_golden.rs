@@ -8,8 +8,7 @@
 //! step 3, where llama.cpp's two best logits are 0.03 apart); before Q4_K and Q6_K took
 //! llama.cpp's summation orders, 98.50 % and 3 of 4 (`digits` parting). Unlike SmolLM2's Q4_1,
 //! the first position's logits are not bit-identical to llama.cpp's (max |Δ| 0.08 before the
-//! change; a one-token prompt to `llama-server` still gives log-probabilities ~0.008 away, so a
-//! difference outside those products remains). llama.cpp repacks this file's Q4_K tensors
+//! change, and not bit-identical after it: a difference outside those products remains). llama.cpp repacks this file's Q4_K tensors
 //! (`q4_K_8x8`); its own run without the repack (`use_extra_bufts=false`) is as far from it (max
 //! |Δ| 0.10 on the first position, 97.8 % top-1 agreement over the 1,000).
 

@@ -4,7 +4,8 @@
 //! - Q8 (for Q4_0, Q4_1, Q8_0 weights): ggml Q8_0/Q8_1 blocks stored as structure-of-arrays,
 //!   codes `qs: [n, k]` and per block `ds: [n, k/32]` of `(d, s)`; `d` is the f16-rounded
 //!   scale (exactly what a ggml block holds) widened to f32, and `s` the offset sum that
-//!   [`Q8Kind`] defines (the activation block ggml pairs with the weight type).
+//!   [`Q8Kind`] defines (the activation block ggml pairs with the weight type; 0 for Q8_0,
+//!   whose kernels never read it).
 //! - Q8_K (for K-quant weights): ggml `block_q8_K` super-blocks `[n, k/256]`.
 //!
 //! F32/F16/BF16 weights use the f32 activations directly.
@@ -18,10 +19,10 @@ use crate::threadpool::ThreadPool;
 /// One block in the Q8 layout: codes and `(d, s)`. The reference for every ISA's quantizer.
 pub fn quantize_q8_block(kind: Q8Kind, x: &[f32; QK]) -> ([i8; QK], [f32; 2]) {
     match kind {
+        // No kernel reads a Q8_0 block's offset sum: it stays 0 (not computed).
         Q8Kind::Q8_0 => {
             let b = quantize_q8_0_act(x);
-            let sum: i32 = b.qs.iter().map(|&q| q as i32).sum();
-            (b.qs, [b.d.to_f32(), b.d.to_f32() * sum as f32])
+            (b.qs, [b.d.to_f32(), 0.0])
         }
         Q8Kind::Q8_1 => {
             let b = quantize_q8_1_act(x);

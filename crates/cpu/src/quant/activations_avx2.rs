@@ -36,11 +36,14 @@ pub(super) unsafe fn quantize_q8_row(kind: Q8Kind, x: &[f32], qs: &mut [i8], ds:
             let t = _mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             q[i] = _mm256_cvtps_epi32(t);
         }
-        let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-        let s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-        let s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b01_00_11_10));
-        let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0b10_11_00_01));
-        let total = _mm_cvtsi128_si32(s1) as f32;
+        // The offset sum, which only Q8_1 blocks carry (Q8_0's stays 0: no kernel reads it).
+        let total = || {
+            let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            let s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            let s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b01_00_11_10));
+            let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0b10_11_00_01));
+            _mm_cvtsi128_si32(s1) as f32
+        };
         // i32 → i16 → i8 packs work per 128-bit lane; the permute restores the order.
         let p01 = _mm256_packs_epi32(q[0], q[1]);
         let p23 = _mm256_packs_epi32(q[2], q[3]);
@@ -49,8 +52,8 @@ pub(super) unsafe fn quantize_q8_row(kind: Q8Kind, x: &[f32], qs: &mut [i8], ds:
         _mm256_storeu_si256(qs.as_mut_ptr().add(b * QK) as *mut __m256i, p);
         let d16 = round_f16(d);
         *dsb = match kind {
-            Q8Kind::Q8_0 => [d16, d16 * total],
-            Q8Kind::Q8_1 => [d16, round_f16(d * total)],
+            Q8Kind::Q8_0 => [d16, 0.0],
+            Q8Kind::Q8_1 => [d16, round_f16(d * total())],
         };
     }
 }

@@ -345,10 +345,10 @@ pub fn isa_cap() -> IsaCap {
 /// The codes and `d` are the same for both; they differ in the offset sum `s`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Q8Kind {
-    /// `block_q8_0`, the activations of Q4_0, Q5_0, IQ4_NL and Q8_0 weights: `s = d · Σqs` in
-    /// f32 with the f16-rounded `d`. No kernel reads it (Q4_0 and Q5_0 subtract their code
-    /// offset inside the integer sums, as ggml does); it keeps the layout's `(d, s)` pairs one
-    /// shape for both kinds.
+    /// `block_q8_0`, the activations of Q4_0, Q5_0, IQ4_NL and Q8_0 weights: `s = 0`. No
+    /// kernel reads it (Q4_0 and Q5_0 subtract their code offset inside the integer sums, as
+    /// ggml does), so it is not computed; the slot keeps the layout's `(d, s)` pairs one shape
+    /// for both kinds.
     Q8_0,
     /// `block_q8_1`, the activations of Q4_1 weights: `s = f16(d · Σqs)` with the unrounded
     /// `d`, as ggml stores it (its Q4_1 dot product takes the offset `m_w · s` from that f16).
