@@ -33,7 +33,7 @@ fn main() {
     };
     let arch = (arch_n / 10, arch_n % 10);
     let quick = args.iter().any(|a| a == "quick");
-    let mut specs = vec![ModuleSpec::Bench, ModuleSpec::Model];
+    let mut specs = vec![ModuleSpec::Bench, ModuleSpec::Model, ModuleSpec::Quant];
     for format in FORMATS {
         for (d, groups) in [(128usize, &[0usize, 1, 4, 8][..]), (64, &[0, 3, 4][..])] {
             for &group in groups {

@@ -25,11 +25,12 @@ cp "$(newest "$T/deps/gpu_model_ops-*")" dist-cuda/gpu_model_ops
 cp "$(newest "$T/deps/gpu_kernels-*")" dist-cuda/gpu_kernels
 cp "$(newest "$T/deps/gpu_prefill-*")" dist-cuda/gpu_prefill
 cp "$(newest "$T/deps/gpu_topk-*")" dist-cuda/gpu_topk
+cp "$(newest "$T/deps/gpu_qmatrix-*")" dist-cuda/gpu_qmatrix
 cp "$(newest "$T/deps/pagekv_cuda-*")" dist-cuda/lib_tests
 cp "$T/examples/prebuild" dist-cuda/prebuild
 cp "$T/examples/bench_attention" dist-cuda/bench_attention
 strip dist-cuda/pagekv dist-cuda/cuda_forward dist-cuda/gpu_model_ops dist-cuda/gpu_kernels dist-cuda/gpu_prefill \
-    dist-cuda/gpu_topk dist-cuda/lib_tests \
+    dist-cuda/gpu_topk dist-cuda/gpu_qmatrix dist-cuda/lib_tests \
     dist-cuda/prebuild dist-cuda/bench_attention
 if [ -n "${LD_LIBRARY_PATH:-}" ]; then PAGEKV_HOME=dist-cuda/home dist-cuda/prebuild 90 | tail -1 || true; fi
 if [ -n "${SPLIT_MODEL:-}" ]; then

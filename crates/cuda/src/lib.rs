@@ -30,7 +30,9 @@
 //! and initializes, and returns one typed [`CudaError`] otherwise — never a panic.
 
 mod error;
+mod qformat;
 pub use error::CudaError;
+pub use qformat::{split_blocks, QuantType};
 
 #[cfg(feature = "cuda")]
 mod attention;
@@ -46,6 +48,8 @@ mod device;
 mod model_ops;
 #[cfg(feature = "cuda")]
 mod pages;
+#[cfg(feature = "cuda")]
+mod qmatrix;
 #[cfg(feature = "cuda")]
 mod prefill;
 #[cfg(feature = "cuda")]
@@ -73,6 +77,8 @@ pub use device::{CudaDevice, DeviceGraph};
 pub use model_ops::{DType, DeviceMatrix, ModelOps, Prologue, QkvRope, RopeParams, GEMV_MAX_N};
 #[cfg(feature = "cuda")]
 pub use pages::{DevicePages, HostLayerCopy};
+#[cfg(feature = "cuda")]
+pub use qmatrix::{QuantMatrix, QuantOps, QGEMV_MAX_N};
 #[cfg(feature = "cuda")]
 pub use prefill::{prefill_tiles, PrefillAttention, PrefillBatch};
 #[cfg(feature = "cuda")]

@@ -23,6 +23,7 @@ use half::bf16;
 
 use crate::device::{arg, launch_kernel, set_max_dynamic_smem, CudaDevice};
 use crate::pages::dptr;
+use crate::qmatrix::{QuantMatrix, QuantOps};
 use crate::spec::ModuleSpec;
 use crate::tuning::{GemvShape, GEMV_ROWS_PER_WARP};
 use crate::CudaError;
@@ -154,8 +155,13 @@ impl DeviceMatrix {
         self.rows * self.cols * self.dtype.size()
     }
 
-    fn ptr(&self, device: &CudaDevice) -> u64 {
+    /// The matrix's device address (for kernels outside this module).
+    pub(crate) fn device_ptr(&self, device: &CudaDevice) -> u64 {
         dptr(&self.data, device)
+    }
+
+    fn ptr(&self, device: &CudaDevice) -> u64 {
+        self.device_ptr(device)
     }
 }
 
@@ -245,6 +251,8 @@ pub struct ModelOps {
     read_sum: CudaFunction,
     /// `[4]` sink of the read kernel.
     sink: CudaSlice<u32>,
+    /// Products with GGUF-quantized weights.
+    quant: QuantOps,
 }
 
 fn launch_err(name: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CudaError {
@@ -299,6 +307,7 @@ impl ModelOps {
             qkv_rope: module.function("pk_qkv_rope")?,
             argmax: module.function("pk_argmax")?,
             read_sum: module.function("pk_read_sum")?,
+            quant: QuantOps::new(device.clone())?,
             blas,
             sink,
             device,
@@ -307,6 +316,11 @@ impl ModelOps {
 
     pub fn device(&self) -> &Arc<CudaDevice> {
         &self.device
+    }
+
+    /// The kernels for GGUF-quantized weights.
+    pub fn quant(&self) -> &QuantOps {
+        &self.quant
     }
 
     fn typed(&self, t: DType) -> &Typed {
@@ -491,9 +505,28 @@ impl ModelOps {
         n: usize,
         accumulate: bool,
     ) -> Result<(), CudaError> {
-        if x.dtype != w.dtype || x.cols != w.cols || x.rows < n || out.len() < n * w.rows {
+        self.matmul_cols(out, 0, w.rows, x, w, w.rows, n, accumulate)
+    }
+
+    /// Columns `col..col + w_rows` of `out [n, ldo]` (+)= `x [n, w.cols] · w[..w_rows]ᵀ`: the
+    /// product with the first `w_rows` rows of `w` (a tile of a larger matrix) written into its
+    /// place in a wider output.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_cols(
+        &self,
+        out: &CudaSlice<f32>,
+        col: usize,
+        ldo: usize,
+        x: &DeviceMatrix,
+        w: &DeviceMatrix,
+        w_rows: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        let fits = w_rows <= w.rows && col + w_rows <= ldo && (n == 0 || out.len() >= (n - 1) * ldo + col + w_rows);
+        if x.dtype != w.dtype || x.cols != w.cols || x.rows < n || !fits {
             return Err(CudaError::Invalid(format!(
-                "matmul [{n}, {}] ({}) · [{}, {}]ᵀ ({}) into {} values",
+                "matmul [{n}, {}] ({}) · [{w_rows} of {}, {}]ᵀ ({}) into columns {col}.. of [{n}, {ldo}] ({} values)",
                 x.cols,
                 x.dtype.name(),
                 w.rows,
@@ -502,23 +535,24 @@ impl ModelOps {
                 out.len()
             )));
         }
-        if n == 0 {
+        if n == 0 || w_rows == 0 {
             return Ok(());
         }
         let too_big = |v: usize| v > i32::MAX as usize;
-        if too_big(n) || too_big(w.rows) || too_big(w.cols) {
+        if too_big(n) || too_big(ldo) || too_big(w.cols) {
             return Err(CudaError::Unsupported("matrix dimension beyond i32".into()));
         }
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0f32 });
-        let (wp, xp, op) = (w.ptr(&self.device), x.ptr(&self.device), self.p(out));
-        // Column-major view: C [rows × n] = (W as [cols × rows])ᵀ · (x as [cols × n]).
+        let (wp, xp, op) = (w.ptr(&self.device), x.ptr(&self.device), self.p(out) + 4 * col as u64);
+        // Column-major view: C [w_rows × n] (leading dimension ldo) = (W as [cols × w_rows])ᵀ ·
+        // (x as [cols × n]).
         // SAFETY: pointers are live device buffers of the checked sizes on the handle's stream.
         unsafe {
             blas::gemm_ex(
                 *self.blas.handle(),
                 blas_sys::cublasOperation_t::CUBLAS_OP_T,
                 blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                w.rows as i32,
+                w_rows as i32,
                 n as i32,
                 w.cols as i32,
                 (&alpha) as *const f32 as *const _,
@@ -531,7 +565,7 @@ impl ModelOps {
                 (&beta) as *const f32 as *const _,
                 op as *mut _,
                 blas_sys::cudaDataType::CUDA_R_32F,
-                w.rows as i32,
+                ldo as i32,
                 blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
@@ -681,22 +715,25 @@ impl ModelOps {
         unsafe { b.launch(self.stride_cfg(n)) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_fill_uniform)"))
     }
 
-    /// Reads every byte of `mats` once (16-byte loads, one launch per matrix): the weight
-    /// traffic of one decode step with nothing computed. Queued on the stream; time it around
-    /// a synchronize.
-    pub fn read_all(&self, mats: &[&DeviceMatrix]) -> Result<(), CudaError> {
+    /// Reads every byte of `mats` and `quant` once (16-byte loads, one launch per buffer): the
+    /// weight traffic of one decode step with nothing computed. Queued on the stream; time it
+    /// around a synchronize.
+    pub fn read_all(&self, mats: &[&DeviceMatrix], quant: &[&QuantMatrix]) -> Result<(), CudaError> {
         let sink = self.p(&self.sink);
-        for m in mats {
-            let words = (m.bytes() / 16) as u64;
+        let buffers = mats
+            .iter()
+            .map(|m| (m.ptr(&self.device), m.bytes()))
+            .chain(quant.iter().flat_map(|q| q.buffers(&self.device)));
+        for (p, bytes) in buffers {
+            let words = (bytes / 16) as u64;
             if words == 0 {
                 continue;
             }
-            let p = m.ptr(&self.device);
             let mut b = self.device.stream().launch_builder(&self.read_sum);
             b.arg(&p).arg(&words).arg(&sink);
             let blocks = 4 * self.device.sm_count().max(1);
             let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: pk_read_sum(const uint4*, u64, u32*) over the matrix's whole 16-byte words
+            // SAFETY: pk_read_sum(const uint4*, u64, u32*) over the buffer's whole 16-byte words
             // (allocations are 256-byte aligned).
             unsafe { b.launch(cfg) }.map_err(launch_err("cuLaunchKernel(pk_read_sum)"))?;
         }

@@ -19,6 +19,7 @@ const PREFILL_TC: &str = include_str!("../kernels/prefill_tc.cu");
 const BENCH: &str = include_str!("../kernels/bench.cu");
 const MODEL: &str = include_str!("../kernels/model.cu");
 const TOPK: &str = include_str!("../kernels/topk.cu");
+const QMATRIX: &str = include_str!("../kernels/qmatrix.cu");
 
 /// Which kernels a module holds and how they are specialized.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -31,6 +32,8 @@ pub enum ModuleSpec {
     Model,
     /// The top-k selection of logit rows (`TopK`).
     TopK,
+    /// Products with GGUF-quantized weights (`QuantOps`).
+    Quant,
 }
 
 /// (codec id, bits) as the kernels' `CODEC_*` constants.
@@ -59,13 +62,14 @@ impl ModuleSpec {
             ModuleSpec::Bench => [COMMON, BENCH].join("\n"),
             ModuleSpec::Model => [COMMON, MODEL].join("\n"),
             ModuleSpec::TopK => [COMMON, TOPK].join("\n"),
+            ModuleSpec::Quant => [COMMON, QMATRIX].join("\n"),
         }
     }
 
     fn defines(&self, t: &TcTuning) -> Vec<String> {
         let (format, d, g) = match *self {
             ModuleSpec::Kv { format, head_dim, group } => (format, head_dim, group),
-            ModuleSpec::Bench | ModuleSpec::Model | ModuleSpec::TopK => (KvFormat::F32, 128, 0),
+            ModuleSpec::Bench | ModuleSpec::Model | ModuleSpec::TopK | ModuleSpec::Quant => (KvFormat::F32, 128, 0),
         };
         let (kc, kb) = codec_id(format.key_codec());
         let (vc, vb) = codec_id(format.value_codec());

@@ -453,7 +453,7 @@ mod gpu {
             let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / v.len() as f64;
             assert!(mean.abs() < 2e-3, "{t:?}: mean {mean}");
             assert!((var - 0.25f64.powi(2) / 3.0).abs() < 1e-3, "{t:?}: variance {var}");
-            o.read_all(&[&m]).unwrap();
+            o.read_all(&[&m], &[]).unwrap();
         }
         dev(o).synchronize().unwrap();
     }

@@ -50,8 +50,8 @@ mod gpu {
     use pagekv_cpu::attention::AttnNumerics;
     use pagekv_cuda::{CudaDevice, DType, ModelOps, QkvRope, RopeParams};
     use pagekv_model::backend::{argmax, top_k};
-    use pagekv_model::cuda::CudaModel;
-    use pagekv_model::gguf::{GgufFile, GgufWriter};
+    use pagekv_model::cuda::{CudaModel, GpuWeights};
+    use pagekv_model::gguf::{GgmlType, GgufFile, GgufWriter};
     use pagekv_model::llama::ops::Rope;
     use pagekv_model::llama::RopeStyle;
     use pagekv_model::{Batch, Forward, Logits, Model};
@@ -207,13 +207,24 @@ mod gpu {
     /// then `steps` greedy decode steps of A alone. Returns every logit row in order and A's
     /// greedy tokens.
     fn script<M: Forward>(m: &mut M, cache: CacheConfig, prompt: &[u32], steps: usize) -> (Vec<f32>, Vec<u32>) {
+        script_chunked(m, cache, prompt, steps, 7)
+    }
+
+    /// [`script`] with prefill chunks of `chunk` tokens.
+    fn script_chunked<M: Forward>(
+        m: &mut M,
+        cache: CacheConfig,
+        prompt: &[u32],
+        steps: usize,
+        chunk: usize,
+    ) -> (Vec<f32>, Vec<u32>) {
         let mut pool: KvPool<M::Pages> = m.new_pool(cache.clone()).unwrap();
         let policy = SequencePolicy::from_config(&cache);
         let mut a = SequenceCache::new(&mut pool, policy, 0).unwrap();
         let mut bseq = SequenceCache::new(&mut pool, policy, 0).unwrap();
         let mut logits = Vec::new();
         let mut batch = Batch::default();
-        for chunk in prompt.chunks(7) {
+        for chunk in prompt.chunks(chunk) {
             a.begin_append(&mut pool, chunk.len()).unwrap();
             batch.clear();
             batch.push(chunk, a.offset() + chunk.len(), a.pending_slots(), a.block_table(), Logits::All);
@@ -275,6 +286,102 @@ mod gpu {
                     }
                 }
             }
+        }
+    }
+
+    /// A tiny llama whose matrices are random blocks of every GGUF type the GPU multiplies in
+    /// place: `attn_q` Q4_K, `attn_k` Q5_K, `attn_v` Q6_K (one fused product of three types),
+    /// `attn_output` Q8_0, `ffn_gate` Q4_0 and `ffn_up` Q4_1 (two types), `ffn_down` Q5_0, the
+    /// embedding Q5_1 and the output Q6_K. Codes are random bytes; each block's scale fields
+    /// are set so its values stay within about ±1/sqrt(cols) (±1 for the embedding).
+    fn tiny_quant_model(seed: u64) -> Arc<GgufFile> {
+        let (layers, h, nh, nkv, d, f, vocab) = (2u32, 256u64, 4u32, 2u32, 64u64, 512u64, 512u64);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut w = GgufWriter::new();
+        w.set("general.architecture", "llama");
+        w.set("general.name", "tiny-quant");
+        w.set("llama.block_count", layers);
+        w.set("llama.embedding_length", h as u32);
+        w.set("llama.feed_forward_length", f as u32);
+        w.set("llama.attention.head_count", nh);
+        w.set("llama.attention.head_count_kv", nkv);
+        w.set("llama.context_length", 2048u32);
+        w.set("llama.vocab_size", vocab as u32);
+        w.set("llama.attention.layer_norm_rms_epsilon", 1e-5f32);
+        w.set("llama.rope.freq_base", 10000.0f32);
+        let (qd, kvd) = (nh as u64 * d, nkv as u64 * d);
+        // (ggml type, bytes per block, values per block, offsets of the f16 scale fields, the
+        // largest |code · sub-block scale|).
+        let mut q = |name: &str, cols: u64, rows: u64, ty: GgmlType, scale: f32| {
+            let (bb, bv, fields, span): (usize, u64, &[usize], f32) = match ty {
+                GgmlType::Q4_0 => (18, 32, &[0], 8.0),
+                GgmlType::Q4_1 => (20, 32, &[0, 2], 16.0),
+                GgmlType::Q5_0 => (22, 32, &[0], 16.0),
+                GgmlType::Q5_1 => (24, 32, &[0, 2], 32.0),
+                GgmlType::Q8_0 => (34, 32, &[0], 128.0),
+                GgmlType::Q4K => (144, 256, &[0, 2], 15.0 * 63.0),
+                GgmlType::Q5K => (176, 256, &[0, 2], 31.0 * 63.0),
+                GgmlType::Q6K => (210, 256, &[208], 32.0 * 128.0),
+                other => panic!("no random blocks for {other:?}"),
+            };
+            let blocks = (rows * cols / bv) as usize;
+            let mut data: Vec<u8> = (0..bb * blocks).map(|_| rng.gen()).collect();
+            for b in data.chunks_exact_mut(bb) {
+                for (k, &at) in fields.iter().enumerate() {
+                    // d of random sign and size; the min (second field of Q4_1/Q5_1/K) smaller.
+                    let v = rng.gen_range(0.5f32..1.0) * scale / span * if k == 0 { 1.0 } else { 8.0 };
+                    let v = if rng.gen::<bool>() { v } else { -v };
+                    b[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+                }
+            }
+            w.add_tensor(name, &[cols, rows], ty, data).unwrap();
+        };
+        q("token_embd.weight", h, vocab, GgmlType::Q5_1, 1.0);
+        let mut norms = Vec::new();
+        for i in 0..layers {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let s = |c: u64| 1.0 / (c as f32).sqrt();
+            q(&n("attn_q.weight"), h, qd, GgmlType::Q4K, s(h));
+            q(&n("attn_k.weight"), h, kvd, GgmlType::Q5K, s(h));
+            q(&n("attn_v.weight"), h, kvd, GgmlType::Q6K, s(h));
+            q(&n("attn_output.weight"), qd, h, GgmlType::Q8_0, s(qd));
+            q(&n("ffn_gate.weight"), h, f, GgmlType::Q4_0, s(h));
+            q(&n("ffn_up.weight"), h, f, GgmlType::Q4_1, s(h));
+            q(&n("ffn_down.weight"), f, h, GgmlType::Q5_0, s(f));
+            norms.push(n("attn_norm.weight"));
+            norms.push(n("ffn_norm.weight"));
+        }
+        q("output.weight", h, vocab, GgmlType::Q6K, 4.0 / (h as f32).sqrt());
+        norms.push("output_norm.weight".into());
+        for name in norms {
+            let v: Vec<f32> = (0..h).map(|_| 1.0 + 0.2 * rng.sample::<f32, _>(StandardNormal)).collect();
+            w.add_f32_tensor(&name, &[h], &v).unwrap();
+        }
+        Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap())
+    }
+
+    #[test]
+    fn quantized_weights_on_the_gpu_match_the_cpu_forward() {
+        let Some(dev) = device("quantized_weights_on_the_gpu_match_the_cpu_forward") else { return };
+        let mut rng = StdRng::seed_from_u64(13);
+        let mut cpu = cpu_model(tiny_quant_model(200));
+        let prompt: Vec<u32> = (0..23).map(|_| rng.gen_range(0..512)).collect();
+        let cache = cache_config(&cpu, KvFormat::F16);
+        // Chunks of 7 (decode-sized products: the int8 matrix-vector kernel) and one chunk of 23
+        // (dequantized bf16 tiles through cuBLAS).
+        for chunk in [7, 23] {
+            let (want, _) = script_chunked(&mut cpu, cache.clone(), &prompt, 12, chunk);
+            let mut gpu = CudaModel::from_model(&cpu, dev.clone(), GpuWeights::Gguf).unwrap();
+            assert_eq!(gpu.weights_name(), "gguf");
+            let (got, _) = script_chunked(&mut gpu, cache.clone(), &prompt, 12, chunk);
+            assert_eq!(got.len(), want.len());
+            let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let err = got.iter().zip(&want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+            out(&format!("tiny quantized llama, chunks of {chunk}: max |logit diff| {err:.2e} (max |logit| {scale:.2})"));
+            // The CPU quantizes activations per 32 (Q8_0/Q8_1) or 256 (Q8_K) values, the GPU per
+            // 32 (or rounds them to bf16 for tiles): both within a few tenths of a percent.
+            let tol = 0.05 * scale.max(1.0);
+            assert!(err <= tol, "chunks of {chunk}: logits differ by {err} (bound {tol})");
         }
     }
 
@@ -404,7 +511,7 @@ mod gpu {
         cache.dynamic_growth = true;
         // A near tie: the CPU's own logits put the GPU's choice within this of its own.
         const TIE: f32 = 0.5;
-        for dtype in [DType::F32, DType::Bf16] {
+        for dtype in [GpuWeights::Dense(DType::F32), GpuWeights::Dense(DType::Bf16), GpuWeights::Gguf] {
             let mut gpu = CudaModel::from_model(&cpu, dev.clone(), dtype).unwrap();
             let (mut same, mut agree, mut total) = (0, 0, 0);
             for case in golden["greedy"].as_array().unwrap() {

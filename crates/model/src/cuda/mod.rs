@@ -5,12 +5,16 @@
 //! RoPE in one kernel, cache write, paged attention, output product accumulated into the
 //! residual, RMSNorm, fused gate|up product, SiLU·mul, down product accumulated into the
 //! residual) → final RMSNorm of the rows whose logits are wanted → output product (`step.rs`).
-//! Products go through cuBLAS with f32 accumulation; weights are bf16 (default) or f32
-//! (`pagekv_cuda::DType`, `weights.rs`). Steps of at most [`pagekv_cuda::GEMV_MAX_N`] tokens with
-//! bf16 weights (decode) multiply every matrix (up to the device tuning's `gemv_max_bytes`,
-//! `PAGEKV_DEV_CUDA_GEMV_MAX_BYTES`) with the fused matrix-vector kernel instead, which streams
-//! each weight matrix once with the op before the product (RMSNorm, SiLU·mul, the conversion of
-//! the attention output) in its prologue.
+//! Weights (`weights.rs`) stay in their GGUF block types where the GPU has kernels for them
+//! (`GpuWeights::Gguf`, the default: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K; other types bf16)
+//! or are dequantized once to bf16 or f32 (`PAGEKV_DEV_CUDA_WEIGHTS`). `step.rs` routes each
+//! product: quantized matrices in steps of at most 16 token rows go through the int8 matrix-vector
+//! kernel (`pagekv_cuda::QuantOps::gemv`, 4 rows a launch, the op before the product — RMSNorm,
+//! SiLU·mul, the attention output — in its prologue); larger steps dequantize the matrix into a
+//! bf16 tile a range of rows at a time and multiply with cuBLAS (f32 accumulation). Dense bf16
+//! matrices in steps of at most [`pagekv_cuda::GEMV_MAX_N`] tokens (up to the device tuning's
+//! `gemv_max_bytes`, `PAGEKV_DEV_CUDA_GEMV_MAX_BYTES`) use the fused bf16 matrix-vector kernel,
+//! others cuBLAS.
 //!
 //! Attention: a sequence that brings at least the device tuning's `prefill_min_tokens` new
 //! tokens (96 by default, `PAGEKV_DEV_CUDA_PREFILL_MIN`; `PAGEKV_DEV_CUDA_PREFILL=0` turns it
@@ -51,3 +55,4 @@ mod weights;
 
 pub use model::CudaModel;
 pub use synthetic::{synthetic_config, SYNTHETIC_MODELS};
+pub use weights::GpuWeights;

@@ -15,7 +15,7 @@ use super::graphs::{GraphKey, Graphs};
 use super::scratch::{DeviceScratch, HostScratch};
 use super::step::{enqueue, DecodeRows, Step};
 use super::top_k::DeviceTopK;
-use super::weights::DeviceWeights;
+use super::weights::{DeviceWeights, GpuWeights, Weight};
 use crate::backend::Forward;
 use crate::batch::{Batch, Logits};
 use crate::error::ModelError;
@@ -57,15 +57,20 @@ impl CudaModel {
         Ok(len)
     }
 
-    /// The weights of a loaded (CPU) model, dequantized to `dtype` and uploaded to `device`.
-    pub fn from_model(model: &Model, device: Arc<CudaDevice>, dtype: DType) -> Result<CudaModel, ModelError> {
+    /// The weights of a loaded (CPU) model uploaded to `device`: kept in their GGUF types
+    /// ([`GpuWeights::Gguf`]) or dequantized to a dense type (a [`DType`] converts).
+    pub fn from_model(
+        model: &Model,
+        device: Arc<CudaDevice>,
+        format: impl Into<GpuWeights>,
+    ) -> Result<CudaModel, ModelError> {
         if model.config.architecture == crate::llama::Architecture::Gemma3 {
             return Err(ModelError::UnsupportedArchitecture(
                 "gemma3 on --device cuda (it runs on the CPU; the GPU forward has no Gemma 3 steps yet)".into(),
             ));
         }
         let ops = ModelOps::new(device.clone()).map_err(dev)?;
-        let weights = DeviceWeights::upload(&device, &model.weights, &model.config, dtype)?;
+        let weights = DeviceWeights::upload(&device, &model.weights, &model.config, format.into())?;
         CudaModel::assemble(model.config.clone(), device, ops, weights, None)
     }
 
@@ -126,8 +131,18 @@ impl CudaModel {
         &self.device
     }
 
+    /// The products' dense input type (the weights' type unless they are quantized).
     pub fn dtype(&self) -> DType {
         self.weights.dtype
+    }
+
+    /// `gguf` when matrices are kept quantized, else the dense type's name.
+    pub fn weights_name(&self) -> &'static str {
+        if self.weights.quantized() {
+            "gguf"
+        } else {
+            self.weights.dtype.name()
+        }
     }
 
     /// `Some(name)` when the weights are random (`synthetic:NAME`), not a model.
@@ -146,12 +161,18 @@ impl CudaModel {
     /// Seconds to read every weight matrix once (the weight traffic of one decode step, nothing
     /// computed): the median of `runs`. Its inverse is the decode roofline in tokens/s.
     pub fn weight_read_seconds(&self, runs: usize) -> Result<f64, ModelError> {
-        let mats = self.weights.streamed();
+        let (mut dense, mut quant) = (Vec::new(), Vec::new());
+        for w in self.weights.streamed() {
+            match w {
+                Weight::Dense(m) => dense.push(m),
+                Weight::Quant(parts) => quant.extend(parts),
+            }
+        }
         let mut times = Vec::with_capacity(runs.max(1));
         for i in 0..runs.max(1) + 1 {
             self.device.synchronize().map_err(dev)?;
             let t = std::time::Instant::now();
-            self.ops.read_all(&mats).map_err(dev)?;
+            self.ops.read_all(&dense, &quant).map_err(dev)?;
             self.device.synchronize().map_err(dev)?;
             if i > 0 {
                 times.push(t.elapsed().as_secs_f64());
@@ -399,7 +420,7 @@ impl Forward for CudaModel {
 
     fn device_label(&self) -> String {
         let d = &self.device;
-        let mut s = format!("cuda:{} {}, {} weights", d.ordinal(), d.name(), self.weights.dtype.name());
+        let mut s = format!("cuda:{} {}, {} weights", d.ordinal(), d.name(), self.weights_name());
         if let Some(name) = &self.synthetic {
             s.push_str(&format!(", synthetic:{name} (random weights, not a real model)"));
         }

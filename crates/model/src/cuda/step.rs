@@ -7,13 +7,13 @@
 
 use kvcache::KvPool;
 use pagekv_cuda::{
-    DecodeAttention, DecodeBatch, DecodeRoute, DeviceMatrix, DevicePages, ModelOps, PrefillAttention, PrefillBatch,
-    Prologue, QkvRope, RopeParams,
+    DecodeAttention, DecodeBatch, DecodeRoute, DeviceMatrix, DevicePages, DeviceVec, ModelOps, PrefillAttention,
+    PrefillBatch, Prologue, QkvRope, RopeParams, QGEMV_MAX_N,
 };
 
 use super::buffers::dev;
 use super::scratch::Bufs;
-use super::weights::DeviceWeights;
+use super::weights::{DeviceWeights, Weight};
 use crate::error::ModelError;
 use crate::llama::ModelConfig;
 
@@ -57,21 +57,17 @@ pub(crate) fn enqueue(
     c: &ModelConfig,
     st: &Step,
 ) -> Result<(), ModelError> {
-    let (n, n_logits, qd, scale) = (st.n, st.n_logits, c.q_dim(), st.scale);
-    ops.embed(&mut s.x, &w.token_embd, &s.tokens, n).map_err(dev)?;
-    // Decode-sized steps multiply bf16 weights with the fused matrix-vector kernel (norm,
-    // SiLU·mul or conversion in its prologue); other steps go through cuBLAS.
-    let gemv = |m: &DeviceMatrix, rows: usize| m.bytes() <= st.gemv_max_bytes && ops.gemv_serves(m, rows);
+    let (n, n_logits, scale) = (st.n, st.n_logits, st.scale);
+    match &w.token_embd {
+        Weight::Dense(m) => ops.embed(&mut s.x, m, &s.tokens, n).map_err(dev)?,
+        Weight::Quant(parts) => ops.quant().rows_f32(&mut s.x, &parts[0], &s.tokens, n).map_err(dev)?,
+    }
     let eps = c.rms_eps;
+    let pr = Products { ops, w, gemv_max_bytes: st.gemv_max_bytes };
     for (li, lw) in w.layers.iter().enumerate() {
         // Attention block.
-        if gemv(&lw.wqkv, n) {
-            let norm = Prologue::RmsNorm { w: &lw.attn_norm, eps };
-            ops.gemv(&mut s.qkv, &s.x, &lw.wqkv, norm, None, n, false).map_err(dev)?;
-        } else {
-            ops.rms_norm(&mut s.xn, &s.x, &lw.attn_norm, None, n, eps).map_err(dev)?;
-            ops.matmul(&mut s.qkv, &s.xn, &lw.wqkv, n, false).map_err(dev)?;
-        }
+        let norm = Prologue::RmsNorm { w: &lw.attn_norm, eps };
+        pr.product(&mut s.qkv, &s.x, norm, None, &mut s.xn, &lw.wqkv, n, false)?;
         let a = QkvRope {
             qkv: &s.qkv,
             bias: lw.bqkv.as_ref(),
@@ -112,36 +108,104 @@ pub(crate) fn enqueue(
             };
             prefill.forward(pool.pages(), li, &b, &mut s.attn).map_err(dev)?;
         }
-        if gemv(&lw.wo, n) {
-            ops.gemv(&mut s.x, &s.attn, &lw.wo, Prologue::Convert, None, n, true).map_err(dev)?;
-        } else {
-            ops.convert(&mut s.attn_t, &s.attn, n * qd).map_err(dev)?;
-            ops.matmul(&mut s.x, &s.attn_t, &lw.wo, n, true).map_err(dev)?;
-        }
+        pr.product(&mut s.x, &s.attn, Prologue::Convert, None, &mut s.attn_t, &lw.wo, n, true)?;
 
         // MLP block.
-        if gemv(&lw.w_gate_up, n) {
-            let norm = Prologue::RmsNorm { w: &lw.ffn_norm, eps };
-            ops.gemv(&mut s.gate_up, &s.x, &lw.w_gate_up, norm, None, n, false).map_err(dev)?;
-        } else {
-            ops.rms_norm(&mut s.xn, &s.x, &lw.ffn_norm, None, n, eps).map_err(dev)?;
-            ops.matmul(&mut s.gate_up, &s.xn, &lw.w_gate_up, n, false).map_err(dev)?;
-        }
-        if gemv(&lw.w_down, n) {
-            ops.gemv(&mut s.x, &s.gate_up, &lw.w_down, Prologue::SiluMul, None, n, true).map_err(dev)?;
-        } else {
-            ops.silu_mul(&mut s.act, &s.gate_up, n).map_err(dev)?;
-            ops.matmul(&mut s.x, &s.act, &lw.w_down, n, true).map_err(dev)?;
-        }
+        let norm = Prologue::RmsNorm { w: &lw.ffn_norm, eps };
+        pr.product(&mut s.gate_up, &s.x, norm, None, &mut s.xn, &lw.w_gate_up, n, false)?;
+        pr.product(&mut s.x, &s.gate_up, Prologue::SiluMul, None, &mut s.act, &lw.w_down, n, true)?;
     }
     if n_logits > 0 {
-        if gemv(w.output(), n_logits) {
-            let norm = Prologue::RmsNorm { w: &w.output_norm, eps };
-            ops.gemv(&mut s.logits, &s.x, w.output(), norm, Some(&s.rows), n_logits, false).map_err(dev)?;
-        } else {
-            ops.rms_norm(&mut s.normed_rows, &s.x, &w.output_norm, Some(&s.rows), n_logits, eps).map_err(dev)?;
-            ops.matmul(&mut s.logits, &s.normed_rows, w.output(), n_logits, false).map_err(dev)?;
-        }
+        let norm = Prologue::RmsNorm { w: &w.output_norm, eps };
+        pr.product(&mut s.logits, &s.x, norm, Some(&s.rows), &mut s.normed_rows, w.output(), n_logits, false)?;
     }
     Ok(())
+}
+
+/// Routes each matrix product of a step to its kernel.
+struct Products<'a> {
+    ops: &'a ModelOps,
+    w: &'a DeviceWeights,
+    /// Dense matrices up to this size go through the fused matrix-vector kernel in decode steps.
+    gemv_max_bytes: usize,
+}
+
+/// Most token rows a quantized product runs through the matrix-vector kernel (in launches of
+/// [`QGEMV_MAX_N`] rows) before dequantizing tiles for cuBLAS pays off.
+const QGEMV_MAX_ROWS: usize = 16;
+
+impl Products<'_> {
+    /// `out [n, w.rows] (+)= prologue(x) · wᵀ` (rows `rows [n]` of `x` when given). Decode-sized
+    /// products run the fused matrix-vector kernels (prologue inside); others compute the
+    /// prologue into `staged` (the product type) and multiply with cuBLAS — quantized weights
+    /// dequantized into a bf16 tile a range of rows at a time.
+    #[allow(clippy::too_many_arguments)]
+    fn product(
+        &self,
+        out: &mut DeviceVec<f32>,
+        x: &DeviceVec<f32>,
+        prologue: Prologue,
+        rows: Option<&DeviceVec<u32>>,
+        staged: &mut DeviceMatrix,
+        w: &Weight,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<(), ModelError> {
+        let ops = self.ops;
+        match w {
+            Weight::Dense(m) if m.bytes() <= self.gemv_max_bytes && ops.gemv_serves(m, n) => {
+                ops.gemv(out, x, m, prologue, rows, n, accumulate).map_err(dev)
+            }
+            Weight::Dense(m) => {
+                stage(ops, staged, x, prologue, rows, n)?;
+                ops.matmul(out, staged, m, n, accumulate).map_err(dev)
+            }
+            Weight::Quant(parts) => {
+                let q = ops.quant();
+                let ldo = w.rows();
+                if n <= QGEMV_MAX_ROWS && parts.iter().all(|p| q.gemv_serves(p, n.min(QGEMV_MAX_N))) {
+                    let mut col = 0;
+                    for p in parts {
+                        for first in (0..n).step_by(QGEMV_MAX_N) {
+                            let k = QGEMV_MAX_N.min(n - first);
+                            q.gemv(out, col, ldo, x, p, prologue, rows, first, k, accumulate).map_err(dev)?;
+                        }
+                        col += p.rows();
+                    }
+                    return Ok(());
+                }
+                stage(ops, staged, x, prologue, rows, n)?;
+                let tile = self.w.tile(w.cols()).ok_or_else(|| ModelError::Device("no dequantization tile".into()))?;
+                let mut col = 0;
+                for p in parts {
+                    let mut r = 0;
+                    while r < p.rows() {
+                        let k = tile.rows().min(p.rows() - r);
+                        q.dequantize(tile, p, r, k).map_err(dev)?;
+                        ops.matmul_cols(out, col + r, ldo, staged, tile, k, n, accumulate).map_err(dev)?;
+                        r += k;
+                    }
+                    col += p.rows();
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// `staged [n, ·]` (product type) ← the prologue applied to `x` (rows `rows` when given).
+fn stage(
+    ops: &ModelOps,
+    staged: &mut DeviceMatrix,
+    x: &DeviceVec<f32>,
+    prologue: Prologue,
+    rows: Option<&DeviceVec<u32>>,
+    n: usize,
+) -> Result<(), ModelError> {
+    match prologue {
+        Prologue::RmsNorm { w, eps } => ops.rms_norm(staged, x, w, rows, n, eps),
+        Prologue::Convert => ops.convert(staged, x, n * staged.cols()),
+        Prologue::SiluMul => ops.silu_mul(staged, x, n),
+    }
+    .map_err(dev)
 }

@@ -39,7 +39,7 @@ pub fn synthetic_config(name: &str) -> Option<ModelConfig> {
         scale_queries: false,
         activation: crate::llama::Activation::Silu,
     };
-    match name {
+    match name.strip_suffix("-q4km").unwrap_or(name) {
         // Meta-Llama-3-8B: 32 layers, 4096 wide, 14336 ffn, 32 q / 8 kv heads of 128, 128256 tokens.
         "llama3-8b" => Some(base(name, 32, 4096, 14336, 32, 8, 128, 128256, 500000.0)),
         // SmolLM2-135M: 30 layers, 576 wide, 1536 ffn, 9 q / 3 kv heads of 64, 49152 tokens.
@@ -48,8 +48,9 @@ pub fn synthetic_config(name: &str) -> Option<ModelConfig> {
     }
 }
 
-/// The synthetic model names [`synthetic_config`] knows.
-pub const SYNTHETIC_MODELS: [&str; 2] = ["llama3-8b", "smollm2"];
+/// The synthetic model names [`synthetic_config`] knows: bf16 (or f32) weights, or with
+/// `-q4km` random blocks in the types of llama.cpp's Q4_K_M preset, kept quantized.
+pub const SYNTHETIC_MODELS: [&str; 4] = ["llama3-8b", "llama3-8b-q4km", "smollm2", "smollm2-q4km"];
 
 impl CudaModel {
     /// Random weights of the synthetic model `name` (see [`synthetic_config`]), generated on
@@ -63,8 +64,9 @@ impl CudaModel {
         })?;
         let ops = ModelOps::new(device.clone()).map_err(dev)?;
         // SmolLM2 ties its output to the embedding; Llama 3 8B does not.
-        let tied = name == "smollm2";
-        let weights = DeviceWeights::synthetic(&device, &ops, &config, dtype, tied, seed)?;
+        let tied = name.starts_with("smollm2");
+        let q4km = name.ends_with("-q4km");
+        let weights = DeviceWeights::synthetic(&device, &ops, &config, dtype, tied, q4km, seed)?;
         CudaModel::assemble(config, device, ops, weights, Some(name.to_string()))
     }
 }

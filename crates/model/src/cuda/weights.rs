@@ -1,49 +1,127 @@
-//! The model's weights in device memory: every matrix dequantized from the GGUF file once, at
-//! load, to the product type ([`DType`]: bf16 by default, f32 for exact comparisons), with
-//! the matrices that share an input fused into one (`wq|wk|wv`, `w_gate|w_up`); or random
-//! weights of a model's shape generated on the device ([`DeviceWeights::synthetic`]).
+//! The model's weights in device memory ([`Weight`]): each matrix either stays in its GGUF
+//! block type ([`GpuWeights::Gguf`], the default, for the types `pagekv_cuda::QuantType` has
+//! kernels for) or is dequantized once, at load, to a dense product type (bf16, or f32 for exact
+//! comparisons). Matrices that share an input are stacked by rows into one weight
+//! (`wq|wk|wv`, `w_gate|w_up`): one dense matrix, or quantized parts of possibly different
+//! types. Or random weights of a model's shape generated on the device
+//! ([`DeviceWeights::synthetic`], dense or in Q4_K_M's mix of types).
 
 use pagekv_cpu::quant::dequantize_row;
-use pagekv_cuda::{CudaDevice, DType, DeviceMatrix, DeviceVec as Slice, ModelOps};
+use pagekv_cuda::{CudaDevice, DType, DeviceMatrix, DeviceVec as Slice, ModelOps, QuantMatrix, QuantType};
 
 use super::buffers::{dev, upload_f32};
 use crate::error::ModelError;
 use crate::llama::weights::{Tensor, Weights};
 use crate::llama::ModelConfig;
 
+/// How a loaded model's weight matrices go to the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuWeights {
+    /// In their GGUF block type where the GPU has kernels for it (`pagekv_cuda::QuantType`),
+    /// bf16 otherwise; products in bf16 / int8 with f32 accumulation.
+    Gguf,
+    /// Every matrix dequantized to one dense type.
+    Dense(DType),
+}
+
+impl From<DType> for GpuWeights {
+    fn from(d: DType) -> Self {
+        GpuWeights::Dense(d)
+    }
+}
+
+impl GpuWeights {
+    /// `gguf`, `bf16` or `f32`; anything else is an error naming the accepted values.
+    pub fn parse(s: &str) -> Result<GpuWeights, String> {
+        match s {
+            "gguf" => Ok(GpuWeights::Gguf),
+            "bf16" => Ok(GpuWeights::Dense(DType::Bf16)),
+            "f32" => Ok(GpuWeights::Dense(DType::F32)),
+            _ => Err(format!("weight format {s:?}: accepted values are gguf, bf16, f32")),
+        }
+    }
+
+    /// The type of the products' dense inputs (activations, dequantized tiles).
+    pub fn product_type(self) -> DType {
+        match self {
+            GpuWeights::Gguf => DType::Bf16,
+            GpuWeights::Dense(d) => d,
+        }
+    }
+}
+
+/// One weight on the device, `[rows, cols]` as multiplied (`out = x · Wᵀ`): a dense matrix in
+/// the product type, or GGUF blocks in parts stacked by rows (each part of one type).
+pub(crate) enum Weight {
+    Dense(DeviceMatrix),
+    Quant(Vec<QuantMatrix>),
+}
+
+impl Weight {
+    pub fn rows(&self) -> usize {
+        match self {
+            Weight::Dense(m) => m.rows(),
+            Weight::Quant(parts) => parts.iter().map(QuantMatrix::rows).sum(),
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            Weight::Dense(m) => m.cols(),
+            Weight::Quant(parts) => parts[0].cols(),
+        }
+    }
+
+    /// Bytes a product streams.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Weight::Dense(m) => m.bytes(),
+            Weight::Quant(parts) => parts.iter().map(QuantMatrix::bytes).sum(),
+        }
+    }
+}
+
 /// One layer's tensors on the device. Shapes `[rows, cols]` as multiplied (`out = x · Wᵀ`).
 pub(crate) struct DeviceLayer {
     pub attn_norm: Slice<f32>,      // [hidden]
-    pub wqkv: DeviceMatrix,         // [q_dim + 2·kv_dim, hidden]
+    pub wqkv: Weight,               // [q_dim + 2·kv_dim, hidden]
     pub bqkv: Option<Slice<f32>>,   // [q_dim + 2·kv_dim]
     pub q_norm: Option<Slice<f32>>, // [head_dim]
     pub k_norm: Option<Slice<f32>>, // [head_dim]
-    pub wo: DeviceMatrix,           // [hidden, q_dim]
+    pub wo: Weight,                 // [hidden, q_dim]
     pub ffn_norm: Slice<f32>,       // [hidden]
-    pub w_gate_up: DeviceMatrix,    // [2·ffn, hidden]
-    pub w_down: DeviceMatrix,       // [hidden, ffn]
+    pub w_gate_up: Weight,          // [2·ffn, hidden]
+    pub w_down: Weight,             // [hidden, ffn]
 }
+
+/// Elements of one bf16 tile that a quantized matrix is dequantized into, a range of rows at a
+/// time, for products of more tokens than the matrix-vector kernel serves (64 MiB).
+const TILE_ELEMS: usize = 32 << 20;
 
 /// All tensors on the device.
 pub(crate) struct DeviceWeights {
-    pub token_embd: DeviceMatrix, // [vocab, hidden]
+    pub token_embd: Weight, // [vocab, hidden]
     /// `[vocab, hidden]`; `None` when tied to the embedding.
-    pub output: Option<DeviceMatrix>,
+    pub output: Option<Weight>,
     pub output_norm: Slice<f32>,          // [hidden]
     pub rope_factors: Option<Slice<f32>>, // [rope_dims / 2]
     pub layers: Vec<DeviceLayer>,
+    /// The products' dense input type.
     pub dtype: DType,
+    /// bf16 tiles `[rows, cols]`, one per column count of the quantized matrices (none without
+    /// them), that [`Weight::Quant`] parts are dequantized into for large products.
+    pub tiles: Vec<DeviceMatrix>,
 }
 
 impl DeviceWeights {
     /// The output projection (the embedding when tied).
-    pub fn output(&self) -> &DeviceMatrix {
+    pub fn output(&self) -> &Weight {
         self.output.as_ref().unwrap_or(&self.token_embd)
     }
 
-    /// The matrices one decode step streams, each once.
-    pub fn streamed(&self) -> Vec<&DeviceMatrix> {
-        let mut v: Vec<&DeviceMatrix> = Vec::new();
+    /// The weights one decode step streams, each once.
+    pub fn streamed(&self) -> Vec<&Weight> {
+        let mut v: Vec<&Weight> = Vec::new();
         for l in &self.layers {
             v.extend([&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down]);
         }
@@ -56,8 +134,43 @@ impl DeviceWeights {
         self.streamed().iter().map(|m| m.bytes()).sum()
     }
 
-    /// Dequantizes and uploads the weights of a loaded GGUF model.
-    pub fn upload(device: &CudaDevice, w: &Weights, c: &ModelConfig, dtype: DType) -> Result<Self, ModelError> {
+    /// Whether any matrix is quantized.
+    pub fn quantized(&self) -> bool {
+        self.streamed().iter().any(|w| matches!(w, Weight::Quant(_)))
+    }
+
+    /// The bf16 tile for matrices of `cols` columns.
+    pub fn tile(&self, cols: usize) -> Option<&DeviceMatrix> {
+        self.tiles.iter().find(|t| t.cols() == cols)
+    }
+
+    /// Allocates [`Self::tiles`]: for each column count of a quantized matrix, as many rows as
+    /// its largest part has, up to [`TILE_ELEMS`] elements.
+    fn make_tiles(&mut self, device: &CudaDevice) -> Result<(), ModelError> {
+        let mut need: Vec<(usize, usize)> = Vec::new();
+        let all: Vec<&Weight> = self.streamed().into_iter().chain([&self.token_embd]).collect();
+        for w in all {
+            if let Weight::Quant(parts) = w {
+                for p in parts {
+                    let rows = p.rows().min((TILE_ELEMS / p.cols()).max(1));
+                    match need.iter_mut().find(|(c, _)| *c == p.cols()) {
+                        Some((_, r)) => *r = (*r).max(rows),
+                        None => need.push((p.cols(), rows)),
+                    }
+                }
+            }
+        }
+        self.tiles = need
+            .into_iter()
+            .map(|(cols, rows)| DeviceMatrix::zeros(device, rows, cols, DType::Bf16).map_err(dev))
+            .collect::<Result<_, _>>()?;
+        Ok(())
+    }
+
+    /// Uploads the weights of a loaded GGUF model (`format` says which stay quantized).
+    pub fn upload(device: &CudaDevice, w: &Weights, c: &ModelConfig, format: GpuWeights) -> Result<Self, ModelError> {
+        let dtype = format.product_type();
+        let quant = format == GpuWeights::Gguf;
         let (h, qd, kvd, f) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn);
         let mut layers = Vec::with_capacity(w.layers.len());
         for l in &w.layers {
@@ -76,69 +189,107 @@ impl DeviceWeights {
             };
             layers.push(DeviceLayer {
                 attn_norm: upload_f32(device, w.f32s(&l.attn_norm))?,
-                wqkv: fused(device, w, &[&l.wq, &l.wk, &l.wv], dtype)?,
+                wqkv: weight(device, w, &[&l.wq, &l.wk, &l.wv], dtype, quant)?,
                 bqkv,
                 q_norm: l.q_norm.as_ref().map(|t| upload_f32(device, &dense(w, t)?)).transpose()?,
                 k_norm: l.k_norm.as_ref().map(|t| upload_f32(device, &dense(w, t)?)).transpose()?,
-                wo: fused(device, w, &[&l.wo], dtype)?,
+                wo: weight(device, w, &[&l.wo], dtype, quant)?,
                 ffn_norm: upload_f32(device, w.f32s(&l.ffn_norm))?,
-                w_gate_up: fused(device, w, &[&l.w_gate, &l.w_up], dtype)?,
-                w_down: fused(device, w, &[&l.w_down], dtype)?,
+                w_gate_up: weight(device, w, &[&l.w_gate, &l.w_up], dtype, quant)?,
+                w_down: weight(device, w, &[&l.w_down], dtype, quant)?,
             });
         }
         debug_assert!(layers.iter().all(|l| l.wqkv.rows() == qd + 2 * kvd && l.w_gate_up.rows() == 2 * f));
-        let token_embd = fused(device, w, &[&w.token_embd], dtype)?;
-        let output = if w.tied_embeddings { None } else { Some(fused(device, w, &[&w.output], dtype)?) };
+        let token_embd = weight(device, w, &[&w.token_embd], dtype, quant)?;
+        let output = if w.tied_embeddings { None } else { Some(weight(device, w, &[&w.output], dtype, quant)?) };
         debug_assert_eq!(token_embd.cols(), h);
-        Ok(DeviceWeights {
+        let mut weights = DeviceWeights {
             token_embd,
             output,
             output_norm: upload_f32(device, &dense(w, &w.output_norm)?)?,
             rope_factors: w.rope_freqs.as_ref().map(|t| upload_f32(device, &dense(w, t)?)).transpose()?,
             layers,
             dtype,
-        })
+            tiles: Vec::new(),
+        };
+        weights.make_tiles(device)?;
+        Ok(weights)
     }
 
-    /// Random weights of `c`'s shape generated on the device: matrices uniform in
-    /// `±1/sqrt(cols)` (activations stay of order one through the layers), norms 1, tied
-    /// output when `tied`. For throughput measurements only — not a model.
+    /// Random weights of `c`'s shape generated on the device: values uniform in about
+    /// `±1/sqrt(cols)` (activations stay of order one through the layers), norms 1, tied output
+    /// when `tied`. Dense in `dtype`, or with `q4km` in the types llama.cpp's Q4_K_M preset
+    /// gives each matrix (Q4_K; Q6_K for the output and, in the layers it favours, `attn_v` and
+    /// `ffn_down`; the embedding Q4_K). For throughput measurements only — not a model.
+    #[allow(clippy::too_many_arguments)]
     pub fn synthetic(
         device: &CudaDevice,
         ops: &ModelOps,
         c: &ModelConfig,
         dtype: DType,
         tied: bool,
+        q4km: bool,
         seed: u32,
     ) -> Result<Self, ModelError> {
         let (h, qd, kvd, f) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn);
+        let dtype = if q4km { DType::Bf16 } else { dtype };
         let mut n = 0u32;
-        let mut random = |rows: usize, cols: usize| -> Result<DeviceMatrix, ModelError> {
-            let mut m = DeviceMatrix::zeros(device, rows, cols, dtype).map_err(dev)?;
+        let mut random = |parts: &[(usize, QuantType)], cols: usize| -> Result<Weight, ModelError> {
+            let scale = 1.0 / (cols as f32).sqrt();
+            let rows: usize = parts.iter().map(|p| p.0).sum();
             n += 1;
-            ops.fill_uniform(&mut m, 1.0 / (cols as f32).sqrt(), seed.wrapping_mul(7919).wrapping_add(n))
-                .map_err(dev)?;
-            Ok(m)
+            let s = seed.wrapping_mul(7919).wrapping_add(n);
+            if !q4km {
+                let mut m = DeviceMatrix::zeros(device, rows, cols, dtype).map_err(dev)?;
+                ops.fill_uniform(&mut m, scale, s).map_err(dev)?;
+                return Ok(Weight::Dense(m));
+            }
+            let mut out: Vec<QuantMatrix> = Vec::new();
+            for (i, &(r, qt)) in parts.iter().enumerate() {
+                let mut m = QuantMatrix::zeros(device, qt, r, cols).map_err(dev)?;
+                ops.quant().fill_random(&mut m, scale, s.wrapping_add(1000 * i as u32)).map_err(dev)?;
+                out.push(m);
+            }
+            Ok(Weight::Quant(out))
         };
         let ones = |len: usize| upload_f32(device, &vec![1.0f32; len]);
+        let (q4, q6) = (QuantType::Q4_K, QuantType::Q6_K);
         let mut layers = Vec::with_capacity(c.num_layers);
-        for _ in 0..c.num_layers {
+        for li in 0..c.num_layers {
+            let more = q4km_more_bits(li, c.num_layers);
+            let wide = if more { q6 } else { q4 };
             layers.push(DeviceLayer {
                 attn_norm: ones(h)?,
-                wqkv: random(qd + 2 * kvd, h)?,
+                wqkv: random(&[(qd + kvd, q4), (kvd, wide)], h)?,
                 bqkv: None,
                 q_norm: None,
                 k_norm: None,
-                wo: random(h, qd)?,
+                wo: random(&[(h, q4)], qd)?,
                 ffn_norm: ones(h)?,
-                w_gate_up: random(2 * f, h)?,
-                w_down: random(h, f)?,
+                w_gate_up: random(&[(2 * f, q4)], h)?,
+                w_down: random(&[(h, wide)], f)?,
             });
         }
-        let token_embd = random(c.vocab_size, h)?;
-        let output = if tied { None } else { Some(random(c.vocab_size, h)?) };
-        Ok(DeviceWeights { token_embd, output, output_norm: ones(h)?, rope_factors: None, layers, dtype })
+        let token_embd = random(&[(c.vocab_size, q4)], h)?;
+        let output = if tied { None } else { Some(random(&[(c.vocab_size, q6)], h)?) };
+        let mut weights = DeviceWeights {
+            token_embd,
+            output,
+            output_norm: ones(h)?,
+            rope_factors: None,
+            layers,
+            dtype,
+            tiles: Vec::new(),
+        };
+        weights.make_tiles(device)?;
+        Ok(weights)
     }
+}
+
+/// Whether llama.cpp's Q4_K_M preset gives layer `i` of `n` the larger type for `attn_v` and
+/// `ffn_down` (its `use_more_bits`: the first and last eighth, and every third layer between).
+fn q4km_more_bits(i: usize, n: usize) -> bool {
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
 /// The f32 values of a (small) tensor of any type.
@@ -150,6 +301,36 @@ fn dense(w: &Weights, t: &Tensor) -> Result<Vec<f32>, ModelError> {
         dequantize_row(t.ty, view.row(r).map_err(bad)?, &mut out[r * t.cols..(r + 1) * t.cols]).map_err(bad)?;
     }
     Ok(out)
+}
+
+/// Matrices over the same input stacked by rows into one weight: with `quant`, when every part's
+/// type has GPU kernels, the parts' GGUF blocks as they are (consecutive parts of one type as
+/// one matrix); otherwise one dense matrix of `dtype`.
+fn weight(device: &CudaDevice, w: &Weights, parts: &[&Tensor], dtype: DType, quant: bool) -> Result<Weight, ModelError> {
+    let types: Option<Vec<QuantType>> = parts.iter().map(|t| QuantType::from_ggml(t.ty as u32)).collect();
+    let cols = parts[0].cols;
+    let fits = |qt: &QuantType| cols.is_multiple_of(qt.block_values());
+    match types {
+        Some(types) if quant && parts.iter().all(|t| t.cols == cols) && types.iter().all(fits) => {
+            let mut out: Vec<QuantMatrix> = Vec::new();
+            let mut i = 0;
+            while i < parts.len() {
+                let mut j = i + 1;
+                while j < parts.len() && types[j] == types[i] {
+                    j += 1;
+                }
+                let rows: usize = parts[i..j].iter().map(|t| t.rows).sum();
+                let mut bytes = Vec::with_capacity(rows * types[i].block_bytes() * cols / types[i].block_values());
+                for t in &parts[i..j] {
+                    bytes.extend_from_slice(w.bytes(t));
+                }
+                out.push(QuantMatrix::upload(device, types[i], rows, cols, &bytes).map_err(dev)?);
+                i = j;
+            }
+            Ok(Weight::Quant(out))
+        }
+        _ => Ok(Weight::Dense(fused(device, w, parts, dtype)?)),
+    }
 }
 
 /// Matrices over the same input stacked by rows into one device matrix of `dtype`, dequantized

@@ -52,11 +52,11 @@ mod imp {
         }
         let max_ctx = *contexts.iter().max().unwrap_or(&1);
         let dev = crate::commands::cuda::open_device(device)?;
-        let dtype = crate::commands::cuda::weight_dtype()?;
+        let format = crate::commands::cuda::weight_format()?;
         let explicit = a.model.model.clone();
         let (mut model, prompts, model_name) = match explicit.as_deref().and_then(|m| m.strip_prefix("synthetic:")) {
             Some(name) => {
-                let model = CudaModel::synthetic(name, dev, dtype, 1)?;
+                let model = CudaModel::synthetic(name, dev, format.product_type(), 1)?;
                 let vocab = model.config.vocab_size as u64;
                 // Pseudo-random ids, a different prompt per sequence.
                 let prompts: Vec<Vec<u32>> = (0..a.batch as u64)
@@ -76,7 +76,7 @@ mod imp {
                 let prompts: Vec<Vec<u32>> =
                     (0..a.batch).map(|s| ids.iter().copied().cycle().skip(s * 97).take(max_ctx).collect()).collect();
                 let name = loaded.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-                (CudaModel::from_model(&loaded.model, dev, dtype)?, prompts, name)
+                (CudaModel::from_model(&loaded.model, dev, format)?, prompts, name)
             }
         };
         let limit = model.config.context_length;
@@ -158,7 +158,7 @@ mod imp {
                         "{}",
                         json!({
                             "engine": "pagekv-cuda", "device": label, "model": model_name,
-                            "synthetic": model.synthetic_name().is_some(), "weights": model.dtype().name(),
+                            "synthetic": model.synthetic_name().is_some(), "weights": model.weights_name(),
                             "format": format.name(), "batch": a.batch, "context": ctx,
                             "pp_tokens_per_s": round(pp, 1), "tg_tokens_per_s": round(tg, 1),
                             "ms_per_step": round(step_ms, 3), "weight_bytes": weight_bytes,

@@ -79,7 +79,7 @@ impl pagekv_model::Forward for GpuModel {
 /// Opens GPU `device` now (no driver, no such device: one clear error before anything else
 /// happens) and returns what builds the GPU model from `model`'s weights — to be called on the
 /// thread that will run it (the engine's scheduler thread: `Engine::start_with`). The weights
-/// are bf16 (`PAGEKV_DEV_CUDA_WEIGHTS`), f32 with `exact_weights`.
+/// stay in their GGUF types (`PAGEKV_DEV_CUDA_WEIGHTS`), f32 with `exact_weights`.
 #[cfg(feature = "cuda")]
 pub fn gpu_model_builder(
     device: usize,
@@ -87,12 +87,12 @@ pub fn gpu_model_builder(
     exact_weights: bool,
 ) -> Result<impl FnOnce() -> Result<GpuModel, ModelError> + Send + 'static> {
     let dev = open_device(device)?;
-    let dtype = if exact_weights { pagekv_cuda::DType::F32 } else { weight_dtype()? };
+    let format = if exact_weights { pagekv_cuda::DType::F32.into() } else { weight_format()? };
     Ok(move || {
         // The device's context becomes this thread's for its lifetime (every later call, the
         // cuBLAS handle and graph captures included, runs here).
         dev.bind().map_err(|e| ModelError::Device(e.to_string()))?;
-        let gpu = GpuModel::from_model(&model, dev, dtype);
+        let gpu = GpuModel::from_model(&model, dev, format);
         drop(model);
         gpu
     })
@@ -196,14 +196,16 @@ pub fn bench_attention(_device: usize, _json: bool, _opts: &super::AttentionOpts
     anyhow::bail!(NO_CUDA)
 }
 
-/// The weight type of the GPU model: `PAGEKV_DEV_CUDA_WEIGHTS` (`bf16`, the default, or `f32`).
+/// The weight format of the GPU model: `PAGEKV_DEV_CUDA_WEIGHTS` (`gguf`, the default: matrices
+/// stay in their GGUF types where the GPU has kernels for them; `bf16` or `f32`: dequantized).
 #[cfg(feature = "cuda")]
-pub(crate) fn weight_dtype() -> Result<pagekv_cuda::DType> {
+pub(crate) fn weight_format() -> Result<pagekv_model::cuda::GpuWeights> {
+    use pagekv_model::cuda::GpuWeights;
     match crate::config::env_lookup("PAGEKV_DEV_CUDA_WEIGHTS") {
         Some(v) if !v.trim().is_empty() => {
-            Ok(pagekv_cuda::DType::parse(v.trim()).map_err(|e| anyhow::anyhow!("PAGEKV_DEV_CUDA_WEIGHTS: {e}"))?)
+            GpuWeights::parse(v.trim()).map_err(|e| anyhow::anyhow!("PAGEKV_DEV_CUDA_WEIGHTS: {e}"))
         }
-        _ => Ok(pagekv_cuda::DType::Bf16),
+        _ => Ok(GpuWeights::Gguf),
     }
 }
 

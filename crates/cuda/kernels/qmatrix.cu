@@ -1,0 +1,540 @@
+// qmatrix.cu — products against GGUF-quantized weights kept quantized on the device
+// (src/qmatrix.rs): the decode matrix-vector product with int8 activations (dp4a), the
+// dequantization of rows into bf16 tiles for cuBLAS (large batches) or f32 rows (embedding
+// lookups), and random blocks of each type for synthetic models.
+//
+// Device layout of a matrix [rows, cols] of type QT (blocks of 32 values, or super-blocks of 256
+// for the K-quants): `data` holds each row's blocks, every block without its f16 header fields
+// where those would break 4-byte alignment; those fields sit in `hdr` (u16, per block, in order):
+//   QT        GGUF block               data bytes / block   hdr halves / block
+//   Q4_0      d, qs[16]                16 (qs)               1 (d)
+//   Q4_1      d, m, qs[16]             16 (qs)               2 (d, m)
+//   Q5_0      d, qh[4], qs[16]         20 (qh, qs)           1 (d)
+//   Q5_1      d, m, qh[4], qs[16]      20 (qh, qs)           2 (d, m)
+//   Q8_0      d, qs[32]                32 (qs)               1 (d)
+//   Q4_K      d, dmin, sc[12], qs[128] 144 (as in the file)  0
+//   Q5_K      d, dmin, sc[12], qh[32], qs[128]  176 (as in the file)  0
+//   Q6_K      ql[128], qh[64], sc[16], d        208 (ql, qh, sc)      1 (d)
+// Values and their order are exactly GGUF's (crates/cpu/src/quant/reference.rs); only the bytes
+// are regrouped, so every load of `data` is 4-byte aligned (16-byte for whole 16-byte runs).
+//
+// A "unit" is 32 consecutive values of a row (one block, or one sub-block of a super-block):
+// `q_unit` yields its codes as eight words of four signed bytes (values 4k..4k+3 in word k) and
+// value = a0·code + b for values 0..15, a1·code + b for 16..31.
+
+#define QT_Q4_0 0
+#define QT_Q4_1 1
+#define QT_Q5_0 2
+#define QT_Q5_1 3
+#define QT_Q8_0 4
+#define QT_Q4_K 5
+#define QT_Q5_K 6
+#define QT_Q6_K 7
+
+template <int QT>
+struct QTraits;
+template <> struct QTraits<QT_Q4_0> { enum { VALUES = 32, DATA = 16, HDR = 1 }; };
+template <> struct QTraits<QT_Q4_1> { enum { VALUES = 32, DATA = 16, HDR = 2 }; };
+template <> struct QTraits<QT_Q5_0> { enum { VALUES = 32, DATA = 20, HDR = 1 }; };
+template <> struct QTraits<QT_Q5_1> { enum { VALUES = 32, DATA = 20, HDR = 2 }; };
+template <> struct QTraits<QT_Q8_0> { enum { VALUES = 32, DATA = 32, HDR = 1 }; };
+template <> struct QTraits<QT_Q4_K> { enum { VALUES = 256, DATA = 144, HDR = 0 }; };
+template <> struct QTraits<QT_Q5_K> { enum { VALUES = 256, DATA = 176, HDR = 0 }; };
+template <> struct QTraits<QT_Q6_K> { enum { VALUES = 256, DATA = 208, HDR = 1 }; };
+
+struct QUnit {
+    int w[8];
+    float a0, a1, b;
+};
+
+// Bits 0..3 of `b` to bit 0 of bytes 0..3.
+__device__ __forceinline__ u32 spread4(u32 b) { return (b * 0x00204081u) & 0x01010101u; }
+
+// The K-quants' 6-bit scale and min of sub-block j from their 12 packed bytes (s0..s2 as words).
+__device__ __forceinline__ void scale_min_k4(u32 j, u32 s0, u32 s1, u32 s2, u32& sc, u32& m) {
+    const u32 q[3] = {s0, s1, s2};
+    auto byte = [&](u32 i) { return (q[i >> 2] >> (8 * (i & 3))) & 0xffu; };
+    if (j < 4) {
+        sc = byte(j) & 63;
+        m = byte(j + 4) & 63;
+    } else {
+        sc = (byte(j + 4) & 0xf) | ((byte(j - 4) >> 6) << 4);
+        m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
+    }
+}
+
+__device__ __forceinline__ uint4 ld_stream(const u8* p) { return __ldcs((const uint4*)p); }
+
+// Unit u of row `row` (bpr blocks per row).
+template <int QT>
+__device__ __forceinline__ void q_unit(QUnit& r, const u8* __restrict__ data, const u16* __restrict__ hdr, u64 row,
+                                       u32 u, u32 bpr) {
+    typedef QTraits<QT> T;
+    const u32 upb = T::VALUES / 32;
+    const u64 blk = row * bpr + u / upb;
+    const u32 j = u % upb;
+    const u8* p = data + blk * T::DATA;
+    if (QT == QT_Q8_0) {
+        const uint4 a = ld_stream(p), c = ld_stream(p + 16);
+        const u32 v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+#pragma unroll
+        for (int k = 0; k < 8; k++) r.w[k] = (int)v[k];
+        r.a0 = r.a1 = f16_to_f32(hdr[blk]);
+        r.b = 0.0f;
+    } else if (QT == QT_Q4_0 || QT == QT_Q4_1) {
+        const uint4 a = ld_stream(p);
+        const u32 v[4] = {a.x, a.y, a.z, a.w};
+        const u32 bias = QT == QT_Q4_0 ? 0x08080808u : 0u;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            r.w[k] = (int)__vsub4(v[k] & 0x0f0f0f0fu, bias);
+            r.w[k + 4] = (int)__vsub4((v[k] >> 4) & 0x0f0f0f0fu, bias);
+        }
+        r.a0 = r.a1 = f16_to_f32(hdr[T::HDR * blk]);
+        r.b = QT == QT_Q4_1 ? f16_to_f32(hdr[2 * blk + 1]) : 0.0f;
+    } else if (QT == QT_Q5_0 || QT == QT_Q5_1) {
+        const u32* q = (const u32*)p;
+        const u32 qh = __ldcs(q);
+        const u32 bias = QT == QT_Q5_0 ? 0x10101010u : 0u;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const u32 qs = __ldcs(q + 1 + k);
+            r.w[k] = (int)__vsub4((qs & 0x0f0f0f0fu) | (spread4((qh >> (4 * k)) & 0xf) << 4), bias);
+            r.w[k + 4] = (int)__vsub4(((qs >> 4) & 0x0f0f0f0fu) | (spread4((qh >> (16 + 4 * k)) & 0xf) << 4), bias);
+        }
+        r.a0 = r.a1 = f16_to_f32(hdr[T::HDR * blk]);
+        r.b = QT == QT_Q5_1 ? f16_to_f32(hdr[2 * blk + 1]) : 0.0f;
+    } else if (QT == QT_Q4_K || QT == QT_Q5_K) {
+        const u32* h = (const u32*)p;
+        const u32 dd = h[0];
+        u32 sc, m;
+        scale_min_k4(j, h[1], h[2], h[3], sc, m);
+        const float d = f16_to_f32((u16)(dd & 0xffff)), dmin = f16_to_f32((u16)(dd >> 16));
+        const u32 qs_off = (QT == QT_Q4_K ? 16 : 48) + 32 * (j / 2), shift = 4 * (j & 1);
+        const uint4 a = ld_stream(p + qs_off), c = ld_stream(p + qs_off + 16);
+        const u32 v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+        if (QT == QT_Q4_K) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) r.w[k] = (int)((v[k] >> shift) & 0x0f0f0f0fu);
+        } else {
+            const uint4 ha = ld_stream(p + 16), hc = ld_stream(p + 32);
+            const u32 hv[8] = {ha.x, ha.y, ha.z, ha.w, hc.x, hc.y, hc.z, hc.w};
+#pragma unroll
+            for (int k = 0; k < 8; k++) r.w[k] = (int)(((v[k] >> shift) & 0x0f0f0f0fu) | (((hv[k] >> j) & 0x01010101u) << 4));
+        }
+        r.a0 = r.a1 = __fmul_rn(d, (float)sc);
+        r.b = -__fmul_rn(dmin, (float)m);
+    } else {  // QT_Q6_K
+        const u32 n = j / 4, k4 = j % 4;
+        const uint4 la = ld_stream(p + 64 * n + 32 * (k4 & 1)), lc = ld_stream(p + 64 * n + 32 * (k4 & 1) + 16);
+        const uint4 ha = ld_stream(p + 128 + 32 * n), hc = ld_stream(p + 128 + 32 * n + 16);
+        const u32 lv[8] = {la.x, la.y, la.z, la.w, lc.x, lc.y, lc.z, lc.w};
+        const u32 hv[8] = {ha.x, ha.y, ha.z, ha.w, hc.x, hc.y, hc.z, hc.w};
+        const u32 ls = 4 * (k4 >> 1), hs = 2 * k4;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            r.w[k] = (int)__vsub4(((lv[k] >> ls) & 0x0f0f0f0fu) | (((hv[k] >> hs) & 0x03030303u) << 4), 0x20202020u);
+        const u32 s = *(const u16*)(p + 192 + 8 * n + 2 * k4);
+        const float d = f16_to_f32(hdr[blk]);
+        r.a0 = __fmul_rn(d, (float)(signed char)(s & 0xff));
+        r.a1 = __fmul_rn(d, (float)(signed char)(s >> 8));
+        r.b = 0.0f;
+    }
+}
+
+// Code i (0..31) of a unit as an int.
+__device__ __forceinline__ int unit_code(const QUnit& r, int i) {
+    return (int)(signed char)((u32)r.w[i >> 2] >> (8 * (i & 3)));
+}
+
+__device__ __forceinline__ float q_silu_mul(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(0.0f - g))), u);
+}
+
+// ---- Decode product: y [n, ldy] (columns 0..rows) (+)= x' [n, cols] · Wᵀ, n = N ≤ 4 token rows.
+// x' is the prologue of `mode` on x, as model.cu's matrix-vector kernels define it (0: x,
+// 1: rms_norm(x[xrows[i] or i]) · nw, 2: silu(x[:, :cols]) · x[:, cols:]), quantized per 32
+// values to int8 with one f32 scale (amax / 127) and the f32 sum of the 32 values (for the
+// types with a min); each unit's dot product is four dp4a per token row and half of the unit.
+// One block of QG_WARPS warps per SM; a warp owns a row at a time, its lanes take units in
+// turn. Dynamic shared memory: N · cols (codes) + 8 · N · cols / 32 (scales and sums) bytes.
+#define QG_WARPS 32
+
+// x' of `mode` (see above) quantized into xq [N, cols / 4] (int8 × 4), xd [N, cols / 32] (scales)
+// and xs [N, cols / 32] (sums), by the whole block (QG_WARPS warps). Within a token row the
+// layout is by lane unit (UW consecutive values, U = cols / UW units) so that lanes reading the
+// same part of consecutive units hit consecutive shared-memory words (no bank conflicts): the
+// 16-value group j of unit u is int4 number j · U + u, and the 32-value block b of unit u has
+// its scale and sum at b · U + u.
+template <int N, int UW>
+__device__ void qgemv_prologue(int* __restrict__ xq, float* __restrict__ xd, float* __restrict__ xs,
+                               const float* __restrict__ x, const float* __restrict__ nw,
+                               const u32* __restrict__ xrows, u32 cols, u32 mode, float eps) {
+    __shared__ double red[QG_WARPS];
+    __shared__ float inv_s;
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = cols / 32;
+    for (int i = 0; i < N; i++) {
+        const u32 src = xrows ? xrows[i] : (u32)i;
+        float inv = 1.0f;
+        if (mode == 1) {
+            // Squares summed in f64 (as the CPU and pk_rms_norm), the mean rounded to f32.
+            const float* xr = x + (u64)src * cols;
+            double s = 0.0;
+            for (u32 c = threadIdx.x; c < cols; c += 32 * QG_WARPS) s += (double)__fmul_rn(xr[c], xr[c]);
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (lane == 0) red[warp] = s;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                double t = 0.0;
+                for (int k = 0; k < QG_WARPS; k++) t += red[k];
+                inv_s = 1.0f / sqrtf((float)(t / (double)cols) + eps);
+            }
+            __syncthreads();
+            inv = inv_s;
+        }
+        for (u32 g = warp; g < nb; g += QG_WARPS) {
+            const u32 c = g * 32 + lane;
+            float v;
+            if (mode == 2) {
+                const float* xr = x + (u64)src * 2 * cols;
+                v = q_silu_mul(xr[c], xr[cols + c]);
+            } else {
+                v = x[(u64)src * cols + c];
+                if (mode == 1) v = __fmul_rn(__fmul_rn(v, inv), nw[c]);
+            }
+            const float amax = warp_max(fabsf(v)), sum = warp_sum(v);
+            const float d = amax / 127.0f;
+            const int q = amax > 0.0f ? __float2int_rn(v / d) : 0;
+            const u32 b = (u32)q & 0xffu;
+            const u32 b1 = __shfl_down_sync(0xffffffffu, b, 1), b2 = __shfl_down_sync(0xffffffffu, b, 2),
+                      b3 = __shfl_down_sync(0xffffffffu, b, 3);
+            const u32 U = cols / UW, u = c / UW, j = (c % UW) / 16, bi = (c % UW) / 32;
+            if ((lane & 3) == 0)
+                xq[(u64)i * (cols / 4) + 4 * (j * U + u) + (lane & 15) / 4] = (int)(b | (b1 << 8) | (b2 << 16) | (b3 << 24));
+            if (lane == 0) {
+                xd[i * nb + bi * U + u] = d;
+                xs[i * nb + bi * U + u] = sum;
+            }
+        }
+        __syncthreads();  // `red` and `inv_s` are reused by the next row's norm
+    }
+}
+
+template <int QT, int N>
+__device__ void qgemv(float* __restrict__ y, u32 ldy, const u8* __restrict__ data, const u16* __restrict__ hdr,
+                      const float* __restrict__ x, const float* __restrict__ nw, const u32* __restrict__ xrows,
+                      u32 rows, u32 cols, u32 mode, float eps, u32 accumulate) {
+    extern __shared__ __align__(16) unsigned char qg_smem[];
+    const u32 nb = cols / 32, bpr = cols / QTraits<QT>::VALUES;
+    int* xq = (int*)qg_smem;                                    // [N, cols / 4]
+    float* xd = (float*)(qg_smem + (u64)N * cols);              // [N, nb]
+    float* xs = xd + N * nb;                                    // [N, nb]
+    pdl_trigger();
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    pdl_wait();
+    qgemv_prologue<N, 32>(xq, xd, xs, x, nw, xrows, cols, mode, eps);
+    for (u32 row = blockIdx.x * QG_WARPS + warp; row < rows; row += gridDim.x * QG_WARPS) {
+        float acc[N];
+#pragma unroll
+        for (int i = 0; i < N; i++) acc[i] = 0.0f;
+#pragma unroll 2
+        for (u32 u = lane; u < nb; u += 32) {
+            QUnit q;
+            q_unit<QT>(q, data, hdr, row, u, bpr);
+#pragma unroll
+            for (int i = 0; i < N; i++) {
+                // Unit u's two 16-value groups (the prologue's layout with 32-value units).
+                const int4* xw = (const int4*)(xq + (u64)i * (cols / 4));
+                const int4 x0 = xw[u], x1 = xw[nb + u];
+                int s0 = __dp4a(q.w[0], x0.x, 0);
+                s0 = __dp4a(q.w[1], x0.y, s0);
+                s0 = __dp4a(q.w[2], x0.z, s0);
+                s0 = __dp4a(q.w[3], x0.w, s0);
+                int s1 = __dp4a(q.w[4], x1.x, 0);
+                s1 = __dp4a(q.w[5], x1.y, s1);
+                s1 = __dp4a(q.w[6], x1.z, s1);
+                s1 = __dp4a(q.w[7], x1.w, s1);
+                const float dot = fmaf(q.a0, (float)s0, q.a1 * (float)s1);
+                acc[i] = fmaf(xd[i * nb + u], dot, fmaf(q.b, xs[i * nb + u], acc[i]));
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < N; i++) acc[i] = warp_sum(acc[i]);
+        if (lane == 0) {
+#pragma unroll
+            for (int i = 0; i < N; i++) {
+                float* o = y + (u64)i * ldy + row;
+                *o = accumulate ? *o + acc[i] : acc[i];
+            }
+        }
+    }
+}
+
+
+// ---- Decode product for the K-quants (Q4_K, Q5_K, Q6_K): the same contract and prologue as
+// qgemv, laid out so each lane keeps 80–112 bytes of one row's weights in flight. A lane unit is
+// half a super-block (128 values, four 32-value sub-blocks); a row of U = cols / 128 units is
+// served by LPR lanes (the power of two ≥ U, at most 32; narrow rows pack 32 / LPR rows into a
+// warp). Rows are split evenly over the blocks (one per SM); a block's items (row group, slice
+// of LPR units) go to its warps in turn, each item's per-row sums land in shared memory and are
+// added in slice order at the end (deterministic). Dynamic shared memory: as qgemv, plus
+// ceil(rows / blocks) · ceil(U / LPR) · N · 4 bytes.
+template <int QT, int N>
+__device__ __forceinline__ void khalf_dot(float (&acc)[N], const u8* __restrict__ p, const u16* __restrict__ hdr,
+                                          u64 blk, u32 h, const int* __restrict__ xq, const float* __restrict__ xd,
+                                          const float* __restrict__ xs, u32 cols, u32 nb, u32 u) {
+    // The input of unit u in the prologue's layout with 128-value units (U of them a row).
+    const u32 U = cols / 128;
+    if (QT == QT_Q6_K) {
+        uint4 l4[4], h4[2];
+#pragma unroll
+        for (int k = 0; k < 4; k++) l4[k] = ld_stream(p + 64 * h + 16 * k);
+#pragma unroll
+        for (int k = 0; k < 2; k++) h4[k] = ld_stream(p + 128 + 32 * h + 16 * k);
+        const uint2 sc8 = *(const uint2*)(p + 192 + 8 * h);
+        const float d = f16_to_f32(hdr[blk]);
+        const u32 lw[16] = {l4[0].x, l4[0].y, l4[0].z, l4[0].w, l4[1].x, l4[1].y, l4[1].z, l4[1].w,
+                            l4[2].x, l4[2].y, l4[2].z, l4[2].w, l4[3].x, l4[3].y, l4[3].z, l4[3].w};
+        const u32 hw[8] = {h4[0].x, h4[0].y, h4[0].z, h4[0].w, h4[1].x, h4[1].y, h4[1].z, h4[1].w};
+        const u32 scw[2] = {sc8.x, sc8.y};
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            // Quarter t: ql words 8·(t & 1).., nibble 4·(t >> 1); qh bits 2t; scales 2t, 2t + 1.
+            int w[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                w[k] = (int)__vsub4(((lw[8 * (t & 1) + k] >> (4 * (t >> 1))) & 0x0f0f0f0fu) |
+                                        (((hw[k] >> (2 * t)) & 0x03030303u) << 4),
+                                    0x20202020u);
+            const float a0 = __fmul_rn(d, (float)(signed char)(scw[t >> 1] >> (16 * (t & 1))));
+            const float a1 = __fmul_rn(d, (float)(signed char)(scw[t >> 1] >> (16 * (t & 1) + 8)));
+#pragma unroll
+            for (int i = 0; i < N; i++) {
+                const int4* xw = (const int4*)(xq + (u64)i * (cols / 4));
+                const int4 x0 = xw[(2 * t) * U + u], x1 = xw[(2 * t + 1) * U + u];
+                int s0 = __dp4a(w[0], x0.x, 0);
+                s0 = __dp4a(w[1], x0.y, s0);
+                s0 = __dp4a(w[2], x0.z, s0);
+                s0 = __dp4a(w[3], x0.w, s0);
+                int s1 = __dp4a(w[4], x1.x, 0);
+                s1 = __dp4a(w[5], x1.y, s1);
+                s1 = __dp4a(w[6], x1.z, s1);
+                s1 = __dp4a(w[7], x1.w, s1);
+                acc[i] = fmaf(xd[i * nb + t * U + u], fmaf(a0, (float)s0, a1 * (float)s1), acc[i]);
+            }
+        }
+    } else {
+        const u32 qs_off = (QT == QT_Q4_K ? 16 : 48) + 64 * h;
+        const uint4 hd = *(const uint4*)p;
+        uint4 q4[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) q4[k] = ld_stream(p + qs_off + 16 * k);
+        uint4 qh4[2];
+        if (QT == QT_Q5_K) {
+            qh4[0] = ld_stream(p + 16);
+            qh4[1] = ld_stream(p + 32);
+        }
+        const float d = f16_to_f32((u16)(hd.x & 0xffff)), dmin = f16_to_f32((u16)(hd.x >> 16));
+        // The 6-bit scales and mins of sub-blocks 4h..4h + 3, four bytes per word.
+        const u32 sc4 = h == 0 ? (hd.y & 0x3f3f3f3fu) : ((hd.w & 0x0f0f0f0fu) | ((hd.y >> 2) & 0x30303030u));
+        const u32 m4 = h == 0 ? (hd.z & 0x3f3f3f3fu) : (((hd.w >> 4) & 0x0f0f0f0fu) | ((hd.z >> 2) & 0x30303030u));
+        const u32 qw[16] = {q4[0].x, q4[0].y, q4[0].z, q4[0].w, q4[1].x, q4[1].y, q4[1].z, q4[1].w,
+                            q4[2].x, q4[2].y, q4[2].z, q4[2].w, q4[3].x, q4[3].y, q4[3].z, q4[3].w};
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            // Sub-block 4h + t: qs words 8·(t >> 1).., nibble 4·(t & 1); Q5_K's high bit 4h + t.
+            int w[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                u32 v = (qw[8 * (t >> 1) + k] >> (4 * (t & 1))) & 0x0f0f0f0fu;
+                if (QT == QT_Q5_K) {
+                    const u32 hv = k < 4 ? ((const u32*)&qh4[0])[k] : ((const u32*)&qh4[1])[k - 4];
+                    v |= ((hv >> (4 * h + t)) & 0x01010101u) << 4;
+                }
+                w[k] = (int)v;
+            }
+            const float a = __fmul_rn(d, (float)((sc4 >> (8 * t)) & 0xff));
+            const float b = -__fmul_rn(dmin, (float)((m4 >> (8 * t)) & 0xff));
+#pragma unroll
+            for (int i = 0; i < N; i++) {
+                const int4* xw = (const int4*)(xq + (u64)i * (cols / 4));
+                const int4 x0 = xw[(2 * t) * U + u], x1 = xw[(2 * t + 1) * U + u];
+                int s = __dp4a(w[0], x0.x, 0);
+                s = __dp4a(w[1], x0.y, s);
+                s = __dp4a(w[2], x0.z, s);
+                s = __dp4a(w[3], x0.w, s);
+                s = __dp4a(w[4], x1.x, s);
+                s = __dp4a(w[5], x1.y, s);
+                s = __dp4a(w[6], x1.z, s);
+                s = __dp4a(w[7], x1.w, s);
+                acc[i] = fmaf(xd[i * nb + t * U + u], a * (float)s, fmaf(b, xs[i * nb + t * U + u], acc[i]));
+            }
+        }
+    }
+}
+
+// Lanes per row of the K-quant product for U units per row.
+__device__ __forceinline__ u32 k_lanes_per_row(u32 units) {
+    u32 l = 32;
+    while (l > 1 && l / 2 >= units) l /= 2;
+    return l;
+}
+
+template <int QT, int N>
+__device__ void qgemv_k(float* __restrict__ y, u32 ldy, const u8* __restrict__ data, const u16* __restrict__ hdr,
+                        const float* __restrict__ x, const float* __restrict__ nw, const u32* __restrict__ xrows,
+                        u32 rows, u32 cols, u32 mode, float eps, u32 accumulate) {
+    extern __shared__ __align__(16) unsigned char qg_smem[];
+    const u32 nb = cols / 32, units = cols / 128, bpr = cols / 256;
+    int* xq = (int*)qg_smem;                        // [N, cols / 4]
+    float* xd = (float*)(qg_smem + (u64)N * cols);  // [N, nb]
+    float* xs = xd + N * nb;                        // [N, nb]
+    float* part = xs + N * nb;                      // [rows of the block, S, N]
+    pdl_trigger();
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 lpr = k_lanes_per_row(units), rpi = 32 / lpr, S = (units + lpr - 1) / lpr;
+    const u32 r_lo = (u32)((u64)blockIdx.x * rows / gridDim.x);
+    const u32 r_hi = (u32)((u64)(blockIdx.x + 1) * rows / gridDim.x);
+    const u32 nrows = r_hi - r_lo, items = (nrows + rpi - 1) / rpi * S;
+    pdl_wait();
+    qgemv_prologue<N, 128>(xq, xd, xs, x, nw, xrows, cols, mode, eps);
+    for (u32 it = warp; it < items; it += QG_WARPS) {
+        const u32 g = it / S, sl = it % S;
+        const u32 r = g * rpi + lane / lpr, u = sl * lpr + lane % lpr;
+        float acc[N];
+#pragma unroll
+        for (int i = 0; i < N; i++) acc[i] = 0.0f;
+        if (r < nrows && u < units) {
+            const u64 blk = (u64)(r_lo + r) * bpr + u / 2;
+            khalf_dot<QT, N>(acc, data + blk * QTraits<QT>::DATA, hdr, blk, u & 1, xq, xd, xs, cols, nb, u);
+        }
+        for (u32 o = lpr / 2; o > 0; o >>= 1) {
+#pragma unroll
+            for (int i = 0; i < N; i++) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+        }
+        if (lane % lpr == 0 && r < nrows) {
+#pragma unroll
+            for (int i = 0; i < N; i++) part[((u64)r * S + sl) * N + i] = acc[i];
+        }
+    }
+    __syncthreads();
+    for (u32 t = threadIdx.x; t < nrows * N; t += blockDim.x) {
+        const u32 rl = t / N, i = t % N;
+        float s = 0.0f;
+        for (u32 k = 0; k < S; k++) s += part[((u64)rl * S + k) * N + i];
+        float* o = y + (u64)i * ldy + r_lo + rl;
+        *o = accumulate ? *o + s : s;
+    }
+}
+
+// ---- Dequantization. out [nrows, cols] bf16 ← rows first_row.. of W: one thread per unit; a
+// warp's 32 units are contiguous in `out` (2 KiB), staged in shared memory and stored 16 bytes
+// per lane and instruction. Block QD_THREADS threads.
+#define QD_THREADS 256
+template <int QT>
+__device__ void qdequant_bf16(u16* __restrict__ out, const u8* __restrict__ data, const u16* __restrict__ hdr,
+                              u32 first_row, u32 nrows, u32 cols) {
+    __shared__ __align__(16) uint4 stage[QD_THREADS / 32][32 * 4];
+    const u32 nb = cols / 32, bpr = cols / QTraits<QT>::VALUES, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u64 total = (u64)nrows * nb;
+    uint4* ws = stage[warp];
+    for (u64 t0 = ((u64)blockIdx.x * blockDim.x + warp * 32); t0 < total; t0 += (u64)gridDim.x * blockDim.x) {
+        const u64 t = t0 + lane;
+        if (t < total) {
+            const u32 rl = (u32)(t / nb), u = (u32)(t % nb);
+            QUnit q;
+            q_unit<QT>(q, data, hdr, (u64)first_row + rl, u, bpr);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                u32 w[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int i0 = 8 * k + 2 * e;
+                    const float a = i0 < 16 ? q.a0 : q.a1;
+                    const float v0 = __fadd_rn(__fmul_rn(a, (float)unit_code(q, i0)), q.b);
+                    const float v1 = __fadd_rn(__fmul_rn(a, (float)unit_code(q, i0 + 1)), q.b);
+                    w[e] = (u32)f32_to_bf16(v0) | ((u32)f32_to_bf16(v1) << 16);
+                }
+                // Rotated by the lane so the 16-byte stores of a warp spread over the banks.
+                ws[lane * 4 + ((k + lane) & 3)] = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        }
+        __syncwarp();
+        // Unit t0 + c / 4's chunk c % 4 goes to out + (t0 · 32 + c · 8) bf16 values.
+        uint4* dst = (uint4*)(out + t0 * 32);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const u32 c = k * 32 + lane, unit = c / 4, chunk = c % 4;
+            if (t0 + unit < total) dst[c] = ws[unit * 4 + ((chunk + unit) & 3)];
+        }
+        __syncwarp();
+    }
+}
+
+// out [n, cols] f32 ← rows ids[i] of W (the embedding lookup). Grid (n), any block size.
+template <int QT>
+__device__ void qrows_f32(float* __restrict__ out, const u8* __restrict__ data, const u16* __restrict__ hdr,
+                          const u32* __restrict__ ids, u32 cols) {
+    const u32 nb = cols / 32, bpr = cols / QTraits<QT>::VALUES;
+    const u32 i = blockIdx.x;
+    for (u32 u = threadIdx.x; u < nb; u += blockDim.x) {
+        QUnit q;
+        q_unit<QT>(q, data, hdr, ids[i], u, bpr);
+        float* o = out + (u64)i * cols + (u64)u * 32;
+#pragma unroll
+        for (int k = 0; k < 32; k++) o[k] = __fadd_rn(__fmul_rn(k < 16 ? q.a0 : q.a1, (float)unit_code(q, k)), q.b);
+    }
+}
+
+// Random blocks (synthetic weights): random codes, scales that keep every value within about
+// ±scale. One thread per block.
+template <int QT>
+__device__ void qfill(u8* __restrict__ data, u16* __restrict__ hdr, u64 blocks, float scale, u32 seed) {
+    typedef QTraits<QT> T;
+    for (u64 b = (u64)blockIdx.x * blockDim.x + threadIdx.x; b < blocks; b += (u64)gridDim.x * blockDim.x) {
+        u32* w = (u32*)(data + b * T::DATA);
+        for (int k = 0; k < T::DATA / 4; k++) w[k] = pk_hash((b * 64 + k) * 0x9E3779B97F4A7C15ull + seed);
+        // Largest |code| · |sub-block scale| of the type: value = d · that at most.
+        const float span = QT == QT_Q8_0 ? 128.0f : QT == QT_Q6_K ? 32.0f * 128.0f
+                         : (QT == QT_Q4_K || QT == QT_Q5_K) ? 31.0f * 63.0f : 16.0f;
+        const u16 d = f32_to_f16(scale / span);
+        if (QT == QT_Q4_K || QT == QT_Q5_K) {
+            w[0] = (u32)d | ((u32)f32_to_f16(scale / 63.0f) << 16);
+        } else if (T::HDR == 2) {
+            hdr[2 * b] = d;
+            hdr[2 * b + 1] = f32_to_f16(-0.5f * scale);
+        } else {
+            hdr[b] = d;
+        }
+    }
+}
+
+// pk_qgemv_T_nN: the decode product of N token rows (qgemv_k for the K-quants, qgemv otherwise).
+#define PK_QGEMV(QT, NAME, N, F)                                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * QG_WARPS, 1)                                             \
+        pk_qgemv_##NAME##_n##N(float* y, u32 ldy, const u8* data, const u16* hdr, const float* x, const float* nw, \
+                               const u32* xrows, u32 rows, u32 cols, u32 mode, float eps, u32 acc) {           \
+        F<QT, N>(y, ldy, data, hdr, x, nw, xrows, rows, cols, mode, eps, acc);                                 \
+    }
+#define PK_QMATRIX(QT, NAME, F)                                                                                \
+    PK_QGEMV(QT, NAME, 1, F) PK_QGEMV(QT, NAME, 2, F) PK_QGEMV(QT, NAME, 3, F) PK_QGEMV(QT, NAME, 4, F)         \
+    extern "C" __global__ void __launch_bounds__(QD_THREADS) pk_qdequant_##NAME(u16* out, const u8* data, const u16* hdr, u32 first_row,      \
+                                                  u32 nrows, u32 cols) {                                       \
+        qdequant_bf16<QT>(out, data, hdr, first_row, nrows, cols);                                             \
+    }                                                                                                          \
+    extern "C" __global__ void pk_qrows_##NAME(float* out, const u8* data, const u16* hdr, const u32* ids,       \
+                                               u32 cols) {                                                     \
+        qrows_f32<QT>(out, data, hdr, ids, cols);                                                              \
+    }                                                                                                          \
+    extern "C" __global__ void pk_qfill_##NAME(u8* data, u16* hdr, u64 blocks, float scale, u32 seed) {          \
+        qfill<QT>(data, hdr, blocks, scale, seed);                                                             \
+    }
+
+PK_QMATRIX(QT_Q4_0, q4_0, qgemv)
+PK_QMATRIX(QT_Q4_1, q4_1, qgemv)
+PK_QMATRIX(QT_Q5_0, q5_0, qgemv)
+PK_QMATRIX(QT_Q5_1, q5_1, qgemv)
+PK_QMATRIX(QT_Q8_0, q8_0, qgemv)
+PK_QMATRIX(QT_Q4_K, q4_k, qgemv_k)
+PK_QMATRIX(QT_Q5_K, q5_k, qgemv_k)
+PK_QMATRIX(QT_Q6_K, q6_k, qgemv_k)

@@ -1,0 +1,328 @@
+//! Weights that stay in their GGUF block format on the device ([`QuantMatrix`]) and the kernels
+//! that multiply with them ([`QuantOps`], `kernels/qmatrix.cu`): a fused matrix-vector product
+//! for decode steps (the input quantized to int8 per 32 values in the kernel's prologue, dp4a
+//! dot products against the weights' codes), and the dequantization of row ranges into bf16
+//! tiles that cuBLAS multiplies for larger batches, or of single rows into f32 (embedding
+//! lookups).
+//!
+//! The device layout regroups each block's bytes so every load is aligned: the f16 fields that
+//! would break 4-byte alignment (`d`, and `m` of the `_1` types) move to a separate array, in
+//! block order ([`split_blocks`]); values are exactly GGUF's.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+
+use crate::device::{arg, launch_kernel, set_max_dynamic_smem, CudaDevice};
+use crate::model_ops::{DType, DeviceMatrix, Prologue};
+use crate::pages::dptr;
+use crate::spec::ModuleSpec;
+use crate::qformat::QuantType;
+use crate::CudaError;
+
+/// A row-major `[rows, cols]` matrix of GGUF blocks of one [`QuantType`] on the device.
+pub struct QuantMatrix {
+    /// `[rows, cols / block_values, data_bytes]` bytes.
+    data: CudaSlice<u8>,
+    /// `[rows, cols / block_values, hdr_halves]` f16 (at least one element).
+    hdr: CudaSlice<u16>,
+    rows: usize,
+    cols: usize,
+    qt: QuantType,
+}
+
+impl QuantMatrix {
+    fn check_shape(qt: QuantType, rows: usize, cols: usize) -> Result<usize, CudaError> {
+        if rows == 0 || cols == 0 || !cols.is_multiple_of(qt.block_values()) || rows > u32::MAX as usize {
+            return Err(CudaError::Invalid(format!("a [{rows}, {cols}] {qt:?} matrix")));
+        }
+        rows.checked_mul(cols / qt.block_values())
+            .filter(|b| b.checked_mul(qt.block_bytes()).is_some())
+            .ok_or_else(|| CudaError::Invalid(format!("a [{rows}, {cols}] {qt:?} matrix overflows")))
+    }
+
+    /// The matrix whose rows are `bytes` (`rows` rows of GGUF blocks, as in the file).
+    pub fn upload(
+        device: &CudaDevice,
+        qt: QuantType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<QuantMatrix, CudaError> {
+        let blocks = Self::check_shape(qt, rows, cols)?;
+        if bytes.len() != blocks * qt.block_bytes() {
+            return Err(CudaError::Invalid(format!(
+                "{} bytes for a [{rows}, {cols}] {qt:?} matrix (expected {})",
+                bytes.len(),
+                blocks * qt.block_bytes()
+            )));
+        }
+        let (data, mut hdr) = crate::qformat::split_blocks(qt, bytes)?;
+        if hdr.is_empty() {
+            hdr.push(0);
+        }
+        let s = device.stream();
+        let data = s.clone_htod(&data).map_err(|e| CudaError::driver("cuMemcpyHtoD", e))?;
+        let hdr = s.clone_htod(&hdr).map_err(|e| CudaError::driver("cuMemcpyHtoD", e))?;
+        Ok(QuantMatrix { data, hdr, rows, cols, qt })
+    }
+
+    /// A zeroed matrix (for [`QuantOps::fill_random`]).
+    pub fn zeros(device: &CudaDevice, qt: QuantType, rows: usize, cols: usize) -> Result<QuantMatrix, CudaError> {
+        let blocks = Self::check_shape(qt, rows, cols)?;
+        let s = device.stream();
+        let alloc = |e| CudaError::driver("cuMemAlloc", e);
+        let data = s.alloc_zeros::<u8>(blocks * qt.data_bytes()).map_err(alloc)?;
+        let hdr = s.alloc_zeros::<u16>((blocks * qt.hdr_halves()).max(1)).map_err(alloc)?;
+        Ok(QuantMatrix { data, hdr, rows, cols, qt })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn qtype(&self) -> QuantType {
+        self.qt
+    }
+
+    /// `(device address, bytes)` of the data and header arrays.
+    pub(crate) fn buffers(&self, device: &CudaDevice) -> [(u64, usize); 2] {
+        [(dptr(&self.data, device), self.data.len()), (dptr(&self.hdr, device), 2 * self.hdr.len())]
+    }
+
+    /// Bytes a product streams (the file's size of the matrix).
+    pub fn bytes(&self) -> usize {
+        self.rows * self.cols / self.qt.block_values() * self.qt.block_bytes()
+    }
+}
+
+/// Most token rows one [`QuantOps::gemv`] launch serves.
+pub const QGEMV_MAX_N: usize = 4;
+
+/// Warps per block of the decode product (`QG_WARPS` in `kernels/qmatrix.cu`).
+const QG_WARPS: usize = 32;
+
+/// The kernels of one type.
+struct Kernels {
+    /// `[n - 1]` decode products for 1..=QGEMV_MAX_N token rows.
+    gemv: Vec<CudaFunction>,
+    dequant: CudaFunction,
+    rows: CudaFunction,
+    fill: CudaFunction,
+}
+
+/// The quantized-weight kernels on one device.
+pub struct QuantOps {
+    device: Arc<CudaDevice>,
+    /// In [`QuantType::ALL`]'s order.
+    kernels: Vec<Kernels>,
+    smem_limit: usize,
+}
+
+fn launch_err(name: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CudaError {
+    move |e| CudaError::driver(name, e)
+}
+
+impl QuantOps {
+    /// Loads (compiling on first use) the kernels of every [`QuantType`].
+    pub fn new(device: Arc<CudaDevice>) -> Result<QuantOps, CudaError> {
+        let module = device.module(&ModuleSpec::Quant)?;
+        device.bind()?;
+        let smem_limit = device.smem_optin().saturating_sub(1024);
+        let mut kernels = Vec::new();
+        for qt in QuantType::ALL {
+            let s = qt.suffix();
+            let gemv = (1..=QGEMV_MAX_N)
+                .map(|n| {
+                    let f = module.function(&format!("pk_qgemv_{s}_n{n}"))?;
+                    set_max_dynamic_smem(&f, smem_limit)?;
+                    Ok(f)
+                })
+                .collect::<Result<Vec<_>, CudaError>>()?;
+            kernels.push(Kernels {
+                gemv,
+                dequant: module.function(&format!("pk_qdequant_{s}"))?,
+                rows: module.function(&format!("pk_qrows_{s}"))?,
+                fill: module.function(&format!("pk_qfill_{s}"))?,
+            });
+        }
+        Ok(QuantOps { device, kernels, smem_limit })
+    }
+
+    fn k(&self, qt: QuantType) -> &Kernels {
+        &self.kernels[QuantType::ALL.iter().position(|&t| t == qt).expect("every type has kernels")]
+    }
+
+    fn p<T>(&self, s: &CudaSlice<T>) -> u64 {
+        dptr(s, &self.device)
+    }
+
+    /// `(grid blocks, dynamic shared memory bytes)` of the decode product of `n` token rows
+    /// against `w`: the int8 input with its scales and sums; for the K-quants (`qgemv_k` in
+    /// `kernels/qmatrix.cu`: one block per SM, rows split evenly) also each block's per-slice row
+    /// sums; otherwise blocks of 32 warps over the rows.
+    fn gemv_launch(&self, w: &QuantMatrix, n: usize) -> (usize, usize) {
+        let sms = self.device.sm_count().max(1);
+        let input = n * w.cols + 8 * n * (w.cols / 32);
+        if w.qt.block_values() == 256 {
+            let units = w.cols / 128;
+            let mut lanes = 32;
+            while lanes > 1 && lanes / 2 >= units {
+                lanes /= 2;
+            }
+            let slices = units.div_ceil(lanes);
+            let blocks = w.rows.clamp(1, sms);
+            (blocks, input + w.rows.div_ceil(blocks) * slices * n * 4)
+        } else {
+            (w.rows.div_ceil(QG_WARPS).clamp(1, sms), input)
+        }
+    }
+
+    /// Whether [`Self::gemv`] serves `n` token rows against `w` (`1 ≤ n ≤ QGEMV_MAX_N` and the
+    /// kernel's shared memory fits).
+    pub fn gemv_serves(&self, w: &QuantMatrix, n: usize) -> bool {
+        (1..=QGEMV_MAX_N).contains(&n) && self.gemv_launch(w, n).1 <= self.smem_limit
+    }
+
+    /// The decode product for token rows `first..first + n`: columns `col..col + w.rows` of
+    /// those rows of `out [·, ldo]` (+)= `x' · wᵀ`, with `x'` the result of `prologue` on `x`
+    /// (rows `rows[first..first + n]` of `x` when given, else `first..first + n`) quantized to
+    /// int8 per 32 values; f32 accumulation. `out` must not overlap `x`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv(
+        &self,
+        out: &CudaSlice<f32>,
+        col: usize,
+        ldo: usize,
+        x: &CudaSlice<f32>,
+        w: &QuantMatrix,
+        prologue: Prologue,
+        rows: Option<&CudaSlice<u32>>,
+        first: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        let in_width = match prologue {
+            Prologue::SiluMul => 2 * w.cols,
+            _ => w.cols,
+        };
+        let end = first + n;
+        let bad = !self.gemv_serves(w, n)
+            || col + w.rows > ldo
+            || out.len() < (end - 1) * ldo + col + w.rows
+            || ldo > u32::MAX as usize
+            || (rows.is_none() && x.len() < end * in_width)
+            || rows.is_some_and(|r| r.len() < end)
+            || matches!(prologue, Prologue::RmsNorm { w: nw, .. } if nw.len() < w.cols);
+        if bad {
+            return Err(CudaError::Invalid(format!(
+                "quantized gemv of {n} rows against [{}, {}] into columns {col}.. of [{n}, {ldo}]",
+                w.rows, w.cols
+            )));
+        }
+        let (mode, nw, eps) = match prologue {
+            Prologue::Convert => (0u32, 0u64, 0f32),
+            Prologue::RmsNorm { w: nw, eps } => (1, self.p(nw), eps),
+            Prologue::SiluMul => (2, 0, 0.0),
+        };
+        let y = self.p(out) + 4 * (first * ldo + col) as u64;
+        // Gathered rows start at rows[first]; otherwise x starts at row `first`.
+        let (xp, rp) = match rows {
+            Some(r) => (self.p(x), self.p(r) + 4 * first as u64),
+            None => (self.p(x) + 4 * (first * in_width) as u64, 0),
+        };
+        let (dp, hp) = (self.p(&w.data), self.p(&w.hdr));
+        let (ld, r32, c32, acc) = (ldo as u32, w.rows as u32, w.cols as u32, accumulate as u32);
+        let (blocks, smem) = self.gemv_launch(w, n);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: ((32 * QG_WARPS) as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let mut args: [*mut std::ffi::c_void; 12] = [
+            arg(&y),
+            arg(&ld),
+            arg(&dp),
+            arg(&hp),
+            arg(&xp),
+            arg(&nw),
+            arg(&rp),
+            arg(&r32),
+            arg(&c32),
+            arg(&mode),
+            arg(&eps),
+            arg(&acc),
+        ];
+        // SAFETY: `args` are pk_qgemv_T_nN's parameters in order and type, alive for the call;
+        // sizes checked above; the caller keeps out and x apart and gathered rows in range.
+        unsafe { launch_kernel(&self.device, &self.k(w.qt).gemv[n - 1], cfg, &mut args, false) }
+            .map_err(launch_err("cuLaunchKernelEx(pk_qgemv)"))
+    }
+
+    /// Rows `first..first + count` of `w` into the first `count` rows of `out` (bf16,
+    /// `[≥ count, w.cols]`).
+    pub fn dequantize(&self, out: &DeviceMatrix, w: &QuantMatrix, first: usize, count: usize) -> Result<(), CudaError> {
+        if out.dtype() != DType::Bf16 || out.cols() != w.cols || out.rows() < count || first + count > w.rows {
+            return Err(CudaError::Invalid(format!(
+                "dequantize rows {first}..{} of [{}, {}] into [{}, {}] {}",
+                first + count,
+                w.rows,
+                w.cols,
+                out.rows(),
+                out.cols(),
+                out.dtype().name()
+            )));
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let (o, d, h) = (out.device_ptr(&self.device), self.p(&w.data), self.p(&w.hdr));
+        let (f32_, n32, c32) = (first as u32, count as u32, w.cols as u32);
+        let units = count * (w.cols / 32);
+        // QD_THREADS threads a block, as many blocks as fit 8 per SM.
+        let blocks = units.div_ceil(256).clamp(1, 8 * self.device.sm_count().max(1));
+        let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.device.stream().launch_builder(&self.k(w.qt).dequant);
+        b.arg(&o).arg(&d).arg(&h).arg(&f32_).arg(&n32).arg(&c32);
+        // SAFETY: pk_qdequant_T(u16*, const u8*, const u16*, u32, u32, u32); sizes checked above.
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_qdequant)"))
+    }
+
+    /// `out [n, w.cols]` f32 ← rows `ids [n]` of `w` (ids < w.rows; the caller validates them).
+    pub fn rows_f32(
+        &self,
+        out: &mut CudaSlice<f32>,
+        w: &QuantMatrix,
+        ids: &CudaSlice<u32>,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        if out.len() < n * w.cols || ids.len() < n {
+            return Err(CudaError::Invalid(format!("{n} rows of [{}, {}]", w.rows, w.cols)));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (o, d, h, i, c32) = (self.p(out), self.p(&w.data), self.p(&w.hdr), self.p(ids), w.cols as u32);
+        let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.device.stream().launch_builder(&self.k(w.qt).rows);
+        b.arg(&o).arg(&d).arg(&h).arg(&i).arg(&c32);
+        // SAFETY: pk_qrows_T(float*, const u8*, const u16*, const u32*, u32); sizes checked above.
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_qrows)"))
+    }
+
+    /// Random blocks whose values stay within about `±scale` (synthetic weights).
+    pub fn fill_random(&self, w: &mut QuantMatrix, scale: f32, seed: u32) -> Result<(), CudaError> {
+        let blocks = (w.rows * (w.cols / w.qt.block_values())) as u64;
+        let (d, h) = (self.p(&w.data), self.p(&w.hdr));
+        let grid = (blocks as usize).div_ceil(256).clamp(1, 8 * self.device.sm_count().max(1));
+        let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.device.stream().launch_builder(&self.k(w.qt).fill);
+        b.arg(&d).arg(&h).arg(&blocks).arg(&scale).arg(&seed);
+        // SAFETY: pk_qfill_T(u8*, u16*, u64, float, u32) over the matrix's blocks.
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_qfill)"))
+    }
+}
