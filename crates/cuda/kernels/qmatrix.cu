@@ -279,32 +279,56 @@ __device__ void qgemv(float* __restrict__ y, u32 ldy, const u8* __restrict__ dat
 // of LPR units) go to its warps in turn, each item's per-row sums land in shared memory and are
 // added in slice order at the end (deterministic). Dynamic shared memory: as qgemv, plus
 // ceil(rows / blocks) · ceil(U / LPR) · N · 4 bytes.
+// The raw words of one lane unit (half super-block h of block `blk`) of a K-quant.
+struct KRaw {
+    u32 q[16];  // Q4_K/Q5_K: qs of the half; Q6_K: ql of the half
+    u32 e[8];   // Q5_K: qh (all 32 bytes); Q6_K: qh of the half
+    uint4 hd;   // Q4_K/Q5_K: d, dmin, 12 scale bytes; Q6_K: .x, .y the half's 8 scales, .z d
+};
+
+template <int QT>
+__device__ __forceinline__ void k_load(KRaw& r, const u8* __restrict__ p, const u16* __restrict__ hdr, u64 blk,
+                                       u32 h) {
+    uint4 v[4];
+    if (QT == QT_Q6_K) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = ld_stream(p + 64 * h + 16 * k);
+        const uint4 a = ld_stream(p + 128 + 32 * h), b = ld_stream(p + 128 + 32 * h + 16);
+        r.e[0] = a.x, r.e[1] = a.y, r.e[2] = a.z, r.e[3] = a.w, r.e[4] = b.x, r.e[5] = b.y, r.e[6] = b.z, r.e[7] = b.w;
+        const uint2 sc8 = *(const uint2*)(p + 192 + 8 * h);
+        r.hd = make_uint4(sc8.x, sc8.y, (u32)hdr[blk], 0);
+    } else {
+        const u32 qs_off = (QT == QT_Q4_K ? 16 : 48) + 64 * h;
+        r.hd = *(const uint4*)p;
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = ld_stream(p + qs_off + 16 * k);
+        if (QT == QT_Q5_K) {
+            const uint4 a = ld_stream(p + 16), b = ld_stream(p + 32);
+            r.e[0] = a.x, r.e[1] = a.y, r.e[2] = a.z, r.e[3] = a.w, r.e[4] = b.x, r.e[5] = b.y, r.e[6] = b.z, r.e[7] = b.w;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) r.q[4 * k] = v[k].x, r.q[4 * k + 1] = v[k].y, r.q[4 * k + 2] = v[k].z, r.q[4 * k + 3] = v[k].w;
+}
+
+// acc[i] += the lane unit's 128 weights · token row i's input (unit u of the prologue's layout
+// with 128-value units, U = cols / 128 a row).
 template <int QT, int N>
-__device__ __forceinline__ void khalf_dot(float (&acc)[N], const u8* __restrict__ p, const u16* __restrict__ hdr,
-                                          u64 blk, u32 h, const int* __restrict__ xq, const float* __restrict__ xd,
-                                          const float* __restrict__ xs, u32 cols, u32 nb, u32 u) {
-    // The input of unit u in the prologue's layout with 128-value units (U of them a row).
+__device__ __forceinline__ void k_dot(float (&acc)[N], const KRaw& r, u32 h, const int* __restrict__ xq,
+                                      const float* __restrict__ xd, const float* __restrict__ xs, u32 cols, u32 nb,
+                                      u32 u) {
     const u32 U = cols / 128;
     if (QT == QT_Q6_K) {
-        uint4 l4[4], h4[2];
-#pragma unroll
-        for (int k = 0; k < 4; k++) l4[k] = ld_stream(p + 64 * h + 16 * k);
-#pragma unroll
-        for (int k = 0; k < 2; k++) h4[k] = ld_stream(p + 128 + 32 * h + 16 * k);
-        const uint2 sc8 = *(const uint2*)(p + 192 + 8 * h);
-        const float d = f16_to_f32(hdr[blk]);
-        const u32 lw[16] = {l4[0].x, l4[0].y, l4[0].z, l4[0].w, l4[1].x, l4[1].y, l4[1].z, l4[1].w,
-                            l4[2].x, l4[2].y, l4[2].z, l4[2].w, l4[3].x, l4[3].y, l4[3].z, l4[3].w};
-        const u32 hw[8] = {h4[0].x, h4[0].y, h4[0].z, h4[0].w, h4[1].x, h4[1].y, h4[1].z, h4[1].w};
-        const u32 scw[2] = {sc8.x, sc8.y};
+        const float d = f16_to_f32((u16)r.hd.z);
+        const u32 scw[2] = {r.hd.x, r.hd.y};
 #pragma unroll
         for (int t = 0; t < 4; t++) {
             // Quarter t: ql words 8·(t & 1).., nibble 4·(t >> 1); qh bits 2t; scales 2t, 2t + 1.
             int w[8];
 #pragma unroll
             for (int k = 0; k < 8; k++)
-                w[k] = (int)__vsub4(((lw[8 * (t & 1) + k] >> (4 * (t >> 1))) & 0x0f0f0f0fu) |
-                                        (((hw[k] >> (2 * t)) & 0x03030303u) << 4),
+                w[k] = (int)__vsub4(((r.q[8 * (t & 1) + k] >> (4 * (t >> 1))) & 0x0f0f0f0fu) |
+                                        (((r.e[k] >> (2 * t)) & 0x03030303u) << 4),
                                     0x20202020u);
             const float a0 = __fmul_rn(d, (float)(signed char)(scw[t >> 1] >> (16 * (t & 1))));
             const float a1 = __fmul_rn(d, (float)(signed char)(scw[t >> 1] >> (16 * (t & 1) + 8)));
@@ -324,33 +348,19 @@ __device__ __forceinline__ void khalf_dot(float (&acc)[N], const u8* __restrict_
             }
         }
     } else {
-        const u32 qs_off = (QT == QT_Q4_K ? 16 : 48) + 64 * h;
-        const uint4 hd = *(const uint4*)p;
-        uint4 q4[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) q4[k] = ld_stream(p + qs_off + 16 * k);
-        uint4 qh4[2];
-        if (QT == QT_Q5_K) {
-            qh4[0] = ld_stream(p + 16);
-            qh4[1] = ld_stream(p + 32);
-        }
-        const float d = f16_to_f32((u16)(hd.x & 0xffff)), dmin = f16_to_f32((u16)(hd.x >> 16));
+        const float d = f16_to_f32((u16)(r.hd.x & 0xffff)), dmin = f16_to_f32((u16)(r.hd.x >> 16));
         // The 6-bit scales and mins of sub-blocks 4h..4h + 3, four bytes per word.
-        const u32 sc4 = h == 0 ? (hd.y & 0x3f3f3f3fu) : ((hd.w & 0x0f0f0f0fu) | ((hd.y >> 2) & 0x30303030u));
-        const u32 m4 = h == 0 ? (hd.z & 0x3f3f3f3fu) : (((hd.w >> 4) & 0x0f0f0f0fu) | ((hd.z >> 2) & 0x30303030u));
-        const u32 qw[16] = {q4[0].x, q4[0].y, q4[0].z, q4[0].w, q4[1].x, q4[1].y, q4[1].z, q4[1].w,
-                            q4[2].x, q4[2].y, q4[2].z, q4[2].w, q4[3].x, q4[3].y, q4[3].z, q4[3].w};
+        const u32 sc4 = h == 0 ? (r.hd.y & 0x3f3f3f3fu) : ((r.hd.w & 0x0f0f0f0fu) | ((r.hd.y >> 2) & 0x30303030u));
+        const u32 m4 =
+            h == 0 ? (r.hd.z & 0x3f3f3f3fu) : (((r.hd.w >> 4) & 0x0f0f0f0fu) | ((r.hd.z >> 2) & 0x30303030u));
 #pragma unroll
         for (int t = 0; t < 4; t++) {
             // Sub-block 4h + t: qs words 8·(t >> 1).., nibble 4·(t & 1); Q5_K's high bit 4h + t.
             int w[8];
 #pragma unroll
             for (int k = 0; k < 8; k++) {
-                u32 v = (qw[8 * (t >> 1) + k] >> (4 * (t & 1))) & 0x0f0f0f0fu;
-                if (QT == QT_Q5_K) {
-                    const u32 hv = k < 4 ? ((const u32*)&qh4[0])[k] : ((const u32*)&qh4[1])[k - 4];
-                    v |= ((hv >> (4 * h + t)) & 0x01010101u) << 4;
-                }
+                u32 v = (r.q[8 * (t >> 1) + k] >> (4 * (t & 1))) & 0x0f0f0f0fu;
+                if (QT == QT_Q5_K) v |= ((r.e[k] >> (4 * h + t)) & 0x01010101u) << 4;
                 w[k] = (int)v;
             }
             const float a = __fmul_rn(d, (float)((sc4 >> (8 * t)) & 0xff));
@@ -380,7 +390,7 @@ __device__ __forceinline__ u32 k_lanes_per_row(u32 units) {
     return l;
 }
 
-template <int QT, int N>
+template <int QT, int N, int ITEMS>
 __device__ void qgemv_k(float* __restrict__ y, u32 ldy, const u8* __restrict__ data, const u16* __restrict__ hdr,
                         const float* __restrict__ x, const float* __restrict__ nw, const u32* __restrict__ xrows,
                         u32 rows, u32 cols, u32 mode, float eps, u32 accumulate) {
@@ -398,23 +408,38 @@ __device__ void qgemv_k(float* __restrict__ y, u32 ldy, const u8* __restrict__ d
     const u32 nrows = r_hi - r_lo, items = (nrows + rpi - 1) / rpi * S;
     pdl_wait();
     qgemv_prologue<N, 128>(xq, xd, xs, x, nw, xrows, cols, mode, eps);
-    for (u32 it = warp; it < items; it += QG_WARPS) {
-        const u32 g = it / S, sl = it % S;
-        const u32 r = g * rpi + lane / lpr, u = sl * lpr + lane % lpr;
-        float acc[N];
+    // ITEMS items a warp at a time: every item's weights are loaded before any is multiplied.
+    for (u32 it0 = warp; it0 < items; it0 += ITEMS * QG_WARPS) {
+        KRaw raw[ITEMS];
+        u32 rr[ITEMS], uu[ITEMS];
+        bool ok[ITEMS];
 #pragma unroll
-        for (int i = 0; i < N; i++) acc[i] = 0.0f;
-        if (r < nrows && u < units) {
-            const u64 blk = (u64)(r_lo + r) * bpr + u / 2;
-            khalf_dot<QT, N>(acc, data + blk * QTraits<QT>::DATA, hdr, blk, u & 1, xq, xd, xs, cols, nb, u);
+        for (int j = 0; j < ITEMS; j++) {
+            const u32 it = it0 + j * QG_WARPS, g = it / S, sl = it % S;
+            rr[j] = g * rpi + lane / lpr;
+            uu[j] = sl * lpr + lane % lpr;
+            ok[j] = it < items && rr[j] < nrows && uu[j] < units;
+            if (ok[j]) {
+                const u64 blk = (u64)(r_lo + rr[j]) * bpr + uu[j] / 2;
+                k_load<QT>(raw[j], data + blk * QTraits<QT>::DATA, hdr, blk, uu[j] & 1);
+            }
         }
-        for (u32 o = lpr / 2; o > 0; o >>= 1) {
 #pragma unroll
-            for (int i = 0; i < N; i++) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
-        }
-        if (lane % lpr == 0 && r < nrows) {
+        for (int j = 0; j < ITEMS; j++) {
+            const u32 it = it0 + j * QG_WARPS;
+            if (it >= items) break;  // warp-uniform
+            float acc[N];
 #pragma unroll
-            for (int i = 0; i < N; i++) part[((u64)r * S + sl) * N + i] = acc[i];
+            for (int i = 0; i < N; i++) acc[i] = 0.0f;
+            if (ok[j]) k_dot<QT, N>(acc, raw[j], uu[j] & 1, xq, xd, xs, cols, nb, uu[j]);
+            for (u32 o = lpr / 2; o > 0; o >>= 1) {
+#pragma unroll
+                for (int i = 0; i < N; i++) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+            }
+            if (lane % lpr == 0 && rr[j] < nrows) {
+#pragma unroll
+                for (int i = 0; i < N; i++) part[((u64)rr[j] * S + it % S) * N + i] = acc[i];
+            }
         }
     }
     __syncthreads();
@@ -509,15 +534,19 @@ __device__ void qfill(u8* __restrict__ data, u16* __restrict__ hdr, u64 blocks, 
     }
 }
 
-// pk_qgemv_T_nN: the decode product of N token rows (qgemv_k for the K-quants, qgemv otherwise).
-#define PK_QGEMV(QT, NAME, N, F)                                                                               \
+// pk_qgemv_T_nN: the decode product of N token rows (qgemv_k for the K-quants, qgemv otherwise);
+// pk_qgemv_T_nN_i2: the K-quant product taking two items a warp at a time.
+#define PK_QGEMV(QT, NAME, N, F, SUFFIX, ...)                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * QG_WARPS, 1)                                             \
-        pk_qgemv_##NAME##_n##N(float* y, u32 ldy, const u8* data, const u16* hdr, const float* x, const float* nw, \
-                               const u32* xrows, u32 rows, u32 cols, u32 mode, float eps, u32 acc) {           \
-        F<QT, N>(y, ldy, data, hdr, x, nw, xrows, rows, cols, mode, eps, acc);                                 \
+        pk_qgemv_##NAME##_n##N##SUFFIX(float* y, u32 ldy, const u8* data, const u16* hdr, const float* x,      \
+                                       const float* nw, const u32* xrows, u32 rows, u32 cols, u32 mode,       \
+                                       float eps, u32 acc) {                                                  \
+        F<QT, N __VA_ARGS__>(y, ldy, data, hdr, x, nw, xrows, rows, cols, mode, eps, acc);                     \
     }
-#define PK_QMATRIX(QT, NAME, F)                                                                                \
-    PK_QGEMV(QT, NAME, 1, F) PK_QGEMV(QT, NAME, 2, F) PK_QGEMV(QT, NAME, 3, F) PK_QGEMV(QT, NAME, 4, F)         \
+#define PK_QGEMV_N(QT, NAME, F, SUFFIX, ...)                                                                   \
+    PK_QGEMV(QT, NAME, 1, F, SUFFIX, __VA_ARGS__) PK_QGEMV(QT, NAME, 2, F, SUFFIX, __VA_ARGS__)                \
+    PK_QGEMV(QT, NAME, 3, F, SUFFIX, __VA_ARGS__) PK_QGEMV(QT, NAME, 4, F, SUFFIX, __VA_ARGS__)
+#define PK_QMATRIX(QT, NAME)                                                                                   \
     extern "C" __global__ void __launch_bounds__(QD_THREADS) pk_qdequant_##NAME(u16* out, const u8* data, const u16* hdr, u32 first_row,      \
                                                   u32 nrows, u32 cols) {                                       \
         qdequant_bf16<QT>(out, data, hdr, first_row, nrows, cols);                                             \
@@ -530,11 +559,11 @@ __device__ void qfill(u8* __restrict__ data, u16* __restrict__ hdr, u64 blocks, 
         qfill<QT>(data, hdr, blocks, scale, seed);                                                             \
     }
 
-PK_QMATRIX(QT_Q4_0, q4_0, qgemv)
-PK_QMATRIX(QT_Q4_1, q4_1, qgemv)
-PK_QMATRIX(QT_Q5_0, q5_0, qgemv)
-PK_QMATRIX(QT_Q5_1, q5_1, qgemv)
-PK_QMATRIX(QT_Q8_0, q8_0, qgemv)
-PK_QMATRIX(QT_Q4_K, q4_k, qgemv_k)
-PK_QMATRIX(QT_Q5_K, q5_k, qgemv_k)
-PK_QMATRIX(QT_Q6_K, q6_k, qgemv_k)
+PK_QMATRIX(QT_Q4_0, q4_0) PK_QGEMV_N(QT_Q4_0, q4_0, qgemv, )
+PK_QMATRIX(QT_Q4_1, q4_1) PK_QGEMV_N(QT_Q4_1, q4_1, qgemv, )
+PK_QMATRIX(QT_Q5_0, q5_0) PK_QGEMV_N(QT_Q5_0, q5_0, qgemv, )
+PK_QMATRIX(QT_Q5_1, q5_1) PK_QGEMV_N(QT_Q5_1, q5_1, qgemv, )
+PK_QMATRIX(QT_Q8_0, q8_0) PK_QGEMV_N(QT_Q8_0, q8_0, qgemv, )
+PK_QMATRIX(QT_Q4_K, q4_k) PK_QGEMV_N(QT_Q4_K, q4_k, qgemv_k, , , 1) PK_QGEMV_N(QT_Q4_K, q4_k, qgemv_k, _i2, , 2)
+PK_QMATRIX(QT_Q5_K, q5_k) PK_QGEMV_N(QT_Q5_K, q5_k, qgemv_k, , , 1) PK_QGEMV_N(QT_Q5_K, q5_k, qgemv_k, _i2, , 2)
+PK_QMATRIX(QT_Q6_K, q6_k) PK_QGEMV_N(QT_Q6_K, q6_k, qgemv_k, , , 1) PK_QGEMV_N(QT_Q6_K, q6_k, qgemv_k, _i2, , 2)

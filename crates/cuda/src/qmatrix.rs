@@ -110,6 +110,9 @@ const QG_WARPS: usize = 32;
 struct Kernels {
     /// `[n - 1]` decode products for 1..=QGEMV_MAX_N token rows.
     gemv: Vec<CudaFunction>,
+    /// The K-quants' one-row product taking two items a warp at a time
+    /// (`CudaTuning::qgemv_items`).
+    gemv_i2: Option<CudaFunction>,
     dequant: CudaFunction,
     rows: CudaFunction,
     fill: CudaFunction,
@@ -143,8 +146,16 @@ impl QuantOps {
                     Ok(f)
                 })
                 .collect::<Result<Vec<_>, CudaError>>()?;
+            let gemv_i2 = if qt.block_values() == 256 {
+                let f = module.function(&format!("pk_qgemv_{s}_n1_i2"))?;
+                set_max_dynamic_smem(&f, smem_limit)?;
+                Some(f)
+            } else {
+                None
+            };
             kernels.push(Kernels {
                 gemv,
+                gemv_i2,
                 dequant: module.function(&format!("pk_qdequant_{s}"))?,
                 rows: module.function(&format!("pk_qrows_{s}"))?,
                 fill: module.function(&format!("pk_qfill_{s}"))?,
@@ -257,9 +268,18 @@ impl QuantOps {
             arg(&eps),
             arg(&acc),
         ];
+        // A programmatic dependent launch when the tuning says so (`CudaTuning::gemv.pdl`): its
+        // blocks may be scheduled while the previous kernel drains; the kernel waits for that
+        // kernel's results (pdl_wait) before it reads x or y.
+        let programmatic = self.device.tuning().gemv.pdl;
+        let k = self.k(w.qt);
+        let f = match (&k.gemv_i2, n, self.device.tuning().qgemv_items) {
+            (Some(f), 1, 2) => f,
+            _ => &k.gemv[n - 1],
+        };
         // SAFETY: `args` are pk_qgemv_T_nN's parameters in order and type, alive for the call;
         // sizes checked above; the caller keeps out and x apart and gathered rows in range.
-        unsafe { launch_kernel(&self.device, &self.k(w.qt).gemv[n - 1], cfg, &mut args, false) }
+        unsafe { launch_kernel(&self.device, f, cfg, &mut args, programmatic) }
             .map_err(launch_err("cuLaunchKernelEx(pk_qgemv)"))
     }
 

@@ -22,6 +22,9 @@ pub struct CudaTuning {
     /// 8B's 235 MB gate|up, 117 MB down and 1 GB output matrices faster than cuBLAS, besides
     /// saving the separate norm/SiLU/conversion launches.
     pub gemv_max_bytes: usize,
+    /// Items (row slices) a warp of the K-quant decode product (`QuantOps::gemv`, one token row)
+    /// loads before it multiplies any: 1 or 2.
+    pub qgemv_items: usize,
     /// New tokens of one sequence from which a model step takes the prefill kernel
     /// (`PrefillAttention`); `usize::MAX`: never. 96 by default (see `prefill.rs`).
     pub prefill_min_tokens: usize,
@@ -48,6 +51,7 @@ impl Default for CudaTuning {
             tc: TcTuning::DEFAULT,
             gemv: GemvShape::DEFAULT,
             gemv_max_bytes: usize::MAX,
+            qgemv_items: 1,
             prefill_min_tokens: 96,
             attention_pdl: true,
             graphs: true,
