@@ -575,7 +575,7 @@ impl<M: Forward> Scheduler<M> {
             self.counters.computed_tokens += t as u64;
             if !seq.draft.is_empty() {
                 let drafted_rows = seq.draft.len() + 1;
-                if let Some(reason) = self.verify_draft(i, row) {
+                if let Some(reason) = self.verify_draft(i, row, &mut ended) {
                     ended.done.push((i, reason));
                 }
                 row += drafted_rows;

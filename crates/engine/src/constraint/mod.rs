@@ -178,6 +178,15 @@ impl Constraint {
         matches!(&self.mask, Some(Ok(m)) if m.is_allowed(token))
     }
 
+    /// How many of `tokens`, in order from the current state, the grammar accepts (checked
+    /// without advancing it; 0 on a grammar error). Drafts are cut to this before they are fed.
+    pub fn valid_prefix(&mut self, tokens: &[u32]) -> usize {
+        if tokens.is_empty() {
+            return 0;
+        }
+        self.matcher.validate_tokens(tokens).unwrap_or(0)
+    }
+
     /// Advances the grammar by the chosen token; the next step needs a new mask.
     pub fn commit(&mut self, token: u32) -> Result<(), GrammarError> {
         self.mask = None;

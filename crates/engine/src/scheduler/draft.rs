@@ -1,11 +1,16 @@
 //! Multi-token decoding in the scheduler: how many tokens each running sequence may draft this
 //! step ([`Scheduler::allow_draft`]), the drafter's proposals ([`Scheduler::draft`]), and the
 //! verification of a drafted sequence's rows after the forward pass
-//! ([`Scheduler::verify_draft`]), which trims the rejected positions from its cache.
+//! ([`Scheduler::verify_draft`]), which trims the rejected positions from its cache. A sequence
+//! with a grammar drafts too: its draft is cut to what the grammar accepts before it is fed, and
+//! each row is verified against the grammar's mask at that position (the state after the
+//! tokens kept before it), so the kept tokens are exactly what plain constrained decoding draws.
 
 use pagekv_model::Forward;
 
+use super::sample::Ended;
 use super::{accept_token, blocks_needed, Budget, Sampling, Scheduler};
+use crate::constraint::Constraint;
 use crate::sampling::logprobs;
 use crate::speculative::DraftRequest;
 use crate::stop::FinishReason;
@@ -18,7 +23,7 @@ impl<M: Forward> Scheduler<M> {
         let seq = &mut self.running[i];
         seq.draft.clear();
         seq.draft_max = 0;
-        if self.drafter.is_none() || !seq.speculative || !seq.decoding() || seq.constraint.is_some() {
+        if self.drafter.is_none() || !seq.speculative || !seq.decoding() {
             return;
         }
         let spec = &self.limits.speculative;
@@ -59,6 +64,13 @@ impl<M: Forward> Scheduler<M> {
             // A draft model's vocabulary may be padded past the model's: such ids end a draft.
             let valid = seq.draft.iter().position(|&d| d as usize >= vocab).unwrap_or(seq.draft.len());
             seq.draft.truncate(seq.draft_max.min(valid));
+            if let Some(c) = seq.constraint.as_mut() {
+                // Only what the grammar accepts, and no stop token (the grammar never takes one).
+                let stop = seq.draft.iter().position(|d| seq.stop.stop_tokens.contains(d)).unwrap_or(seq.draft.len());
+                seq.draft.truncate(stop);
+                let ok = c.valid_prefix(&seq.draft);
+                seq.draft.truncate(ok);
+            }
             *t += seq.draft.len();
         }
     }
@@ -68,9 +80,10 @@ impl<M: Forward> Scheduler<M> {
     /// first draft token), then the model's own token after it; trims the rejected positions
     /// from the cache and registers the blocks that are now full. Returns why the sequence
     /// ended, if it did (a stop token or string, `max_tokens`, the context window), which may be
-    /// in the middle of its draft. Drafted sequences have no grammar and sample from full rows
-    /// unless they need only the argmax (`execute`).
-    pub(super) fn verify_draft(&mut self, i: usize, row: usize) -> Option<FinishReason> {
+    /// in the middle of its draft. Drafted sequences sample from full rows unless they need only
+    /// the argmax (`execute`); one with a grammar masks each row and advances its grammar by
+    /// each token taken (a grammar that cannot continue goes to `ended`).
+    pub(super) fn verify_draft(&mut self, i: usize, row: usize, ended: &mut Ended) -> Option<FinishReason> {
         let v = self.limits.vocab_size;
         let seq = &mut self.running[i];
         let draft = std::mem::take(&mut seq.draft);
@@ -92,17 +105,45 @@ impl<M: Forward> Scheduler<M> {
                 Sampling::FullRows => {
                     self.counters.sampled_full_rows += 1;
                     let l = &self.model.last_logits()[r * v..(r + 1) * v];
-                    let token = match last {
-                        true => seq.sampler.sample(l, &seq.tokens),
-                        false => seq.sampler.verify(l, &seq.tokens, proposed).0,
+                    // The grammar's mask at this position (computed beside the forward pass for
+                    // the first row, here for the others).
+                    let masked: &[f32] = match seq.constraint.as_mut() {
+                        None => l,
+                        Some(c) => match c.apply(l, &mut self.masked_row) {
+                            Ok(()) => &self.masked_row,
+                            Err(e) => {
+                                ended.grammar_failed.push((i, e));
+                                break;
+                            }
+                        },
                     };
+                    let token = match last {
+                        true => seq.sampler.sample(masked, &seq.tokens),
+                        false => seq.sampler.verify(masked, &seq.tokens, proposed).0,
+                    };
+                    // Log-probabilities are of the model's own distribution (the raw row).
                     (token, seq.logprobs.map(|n| logprobs(l, token, n)))
                 }
             };
+            if let Some(c) = seq.constraint.as_mut() {
+                let (time, masks) = c.take_mask_stats();
+                self.counters.mask_nanos += time.as_nanos() as u64;
+                self.counters.masks += masks;
+                // The grammar takes every token but the ones that end the sequence.
+                if !seq.stop.stop_tokens.contains(&token) {
+                    if let Err(e) = c.commit(token) {
+                        ended.grammar_failed.push((i, e));
+                        break;
+                    }
+                }
+            }
             let kept = !last && token == proposed;
             accepted += kept as usize;
             self.counters.generated_tokens += 1;
             reason = accept_token(seq, token, lp, &self.tokenizer, self.limits.context_window);
+            // A complete grammar allows nothing more: the output ends here.
+            let complete = seq.constraint.as_ref().is_some_and(Constraint::is_finished);
+            reason = reason.or(complete.then_some(FinishReason::Stop));
             if reason.is_some() || !kept {
                 break;
             }
