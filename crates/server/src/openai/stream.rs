@@ -11,7 +11,6 @@ use crate::error::ApiError;
 use crate::generation::{sse_data, Encoder, Step};
 use crate::tools::{call_id, parser, CallSyntax, Piece, ToolParser};
 
-/// Request fields accepted and ignored (they change nothing here).
 use super::{chat_logprob, choice_seed, completion_logprobs, usage_json, Head};
 
 const DONE: &[u8] = b"data: [DONE]\n\n";
@@ -22,17 +21,48 @@ fn stream_error(e: &ApiError, out: &mut Vec<Bytes>) {
     out.push(Bytes::from_static(DONE));
 }
 
-/// `chat.completion.chunk` stream of one choice.
-pub(super) struct ChatEncoder {
+/// What every chunk of one choice's stream carries besides its choices, and how the stream ends.
+struct Frame {
     head: Head,
+    /// `chat.completion.chunk` or `text_completion`.
+    object: &'static str,
     include_usage: bool,
-    /// Tool calls parsed out of the stream, when the request has tools the model can call.
-    calls: Option<StreamedCalls>,
     /// The choice's `index`, stamped on every chunk.
     index: usize,
     /// This choice's `Done` ends the stream (usage, `[DONE]`): the only choice; with several,
     /// [`Encoder::close`] does once they are all done.
     closes: bool,
+}
+
+impl Frame {
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
+        let mut v = json!({
+            "id": self.head.id,
+            "object": self.object,
+            "created": self.head.created,
+            "model": self.head.model,
+            "choices": stamp_index(choices, self.index),
+        });
+        if self.include_usage {
+            v["usage"] = usage.unwrap_or(Value::Null);
+        }
+        sse_data(&v)
+    }
+
+    /// The usage chunk (when asked for), then `[DONE]`.
+    fn close(&self, usage: Usage, out: &mut Vec<Bytes>) {
+        if self.include_usage {
+            out.push(self.chunk(json!([]), Some(usage_json(&usage))));
+        }
+        out.push(Bytes::from_static(DONE));
+    }
+}
+
+/// `chat.completion.chunk` stream of one choice.
+pub(super) struct ChatEncoder {
+    frame: Frame,
+    /// Tool calls parsed out of the stream, when the request has tools the model can call.
+    calls: Option<StreamedCalls>,
 }
 
 /// The tool-call state of a chat stream.
@@ -50,21 +80,12 @@ impl ChatEncoder {
     /// they are; `closes`: whether its end ends the stream (the only choice).
     pub(super) fn new(head: Head, include_usage: bool, calls: Option<&CallSyntax>, index: usize, closes: bool) -> Self {
         let calls = calls.map(|syntax| StreamedCalls { parser: parser(syntax), count: 0, blank: String::new() });
-        ChatEncoder { head, include_usage, calls, index, closes }
+        let frame = Frame { head, object: "chat.completion.chunk", include_usage, index, closes };
+        ChatEncoder { frame, calls }
     }
 
     fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
-        let mut v = json!({
-            "id": self.head.id,
-            "object": "chat.completion.chunk",
-            "created": self.head.created,
-            "model": self.head.model,
-            "choices": stamp_index(choices, self.index),
-        });
-        if self.include_usage {
-            v["usage"] = usage.unwrap_or(Value::Null);
-        }
-        sse_data(&v)
+        self.frame.chunk(choices, usage)
     }
 
     fn choice(delta: Value, logprobs: Option<Value>, finish: Option<FinishReason>) -> Value {
@@ -118,7 +139,7 @@ impl ChatEncoder {
         calls.blank.clear();
         let index = calls.count;
         calls.count += 1;
-        let id = call_id(&choice_seed(&self.head.id, self.index), index);
+        let id = call_id(&choice_seed(&self.frame.head.id, self.frame.index), index);
         let first = json!({"tool_calls": [{"index": index, "id": id, "type": "function",
                            "function": {"name": name, "arguments": ""}}]});
         out.push(self.chunk(Self::choice(first, logprobs, None), None));
@@ -169,7 +190,7 @@ impl Encoder for ChatEncoder {
                 }
                 let choices = json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason}]);
                 out.push(self.chunk(choices, None));
-                if self.closes {
+                if self.frame.closes {
                     self.close(usage, out);
                 }
             }
@@ -178,42 +199,26 @@ impl Encoder for ChatEncoder {
     }
 
     fn close(&mut self, usage: Usage, out: &mut Vec<Bytes>) {
-        if self.include_usage {
-            out.push(self.chunk(json!([]), Some(usage_json(&usage))));
-        }
-        out.push(Bytes::from_static(DONE));
+        self.frame.close(usage, out);
     }
 }
 
 /// `text_completion` stream of one choice.
 pub(super) struct CompletionEncoder {
-    head: Head,
-    include_usage: bool,
+    frame: Frame,
     /// Characters streamed so far (for `text_offset`).
     chars: usize,
-    /// As [`ChatEncoder`]'s.
-    index: usize,
-    closes: bool,
 }
 
 impl CompletionEncoder {
     /// As [`ChatEncoder::new`], without tool calls.
     pub(super) fn new(head: Head, include_usage: bool, index: usize, closes: bool) -> Self {
-        CompletionEncoder { head, include_usage, chars: 0, index, closes }
+        let frame = Frame { head, object: "text_completion", include_usage, index, closes };
+        CompletionEncoder { frame, chars: 0 }
     }
 
     fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
-        let mut v = json!({
-            "id": self.head.id,
-            "object": "text_completion",
-            "created": self.head.created,
-            "model": self.head.model,
-            "choices": stamp_index(choices, self.index),
-        });
-        if self.include_usage {
-            v["usage"] = usage.unwrap_or(Value::Null);
-        }
-        sse_data(&v)
+        self.frame.chunk(choices, usage)
     }
 }
 
@@ -244,7 +249,7 @@ impl Encoder for CompletionEncoder {
                     "finish_reason": finish_reason.as_str(),
                 }]);
                 out.push(self.chunk(choices, None));
-                if self.closes {
+                if self.frame.closes {
                     self.close(usage, out);
                 }
             }
@@ -253,9 +258,6 @@ impl Encoder for CompletionEncoder {
     }
 
     fn close(&mut self, usage: Usage, out: &mut Vec<Bytes>) {
-        if self.include_usage {
-            out.push(self.chunk(json!([]), Some(usage_json(&usage))));
-        }
-        out.push(Bytes::from_static(DONE));
+        self.frame.close(usage, out);
     }
 }
