@@ -490,90 +490,59 @@ fn ggml_order_dot(ty: WeightType, row: &[u8], x: &[f32]) -> f32 {
     (((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))) + summs
 }
 
-#[test]
-fn legacy_formats_sum_in_llama_cpps_order() {
-    // Bit for bit against ggml's order on fresh random data, decode (n = 1) and prefill
-    // tiles, every SIMD instruction set: a last-bit difference here flips activation codes of
-    // the next layer and moves a model's logits by tenths (found on Gemma 3's Q5_0 layers).
-    let pool = ThreadPool::new(2);
-    let mut scratch = QuantScratch::new();
-    let isas: Vec<Isa> = [Isa::Avx2, Isa::Avx512Vnni].into_iter().filter(|i| i.is_available()).collect();
-    assert!(!isas.is_empty(), "no SIMD kernels on this CPU");
-    for ty in
-        [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q5_0, WeightType::Q5_1, WeightType::Q8_0, WeightType::IQ4NL]
-    {
-        for (m, k, n) in [(7, 640, 1), (9, 256, 5), (4, 2048, 14)] {
-            let seed = fresh_seed();
-            let mut rng = StdRng::seed_from_u64(seed);
-            let data = random_weights(&mut rng, ty, m, k);
-            let w = WeightView::new(ty, m, k, &data).unwrap();
-            let x = normal_vec(&mut rng, n * k, 1.0);
-            let row_bytes = data.len() / m;
-            for &isa in &isas {
-                let mut got = vec![f32::NAN; n * m];
-                matmul_with_isa(isa, w, &x, n, &mut got, &mut scratch, &pool).unwrap();
-                for j in 0..n {
-                    for r in 0..m {
-                        let want =
-                            ggml_order_dot(ty, &data[r * row_bytes..(r + 1) * row_bytes], &x[j * k..(j + 1) * k]);
-                        assert_eq!(
-                            got[j * m + r].to_bits(),
-                            want.to_bits(),
-                            "seed {seed} {ty:?} {isa:?} m={m} k={k} n={n} row {r} act {j}: {} vs {want}",
-                            got[j * m + r]
-                        );
-                    }
-                }
-            }
-        }
+/// One case of [`assert_bit_exact`]: fresh random blocks and activations.
+struct Case {
+    seed: u64,
+    /// `[m, row_bytes]` blocks of the case's type.
+    data: Vec<u8>,
+    /// `[n, k]` activations.
+    x: Vec<f32>,
+    m: usize,
+    k: usize,
+    n: usize,
+}
+
+impl Case {
+    fn row(&self, r: usize) -> &[u8] {
+        let rb = self.data.len() / self.m;
+        &self.data[r * rb..(r + 1) * rb]
+    }
+
+    /// Activation row `j` quantized to Q8_K blocks.
+    fn q8k(&self, j: usize) -> Vec<BlockQ8K> {
+        self.x[j * self.k..(j + 1) * self.k].chunks_exact(QK_K).map(|c| quantize_q8_k(c.try_into().unwrap())).collect()
     }
 }
 
-#[test]
-fn q4_k_sums_in_llama_cpps_repacked_order() {
-    // Bit for bit against llama.cpp's repacked Q4_K kernels (gemm order for the leading rows
-    // in groups of 4, gemv order for the rest; see `reference_q4k`), on fresh random blocks:
-    // every instruction set, decode and prefill shapes, odd row counts, 1 and 2 threads.
-    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+/// For each shape `(m, k, n)`, on fresh random blocks of `ty`: the product through every ISA of
+/// `isas` and a pool of each of `threads` equals `want(case)` (`[n, m]`) bit for bit.
+fn assert_bit_exact(
+    ty: WeightType,
+    isas: &[Isa],
+    threads: &[usize],
+    shapes: &[(usize, usize, usize)],
+    want: impl Fn(&Case) -> Vec<f32>,
+) {
+    assert!(!isas.is_empty(), "no kernels to test on this CPU");
+    let pools: Vec<ThreadPool> = threads.iter().map(|&t| ThreadPool::new(t)).collect();
     let mut scratch = QuantScratch::new();
-    let ty = WeightType::Q4K;
-    let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni].into_iter().filter(|i| i.is_available()).collect();
-    for (m, k, n) in [(7, 512, 1), (9, 256, 5), (23, 1536, 14), (16, 2304, 4), (33, 768, 70), (5, 256, 3), (40, 512, 2)]
-    {
+    for &(m, k, n) in shapes {
         let seed = fresh_seed();
         let mut rng = StdRng::seed_from_u64(seed);
         let data = random_weights(&mut rng, ty, m, k);
-        let w = WeightView::new(ty, m, k, &data).unwrap();
         let x = normal_vec(&mut rng, n * k, 1.0);
-        let row_bytes = data.len() / m;
-        let want: Vec<f32> = (0..n * m)
-            .map(|at| {
-                let (j, r) = (at / m, at % m);
-                let y: Vec<BlockQ8K> =
-                    x[j * k..(j + 1) * k].chunks_exact(QK_K).map(|c| quantize_q8_k(c.try_into().unwrap())).collect();
-                q4_k_dot(&data[r * row_bytes..(r + 1) * row_bytes], &y, Q4KOrder::of_row(j, n))
-            })
-            .collect();
-        if n >= 4 {
-            // The two orders really differ (so the test tells them apart).
-            let y: Vec<BlockQ8K> = x[..k].chunks_exact(QK_K).map(|c| quantize_q8_k(c.try_into().unwrap())).collect();
-            let differ = (0..m)
-                .filter(|r| {
-                    let row = &data[r * row_bytes..(r + 1) * row_bytes];
-                    q4_k_dot(row, &y, Q4KOrder::Gemm).to_bits() != q4_k_dot(row, &y, Q4KOrder::Gemv).to_bits()
-                })
-                .count();
-            assert!(differ > 0 || m < 8, "seed {seed}: gemm and gemv orders agree on all {m} rows");
-        }
-        for &isa in &isas {
+        let case = Case { seed, data, x, m, k, n };
+        let want = want(&case);
+        let w = WeightView::new(ty, m, k, &case.data).unwrap();
+        for &isa in isas {
             for pool in &pools {
                 let mut got = vec![f32::NAN; n * m];
-                matmul_with_isa(isa, w, &x, n, &mut got, &mut scratch, pool).unwrap();
+                matmul_with_isa(isa, w, &case.x, n, &mut got, &mut scratch, pool).unwrap();
                 for (at, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(
                         g.to_bits(),
                         w.to_bits(),
-                        "seed {seed} {isa:?} m={m} k={k} n={n} threads {} row {} act {}: {g} vs {w}",
+                        "seed {seed} {ty:?} {isa:?} m={m} k={k} n={n} threads {} row {} act {}: {g} vs {w}",
                         pool.n_threads(),
                         at % m,
                         at / m
@@ -585,39 +554,49 @@ fn q4_k_sums_in_llama_cpps_repacked_order() {
 }
 
 #[test]
+fn legacy_formats_sum_in_llama_cpps_order() {
+    // Bit for bit against ggml's order on fresh random data, decode (n = 1) and prefill
+    // tiles, every SIMD instruction set: a last-bit difference here flips activation codes of
+    // the next layer and moves a model's logits by tenths (found on Gemma 3's Q5_0 layers).
+    let isas: Vec<Isa> = [Isa::Avx2, Isa::Avx512Vnni].into_iter().filter(|i| i.is_available()).collect();
+    for ty in
+        [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q5_0, WeightType::Q5_1, WeightType::Q8_0, WeightType::IQ4NL]
+    {
+        assert_bit_exact(ty, &isas, &[2], &[(7, 640, 1), (9, 256, 5), (4, 2048, 14)], |c| {
+            (0..c.n * c.m).map(|at| ggml_order_dot(ty, c.row(at % c.m), &c.x[at / c.m * c.k..][..c.k])).collect()
+        });
+    }
+}
+
+#[test]
+fn q4_k_sums_in_llama_cpps_repacked_order() {
+    // Bit for bit against llama.cpp's repacked Q4_K kernels (gemm order for the leading rows
+    // in groups of 4, gemv order for the rest; see `reference_q4k`), on fresh random blocks:
+    // every instruction set, decode and prefill shapes, odd row counts, 1 and 2 threads.
+    let isas = Isa::available();
+    let shapes = [(7, 512, 1), (9, 256, 5), (23, 1536, 14), (16, 2304, 4), (33, 768, 70), (5, 256, 3), (40, 512, 2)];
+    assert_bit_exact(WeightType::Q4K, &isas, &[1, 2], &shapes, |c| {
+        if c.n >= 4 {
+            // The two orders really differ (so the test tells them apart).
+            let y = c.q8k(0);
+            let differ = (0..c.m)
+                .filter(|&r| {
+                    q4_k_dot(c.row(r), &y, Q4KOrder::Gemm).to_bits() != q4_k_dot(c.row(r), &y, Q4KOrder::Gemv).to_bits()
+                })
+                .count();
+            assert!(differ > 0 || c.m < 8, "seed {}: gemm and gemv orders agree on all {} rows", c.seed, c.m);
+        }
+        (0..c.n * c.m).map(|at| q4_k_dot(c.row(at % c.m), &c.q8k(at / c.m), Q4KOrder::of_row(at / c.m, c.n))).collect()
+    });
+}
+
+#[test]
 fn q6_k_sums_in_llama_cpps_order() {
     // Bit for bit against `ggml_vec_dot_q6_K_q8_K`'s order (see `reference_q6k`) on fresh random
     // blocks: every instruction set, decode and prefill shapes, 1 and 2 threads.
-    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
-    let mut scratch = QuantScratch::new();
-    let ty = WeightType::Q6K;
-    for (m, k, n) in [(7, 512, 1), (9, 256, 5), (23, 1536, 14), (5, 768, 70)] {
-        let seed = fresh_seed();
-        let mut rng = StdRng::seed_from_u64(seed);
-        let data = random_weights(&mut rng, ty, m, k);
-        let w = WeightView::new(ty, m, k, &data).unwrap();
-        let x = normal_vec(&mut rng, n * k, 1.0);
-        let row_bytes = data.len() / m;
-        let want: Vec<f32> = (0..n * m)
-            .map(|at| {
-                let (j, r) = (at / m, at % m);
-                let y: Vec<BlockQ8K> =
-                    x[j * k..(j + 1) * k].chunks_exact(QK_K).map(|c| quantize_q8_k(c.try_into().unwrap())).collect();
-                q6_k_dot(&data[r * row_bytes..(r + 1) * row_bytes], &y)
-            })
-            .collect();
-        for isa in Isa::available() {
-            for pool in &pools {
-                let mut got = vec![f32::NAN; n * m];
-                matmul_with_isa(isa, w, &x, n, &mut got, &mut scratch, pool).unwrap();
-                for (at, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(
-                        g.to_bits(),
-                        w.to_bits(),
-                        "seed {seed} {isa:?} m={m} k={k} n={n} output {at}: {g} vs {w}"
-                    );
-                }
-            }
-        }
-    }
+    let isas = Isa::available();
+    let shapes = [(7, 512, 1), (9, 256, 5), (23, 1536, 14), (5, 768, 70)];
+    assert_bit_exact(WeightType::Q6K, &isas, &[1, 2], &shapes, |c| {
+        (0..c.n * c.m).map(|at| q6_k_dot(c.row(at % c.m), &c.q8k(at / c.m))).collect()
+    });
 }

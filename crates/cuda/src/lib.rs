@@ -49,9 +49,9 @@ mod model_ops;
 #[cfg(feature = "cuda")]
 mod pages;
 #[cfg(feature = "cuda")]
-mod qmatrix;
-#[cfg(feature = "cuda")]
 mod prefill;
+#[cfg(feature = "cuda")]
+mod qmatrix;
 #[cfg(feature = "cuda")]
 pub mod shapes;
 #[cfg(feature = "cuda")]
@@ -78,9 +78,9 @@ pub use model_ops::{DType, DeviceMatrix, ModelOps, Prologue, QkvRope, RopeParams
 #[cfg(feature = "cuda")]
 pub use pages::{DevicePages, HostLayerCopy};
 #[cfg(feature = "cuda")]
-pub use qmatrix::{QuantMatrix, QuantOps, QGEMV_MAX_N};
-#[cfg(feature = "cuda")]
 pub use prefill::{prefill_tiles, PrefillAttention, PrefillBatch};
+#[cfg(feature = "cuda")]
+pub use qmatrix::{QuantMatrix, QuantOps, QGEMV_MAX_N};
 #[cfg(feature = "cuda")]
 pub use shapes::prefill_supported;
 #[cfg(feature = "cuda")]

@@ -151,7 +151,8 @@ mod tests {
             assert_eq!(QuantType::from_ggml(ggml_id(qt)), Some(qt));
         }
         // 16-byte loads of whole blocks or 32-byte runs within them.
-        for qt in [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1, QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K] {
+        for qt in [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1, QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K]
+        {
             assert_eq!(qt.data_bytes() % 16, 0, "{qt:?}");
         }
     }

@@ -16,8 +16,8 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use crate::device::{arg, launch_kernel, set_max_dynamic_smem, CudaDevice};
 use crate::model_ops::{DType, DeviceMatrix, Prologue};
 use crate::pages::dptr;
-use crate::spec::ModuleSpec;
 use crate::qformat::QuantType;
+use crate::spec::ModuleSpec;
 use crate::CudaError;
 
 /// A row-major `[rows, cols]` matrix of GGUF blocks of one [`QuantType`] on the device.

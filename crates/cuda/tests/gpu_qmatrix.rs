@@ -114,8 +114,9 @@ mod gpu {
                 assert_eq!(w.bytes(), bytes.len());
                 // Rows 5..5 + count into a tile of count + 3 rows.
                 let count = rows - 9;
-                let tile = DeviceMatrix::from_f32(dev, count + 3, cols, DType::Bf16, &vec![f32::NAN; (count + 3) * cols])
-                    .unwrap();
+                let tile =
+                    DeviceMatrix::from_f32(dev, count + 3, cols, DType::Bf16, &vec![f32::NAN; (count + 3) * cols])
+                        .unwrap();
                 o.quant().dequantize(&tile, &w, 5, count).unwrap();
                 let got = tile.to_f32(dev).unwrap();
                 for (i, (g, v)) in got[..count * cols].iter().zip(&want[5 * cols..(5 + count) * cols]).enumerate() {
@@ -273,7 +274,10 @@ mod gpu {
             assert!(got[t * ldo..t * ldo + 20].iter().all(|&v| v == 0.0), "columns before the range written");
             for c in 0..rows {
                 let want: f64 = (0..cols)
-                    .map(|j| bf16::from_f32(x[t * cols + j]).to_f32() as f64 * bf16::from_f32(wv[c * cols + j]).to_f32() as f64)
+                    .map(|j| {
+                        bf16::from_f32(x[t * cols + j]).to_f32() as f64
+                            * bf16::from_f32(wv[c * cols + j]).to_f32() as f64
+                    })
                     .sum();
                 let scale: f64 = (0..cols).map(|j| (x[t * cols + j] * wv[c * cols + j]).abs() as f64).sum();
                 worst = worst.max((got[t * ldo + 20 + c] as f64 - want).abs() / scale.max(1e-9));

@@ -315,7 +315,8 @@ fn constrained_greedy_with_ngram_drafts_equals_constrained_greedy_without_on_the
     let topics = ["four friends", "four scientists", "four painters"];
     let mut drafted_total = 0;
     for t in topics {
-        let prompt = format!("<|im_start|>user\nList {t} with name, age and city as JSON.<|im_end|>\n<|im_start|>assistant\n");
+        let prompt =
+            format!("<|im_start|>user\nList {t} with name, age and city as JSON.<|im_end|>\n<|im_start|>assistant\n");
         let mut r = GenerationRequest::new(tok.encode(&prompt, true).unwrap(), 400);
         r.grammar = Some(Grammar::JsonSchema { schema: schema.clone(), strict: true });
         let before = h.metrics();

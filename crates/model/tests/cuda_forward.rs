@@ -377,7 +377,9 @@ mod gpu {
             assert_eq!(got.len(), want.len());
             let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
             let err = got.iter().zip(&want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
-            out(&format!("tiny quantized llama, chunks of {chunk}: max |logit diff| {err:.2e} (max |logit| {scale:.2})"));
+            out(&format!(
+                "tiny quantized llama, chunks of {chunk}: max |logit diff| {err:.2e} (max |logit| {scale:.2})"
+            ));
             // The CPU quantizes activations per 32 (Q8_0/Q8_1) or 256 (Q8_K) values, the GPU per
             // 32 (or rounds them to bf16 for tiles): both within a few tenths of a percent.
             let tol = 0.05 * scale.max(1.0);

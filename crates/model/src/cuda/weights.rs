@@ -306,7 +306,13 @@ fn dense(w: &Weights, t: &Tensor) -> Result<Vec<f32>, ModelError> {
 /// Matrices over the same input stacked by rows into one weight: with `quant`, when every part's
 /// type has GPU kernels, the parts' GGUF blocks as they are (consecutive parts of one type as
 /// one matrix); otherwise one dense matrix of `dtype`.
-fn weight(device: &CudaDevice, w: &Weights, parts: &[&Tensor], dtype: DType, quant: bool) -> Result<Weight, ModelError> {
+fn weight(
+    device: &CudaDevice,
+    w: &Weights,
+    parts: &[&Tensor],
+    dtype: DType,
+    quant: bool,
+) -> Result<Weight, ModelError> {
     let types: Option<Vec<QuantType>> = parts.iter().map(|t| QuantType::from_ggml(t.ty as u32)).collect();
     let cols = parts[0].cols;
     let fits = |qt: &QuantType| cols.is_multiple_of(qt.block_values());
