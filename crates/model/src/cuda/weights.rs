@@ -32,12 +32,12 @@ impl From<DType> for GpuWeights {
 
 impl GpuWeights {
     /// `gguf`, `bf16` or `f32`; anything else is an error naming the accepted values.
-    pub fn parse(s: &str) -> Result<GpuWeights, String> {
+    pub fn parse(s: &str) -> Result<GpuWeights, ModelError> {
         match s {
             "gguf" => Ok(GpuWeights::Gguf),
             "bf16" => Ok(GpuWeights::Dense(DType::Bf16)),
             "f32" => Ok(GpuWeights::Dense(DType::F32)),
-            _ => Err(format!("weight format {s:?}: accepted values are gguf, bf16, f32")),
+            _ => Err(ModelError::Device(format!("weight format {s:?}: accepted values are gguf, bf16, f32"))),
         }
     }
 
