@@ -7,7 +7,7 @@
 //!
 //! The device layout regroups each block's bytes so every load is aligned: the f16 fields that
 //! would break 4-byte alignment (`d`, and `m` of the `_1` types) move to a separate array, in
-//! block order ([`split_blocks`]); values are exactly GGUF's.
+//! block order ([`split_blocks`](crate::split_blocks)); values are exactly GGUF's.
 
 use std::sync::Arc;
 

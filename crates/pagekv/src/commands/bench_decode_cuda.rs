@@ -4,9 +4,10 @@
 //! streaming kernel: the least time a decode step can take at batch 1).
 //!
 //! `--model synthetic:llama3-8b` / `synthetic:smollm2` generates random weights of that shape on
-//! the device — for throughput only, labelled "synthetic, not a real model" in every row; its
-//! prompts are pseudo-random token ids. A GGUF model is loaded as on the CPU, its weights
-//! dequantized to the product type (`PAGEKV_DEV_CUDA_WEIGHTS`, bf16 by default), and its prompts
+//! the device (bf16; with `-q4km`, random blocks in Q4_K_M's types) — for throughput only,
+//! labelled "synthetic, not a real model" in every row; its prompts are pseudo-random token ids.
+//! A GGUF model is loaded as on the CPU, its weights kept in their GGUF types
+//! (`PAGEKV_DEV_CUDA_WEIGHTS`: `gguf` by default, or dequantized to `bf16`/`f32`), and its prompts
 //! cut from `--text`.
 //!
 //! For each (format, context): every sequence is prefilled with `context` tokens (timed: pp
