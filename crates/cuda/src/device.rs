@@ -267,6 +267,17 @@ pub(crate) fn arg<T>(v: &T) -> *mut std::ffi::c_void {
     v as *const T as *mut std::ffi::c_void
 }
 
+/// The error of a failed launch of kernel `name`.
+pub(crate) fn launch_err(name: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CudaError {
+    move |e| CudaError::driver(name, e)
+}
+
+/// Dynamic shared memory a product kernel may take: the device's opt-in limit less the kernels'
+/// static shared memory (a norm's partial sums), rounded down to a KiB.
+pub(crate) fn product_smem_limit(device: &CudaDevice) -> usize {
+    device.smem_optin().saturating_sub(1024)
+}
+
 /// Lets `f` take up to `bytes` of dynamic shared memory per CTA (at most the device's opt-in
 /// limit, `CudaDevice::smem_optin`).
 pub(crate) fn set_max_dynamic_smem(f: &CudaFunction, bytes: usize) -> Result<(), CudaError> {

@@ -21,7 +21,7 @@ use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use crate::device::{arg, launch_kernel, set_max_dynamic_smem, CudaDevice};
+use crate::device::{arg, launch_err, launch_kernel, product_smem_limit, set_max_dynamic_smem, CudaDevice};
 use crate::pages::dptr;
 use crate::qmatrix::{QuantMatrix, QuantOps};
 use crate::spec::ModuleSpec;
@@ -219,12 +219,6 @@ pub const GEMV_MAX_N: usize = 4;
 /// `kernels/model.cu`: 32 lanes × 8 loads).
 const GEMV_SLICE_WORDS: usize = 256;
 
-/// Dynamic shared memory the decode product may take: the device's opt-in limit less the
-/// kernel's static shared memory (the norm's partial sums), rounded down to a KiB.
-fn gemv_smem_limit(device: &CudaDevice) -> usize {
-    device.smem_optin().saturating_sub(1024)
-}
-
 /// Loaded kernels of one dtype.
 struct Typed {
     embed: CudaFunction,
@@ -255,10 +249,6 @@ pub struct ModelOps {
     quant: QuantOps,
 }
 
-fn launch_err(name: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CudaError {
-    move |e| CudaError::driver(name, e)
-}
-
 impl ModelOps {
     /// Loads (compiling on first use) the model kernels and opens cuBLAS on `device`'s stream.
     pub fn new(device: Arc<CudaDevice>) -> Result<ModelOps, CudaError> {
@@ -287,7 +277,7 @@ impl ModelOps {
         // Every product kernel may take the device's whole opt-in shared memory.
         let product = |name: String| -> Result<CudaFunction, CudaError> {
             let f = module.function(&name)?;
-            set_max_dynamic_smem(&f, gemv_smem_limit(&device))?;
+            set_max_dynamic_smem(&f, product_smem_limit(&device))?;
             Ok(f)
         };
         let gemv = GEMV_ROWS_PER_WARP
@@ -592,7 +582,7 @@ impl ModelOps {
             && w.rows <= u32::MAX as usize
             && w.cols <= u32::MAX as usize
             && (1..=GEMV_MAX_N).contains(&n)
-            && self.gemv_launch(w, n).2 <= gemv_smem_limit(&self.device)
+            && self.gemv_launch(w, n).2 <= product_smem_limit(&self.device)
     }
 
     /// `(kernel, grid blocks, dynamic shared memory bytes)` of the product of `n` token rows

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
-use crate::device::{arg, launch_kernel, set_max_dynamic_smem, CudaDevice};
+use crate::device::{arg, launch_err, launch_kernel, product_smem_limit, set_max_dynamic_smem, CudaDevice};
 use crate::model_ops::{DType, DeviceMatrix, Prologue};
 use crate::pages::dptr;
 use crate::qformat::QuantType;
@@ -126,16 +126,12 @@ pub struct QuantOps {
     smem_limit: usize,
 }
 
-fn launch_err(name: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CudaError {
-    move |e| CudaError::driver(name, e)
-}
-
 impl QuantOps {
     /// Loads (compiling on first use) the kernels of every [`QuantType`].
     pub fn new(device: Arc<CudaDevice>) -> Result<QuantOps, CudaError> {
         let module = device.module(&ModuleSpec::Quant)?;
         device.bind()?;
-        let smem_limit = device.smem_optin().saturating_sub(1024);
+        let smem_limit = product_smem_limit(&device);
         let mut kernels = Vec::new();
         for qt in QuantType::ALL {
             let s = qt.suffix();

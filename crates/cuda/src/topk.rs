@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
-use crate::device::CudaDevice;
+use crate::device::{launch_err, CudaDevice};
 use crate::pages::dptr;
 use crate::spec::ModuleSpec;
 use crate::CudaError;
@@ -103,10 +103,6 @@ pub struct TopK {
     merge: CudaFunction,
     /// `[rows, chunks, k]` u64 keys of the partial selection (grown on demand).
     part: Option<CudaSlice<u64>>,
-}
-
-fn launch_err(name: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CudaError {
-    move |e| CudaError::driver(name, e)
 }
 
 impl TopK {

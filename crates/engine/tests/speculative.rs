@@ -77,6 +77,22 @@ fn greedy_with_a_draft_model_equals_greedy_without_on_the_default_model() {
     greedy_identity_on_the_default_model(draft, 1, false);
 }
 
+/// The default model at `path` in an engine with `speculative` drafting (1024 blocks, a
+/// 1024-token window, 256 tokens a step, no session bank), and its tokenizer.
+fn default_model_engine(path: &std::path::Path, speculative: SpeculativeConfig) -> (Engine, Arc<Tokenizer>) {
+    let model = Model::load(path, AttentionConfig::default()).unwrap();
+    let tok = Arc::new(Tokenizer::from_gguf(model.weights.file().metadata()).unwrap());
+    let c = &model.config;
+    let mut cache = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
+    cache.num_blocks = 1024;
+    cache.context_window = Some(1024);
+    let mut config = EngineConfig::new(cache);
+    config.max_batch_tokens = 256;
+    config.bank.enabled = false;
+    config.speculative = speculative;
+    (Engine::start(model, tok.clone(), config).unwrap(), tok)
+}
+
 /// Sixteen chat prompts, 512 greedy tokens each: without drafts (batched), with `speculative`'s
 /// drafts alone (the first `alone` prompts) and batched, all identical; some drafts are kept (and,
 /// when `rejections`, some are rejected).
@@ -87,17 +103,7 @@ fn greedy_identity_on_the_default_model(
 ) {
     let _g = serial();
     let Some(path) = pagekv_testkit::dev::default_model("speculative") else { return };
-    let model = Model::load(&path, AttentionConfig::default()).unwrap();
-    let tok = Arc::new(Tokenizer::from_gguf(model.weights.file().metadata()).unwrap());
-    let c = &model.config;
-    let mut cache = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
-    cache.num_blocks = 1024;
-    cache.context_window = Some(1024);
-    let mut config = EngineConfig::new(cache);
-    config.max_batch_tokens = 256;
-    config.bank.enabled = false;
-    config.speculative = speculative(&path);
-    let engine = Engine::start(model, tok.clone(), config).unwrap();
+    let (engine, tok) = default_model_engine(&path, speculative(&path));
     let h = engine.handle();
     let topics = [
         "List the planets of the solar system in order.",
@@ -292,16 +298,7 @@ fn sampled_tokens_follow_the_distribution_without(speculative: SpeculativeConfig
 fn constrained_greedy_with_ngram_drafts_equals_constrained_greedy_without_on_the_default_model() {
     let _g = serial();
     let Some(path) = pagekv_testkit::dev::default_model("speculative") else { return };
-    let model = Model::load(&path, AttentionConfig::default()).unwrap();
-    let tok = Arc::new(Tokenizer::from_gguf(model.weights.file().metadata()).unwrap());
-    let c = &model.config;
-    let mut cache = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
-    cache.num_blocks = 512;
-    cache.context_window = Some(1024);
-    let mut config = EngineConfig::new(cache);
-    config.bank.enabled = false;
-    config.speculative = ngram(8);
-    let engine = Engine::start(model, tok.clone(), config).unwrap();
+    let (engine, tok) = default_model_engine(&path, ngram(8));
     let h = engine.handle();
     // Repeated keys: the n-gram drafter proposes them, the grammar cuts what it would not take.
     let schema = serde_json::json!({

@@ -84,10 +84,6 @@ impl ChatEncoder {
         ChatEncoder { frame, calls }
     }
 
-    fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
-        self.frame.chunk(choices, usage)
-    }
-
     fn choice(delta: Value, logprobs: Option<Value>, finish: Option<FinishReason>) -> Value {
         json!([{
             "index": 0,
@@ -115,7 +111,7 @@ impl ChatEncoder {
                     if text.trim().is_empty() && calls.count > 0 || text.is_empty() {
                         continue;
                     }
-                    out.push(self.chunk(Self::choice(json!({"content": text}), logprobs.take(), None), None));
+                    out.push(self.frame.chunk(Self::choice(json!({"content": text}), logprobs.take(), None), None));
                 }
                 Piece::Call(call) => {
                     self.begin_call(call.name, logprobs.take(), out);
@@ -127,7 +123,7 @@ impl ChatEncoder {
             }
         }
         if let Some(lp) = logprobs {
-            out.push(self.chunk(Self::choice(json!({"content": ""}), Some(lp), None), None));
+            out.push(self.frame.chunk(Self::choice(json!({"content": ""}), Some(lp), None), None));
         }
     }
 }
@@ -142,7 +138,7 @@ impl ChatEncoder {
         let id = call_id(&choice_seed(&self.frame.head.id, self.frame.index), index);
         let first = json!({"tool_calls": [{"index": index, "id": id, "type": "function",
                            "function": {"name": name, "arguments": ""}}]});
-        out.push(self.chunk(Self::choice(first, logprobs, None), None));
+        out.push(self.frame.chunk(Self::choice(first, logprobs, None), None));
     }
 
     /// More of the current call's arguments.
@@ -150,14 +146,14 @@ impl ChatEncoder {
         let Some(calls) = self.calls.as_ref() else { return };
         let index = calls.count.saturating_sub(1);
         let args = json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]});
-        out.push(self.chunk(Self::choice(args, logprobs, None), None));
+        out.push(self.frame.chunk(Self::choice(args, logprobs, None), None));
     }
 }
 
 impl Encoder for ChatEncoder {
     fn start(&mut self, out: &mut Vec<Bytes>) {
         let delta = json!({"role": "assistant", "content": ""});
-        out.push(self.chunk(Self::choice(delta, None, None), None));
+        out.push(self.frame.chunk(Self::choice(delta, None, None), None));
     }
 
     fn step(&mut self, step: Step, out: &mut Vec<Bytes>) {
@@ -168,7 +164,7 @@ impl Encoder for ChatEncoder {
                     if text.is_empty() && logprobs.is_none() {
                         return;
                     }
-                    out.push(self.chunk(Self::choice(json!({"content": text}), logprobs, None), None));
+                    out.push(self.frame.chunk(Self::choice(json!({"content": text}), logprobs, None), None));
                     return;
                 };
                 let pieces = calls.parser.push(&text);
@@ -182,14 +178,14 @@ impl Encoder for ChatEncoder {
                     // Trailing blank text of a plain answer is content.
                     if let Some(c) = self.calls.as_mut().filter(|c| c.count == 0 && !c.blank.is_empty()) {
                         let blank = std::mem::take(&mut c.blank);
-                        out.push(self.chunk(Self::choice(json!({"content": blank}), None, None), None));
+                        out.push(self.frame.chunk(Self::choice(json!({"content": blank}), None, None), None));
                     }
                     if self.calls.as_ref().is_some_and(|c| c.count > 0) && finish_reason == FinishReason::Stop {
                         reason = "tool_calls";
                     }
                 }
                 let choices = json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason}]);
-                out.push(self.chunk(choices, None));
+                out.push(self.frame.chunk(choices, None));
                 if self.frame.closes {
                     self.close(usage, out);
                 }
@@ -216,10 +212,6 @@ impl CompletionEncoder {
         let frame = Frame { head, object: "text_completion", include_usage, index, closes };
         CompletionEncoder { frame, chars: 0 }
     }
-
-    fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
-        self.frame.chunk(choices, usage)
-    }
 }
 
 impl Encoder for CompletionEncoder {
@@ -239,7 +231,7 @@ impl Encoder for CompletionEncoder {
                     "logprobs": logprobs,
                     "finish_reason": null,
                 }]);
-                out.push(self.chunk(choices, None));
+                out.push(self.frame.chunk(choices, None));
             }
             Step::Done { finish_reason, usage, .. } => {
                 let choices = json!([{
@@ -248,7 +240,7 @@ impl Encoder for CompletionEncoder {
                     "logprobs": null,
                     "finish_reason": finish_reason.as_str(),
                 }]);
-                out.push(self.chunk(choices, None));
+                out.push(self.frame.chunk(choices, None));
                 if self.frame.closes {
                     self.close(usage, out);
                 }
