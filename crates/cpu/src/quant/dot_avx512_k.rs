@@ -1,6 +1,6 @@
-//! AVX-512 (F, BW, VL) + VNNI row kernels for the K-quants (Q4_K, Q5_K, Q6_K) × Q8_K
-//! activations, bit-identical to the AVX2 kernels of [`dot_avx2_k`](super::dot_avx2_k). Q4_K
-//! here is the decode (gemv-order) row kernel; its prefill tiles are in
+//! AVX-512 (F, BW, VL) + VNNI row kernels for Q5_K and Q6_K × Q8_K activations, bit-identical
+//! to the AVX2 kernels of [`dot_avx2_k`](super::dot_avx2_k). Q4_K has its own: decode in
+//! [`dot_avx512_q4k_gemv`](super::dot_avx512_q4k_gemv), prefill tiles in
 //! [`dot_avx512_q4k`](super::dot_avx512_q4k).
 //!
 //! Exactness: per super-block the AVX2 kernel forms eight i32 lanes, lane `l` being
@@ -13,7 +13,7 @@
 //! vectors) are added at the end of the super-block, which gives the same eight integers; the
 //! float steps after that are the AVX2 kernel's, in the same order.
 //!
-//! The 6-bit scales and mins of Q4_K/Q5_K are unpacked with ggml's 32-bit mask trick instead
+//! The 6-bit scales and mins of Q5_K are unpacked with ggml's 32-bit mask trick instead
 //! of one sub-block at a time, and the min term's `Σ mn_j (bsums_2j + bsums_2j+1)` is one
 //! `vpmaddwd` (integers again, so exact).
 
@@ -25,7 +25,7 @@ use super::dot_avx2::{hsum, prefetch_share, K_PREFETCH_ROWS};
 use super::types::Acts;
 use std::arch::x86_64::*;
 
-/// The eight 6-bit scales (bytes 0..8) and mins (bytes 8..16) of a Q4_K/Q5_K block, from its
+/// The eight 6-bit scales (bytes 0..8) and mins (bytes 8..16) of a Q5_K block, from its
 /// 12 packed bytes at `p` (ggml's `kmask` unpacking; the same values as
 /// [`scale_min_k4`](super::blocks::scale_min_k4)).
 #[inline]
@@ -64,21 +64,16 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
-/// Shared body of Q4_K (`FIVE = false`) and Q5_K (`FIVE = true`): one weight row × `NJ`
-/// activation rows. Q4_K takes llama.cpp's gemv order ([`reference_q4k`](super::reference_q4k)):
-/// the eight lanes are summed as integers and each super-block is one scalar multiply-add, and
-/// so is its min term.
+/// Q5_K: one weight row × `NJ` activation rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
-    let (block, qs_off) = if FIVE { (176, 48) } else { (144, 16) };
+unsafe fn q5_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
+    let (block, qs_off) = (176, 48);
     let nb = a.k / QK_K;
     debug_assert!(w.len() == nb * block && a.q8k.len() >= (j0 + NJ) * nb);
     let mask = _mm512_set1_epi8(0x0F);
     let one = _mm512_set1_epi8(1);
     let mut acc = [_mm256_setzero_ps(); NJ];
     let mut acc_min = [0.0f32; NJ];
-    let mut acc_one = [0.0f32; NJ];
     for b in 0..nb {
         if NJ == 1 {
             prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
@@ -94,19 +89,16 @@ unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usi
         // Chunk c holds vectors 2c (low half) and 2c + 1 (high half).
         let mut q = [_mm512_setzero_si512(); 4];
         let mut scz = [_mm512_setzero_si512(); 4];
-        let qh = if FIVE { _mm256_loadu_si256(blk.add(16) as *const __m256i) } else { _mm256_setzero_si256() };
+        let qh = _mm256_loadu_si256(blk.add(16) as *const __m256i);
         for c in 0..4 {
             let raw = _mm256_loadu_si256(blk.add(qs_off + 32 * c) as *const __m256i);
             let z = _mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1);
-            q[c] = _mm512_and_si512(z, mask);
-            if FIVE {
-                let h = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32))),
-                    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32 + 1)),
-                    1,
-                );
-                q[c] = _mm512_or_si512(q[c], _mm512_slli_epi16(_mm512_and_si512(h, one), 4));
-            }
+            let h = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32))),
+                _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32 + 1)),
+                1,
+            );
+            q[c] = _mm512_or_si512(_mm512_and_si512(z, mask), _mm512_slli_epi16(_mm512_and_si512(h, one), 4));
             let idx = _mm512_inserti64x4(
                 _mm512_castsi256_si512(_mm256_set1_epi16(2 * c as i16)),
                 _mm256_set1_epi16(2 * c as i16 + 1),
@@ -124,30 +116,21 @@ unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usi
             let sumi = fold_halves(sumi);
             let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
             let summ = hsum_i32(_mm256_madd_epi16(bsums, mn16));
-            if FIVE {
-                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
-                acc_min[t] += dmin * y.d * summ as f32;
-            } else {
-                acc_one[t] = (hsum_i32(sumi) as f32).mul_add(d * y.d, acc_one[t]);
-                acc_min[t] = (summ as f32).mul_add(dmin * y.d, acc_min[t]);
-            }
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
+            acc_min[t] += dmin * y.d * summ as f32;
         }
     }
     for t in 0..NJ {
-        out[t] = if FIVE { hsum(acc[t]) } else { acc_one[t] } - acc_min[t];
+        out[t] = hsum(acc[t]) - acc_min[t];
     }
 }
 
-/// Q4_K row kernel in llama.cpp's gemv order (decode; see [`RowFn`](super::matmul::RowFn)).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_k_gemv_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
-    k4_rows::<NJ, false>(w, a, j0, out)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q5_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
-    k4_rows::<NJ, true>(w, a, j0, out)
-}
+/// How far ahead the Q6_K decode kernel prefetches: a fixed distance rather than
+/// [`K_PREFETCH_ROWS`] rows, since Q6_K rows of 8,960 values (a `ffn_down`) are 7 KiB and twelve
+/// of them ahead overrun L1 — the lines are evicted before they are read (two threads on
+/// 1536 × 8960 matrices: about 20 % more bandwidth at 2–4 KiB than at twelve rows; rows of 1,536
+/// values run the same at both).
+const Q6K_PREFETCH_BYTES: usize = 4096;
 
 /// Q6_K: codes unpacked to 0..63 (`q + 32`), so the dot is `Σ sc_g Σ q y - 32 Σ sc_g bsums_g`.
 /// Chunk `2h + i` holds the AVX2 kernel's vectors `4h + 2i` and `4h + 2i + 1`, whose 16-value
@@ -162,7 +145,7 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     let mut acc = [_mm256_setzero_ps(); NJ];
     for b in 0..nb {
         if NJ == 1 {
-            prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
+            prefetch_share(w.as_ptr(), Q6K_PREFETCH_BYTES, b, w.len() / nb);
         }
         let blk = w.as_ptr().add(b * BLOCK);
         let sc: [i8; 16] = std::ptr::read_unaligned(blk.add(192) as *const [i8; 16]);
@@ -239,7 +222,6 @@ macro_rules! dispatch_nj_avx512 {
     };
 }
 
-dispatch_nj_avx512!(q4_k_gemv, q4_k_gemv_n);
 dispatch_nj_avx512!(q5_k, q5_k_n);
 dispatch_nj_avx512!(q6_k, q6_k_n);
 
