@@ -595,7 +595,18 @@ fn q6_k_sums_in_llama_cpps_order() {
     // Bit for bit against `ggml_vec_dot_q6_K_q8_K`'s order (see `reference_q6k`) on fresh random
     // blocks: every instruction set, decode and prefill shapes, 1 and 2 threads.
     let isas = Isa::available();
-    let shapes = [(7, 512, 1), (9, 256, 5), (23, 1536, 14), (5, 768, 70)];
+    // Tiles of 16 rows × 16 activation rows: full, partial and 3-row ones; 1–2 rows take the
+    // row kernel.
+    let shapes = [
+        (7, 512, 1),
+        (9, 256, 5),
+        (23, 1536, 14),
+        (5, 768, 70),
+        (16, 256, 16),
+        (33, 512, 19),
+        (40, 256, 3),
+        (17, 256, 2),
+    ];
     assert_bit_exact(WeightType::Q6K, &isas, &[1, 2], &shapes, |c| {
         (0..c.n * c.m).map(|at| q6_k_dot(c.row(at % c.m), &c.q8k(at / c.m))).collect()
     });

@@ -30,7 +30,7 @@ pub(super) const ROWS: usize = 16;
 /// bytes `off + 4k .. off + 4k + 4` of row `i`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn transpose_rows(rows: &[*const u8; ROWS], off: usize) -> [__m512i; 8] {
+pub(super) unsafe fn transpose_rows(rows: &[*const u8; ROWS], off: usize) -> [__m512i; 8] {
     // z[r]: row r's 8 dwords, then row r + 8's.
     let z: [__m512i; 8] = std::array::from_fn(|r| {
         let lo = _mm256_loadu_si256(rows[r].add(off) as *const __m256i);

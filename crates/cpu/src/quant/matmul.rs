@@ -89,7 +89,6 @@ mod avx512_rows {
     use super::super::dot_avx512_k as kq;
     use super::{Acts, TileOut};
     tile_from_rows!(q5_k, kq::q5_k);
-    tile_from_rows!(q6_k, kq::q6_k);
 }
 #[cfg(target_arch = "x86_64")]
 mod avx2_rows {
@@ -141,7 +140,10 @@ fn kernel_for(isa: Isa, ty: WeightType) -> Kernel {
                 };
             }
             WeightType::Q5K => return rows(avx512_rows::q5_k),
-            WeightType::Q6K => return rows(avx512_rows::q6_k),
+            WeightType::Q6K => {
+                use super::dot_avx512_q6k as q6;
+                return Kernel { tile: q6::q6_k, decode_rows: 4, tile_rows: q6::ROWS, tile_acts: q6::ACTS };
+            }
             _ => {}
         }
     }

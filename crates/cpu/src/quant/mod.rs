@@ -14,7 +14,7 @@
 //!   `dot_avx2_float` for F32/F16/BF16; `dot_avx512` for Q4_0/Q4_1/Q8_0 and `dot_avx512_k` for the
 //!   K-quants with AVX-512 VNNI, bit-identical to their AVX2 counterparts; `dot_avx512_q4k`,
 //!   Q4_K tiles of 16 weight rows × 32 activation rows; `dot_avx512_q4k_gemv`, Q4_K decode,
-//!   four weight rows against one activation row).
+//!   four weight rows against one activation row; `dot_avx512_q6k`, Q6_K tiles of 16 × 16).
 //!
 //! A weight tensor is a GGUF tensor with dims `[k, m]`: `m` rows of `k` values, `k` fastest,
 //! each row a whole number of blocks.
@@ -46,6 +46,8 @@ mod dot_avx512_k;
 mod dot_avx512_q4k;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx512_q4k_gemv;
+#[cfg(target_arch = "x86_64")]
+mod dot_avx512_q6k;
 
 pub use activations::QuantScratch;
 pub use matmul::{fusable, matmul, matmul_fused, matmul_fused_with_isa, matmul_with_isa, MatmulPart};
