@@ -595,8 +595,8 @@ fn q6_k_sums_in_llama_cpps_order() {
     // Bit for bit against `ggml_vec_dot_q6_K_q8_K`'s order (see `reference_q6k`) on fresh random
     // blocks: every instruction set, decode and prefill shapes, 1 and 2 threads.
     let isas = Isa::available();
-    // Tiles of 16 rows × 16 activation rows: full, partial and 3-row ones; 1–2 rows take the
-    // row kernel.
+    // Tiles of 16 rows × 16 activation rows, full and partial (12 or more activation rows);
+    // fewer take the row kernel.
     let shapes = [
         (7, 512, 1),
         (9, 256, 5),

@@ -1,5 +1,5 @@
-//! AVX-512 VNNI decode kernel for Q4_K × Q8_K: up to four weight rows against one activation
-//! row, in llama.cpp's gemv order ([`reference_q4k`](super::reference_q4k)), straight from
+//! AVX-512 VNNI decode kernel for Q4_K × Q8_K: four weight rows at a time against one to three
+//! activation rows (decode, and the short steps that verify a draft), in llama.cpp's gemv order ([`reference_q4k`](super::reference_q4k)), straight from
 //! plain (not repacked) rows.
 //!
 //! The gemv order fixes only the float steps: per super-block one `fma` of the exact integer
@@ -23,27 +23,45 @@
 
 use super::blocks::{BlockQ8K, QK_K};
 use super::dot_avx2::{prefetch_share, K_PREFETCH_ROWS};
-use super::types::{Acts, TileOut};
+use super::types::{Acts, TileOut, TILE_MAX_ACTS};
 use std::arch::x86_64::*;
 
 const BLOCK: usize = 144;
 /// Weight rows per call.
 pub(super) const ROWS: usize = 4;
 
-/// Rows `0..nr` (`nr <= 4`) of `w` against activation row `j0`, in the gemv order:
-/// `out[i][0] = W_i · x_j0`.
+/// Most activation rows per call.
+pub(super) const MAX_ACTS: usize = 3;
+
+/// Rows `0..nr` of `w` against activation rows `j0..j0 + nj` (`nj <= 3`), every output in the
+/// gemv order: `out[i][t] = W_i · x_{j0 + t}`. Four rows at a time; the header work is shared by
+/// the activation rows too.
 ///
 /// # Safety
-/// As [`TileFn`](super::matmul::TileFn) with `nj == 1`; requires AVX-512 F/BW/VL/VNNI, AVX2,
-/// FMA and F16C.
+/// As [`TileFn`](super::matmul::TileFn) with `nj <= 3`; requires AVX-512 F/BW/VL/VNNI, AVX2, FMA
+/// and F16C.
+pub(super) unsafe fn q4_k_gemv(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut TileOut) {
+    let rb = w.len() / nr;
+    for r0 in (0..nr).step_by(ROWS) {
+        let n = (nr - r0).min(ROWS);
+        let quad = &w[r0 * rb..(r0 + n) * rb];
+        match nj {
+            1 => gemv4::<1>(quad, n, a, j0, &mut out[r0..r0 + n]),
+            2 => gemv4::<2>(quad, n, a, j0, &mut out[r0..r0 + n]),
+            _ => gemv4::<3>(quad, n, a, j0, &mut out[r0..r0 + n]),
+        }
+    }
+}
+
+/// Rows `0..nr` (`nr <= 4`) of `w` against activation rows `j0..j0 + NJ`, in the gemv order:
+/// `out[i][t]`, `out` holding the `nr` rows' lines of the tile.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn q4_k_gemv(w: &[u8], nr: usize, a: &Acts, j0: usize, out: &mut TileOut) {
+unsafe fn gemv4<const NJ: usize>(w: &[u8], nr: usize, a: &Acts, j0: usize, out: &mut [[f32; TILE_MAX_ACTS]]) {
     let nb = a.k / QK_K;
     let rb = w.len() / nr;
-    debug_assert!((1..=ROWS).contains(&nr) && rb == nb * BLOCK && a.q8k.len() > j0 * nb + nb - 1);
+    debug_assert!((1..=ROWS).contains(&nr) && rb == nb * BLOCK && a.q8k.len() >= (j0 + NJ) * nb);
     // Rows past nr repeat the last one (computed, never stored).
     let rows: [*const u8; ROWS] = std::array::from_fn(|i| w.as_ptr().add(i.min(nr - 1) * rb));
-    let ys: &[BlockQ8K] = &a.q8k[j0 * nb..(j0 + 1) * nb];
     let nibble = _mm512_set1_epi8(0x0F);
     let k1 = _mm512_set1_epi32(0x3f3f_3f3f);
     let k2 = _mm512_set1_epi32(0x0f0f_0f0f);
@@ -61,9 +79,10 @@ pub(super) unsafe fn q4_k_gemv(w: &[u8], nr: usize, a: &Acts, j0: usize, out: &m
     let pick = [pick(0, 2), pick(1, 3), pick(4, 6), pick(5, 7)];
     // Dword 0 of each 128-bit lane, gathered into the low four dwords.
     let lane_heads = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    // [acc_0, accm_0, acc_1, accm_1, acc_2, accm_2, acc_3, accm_3].
-    let mut acc = _mm256_setzero_ps();
-    for (b, y) in ys.iter().enumerate() {
+    // Per activation row: [acc_0, accm_0, acc_1, accm_1, acc_2, accm_2, acc_3, accm_3].
+    let mut acc = [_mm256_setzero_ps(); NJ];
+    for b in 0..nb {
+        let ys: [&BlockQ8K; NJ] = std::array::from_fn(|t| &a.q8k[(j0 + t) * nb + b]);
         // The four rows are contiguous: one stream K_PREFETCH_ROWS rows ahead, each block step
         // asking for its share of them (per-row prefetches of the same bytes run at half the
         // speed: four short interleaved streams).
@@ -88,24 +107,29 @@ pub(super) unsafe fn q4_k_gemv(w: &[u8], nr: usize, a: &Acts, j0: usize, out: &m
         let sc16 = _mm512_unpacklo_epi8(sm, zero);
         let mn16 = _mm512_unpackhi_epi8(sm, zero);
         // Min terms: Σ_j mn_j (bsums_2j + bsums_2j+1), one i32 per lane after the in-lane sum.
-        let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
-        let bs = _mm256_madd_epi16(bs, _mm256_set1_epi16(1));
-        let bs = _mm256_packs_epi32(bs, bs); // pairs fit i16: |Σ 32 codes| <= 4096
-        let bs = _mm256_permute4x64_epi64::<0b00_00_10_00>(bs);
-        let m = _mm512_madd_epi16(mn16, _mm512_broadcast_i32x4(_mm256_castsi256_si128(bs)));
-        let m = _mm512_add_epi32(m, _mm512_shuffle_epi32::<0b01_00_11_10>(m));
-        let m = _mm512_add_epi32(m, _mm512_shuffle_epi32::<0b10_11_00_01>(m));
-        let msum = _mm512_castsi512_si128(_mm512_permutexvar_epi32(lane_heads, m));
+        let msum: [__m128i; NJ] = std::array::from_fn(|t| {
+            let bs = _mm256_loadu_si256(ys[t].bsums.as_ptr() as *const __m256i);
+            let bs = _mm256_madd_epi16(bs, _mm256_set1_epi16(1));
+            let bs = _mm256_packs_epi32(bs, bs); // pairs fit i16: |Σ 32 codes| <= 4096
+            let bs = _mm256_permute4x64_epi64::<0b00_00_10_00>(bs);
+            let m = _mm512_madd_epi16(mn16, _mm512_broadcast_i32x4(_mm256_castsi256_si128(bs)));
+            let m = _mm512_add_epi32(m, _mm512_shuffle_epi32::<0b01_00_11_10>(m));
+            let m = _mm512_add_epi32(m, _mm512_shuffle_epi32::<0b10_11_00_01>(m));
+            _mm512_castsi512_si128(_mm512_permutexvar_epi32(lane_heads, m))
+        });
         // The activation's sub-blocks paired as the code vectors hold them: y4[q] holds
         // sub-blocks 2q, 2q + 1; vector 2h pairs sub-blocks 4h, 4h + 2 and 2h + 1 pairs
         // 4h + 1, 4h + 3 (128-bit lanes 0, 1 of one load with 0, 1 of the next; 2, 3 with 2, 3).
-        let y4: [__m512i; 4] = std::array::from_fn(|q| _mm512_loadu_si512(y.qs.as_ptr().add(64 * q) as *const __m512i));
-        let yv = [
-            _mm512_shuffle_i64x2::<0b01_00_01_00>(y4[0], y4[1]),
-            _mm512_shuffle_i64x2::<0b11_10_11_10>(y4[0], y4[1]),
-            _mm512_shuffle_i64x2::<0b01_00_01_00>(y4[2], y4[3]),
-            _mm512_shuffle_i64x2::<0b11_10_11_10>(y4[2], y4[3]),
-        ];
+        let yv: [[__m512i; 4]; NJ] = std::array::from_fn(|t| {
+            let y4: [__m512i; 4] =
+                std::array::from_fn(|q| _mm512_loadu_si512(ys[t].qs.as_ptr().add(64 * q) as *const __m512i));
+            [
+                _mm512_shuffle_i64x2::<0b01_00_01_00>(y4[0], y4[1]),
+                _mm512_shuffle_i64x2::<0b11_10_11_10>(y4[0], y4[1]),
+                _mm512_shuffle_i64x2::<0b01_00_01_00>(y4[2], y4[3]),
+                _mm512_shuffle_i64x2::<0b11_10_11_10>(y4[2], y4[3]),
+            ]
+        });
         // Row r's scales in every lane.
         let row_sc = [
             _mm512_shuffle_i32x4::<0x00>(sc16, sc16),
@@ -113,7 +137,7 @@ pub(super) unsafe fn q4_k_gemv(w: &[u8], nr: usize, a: &Acts, j0: usize, out: &m
             _mm512_shuffle_i32x4::<0xAA>(sc16, sc16),
             _mm512_shuffle_i32x4::<0xFF>(sc16, sc16),
         ];
-        let mut isum = [zero; ROWS];
+        let mut isum = [[zero; ROWS]; NJ];
         for r in 0..ROWS {
             for h in 0..2 {
                 let v = _mm512_loadu_si512(rows[r].add(at + 16 + 64 * h) as *const __m512i);
@@ -121,24 +145,31 @@ pub(super) unsafe fn q4_k_gemv(w: &[u8], nr: usize, a: &Acts, j0: usize, out: &m
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
                 let sc_lo = _mm512_shuffle_epi8(row_sc[r], pick[2 * h]);
                 let sc_hi = _mm512_shuffle_epi8(row_sc[r], pick[2 * h + 1]);
-                isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_maddubs_epi16(lo, yv[2 * h]), sc_lo);
-                isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_maddubs_epi16(hi, yv[2 * h + 1]), sc_hi);
+                for t in 0..NJ {
+                    let s = _mm512_dpwssd_epi32(isum[t][r], _mm512_maddubs_epi16(lo, yv[t][2 * h]), sc_lo);
+                    isum[t][r] = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(hi, yv[t][2 * h + 1]), sc_hi);
+                }
             }
         }
-        let isum = sum_lanes4(isum);
-        // [d_0, dmin_0, d_1, dmin_1, ..] · d_y, each one rounded product as in the reference.
-        let dd = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi32(lane_heads, hdr)));
-        let dd = _mm256_mul_ps(dd, _mm256_set1_ps(y.d));
-        let sums = _mm256_inserti128_si256::<1>(
-            _mm256_castsi128_si256(_mm_unpacklo_epi32(isum, msum)),
-            _mm_unpackhi_epi32(isum, msum),
-        );
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), dd, acc);
+        // [d_0, dmin_0, d_1, dmin_1, ..] of the rows.
+        let dmins = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi32(lane_heads, hdr)));
+        for t in 0..NJ {
+            let isum = sum_lanes4(isum[t]);
+            // · d_y, each one rounded product as in the reference.
+            let dd = _mm256_mul_ps(dmins, _mm256_set1_ps(ys[t].d));
+            let sums = _mm256_inserti128_si256::<1>(
+                _mm256_castsi128_si256(_mm_unpacklo_epi32(isum, msum[t])),
+                _mm_unpackhi_epi32(isum, msum[t]),
+            );
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), dd, acc[t]);
+        }
     }
-    let mut lanes = [0.0f32; 2 * ROWS];
-    _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-    for i in 0..nr {
-        out[i][0] = lanes[2 * i] - lanes[2 * i + 1];
+    for t in 0..NJ {
+        let mut lanes = [0.0f32; 2 * ROWS];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[t]);
+        for i in 0..nr {
+            out[i][t] = lanes[2 * i] - lanes[2 * i + 1];
+        }
     }
 }
 
