@@ -193,10 +193,17 @@ pub(super) unsafe fn q4_k(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, o
     // Rows below a.gemm_acts take the gemm order. Tiles start at multiples of 4, as gemm_acts
     // is, so a tile lies on one side; a tile across it is split all the same.
     let split = a.gemm_acts.clamp(j0, j0 + nj) - j0;
-    if split == 0 && nj <= super::dot_avx512_q4k_gemv::MAX_ACTS {
-        // Decode and short steps (all in the gemv order): four rows at a time cost less than
-        // transposing sixteen for so few activation rows.
-        return super::dot_avx512_q4k_gemv::q4_k_gemv(w, nr, a, j0, nj, out);
+    let few = super::dot_avx512_q4k_gemv::MAX_ACTS;
+    if split <= few && nj - split <= few {
+        // Decode and short steps (a draft's verification): four rows at a time cost far less
+        // than transposing sixteen for so few activation rows.
+        if split > 0 {
+            super::dot_avx512_q4k_gemv::q4_k_few(w, nr, a, j0, split, true, 0, out);
+        }
+        if split < nj {
+            super::dot_avx512_q4k_gemv::q4_k_few(w, nr, a, j0 + split, nj - split, false, split, out);
+        }
+        return;
     }
     if split == 0 {
         return tile::<false>(w, nr, a, j0, nj, out);
