@@ -1,0 +1,90 @@
+//! Weight bandwidth of one K-quant matrix product at a few activation rows: the matrix's bytes
+//! over the time of one `matmul` (medians of 7 timed passes), with the weights in huge pages and
+//! several copies cycled so they come from memory, beside a small matrix that stays in cache.
+//! What chose the K-quant kernels' row counts, tile thresholds and prefetch distance.
+//!
+//! `cargo run --release -p pagekv-cpu --example kquant_matvec -- TYPE ROWSxCOLS N THREADS`,
+//! e.g. `-- q4_k 8960x1536 1,2,4,8 2` (TYPE: q4_k, q5_k or q6_k; random codes, small scales).
+
+use pagekv_cpu::quant::hugepage::HugePageBuf;
+use pagekv_cpu::quant::{matmul, QuantScratch, WeightType, WeightView};
+use pagekv_cpu::threadpool::ThreadPool;
+use rand::{RngCore, SeedableRng};
+use std::time::Instant;
+
+/// Copies cycled so that together they exceed the last-level cache.
+const MEMORY_BYTES: usize = 192 << 20;
+
+fn random_matrix(ty: WeightType, rows: usize, cols: usize, rng: &mut impl RngCore) -> Vec<u8> {
+    let mut data = vec![0u8; rows * ty.row_bytes(cols).expect("whole blocks")];
+    rng.fill_bytes(&mut data);
+    let scale = half::f16::from_f32(1e-3).to_le_bytes();
+    for blk in data.chunks_exact_mut(ty.block_bytes()) {
+        for &at in ty.f16_scale_offsets() {
+            blk[at..at + 2].copy_from_slice(&scale);
+        }
+    }
+    data
+}
+
+/// GB/s of weights: median over 7 passes of `reps` products over every matrix in `mats`.
+fn bandwidth(
+    ty: WeightType,
+    mats: &[HugePageBuf],
+    rows: usize,
+    cols: usize,
+    n: usize,
+    reps: usize,
+    pool: &ThreadPool,
+) -> f64 {
+    let x: Vec<f32> = (0..cols * n).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();
+    let mut out = vec![0f32; rows * n];
+    let mut scratch = QuantScratch::new();
+    let mut times = Vec::new();
+    for _ in 0..7 {
+        let t = Instant::now();
+        for _ in 0..reps {
+            for m in mats {
+                let w = WeightView::new(ty, rows, cols, m.as_slice()).expect("matrix shape");
+                matmul(w, &x, n, &mut out, &mut scratch, pool).expect("matmul");
+            }
+        }
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    (mats[0].len() * mats.len() * reps) as f64 / times[3] / 1e9
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: kquant_matvec TYPE ROWSxCOLS N[,N..] THREADS (e.g. q4_k 8960x1536 1,2,4 2)";
+    if args.len() != 4 {
+        return Err(usage.into());
+    }
+    let ty = match args[0].as_str() {
+        "q4_k" => WeightType::Q4K,
+        "q5_k" => WeightType::Q5K,
+        "q6_k" => WeightType::Q6K,
+        other => return Err(format!("unknown type {other}; {usage}").into()),
+    };
+    let (rows, cols) = args[1].split_once('x').ok_or(usage)?;
+    let (rows, cols): (usize, usize) = (rows.parse()?, cols.parse()?);
+    let ns: Vec<usize> = args[2].split(',').map(str::parse).collect::<Result<_, _>>()?;
+    let pool = ThreadPool::try_new(args[3].parse()?)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let one = random_matrix(ty, rows, cols, &mut rng);
+    let copies = MEMORY_BYTES.div_ceil(one.len()).max(1);
+    let memory: Vec<HugePageBuf> = (0..copies)
+        .map(|_| HugePageBuf::copy_of(&random_matrix(ty, rows, cols, &mut rng)))
+        .collect::<Result<_, _>>()?;
+    // About 1 MiB: both threads' share stays in their L2.
+    let small_rows = (1 << 20) / ty.row_bytes(cols)?;
+    let cache = [HugePageBuf::copy_of(&random_matrix(ty, small_rows.max(4), cols, &mut rng))?];
+    println!("{ty:?} {rows}x{cols}, {} threads: GB/s of weights per product", pool.n_threads());
+    for n in ns {
+        let mem = bandwidth(ty, &memory, rows, cols, n, 2, &pool);
+        let hot = bandwidth(ty, &cache, small_rows.max(4), cols, n, 200, &pool);
+        println!("  n = {n:2}: from memory {mem:6.1}, in cache ({} rows) {hot:6.1}", small_rows.max(4));
+    }
+    Ok(())
+}
