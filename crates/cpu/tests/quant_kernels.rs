@@ -574,7 +574,16 @@ fn q4_k_sums_in_llama_cpps_repacked_order() {
     // in groups of 4, gemv order for the rest; see `reference_q4k`), on fresh random blocks:
     // every instruction set, decode and prefill shapes, odd row counts, 1 and 2 threads.
     let isas = Isa::available();
-    let shapes = [(7, 512, 1), (9, 256, 5), (23, 1536, 14), (16, 2304, 4), (33, 768, 70), (5, 256, 3), (40, 512, 2)];
+    let shapes = [
+        (7, 512, 1),
+        (9, 256, 5),
+        (13, 512, 7),
+        (23, 1536, 14),
+        (16, 2304, 4),
+        (33, 768, 70),
+        (5, 256, 3),
+        (40, 512, 2),
+    ];
     assert_bit_exact(WeightType::Q4K, &isas, &[1, 2], &shapes, |c| {
         if c.n >= 4 {
             // The two orders really differ (so the test tells them apart).
@@ -603,8 +612,9 @@ fn q6_k_sums_in_llama_cpps_order() {
         (23, 1536, 14),
         (5, 768, 70),
         (16, 256, 16),
-        (33, 512, 19),
-        (40, 256, 3),
+        (33, 512, 29),
+        (40, 256, 12),
+        (18, 256, 9),
         (17, 256, 2),
     ];
     assert_bit_exact(WeightType::Q6K, &isas, &[1, 2], &shapes, |c| {

@@ -145,7 +145,7 @@ unsafe fn tile(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut Ti
 /// draft-verification steps of 3 and 9 tokens on Qwen2.5-Coder-1.5B ran 40 % and 12 % slower
 /// (`pagekv bench speculative -m qwen2.5-coder-1.5b`'s cost table); with 16-row tiles prefill
 /// runs a few percent faster.
-const MIN_TILE_ACTS: usize = 12;
+pub(super) const MIN_TILE_ACTS: usize = 12;
 
 /// Tile kernel (see [`TileFn`](super::matmul::TileFn)) for `nr <= 16` rows and `nj <= 16`
 /// activation rows; requires AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.

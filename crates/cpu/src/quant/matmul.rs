@@ -117,8 +117,8 @@ pub struct Kernel {
     pub tile_acts: usize,
 }
 
-/// The kernel for `ty` on `isa` (which must be available).
-fn kernel_for(isa: Isa, ty: WeightType) -> Kernel {
+/// The kernel for `ty` on `isa` (which must be available) in a product of `n` activation rows.
+fn kernel_for(isa: Isa, ty: WeightType, n: usize) -> Kernel {
     let rows = |tile: TileFn| Kernel { tile, decode_rows: 4, tile_rows: 1, tile_acts: 4 };
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512Vnni {
@@ -131,18 +131,20 @@ fn kernel_for(isa: Isa, ty: WeightType) -> Kernel {
             WeightType::Q5_1 => return quads(v::q5_1),
             WeightType::Q8_0 => return quads(v::q8_0),
             WeightType::Q4K => {
-                let rows = super::dot_avx512_q4k::ROWS;
-                return Kernel {
-                    tile: super::dot_avx512_q4k::q4_k,
-                    decode_rows: 4,
-                    tile_rows: rows,
-                    tile_acts: super::dot_avx512_q4k::ACTS,
-                };
+                use super::dot_avx512_q4k as q4;
+                return Kernel { tile: q4::q4_k, decode_rows: 4, tile_rows: q4::ROWS, tile_acts: q4::ACTS };
             }
             WeightType::Q5K => return rows(avx512_rows::q5_k),
             WeightType::Q6K => {
                 use super::dot_avx512_q6k as q6;
-                return Kernel { tile: q6::q6_k, decode_rows: 4, tile_rows: q6::ROWS, tile_acts: q6::ACTS };
+                // Below MIN_TILE_ACTS rows the tile function runs the row kernel: tasks and
+                // driver prefetches go row by row (by 16-row tiles, a 4-row product of the
+                // 151936-row output matrix ran at 40 % of the bandwidth).
+                return if n < q6::MIN_TILE_ACTS {
+                    Kernel { tile: q6::q6_k, decode_rows: 4, tile_rows: 1, tile_acts: 4 }
+                } else {
+                    Kernel { tile: q6::q6_k, decode_rows: 4, tile_rows: q6::ROWS, tile_acts: q6::ACTS }
+                };
             }
             _ => {}
         }
@@ -331,7 +333,7 @@ pub fn matmul_fused_with_isa(
     let step = parts
         .iter()
         .map(|p| {
-            let kn = kernel_for(isa, p.w.ty);
+            let kn = kernel_for(isa, p.w.ty, n);
             if n == 1 {
                 kn.decode_rows
             } else {
@@ -349,7 +351,7 @@ pub fn matmul_fused_with_isa(
             row_bytes: p.w.row_bytes()?,
             m: p.w.rows,
             out: SyncPtr(p.out.as_mut_ptr()),
-            kernel: kernel_for(isa, p.w.ty),
+            kernel: kernel_for(isa, p.w.ty, n),
             first_task: n_tasks,
         });
         n_tasks += p.w.rows.div_ceil(rows_per_task);

@@ -13,8 +13,9 @@
 //!   ([`dot_scalar`]; `dot_avx2` for Q4_0/Q4_1/Q8_0, `dot_avx2_k` for the K-quants,
 //!   `dot_avx2_float` for F32/F16/BF16; `dot_avx512` for Q4_0/Q4_1/Q8_0 and `dot_avx512_k` for the
 //!   K-quants with AVX-512 VNNI, bit-identical to their AVX2 counterparts; `dot_avx512_q4k`,
-//!   Q4_K tiles of 16 weight rows × 32 activation rows; `dot_avx512_q4k_gemv`, Q4_K decode,
-//!   four weight rows against one activation row; `dot_avx512_q6k`, Q6_K tiles of 16 × 16).
+//!   Q4_K tiles of 16 weight rows × 32 activation rows; `dot_avx512_q4k_gemv`, Q4_K with up
+//!   to 4 + 3 activation rows (decode, draft verification); `dot_avx512_q6k`, Q6_K tiles of
+//!   16 × 16).
 //!
 //! A weight tensor is a GGUF tensor with dims `[k, m]`: `m` rows of `k` values, `k` fastest,
 //! each row a whole number of blocks.
