@@ -1,6 +1,5 @@
-//! AVX-512 (F, BW, VL) + VNNI tile kernels for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights × Q8
-//! activations,
-//! bit-exact with the AVX2 kernels of [`dot_avx2`](super::dot_avx2).
+//! AVX-512 (F, BW, VL) + VNNI tile kernels for Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and Q8_0 weights ×
+//! Q8 activations, bit-exact with the AVX2 kernels of [`dot_avx2`](super::dot_avx2).
 //!
 //! Exactness: the AVX2 kernel keeps, per (weight row, activation row), eight f32 lanes; lane
 //! `l` accumulates over the blocks `fma(d_w d_x, (f32) p_l, acc_l)`, where `p_l` is the
@@ -13,10 +12,10 @@
 //! instruction doubles and the two integer multiply steps become one.
 //!
 //! Lane layouts, in 128-bit quarters of a 512-bit register:
-//! - Q4_0/Q4_1/Q5_0/Q5_1 take **four** rows at a time: their 16 code bytes side by side, split into low
-//!   nibbles (row `i`'s AVX2 lanes 0-3 in quarter `i`) and high nibbles (lanes 4-7), against
-//!   the activation halves `y[0..16]` and `y[16..32]` broadcast to every quarter; one scale
-//!   vector serves both halves.
+//! - Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL take **four** rows at a time: their 16 code bytes side by side,
+//!   split into low nibbles (row `i`'s AVX2 lanes 0-3 in quarter `i`) and high nibbles (lanes
+//!   4-7), against the activation halves `y[0..16]` and `y[16..32]` broadcast to every quarter;
+//!   one scale vector serves both halves. IQ4_NL's nibbles index its levels (`vpshufb`).
 //! - Q8_0 takes row pairs `[r0 lanes 0-7, r1 lanes 0-7]` against `[y, y]`. Signed × signed has
 //!   no VNNI instruction on these CPUs, so the weights are offset to unsigned
 //!   (`w ^ 0x80 = w + 128`) and the exact correction `-128 Σ y` (per lane, computed once per
@@ -49,6 +48,16 @@ unsafe fn hsum_halves(a: __m128, b: __m128) -> f32 {
 #[inline]
 fn hsum_tree(a: &[f32], b: &[f32]) -> f32 {
     ((a[0] + b[0]) + (a[2] + b[2])) + ((a[1] + b[1]) + (a[3] + b[3]))
+}
+
+/// The unsigned offset the codes of `FMT` carry here: Q4_0's 8 and Q5_0's 16 (ggml's), and
+/// 128 for IQ4_NL, whose signed levels (-127..113) are looked up as `level + 128` so `vpdpbusd`
+/// can take them; the lanes' sums start from `-offset · Σ y`, exact integers.
+const fn code_offset<const FMT: u8>() -> u8 {
+    match FMT {
+        fmt::IQ4_NL => 128,
+        _ => fmt::code_offset(FMT) as u8,
+    }
 }
 
 /// The headers of four blocks as `[d0, m0, d1, m1, d2, m2, d3, m3]` (`m` = 0 for the formats
@@ -97,6 +106,7 @@ unsafe fn nibble_quad<const NJ: usize, const FMT: u8>(
     // d_w d_x of row i (f32 lane 2i of the header product) into quarter i.
     let scale_idx = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
     let nibble = _mm512_set1_epi8(0x0F);
+    let iq4nl = _mm512_broadcast_i32x4(_mm_xor_si128(dot_avx2::iq4nl_table(), _mm_set1_epi8(-128)));
     let rows: [*const u8; 4] = std::array::from_fn(|i| w.add(i.min(nr - 1) * row_bytes));
     let mut acc_lo = [_mm512_setzero_ps(); NJ];
     let mut acc_hi = [_mm512_setzero_ps(); NJ];
@@ -119,8 +129,8 @@ unsafe fn nibble_quad<const NJ: usize, const FMT: u8>(
             yhi[t] = _mm512_broadcast_i32x4(_mm_loadu_si128(y.add(16) as *const __m128i));
             // [d_x, s_x] × 4
             dx[t] = _mm256_castpd_ps(_mm256_broadcast_sd(&*ds.add(t * nb + b)));
-            if fmt::code_offset(FMT) != 0.0 {
-                let offset = _mm512_set1_epi8(fmt::code_offset(FMT) as i8);
+            if code_offset::<FMT>() != 0 {
+                let offset = _mm512_set1_epi8(code_offset::<FMT>() as i8);
                 let zero = _mm512_setzero_si512();
                 start_lo[t] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, offset, ylo[t]));
                 start_hi[t] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, offset, yhi[t]));
@@ -134,6 +144,11 @@ unsafe fn nibble_quad<const NJ: usize, const FMT: u8>(
         z = _mm512_inserti32x4(z, _mm_loadu_si128(blk[3].add(qs_off) as *const __m128i), 3);
         let mut lo = _mm512_and_si512(z, nibble);
         let mut hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nibble);
+        if FMT == fmt::IQ4_NL {
+            // Levels as unsigned bytes (level + 128); the lanes start from -128 Σ y.
+            lo = _mm512_shuffle_epi8(iq4nl, lo);
+            hi = _mm512_shuffle_epi8(iq4nl, hi);
+        }
         if five {
             let (mut mask_lo, mut mask_hi) = (0u64, 0u64);
             for (i, bp) in blk.iter().enumerate() {
@@ -294,3 +309,4 @@ quad_tile!(q4_0, fmt::Q4_0);
 quad_tile!(q4_1, fmt::Q4_1);
 quad_tile!(q5_0, fmt::Q5_0);
 quad_tile!(q5_1, fmt::Q5_1);
+quad_tile!(iq4_nl, fmt::IQ4_NL);

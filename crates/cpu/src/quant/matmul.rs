@@ -130,6 +130,7 @@ fn kernel_for(isa: Isa, ty: WeightType, n: usize) -> Kernel {
             WeightType::Q5_0 => return quads(v::q5_0),
             WeightType::Q5_1 => return quads(v::q5_1),
             WeightType::Q8_0 => return quads(v::q8_0),
+            WeightType::IQ4NL => return quads(v::iq4_nl),
             WeightType::Q4K => {
                 use super::dot_avx512_q4k as q4;
                 return Kernel { tile: q4::q4_k, decode_rows: 4, tile_rows: q4::ROWS, tile_acts: q4::ACTS };
