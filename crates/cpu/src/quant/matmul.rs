@@ -89,6 +89,7 @@ mod avx512_rows {
     use super::super::dot_avx512_k as kq;
     use super::{Acts, TileOut};
     tile_from_rows!(q5_k, kq::q5_k);
+    tile_from_rows!(iq4_xs, kq::iq4_xs);
 }
 #[cfg(target_arch = "x86_64")]
 mod avx2_rows {
@@ -136,6 +137,7 @@ fn kernel_for(isa: Isa, ty: WeightType, n: usize) -> Kernel {
                 return Kernel { tile: q4::q4_k, decode_rows: 4, tile_rows: q4::ROWS, tile_acts: q4::ACTS };
             }
             WeightType::Q5K => return rows(avx512_rows::q5_k),
+            WeightType::IQ4XS => return rows(avx512_rows::iq4_xs),
             WeightType::Q6K => {
                 use super::dot_avx512_q6k as q6;
                 // Below MIN_TILE_ACTS rows the tile function runs the row kernel: tasks and
