@@ -1,5 +1,6 @@
-//! AVX-512 (F, BW, VL) + VNNI row kernels for Q5_K, Q6_K and IQ4_XS × Q8_K activations, bit-identical
-//! to the AVX2 kernels of [`dot_avx2_k`](super::dot_avx2_k). Q4_K has its own: decode in
+//! AVX-512 (F, BW, VL) + VNNI row kernels for Q2_K, Q3_K, Q5_K, Q6_K and IQ4_XS × Q8_K
+//! activations, bit-identical to the AVX2 kernels of [`dot_avx2_k`](super::dot_avx2_k). Q4_K has
+//! its own: decode in
 //! [`dot_avx512_q4k_gemv`](super::dot_avx512_q4k_gemv), prefill tiles in
 //! [`dot_avx512_q4k`](super::dot_avx512_q4k).
 //!
@@ -20,7 +21,7 @@
 // Kernels and references index several parallel arrays by the same lane or row.
 #![allow(clippy::needless_range_loop)]
 
-use super::blocks::{iq4xs_scale, BlockQ8K, QK_K};
+use super::blocks::{iq4xs_scale, scales_q3k, BlockQ8K, K_SCALE_SIZE, QK_K};
 use super::dot_avx2::{hsum, iq4nl_table, prefetch_share, unpack_nibbles, K_PREFETCH_ROWS};
 use super::types::Acts;
 use std::arch::x86_64::*;
@@ -253,6 +254,137 @@ unsafe fn iq4_xs_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f3
     }
 }
 
+/// `vpermw` indices that spread 16 group scales (i16) over four chunks: chunk `c`'s 128-bit
+/// quarter `q` takes group `4c + q` (each chunk holds two 32-value vectors, four 16-value groups).
+const GROUP_IDX: [[i16; 32]; 4] = {
+    let mut idx = [[0i16; 32]; 4];
+    let mut c = 0;
+    while c < 4 {
+        let mut w = 0;
+        while w < 32 {
+            idx[c][w] = (4 * c + w / 8) as i16;
+            w += 1;
+        }
+        c += 1;
+    }
+    idx
+};
+
+/// The 16 group scales of a 256-value block as the four chunks' i16 scale vectors.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn group_scales(sc: &[i16; 16]) -> [__m512i; 4] {
+    let sc16 = _mm512_castsi256_si512(_mm256_loadu_si256(sc.as_ptr() as *const __m256i));
+    std::array::from_fn(|c| _mm512_permutexvar_epi16(_mm512_loadu_si512(GROUP_IDX[c].as_ptr() as *const __m512i), sc16))
+}
+
+/// The AVX2 kernels' eight lanes `Σ_v sc_g Σ q y` (four products a lane) of small unsigned codes
+/// (`q ≤ 7`, so byte-pair sums fit i16) in chunks `q[c]` (vectors `2c`, `2c + 1`) against `y`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn small_code_lanes(q: &[__m512i; 4], sc: &[__m512i; 4], y: &BlockQ8K) -> __m256i {
+    let mut sumi = _mm512_setzero_si512();
+    for c in 0..4 {
+        let yv = _mm512_loadu_si512(y.qs.as_ptr().add(64 * c) as *const __m512i);
+        sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[c], yv), sc[c]);
+    }
+    fold_halves(sumi)
+}
+
+/// The 2-bit fields of the 64 bytes at `qs` in value order, two 32-value vectors a chunk:
+/// vector `4n + j` holds `(qs[32n + l] >> 2j) & 3`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn two_bit_chunks(qs: *const u8) -> [__m512i; 4] {
+    let three = _mm512_set1_epi8(3);
+    std::array::from_fn(|c| {
+        let raw = _mm256_loadu_si256(qs.add(32 * (c / 2)) as *const __m256i);
+        let j = 2 * (c % 2) as i32;
+        let z = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * j))),
+            _mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * j + 2)),
+            1,
+        );
+        _mm512_and_si512(z, three)
+    })
+}
+
+/// Q2_K: `d d_x Σ_g sc_g Σ q y - dmin d_x Σ_g mn_g bsums_g`, in the AVX2 kernel's order.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q2_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
+    const BLOCK: usize = 84;
+    let nb = a.k / QK_K;
+    debug_assert!(w.len() == nb * BLOCK && a.q8k.len() >= (j0 + NJ) * nb);
+    let mut acc = [_mm256_setzero_ps(); NJ];
+    let mut acc_min = [0.0f32; NJ];
+    for b in 0..nb {
+        if NJ == 1 {
+            prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
+        }
+        let blk = w.as_ptr().add(b * BLOCK);
+        let scales: [u8; 16] = std::ptr::read_unaligned(blk as *const [u8; 16]);
+        let f16_at = |at: usize| {
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk.add(at) as *const u16) as i32)))
+        };
+        let (d, dmin) = (f16_at(80), f16_at(82));
+        let sc = group_scales(&scales.map(|s| (s & 0xF) as i16));
+        let q = two_bit_chunks(blk.add(16));
+        for t in 0..NJ {
+            let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
+            let sumi = small_code_lanes(&q, &sc, y);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
+            let summ: i32 = (0..16).map(|g| (scales[g] >> 4) as i32 * y.bsums[g] as i32).sum();
+            acc_min[t] += dmin * y.d * summ as f32;
+        }
+    }
+    for t in 0..NJ {
+        out[t] = hsum(acc[t]) - acc_min[t];
+    }
+}
+
+/// Q3_K: codes unpacked to 0..7 (`q + 4`), so the dot is `Σ sc_g Σ q y - 4 Σ sc_g bsums_g`, the
+/// offset taken from lane 0 in f32 as the AVX2 kernel does.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q3_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
+    const BLOCK: usize = 110;
+    let nb = a.k / QK_K;
+    debug_assert!(w.len() == nb * BLOCK && a.q8k.len() >= (j0 + NJ) * nb);
+    let one = _mm512_set1_epi8(1);
+    let mut acc = [_mm256_setzero_ps(); NJ];
+    for b in 0..nb {
+        if NJ == 1 {
+            prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
+        }
+        let blk = w.as_ptr().add(b * BLOCK);
+        let sc = scales_q3k(&std::ptr::read_unaligned(blk.add(96) as *const [u8; K_SCALE_SIZE]));
+        let d =
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk.add(108) as *const u16) as i32)));
+        let scv = group_scales(&sc.map(|s| s as i16));
+        let hm = _mm256_loadu_si256(blk as *const __m256i);
+        let mut q = two_bit_chunks(blk.add(32));
+        for (c, qc) in q.iter_mut().enumerate() {
+            // Bit v of each hmask byte is the high bit of vector v's codes (v = 2c, 2c + 1).
+            let h = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(2 * c as i32))),
+                _mm256_srl_epi16(hm, _mm_cvtsi32_si128(2 * c as i32 + 1)),
+                1,
+            );
+            *qc = _mm512_or_si512(*qc, _mm512_slli_epi16(_mm512_and_si512(h, one), 2));
+        }
+        for t in 0..NJ {
+            let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
+            let sumi = small_code_lanes(&q, &scv, y);
+            let offset: i32 = (0..16).map(|g| sc[g] as i32 * y.bsums[g] as i32).sum();
+            let s = _mm256_cvtepi32_ps(sumi);
+            let s = _mm256_sub_ps(s, _mm256_setr_ps(4.0 * offset as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), s, acc[t]);
+        }
+    }
+    for t in 0..NJ {
+        out[t] = hsum(acc[t]);
+    }
+}
+
 /// Defines a row kernel with the [`RowFn`](super::matmul::RowFn) signature from a
 /// const-generic `NJ` kernel.
 macro_rules! dispatch_nj_avx512 {
@@ -273,6 +405,8 @@ macro_rules! dispatch_nj_avx512 {
 dispatch_nj_avx512!(q5_k, q5_k_n);
 dispatch_nj_avx512!(q6_k, q6_k_n);
 dispatch_nj_avx512!(iq4_xs, iq4_xs_n);
+dispatch_nj_avx512!(q2_k, q2_k_n);
+dispatch_nj_avx512!(q3_k, q3_k_n);
 
 #[cfg(test)]
 mod tests {

@@ -90,6 +90,8 @@ mod avx512_rows {
     use super::{Acts, TileOut};
     tile_from_rows!(q5_k, kq::q5_k);
     tile_from_rows!(iq4_xs, kq::iq4_xs);
+    tile_from_rows!(q2_k, kq::q2_k);
+    tile_from_rows!(q3_k, kq::q3_k);
 }
 #[cfg(target_arch = "x86_64")]
 mod avx2_rows {
@@ -138,6 +140,8 @@ fn kernel_for(isa: Isa, ty: WeightType, n: usize) -> Kernel {
             }
             WeightType::Q5K => return rows(avx512_rows::q5_k),
             WeightType::IQ4XS => return rows(avx512_rows::iq4_xs),
+            WeightType::Q2K => return rows(avx512_rows::q2_k),
+            WeightType::Q3K => return rows(avx512_rows::q3_k),
             WeightType::Q6K => {
                 use super::dot_avx512_q6k as q6;
                 // Below MIN_TILE_ACTS rows the tile function runs the row kernel: tasks and
