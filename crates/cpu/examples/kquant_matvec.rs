@@ -3,11 +3,12 @@
 //! several copies cycled so they come from memory, beside a small matrix that stays in cache.
 //! What chose the K-quant kernels' row counts, tile thresholds and prefetch distance.
 //!
-//! `cargo run --release -p pagekv-cpu --example kquant_matvec -- TYPE ROWSxCOLS N THREADS`,
-//! e.g. `-- q4_k 8960x1536 1,2,4,8 2` (TYPE: q4_k, q5_k or q6_k; random codes, small scales).
+//! `cargo run --release -p pagekv-cpu --example kquant_matvec -- TYPE ROWSxCOLS N THREADS [ISA]`,
+//! e.g. `-- q4_k 8960x1536 1,2,4,8 2` (TYPE: q2_k, q3_k, q4_k, q5_k, q6_k or iq4_xs; random
+//! codes, small scales; ISA: avx2, avx512 or the best one, the default).
 
 use pagekv_cpu::quant::hugepage::HugePageBuf;
-use pagekv_cpu::quant::{matmul, QuantScratch, WeightType, WeightView};
+use pagekv_cpu::quant::{matmul_with_isa, Isa, QuantScratch, WeightType, WeightView};
 use pagekv_cpu::threadpool::ThreadPool;
 use rand::{RngCore, SeedableRng};
 use std::time::Instant;
@@ -28,7 +29,9 @@ fn random_matrix(ty: WeightType, rows: usize, cols: usize, rng: &mut impl RngCor
 }
 
 /// GB/s of weights: median over 7 passes of `reps` products over every matrix in `mats`.
+#[allow(clippy::too_many_arguments)]
 fn bandwidth(
+    isa: Isa,
     ty: WeightType,
     mats: &[HugePageBuf],
     rows: usize,
@@ -46,7 +49,7 @@ fn bandwidth(
         for _ in 0..reps {
             for m in mats {
                 let w = WeightView::new(ty, rows, cols, m.as_slice()).expect("matrix shape");
-                matmul(w, &x, n, &mut out, &mut scratch, pool).expect("matmul");
+                matmul_with_isa(isa, w, &x, n, &mut out, &mut scratch, pool).expect("matmul");
             }
         }
         times.push(t.elapsed().as_secs_f64());
@@ -57,11 +60,23 @@ fn bandwidth(
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: kquant_matvec TYPE ROWSxCOLS N[,N..] THREADS (e.g. q4_k 8960x1536 1,2,4 2)";
-    if args.len() != 4 {
+    let usage = "usage: kquant_matvec TYPE ROWSxCOLS N[,N..] THREADS [avx2|avx512] (e.g. q4_k 8960x1536 1,2,4 2)";
+    if !(4..=5).contains(&args.len()) {
         return Err(usage.into());
     }
+    let isa = match args.get(4).map(String::as_str) {
+        None => Isa::best(),
+        Some("avx2") => Isa::Avx2,
+        Some("avx512") => Isa::Avx512Vnni,
+        Some(other) => return Err(format!("unknown ISA {other}; {usage}").into()),
+    };
+    if !isa.is_available() {
+        return Err(format!("{isa:?} is not available on this CPU").into());
+    }
     let ty = match args[0].as_str() {
+        "q2_k" => WeightType::Q2K,
+        "q3_k" => WeightType::Q3K,
+        "iq4_xs" => WeightType::IQ4XS,
         "q4_k" => WeightType::Q4K,
         "q5_k" => WeightType::Q5K,
         "q6_k" => WeightType::Q6K,
@@ -80,10 +95,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // About 1 MiB: both threads' share stays in their L2.
     let small_rows = (1 << 20) / ty.row_bytes(cols)?;
     let cache = [HugePageBuf::copy_of(&random_matrix(ty, small_rows.max(4), cols, &mut rng))?];
-    println!("{ty:?} {rows}x{cols}, {} threads: GB/s of weights per product", pool.n_threads());
+    println!("{ty:?} {rows}x{cols}, {isa:?}, {} threads: GB/s of weights per product", pool.n_threads());
     for n in ns {
-        let mem = bandwidth(ty, &memory, rows, cols, n, 2, &pool);
-        let hot = bandwidth(ty, &cache, small_rows.max(4), cols, n, 200, &pool);
+        let mem = bandwidth(isa, ty, &memory, rows, cols, n, 2, &pool);
+        let hot = bandwidth(isa, ty, &cache, small_rows.max(4), cols, n, 200, &pool);
         println!("  n = {n:2}: from memory {mem:6.1}, in cache ({} rows) {hot:6.1}", small_rows.max(4));
     }
     Ok(())

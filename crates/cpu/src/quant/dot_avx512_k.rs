@@ -1,4 +1,4 @@
-//! AVX-512 (F, BW, VL) + VNNI row kernels for Q2_K, Q3_K, Q5_K, Q6_K and IQ4_XS × Q8_K
+//! AVX-512 (F, BW, VL) + VNNI row kernels for Q2_K, Q3_K, Q5_K and Q6_K × Q8_K
 //! activations, bit-identical to the AVX2 kernels of [`dot_avx2_k`](super::dot_avx2_k). Q4_K has
 //! its own: decode in
 //! [`dot_avx512_q4k_gemv`](super::dot_avx512_q4k_gemv), prefill tiles in
@@ -21,8 +21,8 @@
 // Kernels and references index several parallel arrays by the same lane or row.
 #![allow(clippy::needless_range_loop)]
 
-use super::blocks::{iq4xs_scale, scales_q3k, BlockQ8K, K_SCALE_SIZE, QK_K};
-use super::dot_avx2::{hsum, iq4nl_table, prefetch_share, unpack_nibbles, K_PREFETCH_ROWS};
+use super::blocks::{scales_q3k, BlockQ8K, K_SCALE_SIZE, QK_K};
+use super::dot_avx2::{hsum, prefetch_share, K_PREFETCH_ROWS};
 use super::types::Acts;
 use std::arch::x86_64::*;
 
@@ -206,54 +206,6 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     }
 }
 
-/// IQ4_XS: `d d_x Σ_v sc_v Σ level y` over the eight 32-value sub-blocks `v`. Chunk `c` holds
-/// sub-blocks `2c` (low half) and `2c + 1` (high half). AVX-512 has no `vpsignb`, so the signed
-/// levels are looked up as `level + 128` (unsigned bytes `vpdpbusd` takes) and `128 Σ y` comes
-/// off each four-product lane: the same exact `Σ level y` per lane as the AVX2 kernel's
-/// `|y| × (level with y's sign)`, then scaled (`vpmulld`) and summed as integers.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn iq4_xs_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
-    const BLOCK: usize = 136;
-    let nb = a.k / QK_K;
-    debug_assert!(w.len() == nb * BLOCK && a.q8k.len() >= (j0 + NJ) * nb);
-    let levels = _mm512_broadcast_i32x4(_mm_xor_si128(iq4nl_table(), _mm_set1_epi8(-128)));
-    let bias = _mm512_set1_epi8(-128); // 0x80: 128 as an unsigned byte
-    let zero = _mm512_setzero_si512();
-    let mut acc = [_mm256_setzero_ps(); NJ];
-    for b in 0..nb {
-        if NJ == 1 {
-            prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
-        }
-        let blk = w.as_ptr().add(b * BLOCK);
-        let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const u16) as i32)));
-        let scales_h = std::ptr::read_unaligned(blk.add(2) as *const u16);
-        let scales_l: [u8; 4] = std::ptr::read_unaligned(blk.add(4) as *const [u8; 4]);
-        let q: [__m512i; 4] = std::array::from_fn(|c| {
-            let at = blk.add(8 + 32 * c);
-            let z = _mm512_inserti64x4(_mm512_castsi256_si512(unpack_nibbles(at)), unpack_nibbles(at.add(16)), 1);
-            _mm512_shuffle_epi8(levels, z)
-        });
-        let sc: [__m512i; 4] = std::array::from_fn(|c| {
-            let s = |v: usize| _mm256_set1_epi32(iq4xs_scale(scales_h, &scales_l, v));
-            _mm512_inserti64x4(_mm512_castsi256_si512(s(2 * c)), s(2 * c + 1), 1)
-        });
-        for t in 0..NJ {
-            let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
-            let mut sumi = zero;
-            for c in 0..4 {
-                let yv = _mm512_loadu_si512(y.qs.as_ptr().add(64 * c) as *const __m512i);
-                let dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q[c], yv), _mm512_dpbusd_epi32(zero, bias, yv));
-                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(dot, sc[c]));
-            }
-            let sumi = fold_halves(sumi);
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
-        }
-    }
-    for t in 0..NJ {
-        out[t] = hsum(acc[t]);
-    }
-}
-
 /// `vpermw` indices that spread 16 group scales (i16) over four chunks: chunk `c`'s 128-bit
 /// quarter `q` takes group `4c + q` (each chunk holds two 32-value vectors, four 16-value groups).
 const GROUP_IDX: [[i16; 32]; 4] = {
@@ -328,12 +280,16 @@ unsafe fn q2_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
         };
         let (d, dmin) = (f16_at(80), f16_at(82));
         let sc = group_scales(&scales.map(|s| (s & 0xF) as i16));
+        let mins = _mm256_cvtepu8_epi16(_mm_srli_epi16(
+            _mm_and_si128(_mm_loadu_si128(blk as *const __m128i), _mm_set1_epi8(-16)),
+            4,
+        ));
         let q = two_bit_chunks(blk.add(16));
         for t in 0..NJ {
             let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
             let sumi = small_code_lanes(&q, &sc, y);
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
-            let summ: i32 = (0..16).map(|g| (scales[g] >> 4) as i32 * y.bsums[g] as i32).sum();
+            let summ = hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i), mins));
             acc_min[t] += dmin * y.d * summ as f32;
         }
     }
@@ -360,6 +316,7 @@ unsafe fn q3_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
         let d =
             _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk.add(108) as *const u16) as i32)));
         let scv = group_scales(&sc.map(|s| s as i16));
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
         let hm = _mm256_loadu_si256(blk as *const __m256i);
         let mut q = two_bit_chunks(blk.add(32));
         for (c, qc) in q.iter_mut().enumerate() {
@@ -374,7 +331,7 @@ unsafe fn q3_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
         for t in 0..NJ {
             let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
             let sumi = small_code_lanes(&q, &scv, y);
-            let offset: i32 = (0..16).map(|g| sc[g] as i32 * y.bsums[g] as i32).sum();
+            let offset = hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i), sc16));
             let s = _mm256_cvtepi32_ps(sumi);
             let s = _mm256_sub_ps(s, _mm256_setr_ps(4.0 * offset as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0));
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), s, acc[t]);
@@ -404,7 +361,6 @@ macro_rules! dispatch_nj_avx512 {
 
 dispatch_nj_avx512!(q5_k, q5_k_n);
 dispatch_nj_avx512!(q6_k, q6_k_n);
-dispatch_nj_avx512!(iq4_xs, iq4_xs_n);
 dispatch_nj_avx512!(q2_k, q2_k_n);
 dispatch_nj_avx512!(q3_k, q3_k_n);
 

@@ -89,7 +89,6 @@ mod avx512_rows {
     use super::super::dot_avx512_k as kq;
     use super::{Acts, TileOut};
     tile_from_rows!(q5_k, kq::q5_k);
-    tile_from_rows!(iq4_xs, kq::iq4_xs);
     tile_from_rows!(q2_k, kq::q2_k);
     tile_from_rows!(q3_k, kq::q3_k);
 }
@@ -139,7 +138,6 @@ fn kernel_for(isa: Isa, ty: WeightType, n: usize) -> Kernel {
                 return Kernel { tile: q4::q4_k, decode_rows: 4, tile_rows: q4::ROWS, tile_acts: q4::ACTS };
             }
             WeightType::Q5K => return rows(avx512_rows::q5_k),
-            WeightType::IQ4XS => return rows(avx512_rows::iq4_xs),
             WeightType::Q2K => return rows(avx512_rows::q2_k),
             WeightType::Q3K => return rows(avx512_rows::q3_k),
             WeightType::Q6K => {
