@@ -4,8 +4,8 @@
 //! What chose the K-quant kernels' row counts, tile thresholds and prefetch distance.
 //!
 //! `cargo run --release -p pagekv-cpu --example kquant_matvec -- TYPE ROWSxCOLS N THREADS [ISA]`,
-//! e.g. `-- q4_k 8960x1536 1,2,4,8 2` (TYPE: q2_k, q3_k, q4_k, q5_k, q6_k or iq4_xs; random
-//! codes, small scales; ISA: avx2, avx512 or the best one, the default).
+//! e.g. `-- q4_k 8960x1536 1,2,4,8 2`. TYPE: q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs or iq4_nl
+//! (random codes, small scales); ISA: avx2, avx512 or, by default, the best one.
 
 use pagekv_cpu::quant::hugepage::HugePageBuf;
 use pagekv_cpu::quant::{matmul_with_isa, Isa, QuantScratch, WeightType, WeightView};
@@ -77,6 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "q2_k" => WeightType::Q2K,
         "q3_k" => WeightType::Q3K,
         "iq4_xs" => WeightType::IQ4XS,
+        "iq4_nl" => WeightType::IQ4NL,
         "q4_k" => WeightType::Q4K,
         "q5_k" => WeightType::Q5K,
         "q6_k" => WeightType::Q6K,
