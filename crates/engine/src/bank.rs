@@ -9,17 +9,19 @@
 //! is forked and trimmed to the hit, so the new sequence shares those blocks by reference and
 //! computes only the rest.
 //!
-//! An entry is an idle `SequenceCache` holding one reference on each of its blocks. Blocks
+//! An entry is a [`PrefixBlocks`]: per layer group, the bare block ids of its tokens, holding
+//! one reference on each; a new sequence starts from it with `SequenceCache::start_from` (its
+//! own after a preemption with `SequenceCache::resume`). Blocks
 //! whose every reference is held by bank entries are *cached*: reclaimable on demand (the
 //! bank counts its own references per block to tell). Eviction takes the least recently used
-//! entry whose tail block is cached and trims that one block (a sequence's tail goes before
+//! entry whose tail block is cached and drops that one block (a sequence's tail goes before
 //! its head, so shared prefixes live longest), until a block is actually freed; byte budgets
 //! and TTLs evict the same way. Blocks a running sequence also holds are never counted as
 //! cached nor evicted for room (that would free nothing).
 //!
 //! With a hybrid cache (layer groups, `kvcache::LayerGroups`) an entry holds every group's
 //! table: a full group's whole prefix, a sliding group's last window. A prefix is reused only
-//! where every sliding group still holds the window before the hit (the fork's trim refuses
+//! where every sliding group still holds the window before the hit (`start_from` refuses
 //! otherwise, and the prompt is recomputed): the next turn of the same conversation, whose
 //! prompt extends everything the entry held, always is; a hit further back is not.
 //!
@@ -32,7 +34,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use kvcache::{BlockHash, KvPool, PageStore, SequenceCache};
+use kvcache::{BlockHash, KvPool, PageStore, PrefixBlocks, SequenceCache};
 
 use crate::config::BankConfig;
 
@@ -59,8 +61,8 @@ pub(crate) struct BankCounters {
 }
 
 struct Entry {
-    cache: SequenceCache,
-    /// `[cache.offset()]` the tokens whose K/V it holds.
+    blocks: PrefixBlocks,
+    /// `[blocks.tokens()]` the tokens whose K/V it holds.
     tokens: Vec<u32>,
     /// `[full blocks]` chained hashes of `tokens`' full blocks.
     hashes: Vec<BlockHash>,
@@ -159,10 +161,11 @@ impl SessionBank {
         }
         self.forget(id, &hashes[full..]);
         self.register(id, &hashes[..full], 0);
-        self.count_cache_refs(&cache, true);
+        let blocks = cache.into_prefix(pool);
+        self.count_refs(&blocks, true);
         self.tick += 1;
         let entry = Entry {
-            cache,
+            blocks,
             tokens: tokens.to_vec(),
             hashes: hashes[..full].to_vec(),
             tick: self.tick,
@@ -170,7 +173,7 @@ impl SessionBank {
         };
         if let Some(old) = self.entries.insert(id, entry) {
             debug_assert!(false, "sequence {id} banked twice");
-            old.cache.release(pool);
+            old.blocks.release(pool);
         }
     }
 
@@ -182,21 +185,29 @@ impl SessionBank {
         }
     }
 
-    /// Takes entry `id` out of the bank (a preempted sequence coming back for its own cache).
-    pub fn take(&mut self, id: u64) -> Option<SequenceCache> {
+    /// Takes entry `id` out of the bank (a preempted sequence coming back for its own blocks).
+    pub fn take(&mut self, id: u64) -> Option<PrefixBlocks> {
         let e = self.entries.remove(&id)?;
-        self.count_cache_refs(&e.cache, false);
+        self.count_refs(&e.blocks, false);
         // The keys stay: they point to `id`, which is about to run again and holds the blocks.
-        Some(e.cache)
+        Some(e.blocks)
     }
 
-    /// A new cache sharing entry `id`'s first `blocks` blocks; the entry becomes most recent.
-    pub fn fork_prefix<S: PageStore>(&mut self, pool: &mut KvPool<S>, id: u64, blocks: usize) -> Option<SequenceCache> {
+    /// A new sequence (`template`'s policy) sharing entry `id`'s first `blocks` blocks; the
+    /// entry becomes most recent. `None` where a sliding window no longer holds what a
+    /// continuation from there reaches.
+    pub fn start_from<S: PageStore>(
+        &mut self,
+        pool: &mut KvPool<S>,
+        template: &SequenceCache,
+        id: u64,
+        blocks: usize,
+    ) -> Option<SequenceCache> {
         let e = self.entries.get_mut(&id)?;
         self.tick += 1;
         e.tick = self.tick;
         e.last_used = Instant::now();
-        fork_prefix(&e.cache, pool, blocks * self.block_size)
+        template.start_from(pool, &e.blocks, blocks * self.block_size).ok()
     }
 
     /// Releases entry `id` whole.
@@ -207,8 +218,8 @@ impl SessionBank {
                     self.index.remove(h);
                 }
             }
-            self.count_cache_refs(&e.cache, false);
-            e.cache.release(pool);
+            self.count_refs(&e.blocks, false);
+            e.blocks.release(pool);
         }
     }
 
@@ -220,7 +231,7 @@ impl SessionBank {
             let victim = self
                 .entries
                 .iter()
-                .filter(|(_, e)| e.cache.block_tables().any(|t| t.last().is_some_and(|&b| self.is_cached(b, pool))))
+                .filter(|(_, e)| e.blocks.tables().any(|t| t.last().is_some_and(|&b| self.is_cached(b, pool))))
                 .min_by_key(|(_, e)| e.tick)
                 .map(|(&id, _)| id);
             let Some(id) = victim else { return false };
@@ -274,9 +285,9 @@ impl SessionBank {
         }
     }
 
-    /// Counts (or uncounts) the bank's reference on every block of every group of `cache`.
-    fn count_cache_refs(&mut self, cache: &SequenceCache, add: bool) {
-        for &b in cache.block_tables().flatten().filter(|&&b| b != kvcache::NULL_BLOCK) {
+    /// Counts (or uncounts) the bank's reference on every block of every group of `blocks`.
+    fn count_refs(&mut self, blocks: &PrefixBlocks, add: bool) {
+        for b in blocks.blocks() {
             let n = &mut self.bank_refs[b as usize];
             if add {
                 *n += 1;
@@ -304,27 +315,15 @@ impl SessionBank {
     fn trim_tail_block<S: PageStore>(&mut self, pool: &mut KvPool<S>, id: u64) {
         let bs = self.block_size;
         let Some(e) = self.entries.get_mut(&id) else { return };
-        let offset = e.cache.offset();
-        let in_tail = match offset % bs {
-            0 => bs,
-            r => r,
-        };
-        if !e.cache.can_cut_to(offset - in_tail) {
+        let Ok(released) = e.blocks.trim_tail_block(pool) else {
             // A sliding group would lose its window: the entry goes whole.
             self.remove(pool, id);
             return;
-        }
-        // The trim drops each group's last logical block: the bank's references on them go.
-        let tails: Vec<u32> =
-            e.cache.block_tables().filter_map(|t| t.last().copied()).filter(|&b| b != kvcache::NULL_BLOCK).collect();
-        e.cache.trim(pool, in_tail).expect("an idle entry holds its tokens");
-        for table in e.cache.block_tables() {
-            debug_assert_eq!(table.len(), e.cache.offset().div_ceil(bs));
-        }
-        for b in tails {
+        };
+        for b in released {
             self.bank_refs[b as usize] -= 1;
         }
-        e.tokens.truncate(offset - in_tail);
+        e.tokens.truncate(e.blocks.tokens());
         if e.hashes.len() > e.tokens.len() / bs {
             let h = e.hashes.pop().expect("checked");
             if self.index.get(&h).is_some_and(|x| x.id == id) {
@@ -351,7 +350,7 @@ impl SessionBank {
         }
         let mut refs = vec![0u32; self.bank_refs.len()];
         for e in self.entries.values() {
-            for &b in e.cache.block_tables().flatten().filter(|&&b| b != kvcache::NULL_BLOCK) {
+            for b in e.blocks.blocks() {
                 refs[b as usize] += 1;
             }
         }
@@ -398,11 +397,24 @@ mod tests {
         SessionBank::new(config, pool.blocks().num_blocks(), BS, block_bytes(pool))
     }
 
+    fn policy() -> SequencePolicy {
+        SequencePolicy { dynamic_growth: true, context_window: None, sliding_window: None, debug_blocks: false }
+    }
+
+    /// The engine's template: the policy, no block.
+    fn template(pool: &KvPool) -> SequenceCache {
+        SequenceCache::reserving(pool, policy(), 0)
+    }
+
+    /// A sequence starting from entry `id`'s first `blocks` blocks.
+    fn start(b: &mut SessionBank, p: &mut KvPool, id: u64, blocks: usize) -> Option<SequenceCache> {
+        let t = template(p);
+        b.start_from(p, &t, id, blocks)
+    }
+
     /// A sequence holding `tokens` (K/V pages are not written: only bookkeeping is tested).
     fn cache_with(pool: &mut KvPool, tokens: &[u32]) -> SequenceCache {
-        let policy =
-            SequencePolicy { dynamic_growth: true, context_window: None, sliding_window: None, debug_blocks: false };
-        let mut c = SequenceCache::new(pool, policy, 0).unwrap();
+        let mut c = SequenceCache::new(pool, policy(), 0).unwrap();
         if !tokens.is_empty() {
             c.begin_append(pool, tokens.len()).unwrap();
             c.commit_append(pool);
@@ -447,7 +459,7 @@ mod tests {
         q.extend(toks(9, 20));
         let (holder, n) = b.lookup(&hashes(&q)).unwrap();
         assert_eq!((holder, n), (Holder { id: 1, block: 1 }, 2));
-        let fork = b.fork_prefix(&mut p, 1, n).unwrap();
+        let fork = start(&mut b, &mut p, 1, n).unwrap();
         assert_eq!(fork.offset(), 16);
         assert_eq!(fork.block_table(), &table[..2]);
         assert_eq!(p.blocks().ref_count(table[0]), 2);
@@ -469,7 +481,7 @@ mod tests {
         let older = put(&mut b, &mut p, 1, &toks(1, 20)); // blocks: 8 + 8 + 4
         let newer = put(&mut b, &mut p, 2, &toks(2, 16));
         // A running sequence shares the newer entry's first block.
-        let running = b.fork_prefix(&mut p, 2, 1).unwrap(); // now entry 2 is the most recent
+        let running = start(&mut b, &mut p, 2, 1).unwrap(); // now entry 2 is the most recent
         let mut freed = Vec::new();
         loop {
             let before = p.blocks().free_order();
@@ -528,7 +540,7 @@ mod tests {
         put(&mut b, &mut p, 1, &turn1);
         let mut turn2 = turn1.clone();
         turn2.extend(toks(2, 12));
-        let mut c = b.fork_prefix(&mut p, 1, 2).unwrap();
+        let mut c = start(&mut b, &mut p, 1, 2).unwrap();
         c.begin_append(&mut p, turn2.len() - 16).unwrap();
         c.commit_append(&mut p);
         c.trim(&mut p, 0).unwrap();
@@ -561,7 +573,7 @@ mod tests {
         let a = toks(1, 16);
         let table = put(&mut b, &mut p, 1, &a);
         // Entry 2 = entry 1's first block + one more block of its own.
-        let mut c = b.fork_prefix(&mut p, 1, 1).unwrap();
+        let mut c = start(&mut b, &mut p, 1, 1).unwrap();
         c.begin_append(&mut p, 8).unwrap();
         c.commit_append(&mut p);
         c.trim(&mut p, 0).unwrap();

@@ -439,7 +439,10 @@ impl<M: Forward> Scheduler<M> {
         let bs = self.limits.block_size;
         if self.bank.enabled() {
             if let Some(own) = self.bank.take(seq.id) {
-                return (own, None, true);
+                match self.template.resume(&mut self.pool, own) {
+                    Ok(cache) => return (cache, None, true),
+                    Err(e) => debug_assert!(false, "a sequence's own prefix resumes: {e}"),
+                }
             }
             // At least one token is always computed: its logits are needed.
             let blocks = (seq.tokens.len() - 1) / bs;
@@ -448,7 +451,7 @@ impl<M: Forward> Scheduler<M> {
                 let running = self.running.iter().find(|r| r.id == holder.id);
                 let fork = match running {
                     Some(r) => r.cache.as_ref().and_then(|c| fork_prefix(c, &mut self.pool, n * bs)),
-                    None => self.bank.fork_prefix(&mut self.pool, holder.id, n),
+                    None => self.bank.start_from(&mut self.pool, &self.template, holder.id, n),
                 };
                 if let Some(c) = fork {
                     let origin = if running.is_none() { Some(holder.id) } else { None };

@@ -81,6 +81,12 @@ impl GroupTable {
         }
     }
 
+    /// First logical block a continuation from `offset` keeps: what a reclaim at `offset`
+    /// leaves (0 without a window).
+    pub(crate) fn first_reachable(&self, offset: usize, seq_window: Option<usize>, bs: usize) -> usize {
+        self.window(seq_window).map_or(0, |w| self.reclaimable_before(self.reclaim_pos(offset, bs), w, bs))
+    }
+
     /// Whether a sliding group still holds the whole window of a query at `pos` (the tokens
     /// `[pos + 1 - W, pos)`), so the sequence can continue from `pos`. Full groups: always.
     pub(crate) fn holds_window_at(&self, pos: usize, seq_window: Option<usize>, bs: usize) -> bool {

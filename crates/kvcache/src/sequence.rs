@@ -36,6 +36,7 @@ use crate::kv_pool::KvPool;
 use crate::pages::PageStore;
 use crate::policy::SequencePolicy;
 use crate::pool::NULL_BLOCK;
+use crate::prefix::PrefixBlocks;
 use crate::stats::CacheCounters;
 
 /// Offset and geometry of a sequence, to roll back to later.
@@ -613,6 +614,51 @@ impl SequenceCache {
             pool.pages().read(plane, self.group_slot(g, pos), &mut k[r.clone()], &mut v[r]);
         }
         Ok((k, v))
+    }
+
+    /// `[groups]` each sliding group's window (`None` for the others): what a continuation
+    /// from a position must still hold (see [`Self::can_cut_to`]).
+    pub(crate) fn sliding_windows(&self) -> Vec<Option<usize>> {
+        self.groups.iter().map(|g| g.window(self.policy.sliding_window).filter(|_| g.is_sliding())).collect()
+    }
+
+    /// A sequence with this one's policy and reservation holding the first `tokens` tokens of
+    /// `prefix` (checked by the caller); `take` is called on every block it keeps (a windowed
+    /// group keeps only what a query at `tokens` reaches).
+    pub(crate) fn adopt(&self, prefix: &PrefixBlocks, tokens: usize, mut take: impl FnMut(u32)) -> SequenceCache {
+        let bs = self.block_size;
+        let used = tokens.div_ceil(bs);
+        let groups = self
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(g, t)| {
+                let mut gt = GroupTable {
+                    table: prefix.table(g)[..used].to_vec(),
+                    first_live: 0,
+                    reserved: t.reserved,
+                    kind: t.kind,
+                };
+                let start =
+                    gt.first_reachable(tokens, self.policy.sliding_window, bs).max(prefix.first_live(g)).min(used);
+                gt.table[..start].fill(NULL_BLOCK);
+                gt.table[start..].iter().for_each(|&b| take(b));
+                gt.first_live = start;
+                gt
+            })
+            .collect();
+        let seq = SequenceCache {
+            groups,
+            layout: self.layout.clone(),
+            offset: tokens,
+            valid_end: tokens,
+            pending: None,
+            grow_events: 0,
+            slots: Vec::new(),
+            ..*self
+        };
+        seq.debug_print("start from prefix");
+        seq
     }
 
     fn ensure_idle(&self) -> Result<(), CacheError> {
