@@ -19,7 +19,7 @@ use pagekv_cpu::quant::activations::quantize_q8_block;
 use pagekv_cpu::quant::blocks::*;
 use pagekv_cpu::quant::quantize::{quantize_q8_k, quantize_row};
 use pagekv_cpu::quant::reference_q4k::{q4_k_dot, Q4KOrder};
-use pagekv_cpu::quant::reference_q6k::q6_k_dot;
+use pagekv_cpu::quant::reference_q6k::{q6_k_dot, q6_k_dot_tiled, tiled_order};
 use pagekv_cpu::quant::{
     dequantize_row, matmul, matmul_fused_with_isa, matmul_with_isa, Isa, MatmulPart, Q8Kind, QuantError, QuantScratch,
     WeightType, WeightView,
@@ -611,11 +611,12 @@ fn q4_k_sums_in_llama_cpps_repacked_order() {
 
 #[test]
 fn q6_k_sums_in_llama_cpps_order() {
-    // Bit for bit against `ggml_vec_dot_q6_K_q8_K`'s order (see `reference_q6k`) on fresh random
-    // blocks: every instruction set, decode and prefill shapes, 1 and 2 threads.
+    // Bit for bit against llama.cpp's orders (see `reference_q6k`) on fresh random blocks: the
+    // dot product's below 8 activation rows, the tiled matmul's from 8; every instruction set,
+    // decode and prefill shapes, 1 and 2 threads.
     let isas = Isa::available();
     // Tiles of 16 rows × 16 activation rows, full and partial (12 or more activation rows);
-    // fewer take the row kernel.
+    // fewer take the row kernel (in both orders: 9 and 8 rows are tiled-order row kernels).
     let shapes = [
         (7, 512, 1),
         (9, 256, 5),
@@ -626,8 +627,21 @@ fn q6_k_sums_in_llama_cpps_order() {
         (40, 256, 12),
         (18, 256, 9),
         (17, 256, 2),
+        (11, 2048, 8),
+        (6, 1024, 7),
     ];
     assert_bit_exact(WeightType::Q6K, &isas, &[1, 2], &shapes, |c| {
-        (0..c.n * c.m).map(|at| q6_k_dot(c.row(at % c.m), &c.q8k(at / c.m))).collect()
+        let dot = if tiled_order(c.n) { q6_k_dot_tiled } else { q6_k_dot };
+        if tiled_order(c.n) {
+            // The two orders really differ (so the test tells them apart).
+            let differ = (0..c.n * c.m)
+                .filter(|&at| {
+                    let (row, y) = (c.row(at % c.m), c.q8k(at / c.m));
+                    q6_k_dot(row, &y).to_bits() != q6_k_dot_tiled(row, &y).to_bits()
+                })
+                .count();
+            assert!(differ > 0 || c.m * c.n < 32, "seed {}: both orders agree on all {} outputs", c.seed, c.m * c.n);
+        }
+        (0..c.n * c.m).map(|at| dot(c.row(at % c.m), &c.q8k(at / c.m))).collect()
     });
 }

@@ -5,17 +5,13 @@
 //! 16 tokens on 4 prompts, two of them longer than 600 tokens (see `golden/`).
 //!
 //! Measured (2 threads, default numerics, 2026-12-05): tokenizer 17 of 17; top-1 agreement
-//! 95.15 % over 2,000 positions, perplexity +0.28 %; greedy 2 of 4 (`english`, `long_code`;
-//! `digits` parts at step 10, `long_prose` at step 1, where llama.cpp's two best logits are 0.19
-//! apart). The issue asks 97 % and 3 of 4: not met. Layer by layer against `llama-eval-callback`
-//! (same file, flash attention off) the forward was bit for bit llama.cpp's through the first
-//! layer's attention and first differed at the Q4_K `attn_output` product; Q4_K and Q6_K now sum
-//! in llama.cpp's x86 orders (`pagekv_cpu::quant::reference_q4k`, `reference_q6k`, tested bit
-//! for bit), which moved the figures (95.10 % and greedy 2 of 4 before; 95.70 % and 1 of 4 with
-//! only Q4_K changed) without reaching the bar, so another difference remains and the op-by-op
-//! comparison has to be redone. Last-bit differences flip 8-bit activation codes downstream, so
-//! the agreement figures move by tenths of a percent with any rounding change: near-ties, not a
-//! modelling error. The bounds below hold the measured figures so a regression shows.
+//! 100 % over 2,000 positions (all 2,199), perplexity equal to llama.cpp's, the largest
+//! log-probability difference 5e-6 (the golden file's rounding); greedy 4 of 4. Found layer by
+//! layer against `llama-eval-callback` (same file, flash attention off): the activations are bit
+//! for bit llama.cpp's once GELU's table is built with the fused multiply-add ggml-cpu's compiler
+//! forms (`gelu.rs`), Q6_K products of 8 or more rows take the tiled matmul's order
+//! (`reference_q6k`), and the last layer's FFN runs over the logit rows only, as llama.cpp's
+//! graph prunes them.
 
 mod golden;
 use golden::Spec;
@@ -25,10 +21,10 @@ const GEMMA3: Spec = Spec {
     model_file: "gemma3-270m.gguf",
     data_dir: "gemma3-270m",
     positions: 2000,
-    min_agreement: 0.95,
-    max_ppl_diff: 0.02,
+    min_agreement: 0.999,
+    max_ppl_diff: 0.001,
     greedy_tokens: 16,
-    min_greedy_matches: 2,
+    min_greedy_matches: 4,
 };
 
 #[test]

@@ -157,7 +157,8 @@ unsafe fn q5_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
 }
 
 /// Q6_K: codes unpacked to 0..63 (`q + 32`), so the dot is `Σ sc_g Σ q y - 32 Σ sc_g bsums_g`,
-/// the offset taken from each lane as in [`reference_q6k`](super::reference_q6k).
+/// the offset taken from each lane as in [`reference_q6k`](super::reference_q6k); with
+/// `a.tiled`, the lanes' exact sum per super-block goes into the tiled matmul's order instead.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
     const BLOCK: usize = 210;
@@ -166,6 +167,7 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     let mask = _mm256_set1_epi8(0x0F);
     let three = _mm256_set1_epi8(3);
     let mut acc = [_mm256_setzero_ps(); NJ];
+    let mut tiled = [0.0f32; NJ];
     for b in 0..nb {
         if NJ == 1 {
             prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
@@ -198,12 +200,27 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
             // ggml's order: lane l loses 32 (sc_2l bsums_2l + sc_2l+1 bsums_2l+1) as an integer.
             let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
             let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc_i16), 5));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
+            if a.tiled {
+                tiled[t] = (hsum_i32(sumi) as f32 * d).mul_add(y.d, tiled[t]);
+            } else {
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
+            }
         }
     }
     for t in 0..NJ {
-        out[t] = hsum(acc[t]);
+        out[t] = if a.tiled { tiled[t] } else { hsum(acc[t]) };
     }
+}
+
+/// The exact sum of eight i32 lanes (wrapping, as the lanes' own sums are: a K-quant
+/// super-block's total fits in i32).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
 }
 
 /// The f16 at `p` as f32.

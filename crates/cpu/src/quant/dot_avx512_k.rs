@@ -135,7 +135,8 @@ const Q6K_PREFETCH_BYTES: usize = 4096;
 
 /// Q6_K: codes unpacked to 0..63 (`q + 32`), so the dot is `Σ sc_g Σ q y - 32 Σ sc_g bsums_g`.
 /// Chunk `2h + i` holds the AVX2 kernel's vectors `4h + 2i` and `4h + 2i + 1`, whose 16-value
-/// groups (scales) are `8h + 4i .. 8h + 4i + 4`, one per 128-bit quarter.
+/// groups (scales) are `8h + 4i .. 8h + 4i + 4`, one per 128-bit quarter. With `a.tiled`, the
+/// lanes' exact sum per super-block goes into the tiled matmul's order.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
     const BLOCK: usize = 210;
@@ -144,6 +145,7 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     let mask = _mm512_set1_epi8(0x0F);
     let three = _mm512_set1_epi8(3);
     let mut acc = [_mm256_setzero_ps(); NJ];
+    let mut tiled = [0.0f32; NJ];
     for b in 0..nb {
         if NJ == 1 {
             prefetch_share(w.as_ptr(), Q6K_PREFETCH_BYTES, b, w.len() / nb);
@@ -198,11 +200,15 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
             // ggml's order: lane l loses 32 (sc_2l bsums_2l + sc_2l+1 bsums_2l+1) as an integer.
             let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
             let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc_i16), 5));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
+            if a.tiled {
+                tiled[t] = (super::dot_avx2_k::hsum_i32(sumi) as f32 * d).mul_add(y.d, tiled[t]);
+            } else {
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
+            }
         }
     }
     for t in 0..NJ {
-        out[t] = hsum(acc[t]);
+        out[t] = if a.tiled { tiled[t] } else { hsum(acc[t]) };
     }
 }
 

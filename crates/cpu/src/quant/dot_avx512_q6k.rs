@@ -1,6 +1,7 @@
 //! AVX-512 VNNI tile kernel for Q6_K × Q8_K: up to 16 weight rows × up to 16 activation rows,
-//! one output per 32-bit lane, in llama.cpp's order ([`reference_q6k`](super::reference_q6k)),
-//! straight from plain rows.
+//! one output per 32-bit lane, in llama.cpp's orders ([`reference_q6k`](super::reference_q6k):
+//! the dot product's, or with `Acts::tiled` the tiled matmul's, which takes the eight lanes'
+//! exact sum per super-block), straight from plain rows.
 //!
 //! The order keeps eight i32 lanes per output and super-block: lane `l` sums, over the eight
 //! 32-value vectors `v`, `sc_g · (the four products 32v + 4l .. 32v + 4l + 4)` with `g = 2v +
@@ -118,20 +119,34 @@ unsafe fn tile(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut Ti
                 }
             }
             let dd = _mm512_mul_ps(dv, _mm512_set1_ps(y.d));
+            let mut total = _mm512_setzero_si512();
             for l in 0..8 {
                 let bs = (y.bsums[2 * l] as u16 as u32 | (y.bsums[2 * l + 1] as u16 as u32) << 16) as i32;
                 let offset = _mm512_madd_epi16(sc2v[l], _mm512_set1_epi32(bs));
                 let lane = _mm512_sub_epi32(acc[l], _mm512_slli_epi32::<5>(offset));
-                facc[t][l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lane), dd, facc[t][l]);
+                if a.tiled {
+                    total = _mm512_add_epi32(total, lane);
+                } else {
+                    facc[t][l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lane), dd, facc[t][l]);
+                }
+            }
+            if a.tiled {
+                // The tiled matmul's order: fma(f32(total) · d, d_y, out) per super-block.
+                let r = _mm512_mul_ps(_mm512_cvtepi32_ps(total), dv);
+                facc[t][0] = _mm512_fmadd_ps(r, _mm512_set1_ps(y.d), facc[t][0]);
             }
         }
     }
     for t in 0..nj {
         let f = &facc[t];
-        let sum = _mm512_add_ps(
-            _mm512_add_ps(_mm512_add_ps(f[0], f[4]), _mm512_add_ps(f[2], f[6])),
-            _mm512_add_ps(_mm512_add_ps(f[1], f[5]), _mm512_add_ps(f[3], f[7])),
-        );
+        let sum = if a.tiled {
+            f[0]
+        } else {
+            _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(f[0], f[4]), _mm512_add_ps(f[2], f[6])),
+                _mm512_add_ps(_mm512_add_ps(f[1], f[5]), _mm512_add_ps(f[3], f[7])),
+            )
+        };
         let mut lanes = [0.0f32; ROWS];
         _mm512_storeu_ps(lanes.as_mut_ptr(), sum);
         for i in 0..nr {

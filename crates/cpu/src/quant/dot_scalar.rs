@@ -7,7 +7,7 @@
 
 use super::blocks::*;
 use super::reference_q4k::{q4_k_dot, Q4KOrder};
-use super::reference_q6k::q6_k_dot;
+use super::reference_q6k::{q6_k_dot, q6_k_dot_tiled};
 use super::types::Acts;
 use bytemuck::pod_read_unaligned;
 use half::{bf16, f16};
@@ -229,7 +229,8 @@ pub fn q5_k(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
 /// Q6_K × Q8_K, in llama.cpp's order ([`reference_q6k`](super::reference_q6k)).
 pub fn q6_k(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
     let nb = a.k / QK_K;
-    for_rows(nj, out, |t| q6_k_dot(w, &a.q8k[(j0 + t) * nb..(j0 + t + 1) * nb]))
+    let dot = if a.tiled { q6_k_dot_tiled } else { q6_k_dot };
+    for_rows(nj, out, |t| dot(w, &a.q8k[(j0 + t) * nb..(j0 + t + 1) * nb]))
 }
 
 /// F32 weights × f32 activations.

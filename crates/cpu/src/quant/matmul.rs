@@ -19,6 +19,7 @@
 use super::activations::QuantScratch;
 use super::dot_scalar;
 use super::reference_q4k::gemm_rows;
+use super::reference_q6k::tiled_order;
 pub use super::types::{Acts, Isa, TileOut, TILE_MAX_ACTS, TILE_MAX_ROWS};
 use super::types::{Q8Kind, QuantError, SyncPtr, WeightType, WeightView};
 use crate::threadpool::ThreadPool;
@@ -321,7 +322,7 @@ pub fn matmul_fused_with_isa(
     if n == 0 || total_rows == 0 {
         return Ok(());
     }
-    let mut acts = Acts { k, q8_qs: &[], q8_ds: &[], q8k: &[], x: &[], gemm_acts: gemm_rows(n) };
+    let mut acts = Acts { k, q8_qs: &[], q8_ds: &[], q8k: &[], x: &[], gemm_acts: gemm_rows(n), tiled: tiled_order(n) };
     match layout {
         ActLayout::Q8(kind) => {
             scratch.quantize_q8_with(isa, kind, x, n, k, pool);

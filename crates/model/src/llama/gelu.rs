@@ -6,7 +6,9 @@
 //! rounded to f16 and the activation read from a table of `f16(gelu(x))` over every f16 `x`,
 //! then widened and multiplied by `up` in f32. The f16 rounding moves each activation by up to
 //! 2⁻¹¹ relative; matching it is what makes Gemma 3's layers agree with llama.cpp's
-//! (`gemma3_golden`). [`gelu_tanh`] is the exact f32 function the table is built from.
+//! (`gemma3_golden`). [`gelu_tanh`] is the f32 function the table is built from, with the one
+//! fused multiply-add ggml-cpu's build forms in it (C compilers contract `1 + c·x·x` by default
+//! and ggml-cpu is built for the host's FMA): `fma(c·x, x, 1)`.
 
 use std::sync::OnceLock;
 
@@ -43,7 +45,7 @@ pub fn gelu_tanh(x: f32) -> f32 {
     } else if x >= 10.0 {
         x
     } else {
-        0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF * x * x)).tanh())
+        0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (COEF * x).mul_add(x, 1.0)).tanh())
     }
 }
 

@@ -44,6 +44,8 @@ struct Scratch {
     up: Vec<f32>,     // [cap, ffn]
     rows: Vec<f32>,   // [cap_logits, hidden] normed rows whose logits are wanted
     logits: Vec<f32>, // [cap_logits, vocab]
+    /// `[logit rows]` the batch rows whose logits are wanted, in order.
+    out_rows: Vec<usize>,
     quant: QuantScratch,
     /// Recycled storage for the per-call block-table slice list.
     tables: Vec<&'static [u32]>,
@@ -163,6 +165,18 @@ impl Model {
         let w = &self.weights;
         let (h, qd, kvd, f) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn);
 
+        // `[n_logits]` the rows whose logits are wanted, in sequence order.
+        s.out_rows.clear();
+        for seq in &batch.seqs {
+            s.out_rows.extend(match seq.logits {
+                Logits::None => 0..0,
+                Logits::Last => seq.token_start + seq.num_tokens - 1..seq.token_start + seq.num_tokens,
+                Logits::All => seq.token_start..seq.token_start + seq.num_tokens,
+            });
+        }
+        debug_assert_eq!(s.out_rows.len(), n_logits);
+        let last_layer = w.layers.len() - 1;
+
         // Embed.
         let embd = w.view(&w.token_embd);
         for (i, &tok) in batch.tokens.iter().enumerate() {
@@ -230,6 +244,16 @@ impl Model {
                 &mut s.lens,
             )?;
             mm(w, &lw.wo, &s.attn[..n * qd], n, &mut s.proj[..n * h], &mut s.quant, self.threads)?;
+            // After the last layer's attention only the rows whose logits are wanted go on (as
+            // llama.cpp's graph does: the FFN's products then have the same row counts, which
+            // choose their summation orders).
+            let n = if li == last_layer && n_logits < n {
+                keep_rows(&mut s.proj, &s.out_rows, h);
+                keep_rows(&mut s.x, &s.out_rows, h);
+                n_logits
+            } else {
+                n
+            };
             if let Some(post) = &lw.post_attn_norm {
                 rms_norm_chunks(&mut s.proj[..n * h], w.f32s(post), c.rms_eps);
             }
@@ -260,19 +284,11 @@ impl Model {
             add_in_place(&mut s.x[..n * h], &s.proj[..n * h]);
         }
 
-        // Final norm of the rows whose logits are wanted, then the output projection.
+        // Final norm of the rows whose logits are wanted (the first n_logits rows of x now), then
+        // the output projection.
         let norm = w.f32s(&w.output_norm);
-        let mut r = 0;
-        for seq in &batch.seqs {
-            let rows = match seq.logits {
-                Logits::None => 0..0,
-                Logits::Last => seq.token_start + seq.num_tokens - 1..seq.token_start + seq.num_tokens,
-                Logits::All => seq.token_start..seq.token_start + seq.num_tokens,
-            };
-            for i in rows {
-                rms_norm(&s.x[i * h..(i + 1) * h], norm, c.rms_eps, &mut s.rows[r * h..(r + 1) * h]);
-                r += 1;
-            }
+        for r in 0..n_logits {
+            rms_norm(&s.x[r * h..(r + 1) * h], norm, c.rms_eps, &mut s.rows[r * h..(r + 1) * h]);
         }
         let v = c.vocab_size;
         if n_logits > 0 {
@@ -297,6 +313,17 @@ impl Model {
     /// Bytes one decode step reads from the weights.
     pub fn weight_bytes_per_token(&self) -> usize {
         self.weights.decode_bytes()
+    }
+}
+
+/// Moves rows `rows[i]` of `buf` (`[.., width]`) to row `i`. `rows` is increasing, so no row is
+/// overwritten before it moves.
+fn keep_rows(buf: &mut [f32], rows: &[usize], width: usize) {
+    debug_assert!(rows.windows(2).all(|p| p[0] < p[1]));
+    for (i, &r) in rows.iter().enumerate() {
+        if r != i {
+            buf.copy_within(r * width..(r + 1) * width, i * width);
+        }
     }
 }
 
