@@ -19,6 +19,7 @@ use pagekv_cpu::quant::activations::quantize_q8_block;
 use pagekv_cpu::quant::blocks::*;
 use pagekv_cpu::quant::quantize::{quantize_q8_k, quantize_row};
 use pagekv_cpu::quant::reference_q4k::{q4_k_dot, Q4KOrder};
+use pagekv_cpu::quant::reference_q5k::{q5_k_dot, q5_k_dot_tiled};
 use pagekv_cpu::quant::reference_q6k::{q6_k_dot, q6_k_dot_tiled, tiled_order};
 use pagekv_cpu::quant::{
     dequantize_row, matmul, matmul_fused_with_isa, matmul_with_isa, Isa, MatmulPart, Q8Kind, QuantError, QuantScratch,
@@ -642,6 +643,29 @@ fn q6_k_sums_in_llama_cpps_order() {
                 .count();
             assert!(differ > 0 || c.m * c.n < 32, "seed {}: both orders agree on all {} outputs", c.seed, c.m * c.n);
         }
+        (0..c.n * c.m).map(|at| dot(c.row(at % c.m), &c.q8k(at / c.m))).collect()
+    });
+}
+
+#[test]
+fn q5_k_sums_in_llama_cpps_order() {
+    // Bit for bit against llama.cpp's orders (see `reference_q5k`) on fresh random blocks: the
+    // dot product's below 8 activation rows, the tiled matmul's from 8; every instruction set,
+    // decode and prefill shapes, 1 and 2 threads.
+    let isas = Isa::available();
+    let shapes = [(7, 512, 1), (9, 256, 5), (23, 1536, 14), (5, 768, 70), (18, 256, 8), (6, 1024, 7), (17, 256, 2)];
+    assert_bit_exact(WeightType::Q5K, &isas, &[1, 2], &shapes, |c| {
+        let tiled = tiled_order(c.n);
+        if tiled {
+            let differ = (0..c.n * c.m)
+                .filter(|&at| {
+                    let (row, y) = (c.row(at % c.m), c.q8k(at / c.m));
+                    q5_k_dot(row, &y).to_bits() != q5_k_dot_tiled(row, &y).to_bits()
+                })
+                .count();
+            assert!(differ > 0 || c.m * c.n < 32, "seed {}: both orders agree on all {} outputs", c.seed, c.m * c.n);
+        }
+        let dot = if tiled { q5_k_dot_tiled } else { q5_k_dot };
         (0..c.n * c.m).map(|at| dot(c.row(at % c.m), &c.q8k(at / c.m))).collect()
     });
 }

@@ -18,6 +18,7 @@
 
 use super::blocks::{iq4xs_scale, scale_min_k4, scales_q3k, BlockQ8K, K_SCALE_SIZE, QK_K};
 use super::dot_avx2::{dispatch_nj, hsum, iq4nl_table, prefetch_share, unpack_nibbles, K_PREFETCH_ROWS};
+use super::reference_q5k::tiled_step;
 use super::types::Acts;
 use std::arch::x86_64::*;
 
@@ -51,7 +52,8 @@ unsafe fn k4_dot(q: &[__m256i; 8], sc: &[__m256i; 8], y: *const i8) -> __m256i {
     sumi
 }
 
-/// Shared body of Q4_K (`FIVE = false`) and Q5_K (`FIVE = true`).
+/// Q5_K (`FIVE = true`; `FIVE = false` reads Q4_K's layout) in llama.cpp's orders
+/// ([`reference_q5k`](super::reference_q5k)): the dot product's, or with `a.tiled` the tiled matmul's.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
@@ -62,6 +64,7 @@ unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usi
     let one = _mm256_set1_epi8(1);
     let mut acc = [_mm256_setzero_ps(); NJ];
     let mut acc_min = [0.0f32; NJ];
+    let mut tiled = [0.0f32; NJ];
     for b in 0..nb {
         if NJ == 1 {
             prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
@@ -85,13 +88,17 @@ unsafe fn k4_rows<const NJ: usize, const FIVE: bool>(w: &[u8], a: &Acts, j0: usi
         for t in 0..NJ {
             let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
             let sumi = k4_dot(&q, &scv, y.qs.as_ptr());
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
             let summ: i32 = (0..8).map(|j| mn[j] * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32)).sum();
-            acc_min[t] += dmin * y.d * summ as f32;
+            if a.tiled {
+                tiled[t] = tiled_step(hsum_i32(sumi), summ, d, dmin, y.d, tiled[t]);
+            } else {
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
+                acc_min[t] = (dmin * y.d).mul_add(summ as f32, acc_min[t]);
+            }
         }
     }
     for t in 0..NJ {
-        out[t] = hsum(acc[t]) - acc_min[t];
+        out[t] = if a.tiled { tiled[t] } else { hsum(acc[t]) - acc_min[t] };
     }
 }
 

@@ -23,6 +23,8 @@
 
 use super::blocks::{scales_q3k, BlockQ8K, K_SCALE_SIZE, QK_K};
 use super::dot_avx2::{hsum, prefetch_share, K_PREFETCH_ROWS};
+use super::dot_avx2_k::hsum_i32;
+use super::reference_q5k::tiled_step;
 use super::types::Acts;
 use std::arch::x86_64::*;
 
@@ -55,17 +57,8 @@ unsafe fn fold_halves(v: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
 }
 
-/// Sum of eight i32 lanes (exact).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn hsum_i32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-    _mm_cvtsi128_si32(s)
-}
-
-/// Q5_K: one weight row × `NJ` activation rows.
+/// Q5_K: one weight row × `NJ` activation rows, in llama.cpp's orders
+/// ([`reference_q5k`](super::reference_q5k)): the dot product's, or with `a.tiled` the tiled matmul's.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q5_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
     let (block, qs_off) = (176, 48);
@@ -75,6 +68,7 @@ unsafe fn q5_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     let one = _mm512_set1_epi8(1);
     let mut acc = [_mm256_setzero_ps(); NJ];
     let mut acc_min = [0.0f32; NJ];
+    let mut tiled = [0.0f32; NJ];
     for b in 0..nb {
         if NJ == 1 {
             prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
@@ -117,12 +111,16 @@ unsafe fn q5_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
             let sumi = fold_halves(sumi);
             let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
             let summ = hsum_i32(_mm256_madd_epi16(bsums, mn16));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
-            acc_min[t] += dmin * y.d * summ as f32;
+            if a.tiled {
+                tiled[t] = tiled_step(hsum_i32(sumi), summ, d, dmin, y.d, tiled[t]);
+            } else {
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
+                acc_min[t] = (dmin * y.d).mul_add(summ as f32, acc_min[t]);
+            }
         }
     }
     for t in 0..NJ {
-        out[t] = hsum(acc[t]) - acc_min[t];
+        out[t] = if a.tiled { tiled[t] } else { hsum(acc[t]) - acc_min[t] };
     }
 }
 
@@ -201,7 +199,7 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
             let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
             let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc_i16), 5));
             if a.tiled {
-                tiled[t] = (super::dot_avx2_k::hsum_i32(sumi) as f32 * d).mul_add(y.d, tiled[t]);
+                tiled[t] = (hsum_i32(sumi) as f32 * d).mul_add(y.d, tiled[t]);
             } else {
                 acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
             }

@@ -7,6 +7,7 @@
 
 use super::blocks::*;
 use super::reference_q4k::{q4_k_dot, Q4KOrder};
+use super::reference_q5k::{q5_k_dot, q5_k_dot_tiled};
 use super::reference_q6k::{q6_k_dot, q6_k_dot_tiled};
 use super::types::Acts;
 use bytemuck::pod_read_unaligned;
@@ -182,19 +183,6 @@ pub fn q8_0(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
     })
 }
 
-/// Q4_K/Q5_K × Q8_K for one super-block, given the unpacked codes `q` (0..31):
-/// `d d_x Σ_j sc_j Σ q y - dmin d_x Σ_j mn_j (bsums[2j] + bsums[2j+1])`.
-fn k_superblock(q: &[u8; QK_K], scales: &[u8; K_SCALE_SIZE], d: f32, dmin: f32, y: &BlockQ8K) -> f32 {
-    let (mut sumi, mut summ) = (0i32, 0i32);
-    for j in 0..8 {
-        let (sc, mn) = scale_min_k4(j, scales);
-        let s: i32 = (0..32).map(|l| q[32 * j + l] as i32 * y.qs[32 * j + l] as i32).sum();
-        sumi += sc as i32 * s;
-        summ += mn as i32 * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32);
-    }
-    d * y.d * sumi as f32 - dmin * y.d * summ as f32
-}
-
 /// Q4_K × Q8_K, in llama.cpp's order for each activation row ([`reference_q4k`](super::reference_q4k)).
 pub fn q4_k(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
     let nb = a.k / QK_K;
@@ -205,25 +193,12 @@ pub fn q4_k(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
     })
 }
 
-/// Q5_K × Q8_K.
+/// Q5_K × Q8_K, in llama.cpp's order for the matmul's row count
+/// ([`reference_q5k`](super::reference_q5k)).
 pub fn q5_k(w: &[u8], a: &Acts, j0: usize, nj: usize, out: &mut [f32; 4]) {
     let nb = a.k / QK_K;
-    for_rows(nj, out, |t| {
-        let mut acc = 0.0f32;
-        for (b, bytes) in w.chunks_exact(176).enumerate() {
-            let blk: BlockQ5K = pod_read_unaligned(bytes);
-            let mut q = [0u8; QK_K];
-            for c in 0..4 {
-                for l in 0..32 {
-                    q[64 * c + l] = (blk.qs[32 * c + l] & 0xF) | (((blk.qh[l] >> (2 * c)) & 1) << 4);
-                    q[64 * c + 32 + l] = (blk.qs[32 * c + l] >> 4) | (((blk.qh[l] >> (2 * c + 1)) & 1) << 4);
-                }
-            }
-            let y = &a.q8k[(j0 + t) * nb + b];
-            acc += k_superblock(&q, &blk.scales, blk.d.to_f32(), blk.dmin.to_f32(), y);
-        }
-        acc
-    })
+    let dot = if a.tiled { q5_k_dot_tiled } else { q5_k_dot };
+    for_rows(nj, out, |t| dot(w, &a.q8k[(j0 + t) * nb..(j0 + t + 1) * nb]))
 }
 
 /// Q6_K × Q8_K, in llama.cpp's order ([`reference_q6k`](super::reference_q6k)).

@@ -28,6 +28,7 @@ pub mod matmul;
 pub mod quantize;
 pub mod reference;
 pub mod reference_q4k;
+pub mod reference_q5k;
 pub mod reference_q6k;
 pub mod types;
 
