@@ -50,10 +50,6 @@ impl PrefixBlocks {
         self.tables.iter().map(|t| t.as_slice())
     }
 
-    pub(crate) fn table(&self, group: usize) -> &[u32] {
-        &self.tables[group]
-    }
-
     /// Every held block id (nulls skipped), group after group.
     pub fn blocks(&self) -> impl Iterator<Item = u32> + '_ {
         self.tables.iter().flatten().copied().filter(|&b| b != NULL_BLOCK)
@@ -132,7 +128,7 @@ impl SequenceCache {
         tokens: usize,
     ) -> Result<SequenceCache, CacheError> {
         self.check_prefix(prefix, tokens)?;
-        let seq = self.adopt(prefix, tokens, |b| pool.blocks_mut().retain(b));
+        let seq = self.adopt(&prefix.tables, tokens, |b| pool.blocks_mut().retain(b));
         crate::stats::CacheCounters::add(&pool.counters().forks, 1);
         Ok(seq)
     }
@@ -150,7 +146,7 @@ impl SequenceCache {
         }
         // Blocks the window no longer reaches (the adopted table nulls them) go back now.
         let mut unused = Vec::new();
-        let seq = self.adopt(&prefix, prefix.tokens(), |_| ());
+        let seq = self.adopt(&prefix.tables, prefix.tokens(), |_| ());
         for (g, table) in prefix.tables().enumerate() {
             let live = seq.group_table(g);
             unused

@@ -36,7 +36,6 @@ use crate::kv_pool::KvPool;
 use crate::pages::PageStore;
 use crate::policy::SequencePolicy;
 use crate::pool::NULL_BLOCK;
-use crate::prefix::PrefixBlocks;
 use crate::stats::CacheCounters;
 
 /// Offset and geometry of a sequence, to roll back to later.
@@ -622,10 +621,11 @@ impl SequenceCache {
         self.groups.iter().map(|g| g.window(self.policy.sliding_window).filter(|_| g.is_sliding())).collect()
     }
 
-    /// A sequence with this one's policy and reservation holding the first `tokens` tokens of
-    /// `prefix` (checked by the caller); `take` is called on every block it keeps (a windowed
-    /// group keeps only what a query at `tokens` reaches).
-    pub(crate) fn adopt(&self, prefix: &PrefixBlocks, tokens: usize, mut take: impl FnMut(u32)) -> SequenceCache {
+    /// A sequence with this one's policy and reservation holding the first `tokens` tokens of a
+    /// prefix's `[groups][blocks]` tables (checked by the caller: `crate::prefix`); `take` is
+    /// called on every block it keeps (a windowed group keeps only what a query at `tokens`
+    /// reaches).
+    pub(crate) fn adopt(&self, tables: &[Vec<u32>], tokens: usize, mut take: impl FnMut(u32)) -> SequenceCache {
         let bs = self.block_size;
         let used = tokens.div_ceil(bs);
         let groups = self
@@ -633,14 +633,10 @@ impl SequenceCache {
             .iter()
             .enumerate()
             .map(|(g, t)| {
-                let mut gt = GroupTable {
-                    table: prefix.table(g)[..used].to_vec(),
-                    first_live: 0,
-                    reserved: t.reserved,
-                    kind: t.kind,
-                };
-                let start =
-                    gt.first_reachable(tokens, self.policy.sliding_window, bs).max(prefix.first_live(g)).min(used);
+                let table = &tables[g][..used];
+                let live = table.iter().take_while(|&&b| b == NULL_BLOCK).count();
+                let mut gt = GroupTable { table: table.to_vec(), first_live: 0, reserved: t.reserved, kind: t.kind };
+                let start = gt.first_reachable(tokens, self.policy.sliding_window, bs).max(live).min(used);
                 gt.table[..start].fill(NULL_BLOCK);
                 gt.table[start..].iter().for_each(|&b| take(b));
                 gt.first_live = start;
