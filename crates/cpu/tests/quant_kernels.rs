@@ -569,6 +569,19 @@ fn legacy_formats_sum_in_llama_cpps_order() {
     }
 }
 
+/// Asserts that two orders of the same products really differ somewhere in case `c` (so a test
+/// tells them apart), counted over every output: one activation row's few outputs can round
+/// alike in both orders. Cases of fewer than 32 outputs are exempt.
+fn assert_orders_differ(c: &Case, a: impl Fn(&[u8], &[BlockQ8K]) -> f32, b: impl Fn(&[u8], &[BlockQ8K]) -> f32) {
+    let differ = (0..c.n * c.m)
+        .filter(|&at| {
+            let (row, y) = (c.row(at % c.m), c.q8k(at / c.m));
+            a(row, &y).to_bits() != b(row, &y).to_bits()
+        })
+        .count();
+    assert!(differ > 0 || c.m * c.n < 32, "seed {}: both orders agree on all {} outputs", c.seed, c.m * c.n);
+}
+
 #[test]
 fn q4_k_sums_in_llama_cpps_repacked_order() {
     // Bit for bit against llama.cpp's repacked Q4_K kernels (gemm order for the leading rows
@@ -587,24 +600,7 @@ fn q4_k_sums_in_llama_cpps_repacked_order() {
     ];
     assert_bit_exact(WeightType::Q4K, &isas, &[1, 2], &shapes, |c| {
         if c.n >= 4 {
-            // The two orders really differ (so the test tells them apart), counted over every
-            // output: one activation row's few outputs can round alike in both orders.
-            let mut differ = 0;
-            for j in 0..c.n {
-                let y = c.q8k(j);
-                differ += (0..c.m)
-                    .filter(|&r| {
-                        q4_k_dot(c.row(r), &y, Q4KOrder::Gemm).to_bits()
-                            != q4_k_dot(c.row(r), &y, Q4KOrder::Gemv).to_bits()
-                    })
-                    .count();
-            }
-            assert!(
-                differ > 0 || c.m * c.n < 32,
-                "seed {}: gemm and gemv orders agree on all {} outputs",
-                c.seed,
-                c.m * c.n
-            );
+            assert_orders_differ(c, |r, y| q4_k_dot(r, y, Q4KOrder::Gemm), |r, y| q4_k_dot(r, y, Q4KOrder::Gemv));
         }
         (0..c.n * c.m).map(|at| q4_k_dot(c.row(at % c.m), &c.q8k(at / c.m), Q4KOrder::of_row(at / c.m, c.n))).collect()
     });
@@ -634,14 +630,7 @@ fn q6_k_sums_in_llama_cpps_order() {
     assert_bit_exact(WeightType::Q6K, &isas, &[1, 2], &shapes, |c| {
         let dot = if tiled_order(c.n) { q6_k_dot_tiled } else { q6_k_dot };
         if tiled_order(c.n) {
-            // The two orders really differ (so the test tells them apart).
-            let differ = (0..c.n * c.m)
-                .filter(|&at| {
-                    let (row, y) = (c.row(at % c.m), c.q8k(at / c.m));
-                    q6_k_dot(row, &y).to_bits() != q6_k_dot_tiled(row, &y).to_bits()
-                })
-                .count();
-            assert!(differ > 0 || c.m * c.n < 32, "seed {}: both orders agree on all {} outputs", c.seed, c.m * c.n);
+            assert_orders_differ(c, q6_k_dot, q6_k_dot_tiled);
         }
         (0..c.n * c.m).map(|at| dot(c.row(at % c.m), &c.q8k(at / c.m))).collect()
     });
@@ -657,13 +646,7 @@ fn q5_k_sums_in_llama_cpps_order() {
     assert_bit_exact(WeightType::Q5K, &isas, &[1, 2], &shapes, |c| {
         let tiled = tiled_order(c.n);
         if tiled {
-            let differ = (0..c.n * c.m)
-                .filter(|&at| {
-                    let (row, y) = (c.row(at % c.m), c.q8k(at / c.m));
-                    q5_k_dot(row, &y).to_bits() != q5_k_dot_tiled(row, &y).to_bits()
-                })
-                .count();
-            assert!(differ > 0 || c.m * c.n < 32, "seed {}: both orders agree on all {} outputs", c.seed, c.m * c.n);
+            assert_orders_differ(c, q5_k_dot, q5_k_dot_tiled);
         }
         let dot = if tiled { q5_k_dot_tiled } else { q5_k_dot };
         (0..c.n * c.m).map(|at| dot(c.row(at % c.m), &c.q8k(at / c.m))).collect()

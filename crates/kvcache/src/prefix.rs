@@ -102,9 +102,6 @@ impl PrefixBlocks {
         }
     }
 
-    /// Gives up the references without releasing them (they moved to a sequence).
-    pub(crate) fn forget(self) {}
-
     fn debug_check(&self) {
         debug_assert_eq!(self.tables.len(), self.windows.len());
         for (g, table) in self.tables.iter().enumerate() {
@@ -155,7 +152,8 @@ impl SequenceCache {
         for b in unused {
             pool.blocks_mut().release(b);
         }
-        prefix.forget();
+        // The references moved to `seq`; `prefix` (no `Drop`) goes without releasing them.
+        drop(prefix);
         Ok(seq)
     }
 

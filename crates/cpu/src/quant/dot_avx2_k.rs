@@ -233,7 +233,7 @@ pub(super) unsafe fn hsum_i32(v: __m256i) -> i32 {
 /// The f16 at `p` as f32.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn load_f16(p: *const u8) -> f32 {
+pub(super) unsafe fn load_f16(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const u16) as i32)))
 }
 

@@ -23,7 +23,7 @@
 
 use super::blocks::{scales_q3k, BlockQ8K, K_SCALE_SIZE, QK_K};
 use super::dot_avx2::{hsum, prefetch_share, K_PREFETCH_ROWS};
-use super::dot_avx2_k::hsum_i32;
+use super::dot_avx2_k::{hsum_i32, load_f16};
 use super::reference_q5k::tiled_step;
 use super::types::Acts;
 use std::arch::x86_64::*;
@@ -152,8 +152,7 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
         let sc: [i8; 16] = std::ptr::read_unaligned(blk.add(192) as *const [i8; 16]);
         let sc_i16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
         let sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i)));
-        let d =
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk.add(208) as *const u16) as i32)));
+        let d = load_f16(blk.add(208));
         let mut q = [_mm512_setzero_si512(); 4];
         let mut scz = [_mm512_setzero_si512(); 4];
         for h in 0..2 {
@@ -279,10 +278,7 @@ unsafe fn q2_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
         }
         let blk = w.as_ptr().add(b * BLOCK);
         let scales: [u8; 16] = std::ptr::read_unaligned(blk as *const [u8; 16]);
-        let f16_at = |at: usize| {
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk.add(at) as *const u16) as i32)))
-        };
-        let (d, dmin) = (f16_at(80), f16_at(82));
+        let (d, dmin) = (load_f16(blk.add(80)), load_f16(blk.add(82)));
         let sc = group_scales(&scales.map(|s| (s & 0xF) as i16));
         let mins = _mm256_cvtepu8_epi16(_mm_srli_epi16(
             _mm_and_si128(_mm_loadu_si128(blk as *const __m128i), _mm_set1_epi8(-16)),
@@ -317,8 +313,7 @@ unsafe fn q3_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
         }
         let blk = w.as_ptr().add(b * BLOCK);
         let sc = scales_q3k(&std::ptr::read_unaligned(blk.add(96) as *const [u8; K_SCALE_SIZE]));
-        let d =
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk.add(108) as *const u16) as i32)));
+        let d = load_f16(blk.add(108));
         let scv = group_scales(&sc.map(|s| s as i16));
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
         let hm = _mm256_loadu_si256(blk as *const __m256i);

@@ -36,8 +36,8 @@ fn codes(b: &BlockQ6K) -> [u8; QK_K] {
 /// Fewest activation rows of a matmul that ggml-cpu sends through its tiled K-quant kernel.
 pub const TILED_MIN_ROWS: usize = 8;
 
-/// Whether an `n`-row matmul sums its K-quant products in the tiled order (Q6_K here; see the
-/// module docs).
+/// Whether an `n`-row matmul sums its Q5_K and Q6_K products in the tiled order (see the module
+/// docs; Q4_K keeps its repacked orders, [`reference_q4k`](super::reference_q4k)).
 pub fn tiled_order(n: usize) -> bool {
     n >= TILED_MIN_ROWS
 }

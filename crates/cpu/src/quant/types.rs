@@ -391,9 +391,9 @@ pub struct Acts<'a> {
     /// its gemv order ([`gemm_rows`](super::reference_q4k::gemm_rows) of the row count; see
     /// [`reference_q4k`](super::reference_q4k)). A multiple of 4.
     pub gemm_acts: usize,
-    /// Every row sums Q6_K products in llama.cpp's tiled-matmul order, not its dot-product order
-    /// ([`tiled_order`](super::reference_q6k::tiled_order) of the row count; see
-    /// [`reference_q6k`](super::reference_q6k)).
+    /// Every row sums Q5_K and Q6_K products in llama.cpp's tiled-matmul order, not its
+    /// dot-product order ([`tiled_order`](super::reference_q6k::tiled_order) of the row count; see
+    /// [`reference_q5k`](super::reference_q5k) and [`reference_q6k`](super::reference_q6k)).
     pub tiled: bool,
 }
 
