@@ -89,6 +89,20 @@ struct Job {
     n_tasks: usize,
 }
 
+/// The base pointer of a slice whose disjoint chunks [`ThreadPool::for_each_chunk_mut`] hands to
+/// different tasks.
+struct ChunkBase<T>(*mut T);
+// SAFETY: each task derives a slice of its own chunk only (see `for_each_chunk_mut`), and `T: Send`
+// lets those slices be used on other threads.
+unsafe impl<T: Send> Sync for ChunkBase<T> {}
+
+impl<T> ChunkBase<T> {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
+    fn get(&self) -> *mut T {
+        self.0
+    }
+}
+
 /// Trampoline: calls `(*data as &F)(task, thread)`.
 ///
 /// # Safety
@@ -209,6 +223,27 @@ impl ThreadPool {
             .get_or_init(|| ThreadPool::try_new(*GLOBAL_THREADS.get_or_init(available_threads)))
             .as_ref()
             .map_err(Clone::clone)
+    }
+
+    /// Splits `data` into consecutive chunks of `chunk_len` elements (the last may be shorter)
+    /// and runs `f(chunk_index, chunk)` for each, in parallel as [`ThreadPool::run`] does. The
+    /// chunks are disjoint, so each task gets its own `&mut` slice.
+    pub fn for_each_chunk_mut<T, F>(&self, data: &mut [T], chunk_len: usize, f: F)
+    where
+        T: Send,
+        F: Fn(usize, &mut [T]) + Sync,
+    {
+        assert!(chunk_len > 0, "for_each_chunk_mut: chunk_len must be positive");
+        let len = data.len();
+        let base = ChunkBase(data.as_mut_ptr());
+        self.run(len.div_ceil(chunk_len), |i, _| {
+            let start = i * chunk_len;
+            let end = (start + chunk_len).min(len);
+            // SAFETY: task `i` alone touches `start..end`, which lies inside `data`; `data` is
+            // borrowed mutably for the whole call, which returns only after every task ended.
+            let chunk = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), end - start) };
+            f(i, chunk)
+        });
     }
 
     /// Threads taking part in `run`, the caller included.

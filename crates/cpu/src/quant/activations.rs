@@ -39,6 +39,10 @@ pub struct QuantScratch {
     q8_qs: Vec<i8>,
     /// Q8 per-block `(d, s)`, `[n, k / 32]`.
     q8_ds: Vec<[f32; 2]>,
+    /// Q8_0 per-block negated sums of four codes (see [`Acts::q8_neg_sums`]), `[n, k / 32]`.
+    q8_neg_sums: Vec<[i32; 8]>,
+    /// Whether the last Q8 quantization filled `q8_neg_sums` (Q8_0 activations).
+    has_neg_sums: bool,
     /// Q8_K super-blocks, `[n, k / 256]`.
     q8k: Vec<BlockQ8K>,
     /// Shape of the last quantization, `(n, k)`.
@@ -59,6 +63,8 @@ impl QuantScratch {
         QuantScratch {
             q8_qs: vec![0; n * k],
             q8_ds: vec![[0.0; 2]; n * k / QK],
+            q8_neg_sums: vec![[0; 8]; n * k / QK],
+            has_neg_sums: false,
             q8k: vec![bytemuck::Zeroable::zeroed(); n * k / QK_K],
             shape: (0, 0),
         }
@@ -69,6 +75,17 @@ impl QuantScratch {
     pub fn q8(&self) -> (&[i8], &[[f32; 2]]) {
         let (n, k) = self.shape;
         (&self.q8_qs[..n * k], &self.q8_ds[..n * k / QK])
+    }
+
+    /// The per-block negated sums of four codes of the last [`QuantScratch::quantize_q8`]
+    /// (`[n, k / 32]`), empty unless it quantized to [`Q8Kind::Q8_0`].
+    pub fn q8_neg_sums(&self) -> &[[i32; 8]] {
+        let (n, k) = self.shape;
+        if self.has_neg_sums {
+            &self.q8_neg_sums[..n * k / QK]
+        } else {
+            &[]
+        }
     }
 
     /// The Q8_K blocks of the last [`QuantScratch::quantize_q8k`], `[n, k / 256]`.
@@ -101,9 +118,34 @@ impl QuantScratch {
         if self.q8_ds.len() < n * nb {
             self.q8_ds.resize(n * nb, [0.0; 2]);
         }
+        let with_sums = kind == Q8Kind::Q8_0;
+        if with_sums && self.q8_neg_sums.len() < n * nb {
+            self.q8_neg_sums.resize(n * nb, [0; 8]);
+        }
         self.shape = (n, k);
+        self.has_neg_sums = with_sums;
         let (qs, ds) = (SyncPtr(self.q8_qs.as_mut_ptr()), SyncPtr(self.q8_ds.as_mut_ptr()));
-        let rows = |r0: usize, r1: usize| {
+        let sums = SyncPtr(self.q8_neg_sums.as_mut_ptr());
+        // Rows r0..r1's negated sums of four codes, from their codes (written just before).
+        let neg_sums = |r0: usize, r1: usize| {
+            if !with_sums {
+                return;
+            }
+            // SAFETY: rows r0..r1 belong to this task alone; the buffers hold n*k codes and
+            // n*nb sum blocks, and the codes of these rows were written by this task.
+            let (codes, out) = unsafe {
+                (
+                    std::slice::from_raw_parts(qs.get().add(r0 * k) as *const i8, (r1 - r0) * k),
+                    std::slice::from_raw_parts_mut(sums.get().add(r0 * nb), (r1 - r0) * nb),
+                )
+            };
+            for (block, o) in codes.chunks_exact(QK).zip(out) {
+                for (l, v) in o.iter_mut().enumerate() {
+                    *v = -block[4 * l..4 * l + 4].iter().map(|&c| c as i32).sum::<i32>();
+                }
+            }
+        };
+        let quantize_rows = |r0: usize, r1: usize| {
             #[cfg(target_arch = "x86_64")]
             if isa.has_avx2() {
                 // SAFETY: rows r0..r1 belong to this task alone, the buffers hold n*k codes and
@@ -125,6 +167,10 @@ impl QuantScratch {
                     *ds.get().add(b) = scales;
                 }
             }
+        };
+        let rows = |r0: usize, r1: usize| {
+            quantize_rows(r0, r1);
+            neg_sums(r0, r1);
         };
         for_rows(n, pool, &rows);
     }

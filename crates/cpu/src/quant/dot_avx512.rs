@@ -60,6 +60,18 @@ const fn code_offset<const FMT: u8>() -> u8 {
     }
 }
 
+/// `v · code_offset::<FMT>()` per 32-bit lane, the offset being 8, 16 or 128 (a shift).
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn times_offset<const FMT: u8>(v: __m512i) -> __m512i {
+    match code_offset::<FMT>() {
+        8 => _mm512_slli_epi32::<3>(v),
+        16 => _mm512_slli_epi32::<4>(v),
+        128 => _mm512_slli_epi32::<7>(v),
+        _ => unreachable!("code offsets are 0, 8, 16 or 128"),
+    }
+}
+
 /// The headers of four blocks as `[d0, m0, d1, m1, d2, m2, d3, m3]` (`m` = 0 for the formats
 /// without a min, whose fixed code offset is taken inside the integer sums).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -103,6 +115,7 @@ unsafe fn nibble_quad<const NJ: usize, const FMT: u8>(
     let (block, qs_off, qh_off) = fmt::layout(FMT);
     let five = FMT == fmt::Q5_0 || FMT == fmt::Q5_1;
     let nb = a.k / QK;
+    debug_assert!(code_offset::<FMT>() == 0 || a.q8_neg_sums.len() >= (j0 + NJ) * nb);
     // d_w d_x of row i (f32 lane 2i of the header product) into quarter i.
     let scale_idx = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
     let nibble = _mm512_set1_epi8(0x0F);
@@ -130,10 +143,11 @@ unsafe fn nibble_quad<const NJ: usize, const FMT: u8>(
             // [d_x, s_x] × 4
             dx[t] = _mm256_castpd_ps(_mm256_broadcast_sd(&*ds.add(t * nb + b)));
             if code_offset::<FMT>() != 0 {
-                let offset = _mm512_set1_epi8(code_offset::<FMT>() as i8);
-                let zero = _mm512_setzero_si512();
-                start_lo[t] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, offset, ylo[t]));
-                start_hi[t] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, offset, yhi[t]));
+                // The activations' negated sums of four codes (lanes 0-3, then 4-7), times the
+                // offset (a power of two: a shift).
+                let sums = a.q8_neg_sums.as_ptr().add((j0 + t) * nb + b) as *const __m128i;
+                start_lo[t] = times_offset::<FMT>(_mm512_broadcast_i32x4(_mm_loadu_si128(sums)));
+                start_hi[t] = times_offset::<FMT>(_mm512_broadcast_i32x4(_mm_loadu_si128(sums.add(1))));
             }
         }
         let blk: [*const u8; 4] = std::array::from_fn(|i| rows[i].add(b * block));
@@ -160,12 +174,17 @@ unsafe fn nibble_quad<const NJ: usize, const FMT: u8>(
             lo = _mm512_mask_add_epi8(lo, mask_lo, lo, sixteen);
             hi = _mm512_mask_add_epi8(hi, mask_hi, hi, sixteen);
         }
+        // Without a min, d_i spread to quarter i once per block, times each d_x below: the same
+        // products d_i d_x as [d_i d_x, m_i s_x] permuted, one permutation fewer per row.
+        let hq = _mm512_permutexvar_ps(scale_idx, _mm512_castps256_ps512(h));
         for t in 0..NJ {
-            let prod = _mm256_mul_ps(h, dx[t]); // [d_i d_x, m_i s_x] for i < 4
-            if fmt::has_min(FMT) {
+            let scale = if fmt::has_min(FMT) {
+                let prod = _mm256_mul_ps(h, dx[t]); // [d_i d_x, m_i s_x] for i < 4
                 acc_off[t] = _mm256_add_ps(acc_off[t], prod);
-            }
-            let scale = _mm512_permutexvar_ps(scale_idx, _mm512_castps256_ps512(prod));
+                _mm512_permutexvar_ps(scale_idx, _mm512_castps256_ps512(prod))
+            } else {
+                _mm512_mul_ps(hq, _mm512_set1_ps(*(ds as *const f32).add(2 * (t * nb + b))))
+            };
             let sum_lo = _mm512_dpbusd_epi32(start_lo[t], lo, ylo[t]);
             let sum_hi = _mm512_dpbusd_epi32(start_hi[t], hi, yhi[t]);
             acc_lo[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum_lo), acc_lo[t]);
@@ -198,6 +217,7 @@ unsafe fn q8_pairs<const NP: usize, const NJ: usize>(
     let nb = a.k / QK;
     let scale_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     let bias = _mm512_set1_epi8(-128);
+    debug_assert!(a.q8_neg_sums.len() >= (j0 + NJ) * nb);
     let mut acc = [[_mm512_setzero_ps(); NJ]; NP];
     let ys = a.q8_qs.as_ptr().add(j0 * a.k);
     let ds = a.q8_ds.as_ptr().add(j0 * nb) as *const f32;
@@ -208,7 +228,8 @@ unsafe fn q8_pairs<const NP: usize, const NJ: usize>(
         for t in 0..NJ {
             y[t] = _mm512_broadcast_i64x4(_mm256_loadu_si256(ys.add(t * a.k + b * QK) as *const __m256i));
             // -128 Σ y over each lane's four bytes: (w + 128) · y summed, minus this, is w · y.
-            corr[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, y[t]));
+            let sums = a.q8_neg_sums.as_ptr().add((j0 + t) * nb + b) as *const __m256i;
+            corr[t] = _mm512_slli_epi32::<7>(_mm512_broadcast_i64x4(_mm256_loadu_si256(sums)));
             dx[t] = _mm_set1_ps(*ds.add(2 * (t * nb + b)));
         }
         if NJ == 1 {

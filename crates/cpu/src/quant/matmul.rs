@@ -322,11 +322,21 @@ pub fn matmul_fused_with_isa(
     if n == 0 || total_rows == 0 {
         return Ok(());
     }
-    let mut acts = Acts { k, q8_qs: &[], q8_ds: &[], q8k: &[], x: &[], gemm_acts: gemm_rows(n), tiled: tiled_order(n) };
+    let mut acts = Acts {
+        k,
+        q8_qs: &[],
+        q8_ds: &[],
+        q8_neg_sums: &[],
+        q8k: &[],
+        x: &[],
+        gemm_acts: gemm_rows(n),
+        tiled: tiled_order(n),
+    };
     match layout {
         ActLayout::Q8(kind) => {
             scratch.quantize_q8_with(isa, kind, x, n, k, pool);
             (acts.q8_qs, acts.q8_ds) = scratch.q8();
+            acts.q8_neg_sums = scratch.q8_neg_sums();
         }
         ActLayout::Q8K => {
             scratch.quantize_q8k_with(isa, x, n, k, pool);

@@ -383,6 +383,11 @@ pub struct Acts<'a> {
     pub q8_qs: &'a [i8],
     /// Q8 `(d, s)` per block `[n, k / 32]` (`s` as [`Q8Kind`] defines it).
     pub q8_ds: &'a [[f32; 2]],
+    /// Per Q8_0 block `[n, k / 32]`, the eight negated sums of four consecutive codes,
+    /// `-(y[4l] + y[4l+1] + y[4l+2] + y[4l+3])`: the exact integer a kernel whose weight codes
+    /// carry a fixed offset `o` (a power of two) starts lane `l` from, shifted (`-o Σ y`).
+    /// Empty for Q8_1 activations.
+    pub q8_neg_sums: &'a [[i32; 8]],
     /// Q8_K super-blocks `[n, k / 256]`.
     pub q8k: &'a [BlockQ8K],
     /// Raw f32 activations `[n, k]` (float weight types).

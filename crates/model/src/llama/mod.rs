@@ -5,6 +5,7 @@ pub mod config;
 pub mod gelu;
 mod model;
 pub mod ops;
+mod rows;
 pub mod silu;
 pub mod weights;
 

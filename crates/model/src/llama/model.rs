@@ -19,10 +19,9 @@ use pagekv_cpu::attention::{Attention, AttentionConfig, AttentionParams, AttnNum
 use pagekv_cpu::quant::{dequantize_row, fusable, matmul, matmul_fused, MatmulPart, QuantScratch};
 use pagekv_cpu::threadpool::ThreadPool;
 
-use super::config::{Activation, ModelConfig};
-use super::gelu::gelu_mul;
-use super::ops::{add_in_place, rms_norm, rms_norm_chunks, Rope};
-use super::silu::silu_mul;
+use super::config::ModelConfig;
+use super::ops::{rms_norm, Rope};
+use super::rows;
 use super::weights::{LoadOptions, Tensor, Weights};
 use crate::batch::{Batch, Logits};
 use crate::error::ModelError;
@@ -44,6 +43,8 @@ struct Scratch {
     up: Vec<f32>,     // [cap, ffn]
     rows: Vec<f32>,   // [cap_logits, hidden] normed rows whose logits are wanted
     logits: Vec<f32>, // [cap_logits, vocab]
+    /// `[cap, rope angles]` each row's RoPE cos/sin.
+    angles: Vec<f32>,
     /// `[logit rows]` the batch rows whose logits are wanted, in order.
     out_rows: Vec<usize>,
     quant: QuantScratch,
@@ -163,6 +164,7 @@ impl Model {
         let counters = pool.counters().clone();
         let s = &mut self.scratch;
         let w = &self.weights;
+        let pool_t = self.threads;
         let (h, qd, kvd, f) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn);
 
         // `[n_logits]` the rows whose logits are wanted, in sequence order.
@@ -184,15 +186,12 @@ impl Model {
             dequantize_row(embd.ty, row, &mut s.x[i * h..(i + 1) * h]).map_err(|e| kernel(&w.token_embd, e))?;
         }
         if c.embed_scale != 1.0 {
-            s.x[..n * h].iter_mut().for_each(|v| *v *= c.embed_scale);
+            rows::scale(pool_t, &mut s.x[..n * h], c.embed_scale);
         }
 
         for (li, lw) in w.layers.iter().enumerate() {
             // Attention block.
-            let norm = w.f32s(&lw.attn_norm);
-            for i in 0..n {
-                rms_norm(&s.x[i * h..(i + 1) * h], norm, c.rms_eps, &mut s.xn[i * h..(i + 1) * h]);
-            }
+            rows::norm_rows(pool_t, &s.x[..n * h], w.f32s(&lw.attn_norm), c.rms_eps, &mut s.xn[..n * h]);
             let xn = &s.xn[..n * h];
             mm_fused(
                 w,
@@ -204,29 +203,23 @@ impl Model {
             )?;
             for (bias, buf, width) in [(&lw.bq, &mut s.q, qd), (&lw.bk, &mut s.k, kvd), (&lw.bv, &mut s.v, kvd)] {
                 if let Some(b) = bias {
-                    let b = w.f32s(b);
-                    for row in buf[..n * width].chunks_exact_mut(width) {
-                        add_in_place(row, b);
-                    }
+                    rows::add_bias(pool_t, &mut buf[..n * width], w.f32s(b));
                 }
             }
             if let Some(qn) = &lw.q_norm {
-                rms_norm_chunks(&mut s.q[..n * qd], w.f32s(qn), c.rms_eps);
+                rows::norm_chunks(pool_t, &mut s.q[..n * qd], qd, w.f32s(qn), c.rms_eps);
             }
             if let Some(kn) = &lw.k_norm {
-                rms_norm_chunks(&mut s.k[..n * kvd], w.f32s(kn), c.rms_eps);
+                rows::norm_chunks(pool_t, &mut s.k[..n * kvd], kvd, w.f32s(kn), c.rms_eps);
             }
             let window = c.layer_windows[li];
-            let rope = if window.is_some() { &mut self.rope_local } else { &mut self.rope };
-            for i in 0..n {
-                rope.apply(&mut s.q[i * qd..(i + 1) * qd], batch.positions[i] as usize);
-                rope.apply_cached(&mut s.k[i * kvd..(i + 1) * kvd]);
-            }
+            let rope = if window.is_some() { &self.rope_local } else { &self.rope };
+            rows::rope(pool_t, rope, &batch.positions, &mut s.q[..n * qd], &mut s.k[..n * kvd], &mut s.angles);
             let (group, plane) = groups.locate(li);
             debug_assert!(groups.kind(group).window().is_none_or(|w| window.is_some_and(|lw| lw <= w)));
             pool.pages_mut().write(plane, &batch.slots[group], &s.k[..n * kvd], &s.v[..n * kvd]);
             if c.scale_queries {
-                s.q[..n * qd].iter_mut().for_each(|v| *v *= c.attn_scale);
+                rows::scale(pool_t, &mut s.q[..n * qd], c.attn_scale);
             }
             let layer = pool.layer(plane);
             self.attention.prepare_queries(&layer, &mut s.q[..n * qd]);
@@ -255,15 +248,12 @@ impl Model {
                 n
             };
             if let Some(post) = &lw.post_attn_norm {
-                rms_norm_chunks(&mut s.proj[..n * h], w.f32s(post), c.rms_eps);
+                rows::norm_chunks(pool_t, &mut s.proj[..n * h], h, w.f32s(post), c.rms_eps);
             }
-            add_in_place(&mut s.x[..n * h], &s.proj[..n * h]);
+            rows::add(pool_t, &mut s.x[..n * h], &s.proj[..n * h]);
 
             // MLP block.
-            let norm = w.f32s(&lw.ffn_norm);
-            for i in 0..n {
-                rms_norm(&s.x[i * h..(i + 1) * h], norm, c.rms_eps, &mut s.xn[i * h..(i + 1) * h]);
-            }
+            rows::norm_rows(pool_t, &s.x[..n * h], w.f32s(&lw.ffn_norm), c.rms_eps, &mut s.xn[..n * h]);
             let xn = &s.xn[..n * h];
             mm_fused(
                 w,
@@ -273,15 +263,12 @@ impl Model {
                 &mut s.quant,
                 self.threads,
             )?;
-            match c.activation {
-                Activation::Silu => silu_mul(&mut s.gate[..n * f], &s.up[..n * f]),
-                Activation::GeluTanh => gelu_mul(&mut s.gate[..n * f], &s.up[..n * f]),
-            }
+            rows::gated(pool_t, c.activation, &mut s.gate[..n * f], &s.up[..n * f]);
             mm(w, &lw.w_down, &s.gate[..n * f], n, &mut s.proj[..n * h], &mut s.quant, self.threads)?;
             if let Some(post) = &lw.post_ffn_norm {
-                rms_norm_chunks(&mut s.proj[..n * h], w.f32s(post), c.rms_eps);
+                rows::norm_chunks(pool_t, &mut s.proj[..n * h], h, w.f32s(post), c.rms_eps);
             }
-            add_in_place(&mut s.x[..n * h], &s.proj[..n * h]);
+            rows::add(pool_t, &mut s.x[..n * h], &s.proj[..n * h]);
         }
 
         // Final norm of the rows whose logits are wanted (the first n_logits rows of x now), then

@@ -56,15 +56,14 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
 pub struct Rope {
     style: RopeStyle,
     head_dim: usize,
+    /// Rotated pairs per head (`rope_dims / 2`).
+    half: usize,
     /// `base^(-2 / rope_dims)`: the ratio of consecutive pairs' frequencies.
     theta_scale: f32,
     /// `1 / linear_scale` (ggml's `freq_scale`).
     freq_scale: f32,
     /// `[rope_dims / 2]` frequency divisors (Llama 3.1 `rope_freqs`), if any.
     factors: Option<Vec<f32>>,
-    /// `[rope_dims / 2]` scratch cos and sin for the current position.
-    cos: Vec<f32>,
-    sin: Vec<f32>,
 }
 
 impl Rope {
@@ -82,43 +81,56 @@ impl Rope {
         Rope {
             style,
             head_dim,
+            half,
             theta_scale: base.powf(-2.0 / rope_dims as f32),
             freq_scale: 1.0 / linear_scale,
             factors: factors.map(|f| f[..half].to_vec()),
-            cos: vec![0.0; half],
-            sin: vec![0.0; half],
+        }
+    }
+
+    /// Values one position's angles take in a table: `[cos × half, sin × half]`.
+    pub fn angles_len(&self) -> usize {
+        2 * self.half
+    }
+
+    /// Writes position `pos`'s cos and sin into `cs` (`[cos × half, sin × half]`).
+    pub fn angles(&self, pos: usize, cs: &mut [f32]) {
+        debug_assert_eq!(cs.len(), self.angles_len());
+        let (cos, sin) = cs.split_at_mut(self.half);
+        let mut theta = pos as f32;
+        for i in 0..self.half {
+            let factor = self.factors.as_ref().map_or(1.0, |f| f[i]);
+            let angle = self.freq_scale * (theta / factor);
+            cos[i] = angle.cos();
+            sin[i] = angle.sin();
+            theta *= self.theta_scale;
         }
     }
 
     /// Rotates every head of `x` (`[heads, head_dim]`) for position `pos`.
-    pub fn apply(&mut self, x: &mut [f32], pos: usize) {
-        let mut theta = pos as f32;
-        for i in 0..self.cos.len() {
-            let factor = self.factors.as_ref().map_or(1.0, |f| f[i]);
-            let angle = self.freq_scale * (theta / factor);
-            self.cos[i] = angle.cos();
-            self.sin[i] = angle.sin();
-            theta *= self.theta_scale;
-        }
-        self.apply_cached(x);
+    pub fn apply(&self, x: &mut [f32], pos: usize) {
+        let mut cs = vec![0.0; self.angles_len()];
+        self.angles(pos, &mut cs);
+        self.rotate(x, &cs);
     }
 
-    /// Rotates with the cos/sin of the last [`Self::apply`] (the same position for q and k).
-    pub fn apply_cached(&self, x: &mut [f32]) {
+    /// Rotates every head of `x` (`[heads, head_dim]`) by the angles `cs` of [`Self::angles`].
+    pub fn rotate(&self, x: &mut [f32], cs: &[f32]) {
+        debug_assert_eq!(cs.len(), self.angles_len());
         #[cfg(target_arch = "x86_64")]
         if Isa::best().has_avx2() {
             // SAFETY: has_avx2 means AVX2, FMA and F16C were detected on this CPU.
-            unsafe { self.rotate_fma(x) };
+            unsafe { self.rotate_fma(x, cs) };
             return;
         }
-        self.rotate(x);
+        self.rotate_plain(x, cs);
     }
 
-    /// [`Self::rotate`] compiled with FMA instructions (elsewhere `mul_add` is a libm call).
+    /// [`Self::rotate_plain`] compiled with FMA instructions (elsewhere `mul_add` is a libm call).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "fma")]
-    unsafe fn rotate_fma(&self, x: &mut [f32]) {
-        self.rotate(x)
+    unsafe fn rotate_fma(&self, x: &mut [f32], cs: &[f32]) {
+        self.rotate_plain(x, cs)
     }
 
     /// Rotates each pair `(a, b)` to `(a cos - b sin, a sin + b cos)` with the first product
@@ -126,19 +138,20 @@ impl Rope {
     /// expression, which C compilers contract to exactly these FMAs on FMA targets (GCC and
     /// Clang contract by default), so this is what llama.cpp computes.
     #[inline(always)]
-    fn rotate(&self, x: &mut [f32]) {
-        let half = self.cos.len();
+    fn rotate_plain(&self, x: &mut [f32], cs: &[f32]) {
+        let half = self.half;
+        let (cos, sin) = cs.split_at(half);
         let rot = |a: f32, b: f32, c: f32, s: f32| (a.mul_add(c, -(b * s)), a.mul_add(s, b * c));
         for head in x.chunks_exact_mut(self.head_dim) {
             match self.style {
                 RopeStyle::Norm => {
                     for i in 0..half {
-                        (head[2 * i], head[2 * i + 1]) = rot(head[2 * i], head[2 * i + 1], self.cos[i], self.sin[i]);
+                        (head[2 * i], head[2 * i + 1]) = rot(head[2 * i], head[2 * i + 1], cos[i], sin[i]);
                     }
                 }
                 RopeStyle::Neox => {
                     for i in 0..half {
-                        (head[i], head[i + half]) = rot(head[i], head[i + half], self.cos[i], self.sin[i]);
+                        (head[i], head[i + half]) = rot(head[i], head[i + half], cos[i], sin[i]);
                     }
                 }
             }
@@ -178,7 +191,7 @@ mod tests {
     #[test]
     fn rope_angles_follow_ggml() {
         // theta_i = p · theta_scale^i by repeated f32 multiplication; cos/sin in f32.
-        let mut r = Rope::new(RopeStyle::Neox, 8, 8, 100000.0, 2.0, Some(&[1.0, 1.5, 2.0, 4.0]));
+        let r = Rope::new(RopeStyle::Neox, 8, 8, 100000.0, 2.0, Some(&[1.0, 1.5, 2.0, 4.0]));
         let mut x = vec![1.0f32, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0];
         r.apply(&mut x, 777);
         let scale = 100000f32.powf(-2.0 / 8.0);
@@ -193,7 +206,7 @@ mod tests {
     #[test]
     fn rope_preserves_norm_and_is_identity_at_zero() {
         for style in [RopeStyle::Norm, RopeStyle::Neox] {
-            let mut r = Rope::new(style, 8, 8, 10000.0, 1.0, None);
+            let r = Rope::new(style, 8, 8, 10000.0, 1.0, None);
             let x: Vec<f32> = (0..16).map(|i| i as f32 * 0.1 - 0.7).collect();
             let mut y = x.clone();
             r.apply(&mut y, 0);
@@ -204,19 +217,19 @@ mod tests {
             // Relative property: <R(p) q, R(p) k> depends only on the position offset.
             let q: Vec<f32> = (0..8).map(|i| (i as f32).sin()).collect();
             let k: Vec<f32> = (0..8).map(|i| (i as f32).cos()).collect();
-            let dot_at = |r: &mut Rope, pq: usize, pk: usize| {
+            let dot_at = |r: &Rope, pq: usize, pk: usize| {
                 let (mut a, mut b) = (q.clone(), k.clone());
                 r.apply(&mut a, pq);
                 r.apply(&mut b, pk);
                 a.iter().zip(&b).map(|(x, y)| x * y).sum::<f32>()
             };
-            assert!((dot_at(&mut r, 10, 7) - dot_at(&mut r, 103, 100)).abs() < 1e-4);
+            assert!((dot_at(&r, 10, 7) - dot_at(&r, 103, 100)).abs() < 1e-4);
         }
     }
 
     #[test]
     fn norm_style_rotates_adjacent_pairs() {
-        let mut r = Rope::new(RopeStyle::Norm, 4, 4, 10000.0, 1.0, None);
+        let r = Rope::new(RopeStyle::Norm, 4, 4, 10000.0, 1.0, None);
         let mut x = vec![1.0f32, 0.0, 1.0, 0.0];
         r.apply(&mut x, 1);
         assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
