@@ -4,9 +4,10 @@
 //!
 //! Without tools the output is one text block, opened at once. With tools the output goes
 //! through the model's tool-call parser: text opens a text block when it comes, and each call
-//! is a `tool_use` block (`content_block_start` with its id, name and `input: {}`, one
-//! `input_json_delta` carrying the arguments as `partial_json`, `content_block_stop`), as
-//! Anthropic's API streams them.
+//! is a `tool_use` block (`content_block_start` with its id, name and `input: {}`, its
+//! arguments as `partial_json` in `input_json_delta`s — one for a call decided whole, several
+//! for one streamed as it is generated —, `content_block_stop`), as Anthropic's API streams
+//! them.
 
 use bytes::Bytes;
 use serde_json::{json, Value};

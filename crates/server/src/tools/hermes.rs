@@ -10,16 +10,18 @@
 //!
 //! [`HermesParser`] takes the text as it streams (any split, even inside a tag) and separates
 //! plain text from calls; text that could be the start of a tag or fence (or, at the start, of a
-//! bare object) is held back until it is decided. A call in tags streams: once its object has
-//! named the function and opened its arguments (`{"name": "…", "arguments": {`), the arguments
-//! go out fragment by fragment as they are generated (blank space between JSON tokens dropped)
-//! — a grammar holds every tagged call whenever tools are offered, so a call begun is a call.
-//! Tagged objects in another shape, fenced and bare ones are decided whole at their end; a
-//! block whose JSON does not parse as a call stays text, verbatim.
+//! bare object) is held back until it is decided. A call streams: once its object has named the
+//! function and opened its arguments (`{"name": "…", "arguments": {`, or `"parameters"`) — in
+//! a fenced or bare block, naming a declared tool — the call begins and its arguments go out
+//! fragment by fragment as they are generated (blank space between JSON tokens dropped); the
+//! rest of the object is dropped, and the call ends at the object's closing brace (blank space
+//! and stray braces up to the block's closing tag or fence are layout; other text after the
+//! object ends the block without its close). The call is committed once begun: its
+//! arguments are what the model writes, a grammar holding them or not. Objects in another shape
+//! (another key order, arguments as a string) are decided whole at the block's end; a block
+//! whose JSON does not parse as a call stays text, verbatim.
 
-use serde_json::Value;
-
-use super::scan::{call_head, call_of, json_prefix, partial_tag_len, CallHead, JsonPrefix, ObjectScan};
+use super::scan::{call_head, call_of, json_prefix, partial_tag_len, CallHead, JsonPrefix, StreamedCall};
 use super::{push_text, ParsedCall, Piece, ToolParser};
 
 const OPEN: &str = "<tool_call>";
@@ -34,6 +36,9 @@ enum Block {
     Tag,
     /// After ```` ```json ````, until the closing fence.
     Fence,
+    /// A bare call object at the start of the output, until its closing brace (entered only
+    /// once the object is known to be a call).
+    Bare,
 }
 
 impl Block {
@@ -41,6 +46,7 @@ impl Block {
         match self {
             Block::Tag => OPEN,
             Block::Fence => FENCE_OPEN,
+            Block::Bare => "",
         }
     }
 
@@ -48,21 +54,22 @@ impl Block {
         match self {
             Block::Tag => CLOSE,
             Block::Fence => FENCE_CLOSE,
+            Block::Bare => "",
         }
     }
 }
 
-/// Where the parser is inside a tagged block.
+/// Where the parser is inside a block.
 #[derive(Debug, Default)]
-enum Tagged {
-    /// Before the arguments: the object's start is not decided yet.
+enum Inside {
+    /// Before the arguments: whether the block streams is not decided yet.
     #[default]
     Head,
-    /// Streaming the arguments object.
-    Arguments(ObjectScan),
-    /// After the arguments, until the closing tag.
+    /// Streaming the call.
+    Call(StreamedCall),
+    /// After the call's object, until the block's closing tag or fence.
     Tail,
-    /// Not in the streamable shape: the block is decided whole at its closing tag.
+    /// Not in the streamable shape: the block is decided whole at its close.
     Whole,
 }
 
@@ -77,8 +84,8 @@ pub(crate) struct HermesParser {
     names: Vec<String>,
     /// Nothing but blank text and calls released so far (where a bare object may be a call).
     at_start: bool,
-    /// Progress inside a tagged block.
-    tagged: Tagged,
+    /// Progress inside the open block.
+    inside: Inside,
 }
 
 impl HermesParser {
@@ -92,6 +99,11 @@ impl HermesParser {
         (block == Block::Tag || self.names.contains(&call.name)).then_some(call)
     }
 
+    /// Whether a call named `name` in `block` is one (outside tags it must name a declared tool).
+    fn names_a_tool(&self, block: Block, name: &str) -> bool {
+        block == Block::Tag || self.names.iter().any(|n| n == name)
+    }
+
     /// Releases `text` as text; non-blank text ends the output's start.
     fn release(&mut self, out: &mut Vec<Piece>, text: String) {
         if !text.trim().is_empty() {
@@ -100,9 +112,17 @@ impl HermesParser {
         push_text(out, text);
     }
 
+    /// Begins streaming the call named `name` of `block`, whose arguments start at byte `at`.
+    fn begin(&mut self, out: &mut Vec<Piece>, block: Block, name: String, at: usize) {
+        self.held.drain(..at);
+        out.push(Piece::CallBegin(name));
+        self.open = Some(block);
+        self.inside = Inside::Call(StreamedCall::new(true));
+    }
+
     /// At the start, a bare JSON object naming a declared tool: `Some(true)` when one was
-    /// taken, `Some(false)` when the held text may still become one (wait for more), `None`
-    /// when it cannot.
+    /// taken (whole, or begun streaming), `Some(false)` when the held text may still become
+    /// one (wait for more), `None` when it cannot.
     fn bare_call(&mut self, out: &mut Vec<Piece>) -> Option<bool> {
         let body = self.held.trim_start();
         if body.is_empty() {
@@ -111,11 +131,17 @@ impl HermesParser {
         if !body.starts_with('{') {
             return None;
         }
+        if let CallHead::Found(name, at) = call_head(&self.held) {
+            if self.names_a_tool(Block::Bare, &name) {
+                self.begin(out, Block::Bare, name, at);
+                return Some(true);
+            }
+        }
         match json_prefix(&self.held) {
             JsonPrefix::Incomplete => Some(false),
             JsonPrefix::Invalid => None,
-            JsonPrefix::Complete(v, end) => {
-                let call = call_of(v).filter(|c| self.names.contains(&c.name))?;
+            JsonPrefix::Complete(_, end) => {
+                let call = call_of(&self.held[..end]).filter(|c| self.names.contains(&c.name))?;
                 self.held.drain(..end);
                 out.push(Piece::Call(call));
                 Some(true)
@@ -125,47 +151,70 @@ impl HermesParser {
 }
 
 impl HermesParser {
-    /// Advances a tagged block that may stream; returns whether it made progress (so the
-    /// caller goes on) or waits for more text.
-    fn stream_tagged(&mut self, out: &mut Vec<Piece>) -> bool {
-        match &mut self.tagged {
-            Tagged::Head => match call_head(&self.held) {
-                CallHead::Incomplete if !self.held.contains(CLOSE) => false,
-                CallHead::Incomplete | CallHead::NoMatch => {
-                    self.tagged = Tagged::Whole;
-                    true
+    /// Advances the open block: decides whether it streams, streams it, or decides it whole;
+    /// returns whether it made progress (so the caller goes on) or waits for more text.
+    fn advance_block(&mut self, out: &mut Vec<Piece>, block: Block) -> bool {
+        match &mut self.inside {
+            Inside::Head => {
+                // The block ends at its first closing tag or fence, wherever that is (inside a
+                // string too): a call streams only if it opens its arguments before that.
+                let close = self.held.find(block.close());
+                match call_head(&self.held) {
+                    CallHead::Incomplete if close.is_none() => false,
+                    CallHead::Found(name, at) if close.is_none_or(|c| c > at) && self.names_a_tool(block, &name) => {
+                        self.begin(out, block, name, at);
+                        true
+                    }
+                    _ => {
+                        self.inside = Inside::Whole;
+                        true
+                    }
                 }
-                CallHead::Found(name, at) => {
-                    self.held.drain(..at);
-                    out.push(Piece::CallBegin(name));
-                    self.tagged = Tagged::Arguments(ObjectScan::default());
-                    true
-                }
-            },
-            Tagged::Arguments(scan) => {
-                let mut fragment = String::new();
-                let read = scan.feed(&self.held, &mut fragment);
-                let done = scan.done;
-                self.held.drain(..read);
-                if !fragment.is_empty() {
-                    out.push(Piece::CallArgs(fragment));
-                }
-                if done {
-                    self.tagged = Tagged::Tail;
-                }
-                done
             }
-            // What follows the arguments up to the closing tag (the object's `}`) is layout.
-            Tagged::Tail => {
-                let Some(end) = self.held.find(CLOSE) else { return false };
-                self.held.drain(..end + CLOSE.len());
-                self.open = None;
-                self.tagged = Tagged::Head;
-                out.push(Piece::CallEnd);
+            Inside::Call(call) => {
+                let (read, over) = call.feed(&self.held, out);
+                self.held.drain(..read);
+                if over {
+                    // A bare call ends with its object; a tagged or fenced one waits for its close.
+                    match block {
+                        Block::Bare => self.close_block(),
+                        Block::Tag | Block::Fence => self.inside = Inside::Tail,
+                    }
+                }
+                over
+            }
+            // Blank space and stray closing braces (a slip typical of small models) between
+            // the call's object and the block's close lay the block out: dropped with the
+            // close. Anything else means the close is missing: the block ends there, and what
+            // follows is read afresh.
+            Inside::Tail => {
+                let rest = self.held.trim_start_matches(|c: char| c.is_whitespace() || c == '}');
+                if rest.is_empty() || (rest.len() < block.close().len() && block.close().starts_with(rest)) {
+                    return false;
+                }
+                let close = if rest.starts_with(block.close()) { block.close().len() } else { 0 };
+                self.held.drain(..self.held.len() - rest.len() + close);
+                self.close_block();
                 true
             }
-            Tagged::Whole => unreachable!("whole blocks are decided by the caller"),
+            // Decided whole at the block's close: a call, or text with its tags.
+            Inside::Whole => {
+                let Some(end) = self.held.find(block.close()) else { return false };
+                let body: String = self.held[..end].to_string();
+                self.held.drain(..end + block.close().len());
+                self.close_block();
+                match self.call_in(block, &body) {
+                    Some(call) => out.push(Piece::Call(call)),
+                    None => self.release(out, format!("{}{body}{}", block.open(), block.close())),
+                }
+                true
+            }
         }
+    }
+
+    fn close_block(&mut self) {
+        self.open = None;
+        self.inside = Inside::Head;
     }
 }
 
@@ -175,22 +224,11 @@ impl ToolParser for HermesParser {
         self.held.push_str(text);
         let mut out = Vec::new();
         loop {
-            if self.open == Some(Block::Tag) && !matches!(self.tagged, Tagged::Whole) {
-                if self.stream_tagged(&mut out) {
+            if let Some(block) = self.open {
+                if self.advance_block(&mut out, block) {
                     continue;
                 }
                 break;
-            }
-            if let Some(block) = self.open {
-                let Some(end) = self.held.find(block.close()) else { break };
-                let body: String = self.held[..end].to_string();
-                self.held.drain(..end + block.close().len());
-                self.open = None;
-                match self.call_in(block, &body) {
-                    Some(call) => out.push(Piece::Call(call)),
-                    None => self.release(&mut out, format!("{}{body}{}", block.open(), block.close())),
-                }
-                continue;
             }
             if self.at_start {
                 match self.bare_call(&mut out) {
@@ -205,7 +243,7 @@ impl ToolParser for HermesParser {
                 let before: String = self.held[..start].to_string();
                 self.held.drain(..start + block.open().len());
                 self.open = Some(block);
-                self.tagged = Tagged::Head;
+                self.inside = Inside::Head;
                 self.release(&mut out, before);
             } else {
                 let keep = partial_tag_len(&self.held, OPEN).max(partial_tag_len(&self.held, FENCE_OPEN));
@@ -217,20 +255,25 @@ impl ToolParser for HermesParser {
         out
     }
 
-    /// The end of the output: what is still held is text (an unclosed block included, tag and all).
+    /// The end of the output: what is still held is decided (an unclosed block's text comes
+    /// back with its opening tag).
     fn finish(&mut self) -> Vec<Piece> {
         let mut out = Vec::new();
         let rest = std::mem::take(&mut self.held);
-        match self.open.take() {
-            // A streamed call cut by the length limit (or left unclosed) ends where the text did.
-            Some(Block::Tag) if matches!(self.tagged, Tagged::Arguments(_) | Tagged::Tail) => out.push(Piece::CallEnd),
+        let inside = std::mem::take(&mut self.inside);
+        match (self.open.take(), inside) {
+            // A streamed call cut by the length limit ends where the text did.
+            (Some(_), Inside::Call(_)) => out.push(Piece::CallEnd),
+            // After a streamed call, a block left unclosed: what is held is layout (blank
+            // space, stray braces, a partial close).
+            (Some(_), Inside::Tail) => {}
             // A block cut by the length limit, or left unclosed at the end: a complete call
             // inside still counts (some models omit the closing tag before their end token).
-            Some(block) => match self.call_in(block, &rest) {
+            (Some(block), _) => match self.call_in(block, &rest) {
                 Some(call) => out.push(Piece::Call(call)),
                 None => self.release(&mut out, format!("{}{rest}", block.open())),
             },
-            None => self.release(&mut out, rest),
+            (None, _) => self.release(&mut out, rest),
         }
         out
     }
@@ -238,23 +281,22 @@ impl ToolParser for HermesParser {
 
 /// `{"name": "…", "arguments": {…}}` (surrounding whitespace ignored), as [`call_of`] reads it.
 fn parse_call(body: &str) -> Option<ParsedCall> {
-    call_of(serde_json::from_str::<Value>(body.trim()).ok()?)
+    let body = body.trim();
+    serde_json::from_str::<serde_json::Value>(body).ok()?;
+    call_of(body)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::fixtures::{call, check_fixtures, check_streams, LONG};
 
-    fn call(name: &str, arguments: &str) -> Piece {
-        Piece::Call(ParsedCall { name: name.into(), arguments: arguments.into() })
-    }
-
-    fn run(text: &str, n: usize) -> Vec<Piece> {
-        crate::tools::scan::run_split(&mut HermesParser::new(vec!["get_weather".into(), "get_time".into()]), text, n)
+    fn parser() -> Box<dyn ToolParser> {
+        Box::new(HermesParser::new(vec!["get_weather".into(), "get_time".into()]))
     }
 
     #[test]
-    fn fixtures_whole_and_split_at_every_size() {
+    fn fixtures_whole_and_split_at_every_position() {
         let qwen = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call>";
         let two = format!(
             "Let me check.\n{qwen}\n<tool_call>\n{{\"name\": \"get_time\", \"arguments\": {{}}}}\n</tool_call>"
@@ -287,48 +329,77 @@ mod tests {
             ("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": 1}\"}".into(), vec![call("f", r#"{"x": 1}"#)]),
             ("ends with a partial tag <tool_ca".into(), vec![Piece::Text("ends with a partial tag <tool_ca".into())]),
             ("é<tool_call>{\"name\": \"ü\"}</tool_call>".into(), vec![Piece::Text("é".into()), call("ü", "{}")]),
+            // Streamed (name first) or whole (arguments first), the arguments keep the model's
+            // spelling of numbers and escapes.
+            (
+                "<tool_call>{\"name\": \"f\", \"arguments\": {\"n\": 1.50, \"s\": \"\\u00e9\"}}</tool_call>\n<tool_call>{\"arguments\": {\"n\": 1.50, \"s\": \"\\u00e9\"}, \"name\": \"f\"}</tool_call>".into(),
+                vec![call("f", r#"{"n":1.50,"s":"\u00e9"}"#), Piece::Text("\n".into()), call("f", r#"{"n":1.50,"s":"\u00e9"}"#)],
+            ),
         ];
-        for (text, want) in cases {
-            for n in 1..=text.len() {
-                assert_eq!(run(&text, n), want, "{text:?} in chunks of {n}");
-            }
-        }
+        check_fixtures(parser, &cases);
     }
 
     #[test]
     fn fenced_and_bare_objects_naming_a_declared_tool_are_calls() {
         let weather = r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#;
         let example = r#"{"name": "Ada", "arguments": 2}"#;
+        let undeclared = r#"{"name": "Ada", "arguments": {"age": 36}}"#;
+        let paris = || call("get_weather", r#"{"city":"Paris"}"#);
         let cases: Vec<(String, Vec<Piece>)> = vec![
-            (format!("```json\n{weather}\n```"), vec![call("get_weather", r#"{"city":"Paris"}"#)]),
+            (format!("```json\n{weather}\n```"), vec![paris()]),
             (
                 format!("Checking.\n```json\n{weather}\n```\nDone."),
-                vec![
-                    Piece::Text("Checking.\n".into()),
-                    call("get_weather", r#"{"city":"Paris"}"#),
-                    Piece::Text("\nDone.".into()),
-                ],
+                vec![Piece::Text("Checking.\n".into()), paris(), Piece::Text("\nDone.".into())],
             ),
-            (format!("  {weather}"), vec![call("get_weather", r#"{"city":"Paris"}"#)]),
-            (
-                format!("{weather}\n{weather}"),
-                vec![call("get_weather", r#"{"city":"Paris"}"#), call("get_weather", r#"{"city":"Paris"}"#)],
-            ),
+            (format!("  {weather}"), vec![paris()]),
+            (format!("{weather}\n{weather}"), vec![paris(), paris()]),
+            (format!("{weather}\n```json\n{weather}\n```"), vec![paris(), Piece::Text("\n".into()), paris()]),
+            // Parameters under Llama's key; the arguments first (decided whole at the end).
+            (r#"{"name": "get_time", "parameters": {"tz": "CET"}}"#.into(), vec![call("get_time", r#"{"tz":"CET"}"#)]),
+            (r#"{"arguments": {"tz": "CET"}, "name": "get_time"}"#.into(), vec![call("get_time", r#"{"tz":"CET"}"#)]),
             // Not a declared tool, not a call, or not at the start: text, verbatim.
             (format!("```json\n{example}\n```"), vec![Piece::Text(format!("```json\n{example}\n```"))]),
+            (format!("```json\n{undeclared}\n```"), vec![Piece::Text(format!("```json\n{undeclared}\n```"))]),
             (example.to_string(), vec![Piece::Text(example.into())]),
+            (undeclared.to_string(), vec![Piece::Text(undeclared.into())]),
             ("{\"a\": 1} and more".into(), vec![Piece::Text("{\"a\": 1} and more".into())]),
             (format!("Like this: {weather}"), vec![Piece::Text(format!("Like this: {weather}"))]),
             ("```python\nx = {}\n```".into(), vec![Piece::Text("```python\nx = {}\n```".into())]),
             ("{\"name\": \"get_wea".into(), vec![Piece::Text("{\"name\": \"get_wea".into())]),
             // A fence left open by the length limit: a complete call inside still counts.
-            (format!("```json\n{weather}\n"), vec![call("get_weather", r#"{"city":"Paris"}"#)]),
+            (format!("```json\n{weather}\n"), vec![paris()]),
+            (format!("```json\n{weather}\n``"), vec![paris()]),
+            // Cut inside the arguments: the streamed call ends where the text did.
+            ("```json\n{\"name\": \"get_weather\", \"arguments\": {\"ci".into(), vec![call("get_weather", "{\"ci")]),
+            // Keys after the arguments are dropped, and so is what follows the object in its
+            // block (here a stray brace).
+            (
+                "```json\n{\"name\": \"get_time\", \"arguments\": {}, \"id\": 1}}\n```".into(),
+                vec![call("get_time", "{}")],
+            ),
+            ("<tool_call>{\"name\": \"get_time\", \"arguments\": {}}}\n</tool_".into(), vec![call("get_time", "{}")]),
+            // A fence left open after a call: the text that follows is text.
+            (format!("```json\n{weather}\nDone."), vec![paris(), Piece::Text("Done.".into())]),
         ];
-        for (text, want) in cases {
-            for n in 1..=text.len() {
-                assert_eq!(run(&text, n), want, "{text:?} in chunks of {n}");
-            }
+        check_fixtures(parser, &cases);
+    }
+
+    #[test]
+    fn tagged_fenced_and_bare_arguments_stream_token_by_token() {
+        let args = format!(r#"{{"city": "{LONG}", "unit": "celsius"}}"#);
+        let object = format!(r#"{{"name": "get_weather", "arguments": {args}}}"#);
+        for text in [
+            format!("<tool_call>\n{object}\n</tool_call>"),
+            format!("Checking.\n```json\n{object}\n```"),
+            format!("\n{object}"),
+            format!("{object}\n{object}"),
+        ] {
+            let end = text.find(&object).unwrap() + object.len() - 1;
+            check_streams(parser().as_mut(), &text, 0, end);
         }
+        // The second of two bare calls streams too.
+        let two = format!("{object}\n{object}");
+        check_streams(parser().as_mut(), &two, 1, two.len() - 1);
     }
 
     #[test]
@@ -340,14 +411,38 @@ mod tests {
             vec![Piece::CallBegin("get_weather".into()), Piece::CallArgs("{\"ci".into())]
         );
         assert_eq!(p.push("ty\": \"Pa"), vec![Piece::CallArgs("ty\":\"Pa".into())]);
-        assert_eq!(p.push("ris\"}}\n</tool"), vec![Piece::CallArgs("ris\"}".into())]);
-        assert_eq!(p.push("_call>"), vec![Piece::CallEnd]);
+        // The call ends with its object; the closing tag that follows is layout.
+        assert_eq!(p.push("ris\"}}\n</tool"), vec![Piece::CallArgs("ris\"}".into()), Piece::CallEnd]);
+        assert_eq!(p.push("_call>"), vec![]);
         // Cut by the length limit inside the arguments: the call ends where the text did.
         assert_eq!(
             p.push("\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": [1,"),
             vec![Piece::Text("\n".into()), Piece::CallBegin("f".into()), Piece::CallArgs("{\"x\":[1,".into()),]
         );
         assert_eq!(p.finish(), vec![Piece::CallEnd]);
+    }
+
+    #[test]
+    fn fenced_and_bare_calls_begin_once_they_name_a_declared_tool() {
+        let mut p = HermesParser::new(vec!["get_weather".into()]);
+        assert_eq!(p.push("```json\n{\"name\": \"get_weather\", \"arguments\": "), vec![]);
+        assert_eq!(
+            p.push("{\"city\": \"Pa"),
+            vec![Piece::CallBegin("get_weather".into()), Piece::CallArgs("{\"city\":\"Pa".into())]
+        );
+        assert_eq!(p.push("ris\"} }\n`"), vec![Piece::CallArgs("ris\"}".into()), Piece::CallEnd]);
+        assert_eq!(p.push("``\n"), vec![]);
+        assert_eq!(p.finish(), vec![Piece::Text("\n".into())]);
+        let mut p = HermesParser::new(vec!["get_weather".into()]);
+        assert_eq!(
+            p.push(" {\"name\": \"get_weather\", \"arguments\": {"),
+            vec![Piece::CallBegin("get_weather".into()), Piece::CallArgs("{".into())]
+        );
+        assert_eq!(p.push("}}"), vec![Piece::CallArgs("}".into()), Piece::CallEnd]);
+        // An undeclared name waits for the whole object, and is text.
+        let mut p = HermesParser::new(vec!["get_weather".into()]);
+        assert_eq!(p.push("{\"name\": \"other\", \"arguments\": {\"a\": 1"), vec![]);
+        assert_eq!(p.push("}}"), vec![Piece::Text("{\"name\": \"other\", \"arguments\": {\"a\": 1}}".into())]);
     }
 
     #[test]

@@ -5,20 +5,26 @@
 //! the start, as vLLM's `llama3_json` parser reads it).
 //!
 //! [`Llama3Parser`] holds the start of the output until it is decided: leading whitespace, a
-//! (partial) `<|python_tag|>`, a JSON object still open. Each complete object that is a call
-//! goes out at once; a complete value that is not a call, or text after a call that is not
-//! another call, turns the rest of the output into text.
+//! (partial) `<|python_tag|>`, a JSON object still open. An object that opens as a call —
+//! `{"name": "…", "parameters": {` (or `"arguments"`) — is one: the call begins and its
+//! arguments stream as they are generated (blank space between JSON tokens dropped), keys
+//! after them are dropped, and the call ends at the object's closing brace. An object in
+//! another key order is decided whole once complete. A call begun is committed: arguments cut
+//! by the length limit end the call where they stop. A complete value that is not a call, or
+//! text after a call that is not another call, turns the rest of the output into text.
 
-use super::scan::{call_of, json_prefix, partial_tag_len, JsonPrefix};
+use super::scan::{call_head, call_of, json_prefix, partial_tag_len, CallHead, JsonPrefix, StreamedCall};
 use super::{push_text, Piece, ToolParser};
 
 const PYTHON_TAG: &str = "<|python_tag|>";
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default)]
 enum State {
     /// Nothing but whitespace (and perhaps the python tag) so far, or `;` after a call.
     #[default]
     Start,
+    /// Streaming a call.
+    Call(StreamedCall),
     /// Calls have been read; what follows must be `;` and another call.
     Calls,
     /// The rest of the output is text.
@@ -30,8 +36,8 @@ enum State {
 pub(crate) struct Llama3Parser {
     held: String,
     state: State,
-    /// Text consumed but not yet decided (the python tag), given back if the output turns
-    /// out to be text.
+    /// Text consumed but not yet decided (the python tag, a separator), given back if the
+    /// output turns out to be text.
     consumed: String,
 }
 
@@ -45,7 +51,7 @@ impl Llama3Parser {
     /// Decides as much of `held` as can be decided.
     fn scan(&mut self, out: &mut Vec<Piece>) {
         loop {
-            match self.state {
+            match &mut self.state {
                 State::Text => {
                     push_text(out, std::mem::take(&mut self.held));
                     return;
@@ -66,9 +72,30 @@ impl Llama3Parser {
                     if !body.starts_with('{') {
                         return self.fall_back_to_text(out);
                     }
-                    if !self.read_call(out) {
+                    match call_head(&self.held) {
+                        // The object opens as a call: it is one, and streams from here.
+                        CallHead::Found(name, at) => {
+                            self.held.drain(..at);
+                            self.consumed.clear();
+                            out.push(Piece::CallBegin(name));
+                            self.state = State::Call(StreamedCall::new(true));
+                        }
+                        // A JSON text so far that may still open as a call.
+                        CallHead::Incomplete => return,
+                        CallHead::NoMatch => {
+                            if !self.read_call(out) {
+                                return;
+                            }
+                        }
+                    }
+                }
+                State::Call(call) => {
+                    let (read, over) = call.feed(&self.held, out);
+                    self.held.drain(..read);
+                    if !over {
                         return;
                     }
+                    self.state = State::Calls;
                 }
                 State::Calls => {
                     let body = self.held.trim_start();
@@ -93,7 +120,7 @@ impl Llama3Parser {
         }
     }
 
-    /// Reads the call at the start of `held`; false when more text is needed.
+    /// Reads the call at the start of `held` whole; false when more text is needed.
     fn read_call(&mut self, out: &mut Vec<Piece>) -> bool {
         match json_prefix(&self.held) {
             JsonPrefix::Incomplete => false,
@@ -101,7 +128,7 @@ impl Llama3Parser {
                 self.fall_back_to_text(out);
                 true
             }
-            JsonPrefix::Complete(v, end) => match call_of(v) {
+            JsonPrefix::Complete(_, end) => match call_of(&self.held[..end]) {
                 Some(call) => {
                     self.held.drain(..end);
                     self.consumed.clear();
@@ -128,10 +155,14 @@ impl ToolParser for Llama3Parser {
 
     fn finish(&mut self) -> Vec<Piece> {
         let mut out = Vec::new();
-        if self.state == State::Calls && matches!(self.held.trim(), "" | ";") {
-            self.held.clear();
-        } else {
-            self.fall_back_to_text(&mut out);
+        match self.state {
+            // A streamed call cut by the length limit ends where the text did.
+            State::Call(_) => {
+                self.held.clear();
+                out.push(Piece::CallEnd);
+            }
+            State::Calls if matches!(self.held.trim(), "" | ";") => self.held.clear(),
+            _ => self.fall_back_to_text(&mut out),
         }
         out
     }
@@ -140,43 +171,79 @@ impl ToolParser for Llama3Parser {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::scan::check_fixtures;
-    use crate::tools::ParsedCall;
+    use crate::tools::fixtures::{call, check_fixtures, check_streams, LONG};
 
-    fn call(name: &str, arguments: &str) -> Piece {
-        Piece::Call(ParsedCall { name: name.into(), arguments: arguments.into() })
+    fn parser() -> Box<dyn ToolParser> {
+        Box::new(Llama3Parser::default())
     }
 
     #[test]
     fn fixtures_whole_and_split_at_every_position() {
         let weather = r#"{"name": "get_weather", "parameters": {"city": "Paris"}}"#;
+        let time = r#"{"name": "get_time", "parameters": {}}"#;
+        let paris = || call("get_weather", r#"{"city":"Paris"}"#);
         let cases: Vec<(String, Vec<Piece>)> = vec![
-            (weather.into(), vec![call("get_weather", r#"{"city":"Paris"}"#)]),
-            (format!("<|python_tag|>{weather}"), vec![call("get_weather", r#"{"city":"Paris"}"#)]),
-            (
-                format!(" \n{weather}; {{\"name\": \"get_time\", \"parameters\": {{}}}}\n"),
-                vec![call("get_weather", r#"{"city":"Paris"}"#), call("get_time", "{}")],
-            ),
+            (weather.into(), vec![paris()]),
+            (format!("<|python_tag|>{weather}"), vec![paris()]),
+            (format!(" \n{weather}; {time}\n"), vec![paris(), call("get_time", "{}")]),
+            (format!("<|python_tag|>{weather};{time};"), vec![paris(), call("get_time", "{}")]),
             ("The weather is fine {not json}.".into(), vec![Piece::Text("The weather is fine {not json}.".into())]),
             (" {\"a\": 1} is JSON".into(), vec![Piece::Text(" {\"a\": 1} is JSON".into())]),
-            ("{\"name\": \"f\", \"parame".into(), vec![Piece::Text("{\"name\": \"f\", \"parame".into())]),
+            // JSON that is no call, even with a `parameters` object: text, verbatim.
             (
-                format!("{weather} and then"),
-                vec![call("get_weather", r#"{"city":"Paris"}"#), Piece::Text(" and then".into())],
+                r#"{"title": "t", "parameters": {"a": 1}}"#.into(),
+                vec![Piece::Text(r#"{"title": "t", "parameters": {"a": 1}}"#.into())],
             ),
+            ("[{\"name\": \"f\"}]".into(), vec![Piece::Text("[{\"name\": \"f\"}]".into())]),
+            (format!("{weather}; [1]"), vec![paris(), Piece::Text("; [1]".into())]),
+            ("{\"name\": \"f\", \"parame".into(), vec![Piece::Text("{\"name\": \"f\", \"parame".into())]),
+            (format!("{weather} and then"), vec![paris(), Piece::Text(" and then".into())]),
             ("<|python_ta".into(), vec![Piece::Text("<|python_ta".into())]),
             ("<|python_tag|>print(1)".into(), vec![Piece::Text("<|python_tag|>print(1)".into())]),
             ("{\"name\": \"é\"}".into(), vec![call("é", "{}")]),
+            // Cut by the length limit inside the arguments: the call ends where the text did.
+            ("{\"name\": \"f\", \"parameters\": {\"x\": [1, ".into(), vec![call("f", "{\"x\":[1,")]),
+            // Keys after the arguments are dropped.
+            ("{\"name\": \"f\", \"parameters\": {}, \"id\": \"}\"}".into(), vec![call("f", "{}")]),
+            // Streamed (name first) or whole (parameters first), the arguments keep the
+            // model's spelling of numbers and escapes.
+            (
+                r#"{"name": "f", "parameters": {"n": 1.50, "s": "\u00e9"}}; {"parameters": {"n": 1.50, "s": "\u00e9"}, "name": "f"}"#.into(),
+                vec![call("f", r#"{"n":1.50,"s":"\u00e9"}"#), call("f", r#"{"n":1.50,"s":"\u00e9"}"#)],
+            ),
         ];
-        check_fixtures(|| Box::new(Llama3Parser::default()), &cases);
+        check_fixtures(parser, &cases);
     }
 
     #[test]
-    fn calls_go_out_as_soon_as_they_are_complete() {
+    fn single_and_joined_calls_stream_token_by_token() {
+        let object = format!(r#"{{"name": "get_weather", "parameters": {{"city": "{LONG}", "days": [1, 2, 3]}}}}"#);
+        let time = r#"{"name": "get_time", "parameters": {}}"#;
+        for (text, call) in [
+            (object.clone(), 0),
+            (format!("<|python_tag|>{object}"), 0),
+            (format!("{object}; {time}"), 0),
+            (format!("{time}; {object}"), 1),
+            (format!("<|python_tag|>{time};{object}"), 1),
+        ] {
+            let end = text.find(&object).unwrap() + object.len() - 1;
+            check_streams(parser().as_mut(), &text, call, end);
+        }
+    }
+
+    #[test]
+    fn calls_begin_at_their_arguments_and_other_orders_go_out_whole() {
         let mut p = Llama3Parser::default();
         assert_eq!(p.push("{\"name\": \"f\", "), vec![]);
-        assert_eq!(p.push("\"parameters\": {}}"), vec![call("f", "{}")]);
+        assert_eq!(
+            p.push("\"parameters\": {\"x\""),
+            vec![Piece::CallBegin("f".into()), Piece::CallArgs("{\"x\"".into())]
+        );
+        assert_eq!(p.push(": 1 }"), vec![Piece::CallArgs(":1}".into())]);
+        assert_eq!(p.push(" }"), vec![Piece::CallEnd]);
         assert_eq!(p.push(";"), vec![]);
+        assert_eq!(p.push(" {\"parameters\": {}, "), vec![]);
+        assert_eq!(p.push("\"name\": \"g\"}"), vec![call("g", "{}")]);
         assert!(p.finish().is_empty(), "a trailing separator is layout");
         let mut p = Llama3Parser::default();
         assert_eq!(p.push("Sure"), vec![Piece::Text("Sure".into())], "text is released at once");

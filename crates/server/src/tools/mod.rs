@@ -5,6 +5,8 @@
 //! of the generated text by one [`ToolParser`] per family, as the model's [`ToolCallFormat`]
 //! says — Hermes/Qwen (`hermes.rs`), Llama 3.x JSON (`llama.rs`), Mistral (`mistral.rs`).
 
+#[cfg(test)]
+mod fixtures;
 mod grammar;
 mod hermes;
 mod llama;
@@ -32,12 +34,13 @@ const MAX_TOOLS: usize = 128;
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Piece {
     Text(String),
-    /// A whole call, decided at once.
+    /// A whole call, decided at once (where the call could not be known to be one before
+    /// its end).
     Call(ParsedCall),
     /// A call streamed as it is generated: its function name (it is known to be a call) …
     CallBegin(String),
     /// … a fragment of its arguments' JSON text (the fragments of a call, joined, are its
-    /// arguments) …
+    /// arguments, exactly as [`ParsedCall::arguments`] would give them whole) …
     CallArgs(String),
     /// … and its end.
     CallEnd,
@@ -135,6 +138,10 @@ pub(crate) fn output_format(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ParsedCall {
     pub name: String,
+    /// The arguments as the model wrote them, less the blank space between JSON tokens (not
+    /// re-serialized: numbers and escapes keep their spelling, so a call streamed fragment by
+    /// fragment and the same call decided whole carry the same text); arguments the model gave
+    /// as a JSON string are that string's content.
     pub arguments: String,
 }
 
@@ -472,5 +479,43 @@ mod tests {
         assert_ne!(call_id("chatcmpl-1", 0), call_id("chatcmpl-1", 1));
         assert_ne!(call_id("chatcmpl-1", 0), call_id("chatcmpl-2", 0));
         assert!(call_id("x", 3).starts_with("call_"));
+    }
+
+    #[test]
+    fn streamed_and_whole_calls_join_to_the_same_arguments() {
+        // The same call, streamed (name first) and whole (arguments first), in each family.
+        let args = r#"{"n": 1.50, "s": "\u00e9", "e": 1e3}"#;
+        let want = r#"{"n":1.50,"s":"\u00e9","e":1e3}"#;
+        for (format, streamed, whole) in [
+            (
+                ToolCallFormat::Hermes,
+                format!(r#"<tool_call>{{"name": "f", "arguments": {args}}}</tool_call>"#),
+                format!(r#"<tool_call>{{"arguments": {args}, "name": "f"}}</tool_call>"#),
+            ),
+            (
+                ToolCallFormat::Hermes,
+                format!(r#"```json {{"name": "f", "arguments": {args}}} ```"#),
+                format!(r#"```json {{"arguments": {args}, "name": "f"}} ```"#),
+            ),
+            (
+                ToolCallFormat::Llama3Json,
+                format!(r#"{{"name": "f", "parameters": {args}}}"#),
+                format!(r#"{{"parameters": {args}, "name": "f"}}"#),
+            ),
+            (
+                ToolCallFormat::Mistral { args: false, tool_calls: None, args_token: None },
+                format!(r#"[{{"name": "f", "arguments": {args}}}]"#),
+                format!(r#"[{{"arguments": {args}, "name": "f"}}]"#),
+            ),
+        ] {
+            let syntax = CallSyntax { format, names: vec!["f".into()] };
+            let mut p = parser(&syntax);
+            let mut pieces = p.push(&streamed);
+            pieces.extend(p.finish());
+            assert!(pieces.contains(&Piece::CallBegin("f".into())), "{streamed} streams");
+            let call = ParsedCall { name: "f".into(), arguments: want.into() };
+            assert_eq!(split_output(&syntax, &streamed), (String::new(), vec![call.clone()]), "{streamed}");
+            assert_eq!(split_output(&syntax, &whole), (String::new(), vec![call]), "{whole}");
+        }
     }
 }

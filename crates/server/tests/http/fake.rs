@@ -58,6 +58,11 @@ pub const TOOL_WORDS: &[&str] = &[
     "call>",
 ];
 
+/// What the fake generates when the prompt contains `CALL_FENCED`: one Hermes call in a
+/// ```` ```json ```` fence instead of tags, its arguments cut across tokens.
+pub const FENCED_WORDS: &[&str] =
+    &["```json\n{\"name\": \"get_weather\", ", "\"arguments\": {\"city\": \"Pa", "ris\", \"days\": [1,", " 2]}}\n```"];
+
 #[derive(Debug, Default)]
 struct Counters {
     running: AtomicU64,
@@ -301,16 +306,19 @@ impl Generate {
         let prompt: String = self.request.prompt.iter().filter_map(|&id| char::from_u32(id)).collect();
         if prompt.contains("CALL_TOOLS") {
             TOOL_WORDS
+        } else if prompt.contains("CALL_FENCED") {
+            FENCED_WORDS
         } else {
             WORDS
         }
     }
 
     fn eos_after(&self) -> usize {
-        if self.words() == TOOL_WORDS {
-            TOOL_WORDS.len()
-        } else {
+        let words = self.words();
+        if words == WORDS {
             self.config.eos_after
+        } else {
+            words.len()
         }
     }
 

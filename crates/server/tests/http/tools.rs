@@ -1,8 +1,9 @@
 //! OpenAI tool calling against the fake backend (which reports the Hermes format and, when the
-//! prompt says `CALL_TOOLS`, writes two calls split across tokens): tools and history reach the
-//! template, calls come back structured with `finish_reason: "tool_calls"` — whole and as
-//! incremental `tool_calls` deltas —, `required` and named functions constrain decoding with a
-//! grammar, and bad tool input is a 400 naming the field.
+//! prompt says `CALL_TOOLS`, writes two calls split across tokens; `CALL_FENCED`, one fenced
+//! call): tools and history reach the template, calls come back structured with
+//! `finish_reason: "tool_calls"` — whole and as incremental `tool_calls` deltas, arguments as
+//! they are generated —, `required` and named functions constrain decoding with a grammar, and
+//! bad tool input is a 400 naming the field.
 
 use pagekv_server::{Grammar, ToolCallFormat};
 use serde_json::{json, Value};
@@ -103,6 +104,31 @@ async fn streamed_calls_come_as_incremental_deltas() {
         .map(|c| c["id"].as_str().unwrap())
         .collect();
     assert!(ids.iter().all(|id| !calls.iter().any(|c| c.0 == *id)), "ids are per request");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_call_streams_its_arguments_as_the_whole_response_gives_them() {
+    let server = TestServer::start().await;
+    let ask = |stream: bool| {
+        json!({"messages": [{"role": "user", "content": "CALL_FENCED please"}], "tools": weather_tools(),
+               "stream": stream})
+    };
+    let events = server.stream("/v1/chat/completions", &ask(true)).await;
+    let (content, calls, finish) = accumulate(&events);
+    assert_eq!((content.as_str(), finish.as_str()), ("", "tool_calls"));
+    assert_eq!(calls.len(), 1);
+    assert_eq!((calls[0].1.as_str(), calls[0].2.as_str()), ("get_weather", r#"{"city":"Paris","days":[1,2]}"#));
+    let fragments = events
+        .iter()
+        .filter(|e| e.data != "[DONE]")
+        .flat_map(|e| e.json()["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default())
+        .filter(|d| d["function"]["arguments"].as_str().is_some_and(|a| !a.is_empty()))
+        .count();
+    assert!(fragments >= 3, "arguments in {fragments} delta(s)");
+    let whole = server.post("/v1/chat/completions", &ask(false)).await.ok();
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(message["content"], Value::Null, "{whole}");
+    assert_eq!(message["tool_calls"][0]["function"]["arguments"].as_str(), Some(calls[0].2.as_str()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
