@@ -124,7 +124,7 @@ unsafe fn q5_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     }
 }
 
-/// How far ahead the Q6_K decode kernel prefetches: a fixed distance rather than
+/// How far ahead the Q6_K row kernel (decode and short steps) prefetches: a fixed distance rather than
 /// [`K_PREFETCH_ROWS`] rows, since Q6_K rows of 8,960 values (a `ffn_down`) are 7 KiB and twelve
 /// of them ahead overrun L1 — the lines are evicted before they are read (two threads on
 /// 1536 × 8960 matrices: about 20 % more bandwidth at 2–4 KiB than at twelve rows; rows of 1,536
@@ -145,9 +145,7 @@ unsafe fn q6_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     let mut acc = [_mm256_setzero_ps(); NJ];
     let mut tiled = [0.0f32; NJ];
     for b in 0..nb {
-        if NJ == 1 {
-            prefetch_share(w.as_ptr(), Q6K_PREFETCH_BYTES, b, w.len() / nb);
-        }
+        prefetch_share(w.as_ptr(), Q6K_PREFETCH_BYTES, b, w.len() / nb);
         let blk = w.as_ptr().add(b * BLOCK);
         let sc: [i8; 16] = std::ptr::read_unaligned(blk.add(192) as *const [i8; 16]);
         let sc_i16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));

@@ -395,12 +395,21 @@ fn lcm(a: usize, b: usize) -> usize {
     a / gcd(a, b) * b
 }
 
-/// With several activation rows, how many row tiles ahead the driver prefetches the weights
-/// (they come from memory once, on the first panel). `BENCH_N=4` (and 8) `cargo bench -p
-/// pagekv-cpu --bench decode_matvec`, one thread: 57 -> 65 (35 -> 38) steps/s. Decode leaves
-/// it to the kernels: the quantized ones prefetch per block step, and for the float ones (long
-/// contiguous rows the hardware prefetcher follows) a driver burst was slower (F16: 87 -> 62).
+/// With many activation rows (more than [`DRIVER_PREFETCH_MIN_ACTS`]), how many row tiles ahead
+/// the driver prefetches the weights (they come from memory once, on the first panel). `BENCH_N=4`
+/// (and 8) `cargo bench -p pagekv-cpu --bench decode_matvec`, one thread: 57 -> 65 (35 -> 38)
+/// steps/s. Decode leaves it to the kernels: the quantized ones prefetch per block step, and for
+/// the float ones (long contiguous rows the hardware prefetcher follows) a driver burst was
+/// slower (F16: 87 -> 62).
 const DRIVER_PREFETCH_TILES: usize = 2;
+
+/// Up to this many activation rows (a draft's verification step) the driver does not prefetch: a
+/// tile's work is then short, and its burst of a whole tile's lines stalls the core on full fill
+/// buffers instead of overlapping the arithmetic; the kernels' own spread prefetches and the
+/// hardware's serve those steps. `pagekv bench speculative -m qwen2.5-coder-1.5b --step-tokens
+/// 1,2,3,5,9` (2 threads, alternated builds): a 2-token step 70 -> 50 ms, 3 tokens 85 -> 59,
+/// 5 tokens 126 -> 103, 9 tokens 162 -> 156-169 (a one-token step 41).
+const DRIVER_PREFETCH_MIN_ACTS: usize = 32;
 
 /// Asks for rows `r..r + count` of `job`'s weights (those that exist) to be brought into cache.
 fn prefetch_rows(job: &Job, r: usize, count: usize) {
@@ -448,7 +457,7 @@ unsafe fn run_rows(job: &Job, acts: &Acts, n: usize, r0: usize, r1: usize) {
         let p1 = (p0 + ACT_PANEL).min(n);
         for r in (r0..r1).step_by(kn.tile_rows) {
             let nr = (r1 - r).min(kn.tile_rows);
-            if p0 == 0 {
+            if p0 == 0 && n > DRIVER_PREFETCH_MIN_ACTS {
                 prefetch_rows(job, r + DRIVER_PREFETCH_TILES * kn.tile_rows, kn.tile_rows);
             }
             let rows = &job.data[r * rb..(r + nr) * rb];
