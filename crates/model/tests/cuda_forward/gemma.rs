@@ -127,6 +127,10 @@ fn golden() -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+/// A golden prompt's name (its start), ids, the CPU's greedy continuation and its logits at every
+/// step.
+type CpuCase = (String, Vec<u32>, Vec<u32>, Vec<Vec<f32>>);
+
 /// Gemma 3 270M: for each golden prompt the GPU's greedy 16 tokens against the CPU's, and
 /// teacher-forced top-1 along the CPU's. The CPU quantizes activations to 8 bits (as llama.cpp)
 /// and reads GELU from an f16 table; the GPU does neither (and rounds activations to bf16 in
@@ -151,18 +155,27 @@ fn gemma3_270m_greedy_on_the_gpu_follows_the_cpu() {
     cache.set_layer_windows(&c.layer_windows).unwrap();
     assert_eq!(cache.groups.num_groups(), 6);
     const TIE: f32 = 0.5;
-    for weights in [GpuWeights::Gguf, GpuWeights::Dense(DType::Bf16), GpuWeights::Dense(DType::F32)] {
-        let mut gpu = CudaModel::from_model(&cpu, dev.clone(), weights).unwrap();
-        let (mut same, mut agree, mut total) = (0, 0, 0);
-        let cases = golden["greedy"].as_array().unwrap();
-        for case in cases {
+    // The CPU's continuation of each prompt and its logits at every step, once.
+    let cases: Vec<CpuCase> = golden["greedy"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|case| {
             let prompt: Vec<u32> =
                 case["prompt_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
             let name = case["prompt"].as_str().unwrap().chars().take(24).collect::<String>();
             let (want, cpu_logits) = greedy(&mut cpu, &cache, &prompt, None);
-            let (got, _) = greedy(&mut gpu, &cache, &prompt, None);
-            let (forced, _) = greedy(&mut gpu, &cache, &prompt, Some(&want));
-            for (step, (&g, &w)) in forced.iter().zip(&want).enumerate() {
+            (name, prompt, want, cpu_logits)
+        })
+        .collect();
+    for weights in [GpuWeights::Gguf, GpuWeights::Dense(DType::Bf16), GpuWeights::Dense(DType::F32)] {
+        let mut gpu = CudaModel::from_model(&cpu, dev.clone(), weights).unwrap();
+        let (mut same, mut agree, mut total) = (0, 0, 0);
+        for (name, prompt, want, cpu_logits) in &cases {
+            let (got, _) = greedy(&mut gpu, &cache, prompt, None);
+            // Teacher-forced along the CPU's continuation: every step compared.
+            let (forced, _) = greedy(&mut gpu, &cache, prompt, Some(want));
+            for (step, (&g, &w)) in forced.iter().zip(want).enumerate() {
                 total += 1;
                 if g == w {
                     agree += 1;
@@ -172,11 +185,11 @@ fn gemma3_270m_greedy_on_the_gpu_follows_the_cpu() {
                 out(&format!("{weights:?} {name:?} step {step}: GPU {g}, CPU {w}, CPU logit gap {d:.3}"));
                 assert!(d <= TIE, "{weights:?} {name:?} step {step}: GPU chose {g} where the CPU's {w} leads by {d}");
             }
-            if got == want {
+            if got == *want {
                 same += 1;
                 out(&format!("{weights:?} {name:?}: same 16 tokens"));
             } else {
-                let first = got.iter().zip(&want).position(|(a, b)| a != b).unwrap();
+                let first = got.iter().zip(want).position(|(a, b)| a != b).unwrap();
                 let d = gap(&cpu_logits[first], want[first], got[first]);
                 out(&format!("{weights:?} {name:?}: first difference at token {first} (CPU logit gap there {d:.3})"));
                 assert!(d <= TIE, "{weights:?} {name:?}: continuation differs at token {first}, not a near tie ({d})");
