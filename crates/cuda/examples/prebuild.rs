@@ -34,8 +34,10 @@ fn main() {
     let arch = (arch_n / 10, arch_n % 10);
     let quick = args.iter().any(|a| a == "quick");
     let mut specs = vec![ModuleSpec::Bench, ModuleSpec::Model, ModuleSpec::Quant];
+    // Head dims and query heads per kv head of the tests: Llama-like, SmolLM2-like, and Gemma 3's
+    // (head_dim 256, 4 query heads on 1 kv head).
     for format in FORMATS {
-        for (d, groups) in [(128usize, &[0usize, 1, 4, 8][..]), (64, &[0, 3, 4][..])] {
+        for (d, groups) in [(128usize, &[0usize, 1, 4, 8][..]), (64, &[0, 3, 4][..]), (256, &[0, 4][..])] {
             for &group in groups {
                 specs.push(ModuleSpec::Kv { format, head_dim: d, group });
             }

@@ -244,6 +244,21 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// GeGLU's activation (Gemma): gelu(g) · u with GELU's tanh approximation in f32,
+//   gelu(x) = x/2 · (1 + tanh(√(2/π) · x · (1 + 0.044715 x²))), 0 at or below −10, x at or above 10,
+// rounded as the CPU's `gelu_tanh` (crates/model/src/llama/gelu.rs: its one fused multiply-add,
+// products left to right). The CPU forward reads the activation from ggml's f16 table (input and
+// output rounded to f16, a llama.cpp detail); here it is computed in f32 with tanhf, so the two
+// differ by those roundings (2⁻¹¹ relative each). Shared by the model kernels and the quantized
+// products' prologue.
+__device__ __forceinline__ float pk_gelu_tanh(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    const float inner = __fmul_rn(__fmul_rn(0.7978846f, x), fmaf(__fmul_rn(0.044715f, x), x, 1.0f));
+    return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
+}
+__device__ __forceinline__ float pk_gelu_mul1(float g, float u) { return __fmul_rn(pk_gelu_tanh(g), u); }
+
 // Lloyd–Max tables (kvcache::format::lloyd_max::codebook), uploaded by the host after loading
 // the module: levels ascending, bounds the midpoints (2^bits − 1 of them).
 __constant__ float pk_k_levels[256];

@@ -36,17 +36,11 @@ __device__ void embed(float* __restrict__ out, const T* __restrict__ table, cons
     for (u32 j = threadIdx.x; j < h; j += blockDim.x) out[(u64)i * h + j] = to_f32<T>(row[j]);
 }
 
-// out [n, h] (T) ← x[rows[i] or i] / sqrt(mean(x²) + eps) · w, per row. Grid (n), block 256.
-// `rows` (nullable) gathers: out row i normalizes x row rows[i] (the rows whose logits are
-// wanted). Squares summed in f64 as the CPU does; the mean rounded to f32.
-template <typename T>
-__device__ void rms_norm(T* __restrict__ out, const float* __restrict__ x, const float* __restrict__ w,
-                         const u32* __restrict__ rows, u32 h, float eps) {
+// 1 / sqrt(mean(xr²) + eps) of one row of h values, by the whole block (≤ 1024 threads): squares
+// summed in f64 as the CPU does, the mean rounded to f32. Every thread returns the value.
+__device__ __forceinline__ float block_inv_rms(const float* __restrict__ xr, u32 h, float eps) {
     __shared__ double partial[32];
     __shared__ float inv_s;
-    const u32 i = blockIdx.x;
-    const u32 src = rows ? rows[i] : i;
-    const float* xr = x + (u64)src * h;
     double s = 0.0;
     // Unrolled so a thread's loads are in flight together (one row per block: latency-bound).
 #pragma unroll 8
@@ -64,7 +58,19 @@ __device__ void rms_norm(T* __restrict__ out, const float* __restrict__ x, const
         inv_s = 1.0f / sqrtf(mean + eps);
     }
     __syncthreads();
-    const float inv = inv_s;
+    return inv_s;
+}
+
+// out [n, h] (T) ← x[rows[i] or i] / sqrt(mean(x²) + eps) · w, per row. Grid (n), block ≤ 1024.
+// `rows` (nullable) gathers: out row i normalizes x row rows[i] (the rows whose logits are
+// wanted).
+template <typename T>
+__device__ void rms_norm(T* __restrict__ out, const float* __restrict__ x, const float* __restrict__ w,
+                         const u32* __restrict__ rows, u32 h, float eps) {
+    const u32 i = blockIdx.x;
+    const u32 src = rows ? rows[i] : i;
+    const float* xr = x + (u64)src * h;
+    const float inv = block_inv_rms(xr, h, eps);
 #pragma unroll 8
     for (u32 j = threadIdx.x; j < h; j += blockDim.x) {
         out[(u64)i * h + j] = from_f32<T>(__fmul_rn(__fmul_rn(xr[j], inv), w[j]));
@@ -80,6 +86,17 @@ __device__ void silu_mul(T* __restrict__ out, const float* __restrict__ gu, u32 
         const u64 i = e / f, j = e % f;
         const float g = gu[i * 2 * f + j], u = gu[i * 2 * f + f + j];
         out[e] = from_f32<T>(__fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(0.0f - g))), u));
+    }
+}
+
+// GeGLU: out [n, f] (T) ← gelu(gu[:, :f]) · gu[:, f:] with gu [n, 2f] f32 (`pk_gelu_mul1`, in
+// common.cuh: GELU's tanh approximation in f32).
+template <typename T>
+__device__ void gelu_mul(T* __restrict__ out, const float* __restrict__ gu, u32 f, u32 n) {
+    const u64 total = (u64)n * f;
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)gridDim.x * blockDim.x) {
+        const u64 i = e / f, j = e % f;
+        out[e] = from_f32<T>(pk_gelu_mul1(gu[i * 2 * f + j], gu[i * 2 * f + f + j]));
     }
 }
 
@@ -110,6 +127,9 @@ __device__ void fill_uniform(T* __restrict__ p, u64 n, float scale, u32 seed) {
     extern "C" __global__ void pk_silu_mul_##NAME(T* out, const float* gu, u32 f, u32 n) {                      \
         silu_mul<T>(out, gu, f, n);                                                                             \
     }                                                                                                           \
+    extern "C" __global__ void pk_gelu_mul_##NAME(T* out, const float* gu, u32 f, u32 n) {                      \
+        gelu_mul<T>(out, gu, f, n);                                                                             \
+    }                                                                                                           \
     extern "C" __global__ void pk_convert_##NAME(T* out, const float* in, u64 n) { convert<T>(out, in, n); }    \
     extern "C" __global__ void pk_fill_uniform_##NAME(T* p, u64 n, float scale, u32 seed) {                     \
         fill_uniform<T>(p, n, scale, seed);                                                                     \
@@ -118,6 +138,26 @@ __device__ void fill_uniform(T* __restrict__ p, u64 n, float scale, u32 seed) {
 PK_INSTANTIATE(bf16, u16)
 PK_INSTANTIATE(f32, float)
 
+// Gemma 3's norms after a block: x [n, h] += y[i] / sqrt(mean(y[i]²) + eps) · w, per row — the
+// attention or MLP output (y, f32) normalized with the post-norm weights w [h] before the residual
+// add, rounded as the CPU's (the normalized value in f32, then the add). Grid (n), block ≤ 1024.
+extern "C" __global__ void pk_rms_norm_add(float* __restrict__ x, const float* __restrict__ y,
+                                           const float* __restrict__ w, u32 h, float eps) {
+    const u64 base = (u64)blockIdx.x * h;
+    const float* yr = y + base;
+    const float inv = block_inv_rms(yr, h, eps);
+#pragma unroll 8
+    for (u32 j = threadIdx.x; j < h; j += blockDim.x) {
+        x[base + j] = __fadd_rn(x[base + j], __fmul_rn(__fmul_rn(yr[j], inv), w[j]));
+    }
+}
+
+// x [n] *= s (Gemma's embedding scale √hidden, in f32 as the CPU's).
+extern "C" __global__ void pk_scale(float* __restrict__ x, u64 n, float s) {
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (u64)gridDim.x * blockDim.x)
+        x[e] = __fmul_rn(x[e], s);
+}
+
 // The attention input of every token from the fused QKV product, in one pass:
 //   qkv [n, (nh + 2·nkv)·d] f32 (q heads, then k heads, then v heads), bias [(nh + 2·nkv)·d]
 //   (nullable), q_norm/k_norm [d] (nullable; per-head RMSNorm, qwen3), positions [n];
@@ -125,15 +165,17 @@ PK_INSTANTIATE(f32, float)
 // q and k are rotated (RoPE) over their first `rope_dims` dims, `style` 0: adjacent pairs
 // (2i, 2i+1), 1: neox pairs (i, i + rope_dims/2). Pair i's angle at position p is
 // freq_scale · (p · theta_scale^i / factor_i) with theta_scale^i built by i repeated f32
-// multiplications (as ggml and the CPU Rope). `q_round` 1: q rounded to f16, 2: to bf16 (the
-// K·Q product sees q at the cache's precision, as on the CPU).
+// multiplications (as ggml and the CPU Rope). q is then multiplied by `q_scale` (Gemma 3 scales
+// the queries, not the scores, by its attention scale — before the rounding, as the CPU; 1
+// elsewhere). `q_round` 1: q rounded to f16, 2: to bf16 (the K·Q product sees q at the cache's
+// precision, as on the CPU).
 // Grid (n, nh + 2·nkv), block 32: one warp per head vector.
 extern "C" __global__ void pk_qkv_rope(float* __restrict__ q, float* __restrict__ k, float* __restrict__ v,
                                        const float* __restrict__ qkv, const float* __restrict__ bias,
                                        const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                        const u32* __restrict__ positions, const float* __restrict__ factors,
                                        u32 nh, u32 nkv, u32 d, u32 rope_dims, u32 style, float theta_scale,
-                                       float freq_scale, float eps, u32 q_round) {
+                                       float freq_scale, float eps, u32 q_round, float q_scale) {
     extern __shared__ float head[];  // [d]
     // Launched as a programmatic dependent launch after the QKV product (ModelOps::qkv_rope).
     pdl_wait();
@@ -175,6 +217,7 @@ extern "C" __global__ void pk_qkv_rope(float* __restrict__ q, float* __restrict_
                            : v + ((u64)i * nkv + (hh - nh - nkv)) * d;
     for (u32 j = lane; j < d; j += 32) {
         float x = head[j];
+        if (kind == 0) x = __fmul_rn(x, q_scale);
         if (kind == 0 && q_round == 1) x = f16_to_f32(f32_to_f16(x));
         if (kind == 0 && q_round == 2) x = bf16_to_f32(f32_to_bf16(x));
         dst[j] = x;
@@ -245,7 +288,9 @@ extern "C" __global__ void pk_read_sum(const uint4* __restrict__ p, u64 n, u32* 
 //   mode 1: x' = bf16(rms_norm(x) · nw), eps            x [*, cols] f32 (residual), rows picked
 //           by `xrows` when given (the logit rows)
 //   mode 2: x' = bf16(silu(x[:, :cols]) · x[:, cols:])  x [n, 2·cols] f32 (gate|up)
-// — the same values the unfused kernels (pk_rms_norm, pk_silu_mul, pk_convert) produce.
+//   mode 3: x' = bf16(gelu(x[:, :cols]) · x[:, cols:])  x [n, 2·cols] f32 (gate|up, GeGLU)
+// — the same values the unfused kernels (pk_rms_norm, pk_silu_mul, pk_gelu_mul, pk_convert)
+// produce.
 // Dynamic shared memory: n · cols · 2 bytes. Grid: any (grid-stride over groups of R rows, one
 // group per warp at a time), block 32 · GEMV_WARPS.
 #define GEMV_WARPS 8
@@ -258,6 +303,16 @@ __device__ __forceinline__ float dot8_bf16(uint4 w, uint4 x, float acc) {
         acc = fmaf(__uint_as_float(ws[k] & 0xffff0000u), __uint_as_float(xs[k] & 0xffff0000u), acc);
     }
     return acc;
+}
+
+// silu(g) · u, as pk_silu_mul computes it.
+__device__ __forceinline__ float silu_mul1(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(0.0f - g))), u);
+}
+
+// The gated activation of prologue `mode` 2 (SiLU) or 3 (GELU, tanh approximation).
+__device__ __forceinline__ float glu_mul1(float g, float u, u32 mode) {
+    return mode == 3 ? pk_gelu_mul1(g, u) : silu_mul1(g, u);
 }
 
 template <int N, int GEMV_R>
@@ -297,7 +352,7 @@ __device__ void gemv_bf16(float* __restrict__ y, const u16* __restrict__ W, cons
 #pragma unroll 8
             for (u32 j = tid; j < cols; j += blockDim.x) {
                 const float g = xr[j], u = xr[cols + j];
-                xs[i * cols + j] = f32_to_bf16(__fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(0.0f - g))), u));
+                xs[i * cols + j] = f32_to_bf16(glu_mul1(g, u, mode));
             }
         }
     }
@@ -396,10 +451,6 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
     return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
 }
 
-__device__ __forceinline__ float silu_mul1(float g, float u) {
-    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(0.0f - g))), u);
-}
-
 // xs [N, cols] bf16 ← the prologue of `mode` on x (see above), 4 columns per thread and step
 // (16-byte loads, an 8-byte store; few registers). `red` [WARPS] holds the norm's warp sums.
 template <int N, int WARPS>
@@ -410,13 +461,13 @@ __device__ void gemv_prologue(u16* __restrict__ xs, const float* __restrict__ x,
     for (int i = 0; i < N; i++) {
         const u32 src = xrows ? xrows[i] : (u32)i;
         uint2* dst = (uint2*)(xs + (u64)i * cols);
-        if (mode == 2) {
+        if (mode >= 2) {
             const float4* g = (const float4*)(x + (u64)src * 2 * cols);
             const float4* u = g + c4;
             for (u32 q = tid; q < c4; q += 32 * WARPS) {
                 const float4 a = g[q], b = u[q];
-                dst[q] = make_uint2(pack_bf16x2(silu_mul1(a.x, b.x), silu_mul1(a.y, b.y)),
-                                    pack_bf16x2(silu_mul1(a.z, b.z), silu_mul1(a.w, b.w)));
+                dst[q] = make_uint2(pack_bf16x2(glu_mul1(a.x, b.x, mode), glu_mul1(a.y, b.y, mode)),
+                                    pack_bf16x2(glu_mul1(a.z, b.z, mode), glu_mul1(a.w, b.w, mode)));
             }
             continue;
         }

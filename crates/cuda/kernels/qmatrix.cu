@@ -153,9 +153,10 @@ __device__ __forceinline__ float q_silu_mul(float g, float u) {
 
 // ---- Decode product: y [n, ldy] (columns 0..rows) (+)= x' [n, cols] · Wᵀ, n = N ≤ 4 token rows.
 // x' is the prologue of `mode` on x, as model.cu's matrix-vector kernels define it (0: x,
-// 1: rms_norm(x[xrows[i] or i]) · nw, 2: silu(x[:, :cols]) · x[:, cols:]), quantized per 32
-// values to int8 with one f32 scale (amax / 127) and the f32 sum of the 32 values (for the
-// types with a min); each unit's dot product is four dp4a per token row and half of the unit.
+// 1: rms_norm(x[xrows[i] or i]) · nw, 2: silu(x[:, :cols]) · x[:, cols:], 3: gelu(x[:, :cols])
+// · x[:, cols:]), quantized per 32 values to int8 with one f32 scale (amax / 127) and the f32
+// sum of the 32 values (for the types with a min); each unit's dot product is four dp4a per
+// token row and half of the unit.
 // One block of QG_WARPS warps per SM; a warp owns a row at a time, its lanes take units in
 // turn. Dynamic shared memory: N · cols (codes) + 8 · N · cols / 32 (scales and sums) bytes.
 #define QG_WARPS 32
@@ -195,9 +196,9 @@ __device__ void qgemv_prologue(int* __restrict__ xq, float* __restrict__ xd, flo
         for (u32 g = warp; g < nb; g += QG_WARPS) {
             const u32 c = g * 32 + lane;
             float v;
-            if (mode == 2) {
+            if (mode >= 2) {
                 const float* xr = x + (u64)src * 2 * cols;
-                v = q_silu_mul(xr[c], xr[cols + c]);
+                v = mode == 3 ? pk_gelu_mul1(xr[c], xr[cols + c]) : q_silu_mul(xr[c], xr[cols + c]);
             } else {
                 v = x[(u64)src * cols + c];
                 if (mode == 1) v = __fmul_rn(__fmul_rn(v, inv), nw[c]);

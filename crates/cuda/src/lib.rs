@@ -19,8 +19,9 @@
 //!   routes, every format with dequantization fused, GQA, sliding window; a tensor-core kernel
 //!   for f16/bf16/q8/q4 pages and a SIMT kernel for everything ([`DecodeKernel`]).
 //! - [`ModelOps`]: the kernels of the model forward pass (embedding, RMSNorm, QKV + RoPE,
-//!   SiLU·mul, argmax) and its matrix products through cuBLAS over [`DeviceMatrix`] weights
-//!   (bf16 or f32); the forward pass itself is `pagekv-model`'s `CudaModel`.
+//!   SiLU·mul and GELU·mul, Gemma's post-norms and embedding scale, argmax) and its matrix
+//!   products through cuBLAS over [`DeviceMatrix`] weights (bf16 or f32, `matrix.rs`); the
+//!   forward pass itself is `pagekv-model`'s `CudaModel`.
 //! - [`mod@bench`]: the attention benchmark ([`bench::bench_attention`] → [`bench::Row`]s, JSON
 //!   lines via [`bench::Row::to_json`]) with its roofline rows; measured figures in
 //!   `docs/performance.md`.
@@ -44,6 +45,8 @@ pub mod compile;
 pub mod dev;
 #[cfg(feature = "cuda")]
 mod device;
+#[cfg(feature = "cuda")]
+mod matrix;
 #[cfg(feature = "cuda")]
 mod model_ops;
 #[cfg(feature = "cuda")]
@@ -74,7 +77,9 @@ pub use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 #[cfg(feature = "cuda")]
 pub use device::{CudaDevice, DeviceGraph};
 #[cfg(feature = "cuda")]
-pub use model_ops::{DType, DeviceMatrix, ModelOps, Prologue, QkvRope, RopeParams, GEMV_MAX_N};
+pub use matrix::{DType, DeviceMatrix};
+#[cfg(feature = "cuda")]
+pub use model_ops::{ModelOps, Prologue, QkvRope, RopeParams, GEMV_MAX_N};
 #[cfg(feature = "cuda")]
 pub use pages::{DevicePages, HostLayerCopy};
 #[cfg(feature = "cuda")]

@@ -1,7 +1,8 @@
 //! [`ModelOps`]: the operations of a llama-family forward pass on one device, around the
 //! kernels of `kernels/model.cu` and cuBLAS — embedding, RMSNorm (optionally gathering rows),
-//! the fused QKV split with bias, q/k norms and RoPE, SiLU·mul, conversions, matrix products,
-//! argmax, and synthetic weights. Attention and the cache write are [`crate::DecodeAttention`]
+//! the fused QKV split with bias, q/k norms, RoPE and query scale, SiLU·mul and GELU·mul, Gemma's
+//! post-norms with the residual add and embedding scale, conversions, matrix products, argmax,
+//! and synthetic weights. Attention and the cache write are [`crate::DecodeAttention`]
 //! and [`crate::DevicePages`].
 //!
 //! Matrices ([`DeviceMatrix`]) are row-major `[rows, cols]` in a [`DType`]: bf16 (the default:
@@ -10,160 +11,23 @@
 //! ([`ModelOps::matmul`]: `out [n, rows] (+)= x [n, cols] · Wᵀ`, f32 accumulation), so the
 //! residual stream, q/k/v and logits stay f32 and a residual add is the product's `beta = 1`.
 //! Decode steps (≤ [`GEMV_MAX_N`] token rows, bf16 weights) use [`ModelOps::gemv`] instead: one
-//! launch that computes the op before the product (RMSNorm, SiLU·mul, conversion) once per block
-//! and streams the weights once ([`GemvShape`], from the device's tuning, picks the kernel; the
-//! split kernel is the default and a programmatic dependent launch, as is [`ModelOps::qkv_rope`]
-//! after it).
+//! launch that computes the op before the product (RMSNorm, SiLU·mul, GELU·mul, conversion) once
+//! per block and streams the weights once ([`GemvShape`], from the device's tuning, picks the
+//! kernel; the split kernel is the default and a programmatic dependent launch, as is
+//! [`ModelOps::qkv_rope`] after it).
 
 use std::sync::Arc;
 
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
-use half::bf16;
 
 use crate::device::{arg, launch_err, launch_kernel, product_smem_limit, set_max_dynamic_smem, CudaDevice};
+use crate::matrix::{DType, DeviceMatrix};
 use crate::pages::dptr;
 use crate::qmatrix::{QuantMatrix, QuantOps};
 use crate::spec::ModuleSpec;
 use crate::tuning::{GemvShape, GEMV_ROWS_PER_WARP};
 use crate::CudaError;
-
-/// Element type of a [`DeviceMatrix`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DType {
-    Bf16,
-    F32,
-}
-
-impl DType {
-    pub fn size(self) -> usize {
-        match self {
-            DType::Bf16 => 2,
-            DType::F32 => 4,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::Bf16 => "bf16",
-            DType::F32 => "f32",
-        }
-    }
-
-    /// `bf16` or `f32`; anything else is an error naming the accepted values.
-    pub fn parse(s: &str) -> Result<DType, CudaError> {
-        match s {
-            "bf16" => Ok(DType::Bf16),
-            "f32" => Ok(DType::F32),
-            _ => Err(CudaError::Invalid(format!("weight type {s:?}: accepted values are bf16, f32"))),
-        }
-    }
-
-    fn suffix(self) -> &'static str {
-        self.name()
-    }
-
-    fn cuda(self) -> blas_sys::cudaDataType {
-        match self {
-            DType::Bf16 => blas_sys::cudaDataType::CUDA_R_16BF,
-            DType::F32 => blas_sys::cudaDataType::CUDA_R_32F,
-        }
-    }
-}
-
-/// A row-major `[rows, cols]` matrix (weights, or activations that feed a product) in device
-/// memory.
-pub struct DeviceMatrix {
-    /// `[rows, cols]` elements of `dtype`, as bytes.
-    data: CudaSlice<u8>,
-    rows: usize,
-    cols: usize,
-    dtype: DType,
-}
-
-impl DeviceMatrix {
-    /// A zeroed matrix.
-    pub fn zeros(device: &CudaDevice, rows: usize, cols: usize, dtype: DType) -> Result<DeviceMatrix, CudaError> {
-        let n = rows
-            .checked_mul(cols)
-            .and_then(|n| n.checked_mul(dtype.size()))
-            .ok_or_else(|| CudaError::Invalid(format!("matrix [{rows}, {cols}] overflows")))?;
-        let data = device.stream().alloc_zeros::<u8>(n.max(16)).map_err(|e| CudaError::driver("cuMemAlloc", e))?;
-        Ok(DeviceMatrix { data, rows, cols, dtype })
-    }
-
-    /// A matrix holding `values` (`[rows, cols]` f32, rounded to `dtype` to nearest even).
-    pub fn from_f32(
-        device: &CudaDevice,
-        rows: usize,
-        cols: usize,
-        dtype: DType,
-        values: &[f32],
-    ) -> Result<DeviceMatrix, CudaError> {
-        let mut m = DeviceMatrix::zeros(device, rows, cols, dtype)?;
-        m.write_rows(device, 0, values)?;
-        Ok(m)
-    }
-
-    /// Overwrites rows `first..first + values.len() / cols` with `values` (f32, rounded to the
-    /// matrix's type).
-    pub fn write_rows(&mut self, device: &CudaDevice, first: usize, values: &[f32]) -> Result<(), CudaError> {
-        if self.cols == 0 || !values.len().is_multiple_of(self.cols) || first + values.len() / self.cols > self.rows {
-            return Err(CudaError::Invalid(format!(
-                "{} values at row {first} of a [{}, {}] matrix",
-                values.len(),
-                self.rows,
-                self.cols
-            )));
-        }
-        let bytes: Vec<u8> = match self.dtype {
-            DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            DType::Bf16 => values.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect(),
-        };
-        let off = first * self.cols * self.dtype.size();
-        let mut dst = self.data.slice_mut(off..off + bytes.len());
-        device.stream().memcpy_htod(&bytes, &mut dst).map_err(|e| CudaError::driver("cuMemcpyHtoD", e))
-    }
-
-    /// The matrix as f32 values on the host (tests).
-    pub fn to_f32(&self, device: &CudaDevice) -> Result<Vec<f32>, CudaError> {
-        let n = self.rows * self.cols;
-        let bytes = device
-            .stream()
-            .clone_dtoh(&self.data.slice(..n * self.dtype.size()))
-            .map_err(|e| CudaError::driver("cuMemcpyDtoH", e))?;
-        Ok(match self.dtype {
-            DType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-            DType::Bf16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        })
-    }
-
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    /// Bytes of the matrix's elements.
-    pub fn bytes(&self) -> usize {
-        self.rows * self.cols * self.dtype.size()
-    }
-
-    /// The matrix's device address (for kernels outside this module).
-    pub(crate) fn device_ptr(&self, device: &CudaDevice) -> u64 {
-        dptr(&self.data, device)
-    }
-
-    fn ptr(&self, device: &CudaDevice) -> u64 {
-        self.device_ptr(device)
-    }
-}
 
 /// Arguments of [`ModelOps::qkv_rope`] beyond the buffers.
 #[derive(Clone, Copy, Debug)]
@@ -183,6 +47,9 @@ pub struct RopeParams {
     pub eps: f32,
     /// Round q to the K cache's precision: 0 none, 1 f16, 2 bf16.
     pub q_round: u32,
+    /// Multiplies q after RoPE, before the rounding (Gemma 3's attention scale, applied to the
+    /// queries; 1 for models that scale the scores).
+    pub q_scale: f32,
 }
 
 /// Device buffers of [`ModelOps::qkv_rope`]. Shapes in comments.
@@ -210,6 +77,29 @@ pub enum Prologue<'a> {
     RmsNorm { w: &'a CudaSlice<f32>, eps: f32 },
     /// `silu(x[:, :cols]) · x[:, cols:]` of `x [n, 2·cols]` f32 (the MLP's gate|up product).
     SiluMul,
+    /// `gelu(x[:, :cols]) · x[:, cols:]` of `x [n, 2·cols]` f32, GELU's tanh approximation in f32
+    /// (Gemma's GeGLU).
+    GeluMul,
+}
+
+impl Prologue<'_> {
+    /// The kernels' `mode` argument, the norm weights' address (0 without) and epsilon.
+    pub(crate) fn mode(&self, device: &CudaDevice) -> (u32, u64, f32) {
+        match *self {
+            Prologue::Convert => (0, 0, 0.0),
+            Prologue::RmsNorm { w, eps } => (1, dptr(w, device), eps),
+            Prologue::SiluMul => (2, 0, 0.0),
+            Prologue::GeluMul => (3, 0, 0.0),
+        }
+    }
+
+    /// Input values per token row for a product of `cols` columns (the gated ones read gate|up).
+    pub(crate) fn in_width(&self, cols: usize) -> usize {
+        match self {
+            Prologue::SiluMul | Prologue::GeluMul => 2 * cols,
+            _ => cols,
+        }
+    }
 }
 
 /// Most token rows [`ModelOps::gemv`] serves.
@@ -224,6 +114,7 @@ struct Typed {
     embed: CudaFunction,
     rms_norm: CudaFunction,
     silu_mul: CudaFunction,
+    gelu_mul: CudaFunction,
     convert: CudaFunction,
     fill: CudaFunction,
 }
@@ -235,6 +126,8 @@ pub struct ModelOps {
     bf16: Typed,
     f32: Typed,
     qkv_rope: CudaFunction,
+    rms_norm_add: CudaFunction,
+    scale: CudaFunction,
     /// `[rows per warp index][n - 1]` the earlier decode products for 1..=GEMV_MAX_N token rows
     /// and [`GEMV_ROWS_PER_WARP`] rows per warp.
     gemv: Vec<Vec<CudaFunction>>,
@@ -266,6 +159,7 @@ impl ModelOps {
                 embed: f("embed")?,
                 rms_norm: f("rms_norm")?,
                 silu_mul: f("silu_mul")?,
+                gelu_mul: f("gelu_mul")?,
                 convert: f("convert")?,
                 fill: f("fill_uniform")?,
             })
@@ -295,6 +189,8 @@ impl ModelOps {
             bf16: typed(DType::Bf16)?,
             f32: typed(DType::F32)?,
             qkv_rope: module.function("pk_qkv_rope")?,
+            rms_norm_add: module.function("pk_rms_norm_add")?,
+            scale: module.function("pk_scale")?,
             argmax: module.function("pk_argmax")?,
             read_sum: module.function("pk_read_sum")?,
             quant: QuantOps::new(device.clone())?,
@@ -426,7 +322,7 @@ impl ModelOps {
         };
         // With programmatic launches pk_qkv_rope waits for the product before it in-kernel
         // (pdl_wait).
-        let mut args: [*mut std::ffi::c_void; 18] = [
+        let mut args: [*mut std::ffi::c_void; 19] = [
             arg(&qp),
             arg(&kp),
             arg(&vp),
@@ -445,6 +341,7 @@ impl ModelOps {
             arg(&p.freq_scale),
             arg(&p.eps),
             arg(&p.q_round),
+            arg(&p.q_scale),
         ];
         // SAFETY: `args` points at pk_qkv_rope's parameters, in order, of their types, alive for
         // the call; sizes checked above.
@@ -467,6 +364,65 @@ impl ModelOps {
         b.arg(&o).arg(&g).arg(&f32_).arg(&n32);
         // SAFETY: pk_silu_mul_T(T*, const float*, u32, u32); sizes checked above.
         unsafe { b.launch(self.stride_cfg(n * f)) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_silu_mul)"))
+    }
+
+    /// `out [n, f]` (out's dtype) ← `gelu(gu[:, :f]) · gu[:, f:]`, `gu [n, 2f]` f32, GELU's tanh
+    /// approximation in f32 (Gemma's GeGLU).
+    pub fn gelu_mul(&self, out: &mut DeviceMatrix, gu: &CudaSlice<f32>, n: usize) -> Result<(), CudaError> {
+        let f = out.cols;
+        if out.rows < n || gu.len() < n * 2 * f {
+            return Err(CudaError::Invalid(format!("gelu_mul of {n} rows of {f}")));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let func = &self.typed(out.dtype).gelu_mul;
+        let (o, g, f32_, n32) = (out.ptr(&self.device), self.p(gu), f as u32, n as u32);
+        let mut b = self.device.stream().launch_builder(func);
+        b.arg(&o).arg(&g).arg(&f32_).arg(&n32);
+        // SAFETY: pk_gelu_mul_T(T*, const float*, u32, u32); sizes checked above.
+        unsafe { b.launch(self.stride_cfg(n * f)) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_gelu_mul)"))
+    }
+
+    /// `x [n, h] += rms_norm(y) · w` per row, `y [n, h]` f32, `w [h]`: Gemma 3's norm of a block's
+    /// output before the residual add, in one pass. `x` and `y` must not overlap.
+    pub fn rms_norm_add(
+        &self,
+        x: &mut CudaSlice<f32>,
+        y: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        n: usize,
+        h: usize,
+        eps: f32,
+    ) -> Result<(), CudaError> {
+        if x.len() < n * h || y.len() < n * h || w.len() < h || h > u32::MAX as usize {
+            return Err(CudaError::Invalid(format!("rms_norm_add of {n} rows of {h}")));
+        }
+        if n == 0 || h == 0 {
+            return Ok(());
+        }
+        let (xp, yp, wp, h32) = (self.p(x), self.p(y), self.p(w), h as u32);
+        let mut b = self.device.stream().launch_builder(&self.rms_norm_add);
+        b.arg(&xp).arg(&yp).arg(&wp).arg(&h32).arg(&eps);
+        let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: pk_rms_norm_add(float*, const float*, const float*, u32, float); sizes checked
+        // above; the caller keeps x and y apart.
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_rms_norm_add)"))
+    }
+
+    /// The first `len` elements of `x` multiplied by `s` (f32; Gemma's embedding scale).
+    pub fn scale(&self, x: &mut CudaSlice<f32>, len: usize, s: f32) -> Result<(), CudaError> {
+        if x.len() < len {
+            return Err(CudaError::Invalid(format!("scale of {len} values ({} held)", x.len())));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let (xp, n) = (self.p(x), len as u64);
+        let mut b = self.device.stream().launch_builder(&self.scale);
+        b.arg(&xp).arg(&n).arg(&s);
+        // SAFETY: pk_scale(float*, u64, float); size checked above.
+        unsafe { b.launch(self.stride_cfg(len)) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_scale)"))
     }
 
     /// The first `len` elements of `out` ← `x` (f32) in out's dtype.
@@ -627,10 +583,7 @@ impl ModelOps {
         n: usize,
         accumulate: bool,
     ) -> Result<(), CudaError> {
-        let in_width = match prologue {
-            Prologue::SiluMul => 2 * w.cols,
-            _ => w.cols,
-        };
+        let in_width = prologue.in_width(w.cols);
         let bad = !self.gemv_serves(w, n)
             || out.len() < n * w.rows
             || (rows.is_none() && x.len() < n * in_width)
@@ -639,11 +592,7 @@ impl ModelOps {
         if bad {
             return Err(CudaError::Invalid(format!("gemv of {n} rows against [{}, {}]", w.rows, w.cols)));
         }
-        let (mode, nw, eps) = match prologue {
-            Prologue::Convert => (0u32, 0u64, 0f32),
-            Prologue::RmsNorm { w: nw, eps } => (1, self.p(nw), eps),
-            Prologue::SiluMul => (2, 0, 0.0),
-        };
+        let (mode, nw, eps) = prologue.mode(&self.device);
         let (y, wp, xp, rp) = (self.p(out), w.ptr(&self.device), self.p(x), rows.map_or(0, |r| self.p(r)));
         // The split kernel's prologue reads x and the norm weights 16 bytes at a time (device
         // allocations are 256-byte aligned; this guards against views).

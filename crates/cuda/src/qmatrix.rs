@@ -14,7 +14,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use crate::device::{arg, launch_err, launch_kernel, product_smem_limit, set_max_dynamic_smem, CudaDevice};
-use crate::model_ops::{DType, DeviceMatrix, Prologue};
+use crate::matrix::{DType, DeviceMatrix};
+use crate::model_ops::Prologue;
 use crate::pages::dptr;
 use crate::qformat::QuantType;
 use crate::spec::ModuleSpec;
@@ -213,10 +214,7 @@ impl QuantOps {
         n: usize,
         accumulate: bool,
     ) -> Result<(), CudaError> {
-        let in_width = match prologue {
-            Prologue::SiluMul => 2 * w.cols,
-            _ => w.cols,
-        };
+        let in_width = prologue.in_width(w.cols);
         let end = first + n;
         let bad = !self.gemv_serves(w, n)
             || col + w.rows > ldo
@@ -231,11 +229,7 @@ impl QuantOps {
                 w.rows, w.cols
             )));
         }
-        let (mode, nw, eps) = match prologue {
-            Prologue::Convert => (0u32, 0u64, 0f32),
-            Prologue::RmsNorm { w: nw, eps } => (1, self.p(nw), eps),
-            Prologue::SiluMul => (2, 0, 0.0),
-        };
+        let (mode, nw, eps) = prologue.mode(&self.device);
         let y = self.p(out) + 4 * (first * ldo + col) as u64;
         // Gathered rows start at rows[first]; otherwise x starts at row `first`.
         let (xp, rp) = match rows {

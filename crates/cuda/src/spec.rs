@@ -28,7 +28,8 @@ pub enum ModuleSpec {
     Kv { format: KvFormat, head_dim: usize, group: usize },
     /// Benchmark helpers (random fill, read bandwidth).
     Bench,
-    /// The model kernels (embedding, RMSNorm, QKV + RoPE, SiLU·mul, argmax, conversions).
+    /// The model kernels (embedding, RMSNorm, QKV + RoPE, SiLU·mul, GELU·mul, post-norms, argmax,
+    /// conversions).
     Model,
     /// The top-k selection of logit rows (`TopK`).
     TopK,

@@ -1,10 +1,11 @@
 //! The model kernels (`kernels/model.cu`) and the cuBLAS products of [`pagekv_cuda::ModelOps`]
 //! against scalar CPU references on fresh random inputs, outputs poisoned with NaN before each
 //! run: embedding, RMSNorm (plain and gathering rows), the fused QKV split with bias, q/k norms
-//! and RoPE (both pair styles, frequency factors, query rounding), SiLU·mul, conversions,
-//! products (bf16 and f32, overwrite and accumulate), the fused decode products (both kernels,
-//! every prologue, 1..=4 token rows, Llama-3-8B-like widths), argmax with ties and NaN, synthetic
-//! fills.
+//! and RoPE (both pair styles, frequency factors, query scale and rounding; Gemma 3's head_dim
+//! 256), SiLU·mul and GELU·mul, Gemma's post-norm added to the residual and its embedding scale,
+//! conversions, products (bf16 and f32, overwrite and accumulate), the fused decode products
+//! (both kernels, every prologue, 1..=4 token rows, Llama-3-8B-like widths), argmax with ties
+//! and NaN, synthetic fills.
 //! The RoPE reference here restates the CPU's formula; `pagekv-model`'s CUDA tests compare the
 //! kernel with the CPU `Rope` itself.
 //!
@@ -165,14 +166,17 @@ mod gpu {
     fn qkv_rope_splits_biases_norms_rotates_and_rounds() {
         let Some(o) = ops("qkv_rope_splits_biases_norms_rotates_and_rounds") else { return };
         let mut rng = StdRng::seed_from_u64(3);
-        // (heads, kv heads, head_dim, rope_dims, neox, bias, norms, factors, q_round)
+        // (heads, kv heads, head_dim, rope_dims, neox, bias, norms, factors, q_round, q_scale);
+        // the last two Gemma 3's heads (q/k norms, queries scaled by 1/16 before rounding).
         let cases = [
-            (9usize, 3usize, 64usize, 64usize, false, false, false, false, 1u32),
-            (32, 8, 128, 128, false, false, false, true, 2),
-            (4, 2, 128, 64, true, true, true, false, 0),
-            (6, 6, 32, 32, true, true, false, false, 2),
+            (9usize, 3usize, 64usize, 64usize, false, false, false, false, 1u32, 1.0f32),
+            (32, 8, 128, 128, false, false, false, true, 2, 1.0),
+            (4, 2, 128, 64, true, true, true, false, 0, 1.0),
+            (6, 6, 32, 32, true, true, false, false, 2, 1.0),
+            (4, 1, 256, 256, true, false, true, false, 1, 0.0625),
+            (4, 1, 256, 256, true, false, true, false, 0, 0.0625),
         ];
-        for (nh, nkv, d, rd, neox, with_bias, with_norms, with_factors, q_round) in cases {
+        for (nh, nkv, d, rd, neox, with_bias, with_norms, with_factors, q_round, q_scale) in cases {
             let n = 5;
             let width = (nh + 2 * nkv) * d;
             let qkv = normal(&mut rng, n * width);
@@ -190,6 +194,7 @@ mod gpu {
                 freq_scale: 0.5,
                 eps: 1e-6,
                 q_round,
+                q_scale,
             };
             let (qkv_d, bias_d, qn_d, kn_d, f_d, pos_d) =
                 (up(o, &qkv), up(o, &bias), up(o, &qn), up(o, &kn), up(o, &factors), up(o, &positions));
@@ -226,6 +231,9 @@ mod gpu {
                         let f = with_factors.then_some(&factors[..]);
                         rope_ref(&mut head, positions[i], rd, neox, p.theta_scale, p.freq_scale, f);
                     }
+                    if kind == 0 {
+                        head.iter_mut().for_each(|x| *x *= q_scale);
+                    }
                     if kind == 0 && q_round == 1 {
                         head.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
                     }
@@ -242,7 +250,7 @@ mod gpu {
                 2 => 1.6e-2,
                 _ => 2e-5,
             };
-            let what = format!("nh {nh} nkv {nkv} d {d} rd {rd} neox {neox}");
+            let what = format!("nh {nh} nkv {nkv} d {d} rd {rd} neox {neox} q_scale {q_scale}");
             close(&format!("q, {what}"), &down(o, &q), &wq, qtol);
             close(&format!("k, {what}"), &down(o, &k), &wk, 2e-5);
             assert_eq!(down(o, &v), wv, "v, {what}");
@@ -275,6 +283,68 @@ mod gpu {
             let want_c: Vec<f32> = x.iter().map(|&v| round(t, v)).collect();
             assert_eq!(out.to_f32(dev(o)).unwrap(), want_c, "convert {t:?}");
         }
+    }
+
+    /// GELU, tanh approximation, as the CPU's `gelu_tanh` (crates/model/src/llama/gelu.rs)
+    /// computes it in f32 — the function the kernels compute (the CPU forward then rounds it
+    /// through ggml's f16 table, a llama.cpp detail the GPU does not copy).
+    fn gelu_ref(x: f32) -> f32 {
+        if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x
+        } else {
+            0.5 * x * (1.0 + (0.797_884_6 * x * (0.044_715 * x).mul_add(x, 1.0)).tanh())
+        }
+    }
+
+    #[test]
+    fn gelu_mul_post_norm_add_and_scale_match_the_scalar_formulas() {
+        let Some(o) = ops("gelu_mul_post_norm_add_and_scale_match_the_scalar_formulas") else { return };
+        let mut rng = StdRng::seed_from_u64(8);
+        // GeGLU over inputs of either sign up to and past the ±10 limits.
+        let (n, f) = (3, 2048);
+        let gu: Vec<f32> = normal(&mut rng, n * 2 * f).iter().map(|v| v * 5.0).collect();
+        let want: Vec<f32> = (0..n * f)
+            .map(|e| {
+                let (i, j) = (e / f, e % f);
+                gelu_ref(gu[i * 2 * f + j]) * gu[i * 2 * f + f + j]
+            })
+            .collect();
+        let gu_d = up(o, &gu);
+        for t in [DType::F32, DType::Bf16] {
+            let mut out = nan_matrix(o, n, f, t);
+            o.gelu_mul(&mut out, &gu_d, n).unwrap();
+            // tanhf of libdevice and Rust's libm differ by an ulp or two.
+            let tol = if t == DType::F32 { 2e-6 } else { 8e-3 };
+            close(&format!("gelu_mul {t:?}"), &out.to_f32(dev(o)).unwrap(), &want, tol);
+        }
+
+        // x += rms_norm(y) · w, per row (Gemma 3 270M's width 640 and a ragged one).
+        for (n, h) in [(1usize, 640usize), (6, 640), (5, 100)] {
+            let x = normal(&mut rng, n * h);
+            let y: Vec<f32> = normal(&mut rng, n * h).iter().map(|v| v * 7.0).collect();
+            let w: Vec<f32> = normal(&mut rng, h).iter().map(|v| 1.0 + 0.3 * v).collect();
+            let want: Vec<f32> = x
+                .chunks(h)
+                .zip(y.chunks(h))
+                .flat_map(|(xr, yr)| xr.iter().zip(rms_ref(yr, &w, 1e-6)).map(|(a, b)| a + b).collect::<Vec<_>>())
+                .collect();
+            let mut xd = up(o, &x);
+            o.rms_norm_add(&mut xd, &up(o, &y), &up(o, &w), n, h, 1e-6).unwrap();
+            // The sum of squares in another order: a last-bit change of the scale at most.
+            close(&format!("rms_norm_add [{n}, {h}]"), &down(o, &xd), &want, 1e-6);
+        }
+        let bad = o.rms_norm_add(&mut up(o, &[0f32; 8]), &up(o, &[0f32; 16]), &up(o, &[1f32; 8]), 2, 8, 1e-6);
+        assert!(matches!(bad, Err(CudaError::Invalid(_))), "x shorter than n · h");
+
+        // x *= s over a prefix of the buffer (the rest untouched); exact in f32.
+        let x = normal(&mut rng, 1000);
+        let mut xd = up(o, &x);
+        o.scale(&mut xd, 700, 25.298_22).unwrap();
+        let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| if i < 700 { v * 25.298_22 } else { v }).collect();
+        assert_eq!(down(o, &xd), want, "scale");
+        assert!(matches!(o.scale(&mut xd, 1001, 2.0), Err(CudaError::Invalid(_))));
     }
 
     #[test]
@@ -361,6 +431,7 @@ mod gpu {
                     ("rms_norm", Prologue::RmsNorm { w: &norm_d, eps: 1e-5 }, None),
                     ("rms_norm gathered", Prologue::RmsNorm { w: &norm_d, eps: 1e-5 }, Some(&gather_d)),
                     ("silu_mul", Prologue::SiluMul, None),
+                    ("gelu_mul", Prologue::GeluMul, None),
                 ] {
                     // The product's input as the unfused kernels make it.
                     let mut xin = nan_matrix(o, total, cols, DType::Bf16);
@@ -368,6 +439,7 @@ mod gpu {
                         Prologue::Convert => o.convert(&mut xin, &xd, n * cols).unwrap(),
                         Prologue::RmsNorm { w: nw, eps } => o.rms_norm(&mut xin, &xd, nw, rows_idx, n, eps).unwrap(),
                         Prologue::SiluMul => o.silu_mul(&mut xin, &xd, n).unwrap(),
+                        Prologue::GeluMul => o.gelu_mul(&mut xin, &xd, n).unwrap(),
                     }
                     let xin = xin.to_f32(dev(o)).unwrap();
                     // [n, rows] f64 dot products of the unfused input with the bf16 weights.

@@ -6,7 +6,7 @@
 //! - row lookups into f32 equal the reference (equal values);
 //! - the decode product (1..=4 token rows, a first-row offset, written into a column range of a
 //!   wider output, overwrite and accumulate, every prologue — conversion, RMSNorm of gathered
-//!   rows, SiLU·mul) is within the bound its int8 input allows: the sum over a row of
+//!   rows, SiLU·mul, GELU·mul) is within the bound its int8 input allows: the sum over a row of
 //!   |weight| · (the input block's amax / 254), plus float rounding;
 //! - a tile times bf16 inputs through cuBLAS into a column range (`ModelOps::matmul_cols`), the
 //!   large-batch path, within bf16 rounding.
@@ -157,11 +157,26 @@ mod gpu {
                         o[c] = r[c] * inv * nw[c];
                     }
                 }
-                _ => {
+                2 => {
                     let r = &x[i * 2 * cols..(i + 1) * 2 * cols];
                     for c in 0..cols {
                         let g = r[c];
                         o[c] = g / (1.0 + (-g).exp()) * r[cols + c];
+                    }
+                }
+                _ => {
+                    // GELU, tanh approximation (the CPU's `gelu_tanh` in f32).
+                    let r = &x[i * 2 * cols..(i + 1) * 2 * cols];
+                    for c in 0..cols {
+                        let g = r[c];
+                        let gelu = if g <= -10.0 {
+                            0.0
+                        } else if g >= 10.0 {
+                            g
+                        } else {
+                            0.5 * g * (1.0 + (0.797_884_6 * g * (0.044_715 * g).mul_add(g, 1.0)).tanh())
+                        };
+                        o[c] = gelu * r[cols + c];
                     }
                 }
             }
@@ -180,11 +195,11 @@ mod gpu {
                 let bytes = random_blocks(&mut rng, qt, rows, cols);
                 let wv = reference(qt, &bytes, rows, cols);
                 let w = QuantMatrix::upload(dev, qt, rows, cols, &bytes).unwrap();
-                for mode in 0..3u32 {
+                for mode in 0..4u32 {
                     for n in 1..=4usize {
                         let (first, total) = (2usize, n + 3);
                         let (col, ldo) = (5usize, rows + 9);
-                        let width = if mode == 2 { 2 * cols } else { cols };
+                        let width = if mode >= 2 { 2 * cols } else { cols };
                         let x = normals(&mut rng, total * width);
                         let nw: Vec<f32> = (0..cols).map(|_| 1.0 + 0.2 * normal(&mut rng)).collect();
                         // Gathered rows (RMSNorm mode): a permutation-like pick of x's rows.
@@ -193,7 +208,8 @@ mod gpu {
                         let prologue = match mode {
                             0 => Prologue::Convert,
                             1 => Prologue::RmsNorm { w: &nw_d, eps },
-                            _ => Prologue::SiluMul,
+                            2 => Prologue::SiluMul,
+                            _ => Prologue::GeluMul,
                         };
                         let rows_d = up(dev, &gather);
                         let gathered = if mode == 1 { Some(&rows_d) } else { None };

@@ -19,7 +19,10 @@
 //!   (k = 1, 8, 65, and 200: past the kernel, the host rule); after `forward_greedy` too,
 //!   `fetch_logits` brings the rows; synthetic SmolLM2 rows (49152 entries, 5 sequences) the same
 //!   against `backend::top_k`. `PAGEKV_TOPK_BENCH=1` times decode steps of synthetic SmolLM2 and
-//!   Llama 3 8B with each way of sampling (a measurement, not a check).
+//!   Llama 3 8B with each way of sampling (a measurement, not a check);
+//! - Gemma 3 (`cuda_forward/gemma.rs`): a tiny random Gemma 3 (`cuda_forward/tiny_gemma.rs`) on
+//!   hybrid and one-group caches, f32, bf16 and GGUF weights, and Gemma 3 270M's greedy
+//!   continuations of its golden prompts, against the CPU.
 //!
 //! The CPU side runs the `fast` attention numerics (f32 sums and probabilities, as the GPU's
 //! kernels round), the numerics every bound here was measured against; the CPU's default `auto`
@@ -39,6 +42,13 @@ fn skip(test: &str, reason: &str) {
 fn cuda_forward_needs_the_cuda_feature() {
     skip("cuda_forward", "pagekv-model was built without the `cuda` feature");
 }
+
+#[cfg(feature = "cuda")]
+#[path = "cuda_forward/gemma.rs"]
+mod gemma;
+#[cfg(feature = "cuda")]
+#[path = "cuda_forward/tiny_gemma.rs"]
+mod tiny_gemma;
 
 #[cfg(feature = "cuda")]
 mod gpu {
@@ -62,7 +72,7 @@ mod gpu {
     use super::skip;
 
     /// The CPU reference over `file`, on the fast attention numerics (see the module docs).
-    fn cpu_model(file: Arc<GgufFile>) -> Model {
+    pub(super) fn cpu_model(file: Arc<GgufFile>) -> Model {
         let mut m = Model::from_file(file, AttentionConfig::default()).unwrap();
         m.set_attn_numerics(AttnNumerics::Fast);
         m
@@ -71,7 +81,7 @@ mod gpu {
     /// Device 0 with a stream of this test's own (tests run in parallel threads, and a model
     /// captures its steps as CUDA graphs: its stream must be its thread's alone), or `None`
     /// (after printing why) when there is no device.
-    fn device(test: &str) -> Option<Arc<CudaDevice>> {
+    pub(super) fn device(test: &str) -> Option<Arc<CudaDevice>> {
         match pagekv_cuda::dev::tuning_from_env().and_then(|t| CudaDevice::new(0, t)) {
             Ok(d) => Some(d),
             Err(e) => {
@@ -81,7 +91,7 @@ mod gpu {
         }
     }
 
-    fn out(msg: &str) {
+    pub(super) fn out(msg: &str) {
         let _ = writeln!(std::io::stderr(), "{msg}");
     }
 
@@ -110,6 +120,7 @@ mod gpu {
                 freq_scale: 1.0,
                 eps: 1e-5,
                 q_round: 0,
+                q_scale: 1.0,
             };
             let s = dev.stream();
             let (x_d, pos_d) = (s.clone_htod(&qkv).unwrap(), s.clone_htod(&positions).unwrap());
@@ -310,30 +321,8 @@ mod gpu {
         w.set("llama.attention.layer_norm_rms_epsilon", 1e-5f32);
         w.set("llama.rope.freq_base", 10000.0f32);
         let (qd, kvd) = (nh as u64 * d, nkv as u64 * d);
-        // (ggml type, bytes per block, values per block, offsets of the f16 scale fields, the
-        // largest |code · sub-block scale|).
         let mut q = |name: &str, cols: u64, rows: u64, ty: GgmlType, scale: f32| {
-            let (bb, bv, fields, span): (usize, u64, &[usize], f32) = match ty {
-                GgmlType::Q4_0 => (18, 32, &[0], 8.0),
-                GgmlType::Q4_1 => (20, 32, &[0, 2], 16.0),
-                GgmlType::Q5_0 => (22, 32, &[0], 16.0),
-                GgmlType::Q5_1 => (24, 32, &[0, 2], 32.0),
-                GgmlType::Q8_0 => (34, 32, &[0], 128.0),
-                GgmlType::Q4K => (144, 256, &[0, 2], 15.0 * 63.0),
-                GgmlType::Q5K => (176, 256, &[0, 2], 31.0 * 63.0),
-                GgmlType::Q6K => (210, 256, &[208], 32.0 * 128.0),
-                other => panic!("no random blocks for {other:?}"),
-            };
-            let blocks = (rows * cols / bv) as usize;
-            let mut data: Vec<u8> = (0..bb * blocks).map(|_| rng.gen()).collect();
-            for b in data.chunks_exact_mut(bb) {
-                for (k, &at) in fields.iter().enumerate() {
-                    // d of random sign and size; the min (second field of Q4_1/Q5_1/K) smaller.
-                    let v = rng.gen_range(0.5f32..1.0) * scale / span * if k == 0 { 1.0 } else { 8.0 };
-                    let v = if rng.gen::<bool>() { v } else { -v };
-                    b[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
-                }
-            }
+            let data = crate::tiny_gemma::random_blocks(&mut rng, cols, rows, ty, scale);
             w.add_tensor(name, &[cols, rows], ty, data).unwrap();
         };
         q("token_embd.weight", h, vocab, GgmlType::Q5_1, 1.0);
@@ -463,8 +452,9 @@ mod gpu {
         }
     }
 
-    /// Greedy continuation of `prompt` (16 tokens) and the logits of every step.
-    fn greedy<M: Forward>(
+    /// Greedy continuation of `prompt` (16 tokens) and the logits of every step (or the tokens
+    /// `forced` gives fed instead of the choices), over every layer group of the cache.
+    pub(super) fn greedy<M: Forward>(
         m: &mut M,
         cache: &CacheConfig,
         prompt: &[u32],
@@ -478,7 +468,8 @@ mod gpu {
         for step in 0..16 {
             seq.begin_append(&mut pool, input.len()).unwrap();
             batch.clear();
-            batch.push(&input, seq.offset() + input.len(), seq.pending_slots(), seq.block_table(), Logits::Last);
+            let len = seq.offset() + input.len();
+            batch.push_groups(&input, len, seq.pending_slots(), seq.block_tables(), Logits::Last);
             let logits = m.forward(&batch, &mut pool).unwrap().to_vec();
             seq.commit_append(&mut pool);
             let t = argmax(&logits);
@@ -490,7 +481,7 @@ mod gpu {
     }
 
     /// `logits[b] - logits[a]`'s gap below the row's maximum: how far `b` is from being chosen.
-    fn gap(logits: &[f32], chosen: u32, other: u32) -> f32 {
+    pub(super) fn gap(logits: &[f32], chosen: u32, other: u32) -> f32 {
         logits[chosen as usize] - logits[other as usize]
     }
 

@@ -21,6 +21,7 @@ pub(crate) struct GraphKey {
     mb: usize,
     max_ctx: usize,
     route: DecodeRoute,
+    route_local: DecodeRoute,
     window: Option<usize>,
     q_round: u32,
     /// Prefill tiles (grid size of the prefill kernel) and which rows the decode kernel serves.
@@ -39,6 +40,7 @@ impl GraphKey {
             mb: st.mb,
             max_ctx: st.max_ctx,
             route: st.route,
+            route_local: st.route_local,
             window: st.window,
             q_round: st.rope.q_round,
             prefill_tiles: st.prefill_tiles,

@@ -1,10 +1,22 @@
-//! [`CudaModel`]: the llama-family forward pass on one GPU (feature `cuda`), over device pages
-//! (`KvPool<DevicePages>`: the bookkeeping stays in kvcache, the pages live on the device).
+//! [`CudaModel`]: the llama-family and Gemma 3 forward pass on one GPU (feature `cuda`), over
+//! device pages (`KvPool<DevicePages>`: the bookkeeping stays in kvcache, the pages live on the
+//! device).
 //!
 //! One path, as on the CPU: embed → per layer (RMSNorm, fused QKV product, bias + q/k norms +
 //! RoPE in one kernel, cache write, paged attention, output product accumulated into the
 //! residual, RMSNorm, fused gate|up product, SiLU·mul, down product accumulated into the
 //! residual) → final RMSNorm of the rows whose logits are wanted → output product (`step.rs`).
+//! Gemma 3's differences are steps of the same path, switched by the `ModelConfig`: the
+//! embedding scaled by √hidden, the queries (not the scores) scaled after RoPE, RoPE base and
+//! sliding window per layer (`layer_windows`, `rope_base_local`), the attention and MLP outputs
+//! RMS-normed before the residual add (`ModelOps::rms_norm_add`, one kernel), GELU·mul (tanh
+//! approximation, in f32) instead of SiLU·mul, the output tied to the embedding.
+//!
+//! Layer groups (`kvcache::LayerGroups`, the hybrid cache): each group has its own slots and
+//! block tables (staged and uploaded per group); a layer writes through its group's slots into
+//! its page plane and attends over its group's tables with its own window. A sliding group's
+//! reclaimed entries are `NULL_BLOCK`, always before the window, where no kernel reads. A
+//! one-group pool (every other model, or `hybrid` off) is the step as before.
 //! Weights (`weights.rs`) stay in their GGUF block types where the GPU has kernels for them
 //! (`GpuWeights::Gguf`, the default: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K; other types bf16)
 //! or are dequantized once to bf16 or f32 (`PAGEKV_DEV_CUDA_WEIGHTS`). `step.rs` routes each

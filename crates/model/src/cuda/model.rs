@@ -29,7 +29,9 @@ pub struct CudaModel {
     attention: DecodeAttention,
     prefill: PrefillAttention,
     weights: DeviceWeights,
+    /// RoPE of the layers without a window of their own and of those with one.
     rope: RopeParams,
+    rope_local: RopeParams,
     scratch: DeviceScratch,
     host: HostScratch,
     /// `Some(name)` for random weights (`synthetic:NAME`).
@@ -64,11 +66,6 @@ impl CudaModel {
         device: Arc<CudaDevice>,
         format: impl Into<GpuWeights>,
     ) -> Result<CudaModel, ModelError> {
-        if model.config.architecture == crate::llama::Architecture::Gemma3 {
-            return Err(ModelError::UnsupportedArchitecture(
-                "gemma3 on --device cuda (it runs on the CPU; the GPU forward has no Gemma 3 steps yet)".into(),
-            ));
-        }
         let ops = ModelOps::new(device.clone()).map_err(dev)?;
         let weights = DeviceWeights::upload(&device, &model.weights, &model.config, format.into())?;
         CudaModel::assemble(model.config.clone(), device, ops, weights, None)
@@ -91,17 +88,28 @@ impl CudaModel {
                 pagekv_cuda::MAX_GROUP
             )));
         }
-        let rope = RopeParams {
+        if c.layer_windows.len() != c.num_layers {
+            return Err(ModelError::Invalid(format!(
+                "{} layer windows for {} layers",
+                c.layer_windows.len(),
+                c.num_layers
+            )));
+        }
+        // The RoPE of the layers without a window of their own, and of those with one (Gemma 3's
+        // local layers: `rope_base_local`), with the angles' ratio computed as the CPU's `Rope`.
+        let rope_with_base = |base: f32| RopeParams {
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
             rope_dims: c.rope_dims,
             neox: c.rope_style == RopeStyle::Neox,
-            theta_scale: c.rope_base.powf(-2.0 / c.rope_dims as f32),
+            theta_scale: base.powf(-2.0 / c.rope_dims as f32),
             freq_scale: 1.0 / c.rope_linear_scale,
             eps: c.rms_eps,
             q_round: 0,
+            q_scale: if c.scale_queries { c.attn_scale } else { 1.0 },
         };
+        let (rope, rope_local) = (rope_with_base(c.rope_base), rope_with_base(c.rope_base_local));
         let top_k = DeviceTopK::new(device.clone())?;
         device.synchronize().map_err(dev)?;
         let tuning = device.tuning();
@@ -114,6 +122,7 @@ impl CudaModel {
             attention,
             prefill: PrefillAttention::new(device.clone()),
             rope,
+            rope_local,
             scratch: DeviceScratch::default(),
             host: HostScratch::default(),
             config,
@@ -194,28 +203,34 @@ impl CudaModel {
             return Err(dev(e));
         }
         batch.validate(&self.config, pool.geometry(), pool.groups())?;
-        if !pool.groups().is_single() {
-            return Err(ModelError::Batch("the CUDA forward reads one layer group: build its pool with one".into()));
-        }
         let c = &self.config;
         let n = batch.num_tokens();
         let n_logits = batch.num_logit_rows();
-        let blocks = batch.seqs.iter().map(|s| s.block_tables[0].len()).max().unwrap_or(1).max(1);
+        // Layer groups (`kvcache::LayerGroups`): each has its own slots and block tables.
+        let ng = pool.groups().num_groups();
+        let longest = |sq: &crate::batch::BatchSeq| sq.block_tables.iter().map(Vec::len).max().unwrap_or(0);
+        let blocks = batch.seqs.iter().map(longest).max().unwrap_or(1).max(1);
         let dtype = self.weights.dtype;
-        let (s, mb, scratch_generation) = self.scratch.ensure(&self.device, c, dtype, n, n_logits, blocks)?;
+        let (s, mb, scratch_generation) = self.scratch.ensure(&self.device, c, dtype, n, n_logits, blocks, ng)?;
 
-        // The step's small arrays: per token its context (position + 1) and its sequence's
-        // block table; the token index of each logit row.
+        // The step's small arrays: per token its context (position + 1) and, per group, its
+        // sequence's block table (a sliding group's reclaimed entries stay NULL_BLOCK: they lie
+        // before the window, where the kernels do not read); the token index of each logit row.
         let host = &mut self.host;
         host.ctx.clear();
         host.ctx.extend(batch.positions.iter().map(|&p| p + 1));
         host.tables.clear();
         host.rows.clear();
-        for seq in &batch.seqs {
-            for _ in 0..seq.num_tokens {
-                host.tables.extend_from_slice(&seq.block_tables[0]);
-                host.tables.extend(std::iter::repeat_n(0, mb - seq.block_tables[0].len()));
+        for g in 0..ng {
+            for seq in &batch.seqs {
+                let table = &seq.block_tables[g];
+                for _ in 0..seq.num_tokens {
+                    host.tables.extend_from_slice(table);
+                    host.tables.extend(std::iter::repeat_n(0, mb - table.len()));
+                }
             }
+        }
+        for seq in &batch.seqs {
             let last = seq.token_start + seq.num_tokens;
             match seq.logits {
                 Logits::None => {}
@@ -264,9 +279,12 @@ impl CudaModel {
         let up = drv("cuMemcpyHtoD");
         stream.memcpy_htod(&batch.tokens, &mut s.tokens.slice_mut(..n)).map_err(&up)?;
         stream.memcpy_htod(&batch.positions, &mut s.positions.slice_mut(..n)).map_err(&up)?;
-        stream.memcpy_htod(&batch.slots[0], &mut s.slots.slice_mut(..n)).map_err(&up)?;
         stream.memcpy_htod(&host.ctx, &mut s.ctx.slice_mut(..n)).map_err(&up)?;
-        stream.memcpy_htod(&host.tables, &mut s.tables.slice_mut(..n * mb)).map_err(&up)?;
+        for g in 0..ng {
+            stream.memcpy_htod(&batch.slots[g], &mut s.slots[g].slice_mut(..n)).map_err(&up)?;
+            let tables = &host.tables[g * n * mb..(g + 1) * n * mb];
+            stream.memcpy_htod(tables, &mut s.tables[g].slice_mut(..n * mb)).map_err(&up)?;
+        }
         if n_logits > 0 {
             stream.memcpy_htod(&host.rows, &mut s.rows.slice_mut(..n_logits)).map_err(&up)?;
         }
@@ -278,25 +296,31 @@ impl CudaModel {
         }
 
         let ops = &self.ops;
-        let mut rope = self.rope;
-        rope.q_round = match pool.config().format {
+        // The K·Q product sees q at the cache's precision, as on the CPU.
+        let q_round = match pool.config().format {
             KvFormat::F16 => 1,
             KvFormat::Bf16 => 2,
             _ => 0,
         };
+        let (mut rope, mut rope_local) = (self.rope, self.rope_local);
+        (rope.q_round, rope_local.q_round) = (q_round, q_round);
         // The partition grid is sized for the longest context rounded up to 256 tokens (rows
         // shorter than it skip the partitions past their end), so consecutive decode steps
-        // share one launch shape — and one captured graph.
+        // share one launch shape — and one captured graph. Layers with a window of their own see
+        // at most the widest such window: their route is chosen for that span.
         let max_ctx = max_ctx.next_multiple_of(256).min(mb * pool.geometry().block_size).max(max_ctx);
         let route = self.attention.auto_route(pool.pages(), c.num_heads, n, max_ctx);
-        for _ in 0..c.num_layers {
-            if decode_rows == DecodeRows::None {
-                break;
+        let route_local = match c.layer_windows.iter().flatten().max() {
+            Some(&w) => self.attention.auto_route(pool.pages(), c.num_heads, n, w.min(max_ctx).max(1)),
+            None => route,
+        };
+        if decode_rows != DecodeRows::None {
+            for w in &c.layer_windows {
+                pool.counters().count_route(match if w.is_some() { route_local } else { route } {
+                    DecodeRoute::Primitive => AttentionRoute::Primitive,
+                    DecodeRoute::Partitioned { .. } => AttentionRoute::Partitioned,
+                });
             }
-            pool.counters().count_route(match route {
-                DecodeRoute::Primitive => AttentionRoute::Primitive,
-                DecodeRoute::Partitioned { .. } => AttentionRoute::Partitioned,
-            });
         }
         let st = Step {
             n,
@@ -304,9 +328,11 @@ impl CudaModel {
             mb,
             max_ctx,
             route,
+            route_local,
             window: batch.sliding_window,
             rope,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            rope_local,
+            scale: if c.scale_queries { 1.0 } else { c.attn_scale },
             gemv_max_bytes: self.device.tuning().gemv_max_bytes,
             prefill_tiles,
             decode_rows,
@@ -324,10 +350,6 @@ impl Forward for CudaModel {
 
     fn config(&self) -> &ModelConfig {
         &self.config
-    }
-
-    fn reads_layer_groups(&self) -> bool {
-        false
     }
 
     fn new_pool(&self, cache: CacheConfig) -> Result<KvPool<DevicePages>, ModelError> {

@@ -1,9 +1,11 @@
-//! One forward step queued on the device: [`enqueue`] runs embed → per layer (RMSNorm, fused
-//! QKV product, bias + q/k norms + RoPE, cache write, paged attention — decode and prefill
-//! kernels —, output product into the residual, RMSNorm, gate|up product, SiLU·mul, down
-//! product into the residual) → final RMSNorm of the logit rows → output product, with the
-//! launch shape fixed beforehand in a [`Step`]. The same call is run directly or captured as a
-//! CUDA graph (`graphs.rs`).
+//! One forward step queued on the device: [`enqueue`] runs embed (× Gemma's embedding scale) →
+//! per layer (RMSNorm, fused QKV product, bias + q/k norms + RoPE (+ Gemma's query scale), cache
+//! write into the layer's page plane through its group's slots, paged attention over its group's
+//! block tables with its window — decode and prefill kernels —, output product into the residual
+//! (Gemma: into a buffer, then its post-norm added to the residual), RMSNorm, gate|up product,
+//! SiLU·mul or GELU·mul, down product into the residual (Gemma: post-norm as above)) → final
+//! RMSNorm of the logit rows → output product, with the launch shape fixed beforehand in a
+//! [`Step`]. The same call is run directly or captured as a CUDA graph (`graphs.rs`).
 
 use kvcache::KvPool;
 use pagekv_cuda::{
@@ -15,7 +17,7 @@ use super::buffers::dev;
 use super::scratch::Bufs;
 use super::weights::{DeviceWeights, Weight};
 use crate::error::ModelError;
-use crate::llama::ModelConfig;
+use crate::llama::{Activation, ModelConfig};
 
 /// Which rows of a step the decode kernel serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -35,9 +37,17 @@ pub(crate) struct Step {
     pub(crate) n_logits: usize,
     pub(crate) mb: usize,
     pub(crate) max_ctx: usize,
+    /// The decode route of the layers without a window of their own.
     pub(crate) route: DecodeRoute,
+    /// The decode route of the layers with a window (`ModelConfig::layer_windows`; their
+    /// visible context is at most the window), `route` when there are none.
+    pub(crate) route_local: DecodeRoute,
+    /// The batch's whole-sequence window (the layers without their own).
     pub(crate) window: Option<usize>,
+    /// RoPE of the layers without a window (`rope_base`) and with one (`rope_base_local`).
     pub(crate) rope: RopeParams,
+    pub(crate) rope_local: RopeParams,
+    /// Multiplies the attention's q·k (1 where the queries carry the scale: `rope.q_scale`).
     pub(crate) scale: f32,
     pub(crate) gemv_max_bytes: usize,
     pub(crate) prefill_tiles: usize,
@@ -62,9 +72,25 @@ pub(crate) fn enqueue(
         Weight::Dense(m) => ops.embed(&mut s.x, m, &s.tokens, n).map_err(dev)?,
         Weight::Quant(parts) => ops.quant().rows_f32(&mut s.x, &parts[0], &s.tokens, n).map_err(dev)?,
     }
-    let eps = c.rms_eps;
+    let (eps, h) = (c.rms_eps, c.hidden);
+    if c.embed_scale != 1.0 {
+        ops.scale(&mut s.x, n * h, c.embed_scale).map_err(dev)?;
+    }
+    let glu = match c.activation {
+        Activation::Silu => Prologue::SiluMul,
+        Activation::GeluTanh => Prologue::GeluMul,
+    };
+    // Each layer writes through its group's slots into its page plane and reads through its
+    // group's block tables (one group of every layer for most models).
+    let groups = pool.groups().clone();
     let pr = Products { ops, w, gemv_max_bytes: st.gemv_max_bytes };
     for (li, lw) in w.layers.iter().enumerate() {
+        let own_window = c.layer_windows.get(li).copied().flatten();
+        let (rope, route) = if own_window.is_some() { (&st.rope_local, st.route_local) } else { (&st.rope, st.route) };
+        let window = own_window.or(st.window);
+        let (group, plane) = groups.locate(li);
+        let (slots, tables) = (&s.slots[group], &s.tables[group]);
+
         // Attention block.
         let norm = Prologue::RmsNorm { w: &lw.attn_norm, eps };
         pr.product(&mut s.qkv, &s.x, norm, None, &mut s.xn, &lw.wqkv, n, false)?;
@@ -76,21 +102,21 @@ pub(crate) fn enqueue(
             factors: w.rope_factors.as_ref(),
             positions: &s.positions,
         };
-        ops.qkv_rope(&mut s.q, &mut s.k, &mut s.v, &a, &st.rope, n).map_err(dev)?;
-        pool.pages_mut().write_device(li, &s.slots, &s.k, &s.v, n).map_err(dev)?;
+        ops.qkv_rope(&mut s.q, &mut s.k, &mut s.v, &a, rope, n).map_err(dev)?;
+        pool.pages_mut().write_device(plane, slots, &s.k, &s.v, n).map_err(dev)?;
         if st.decode_rows != DecodeRows::None {
             let b = DecodeBatch {
                 queries: &s.q,
                 num_seqs: n,
                 num_heads: c.num_heads,
-                block_tables: &s.tables,
+                block_tables: tables,
                 max_blocks_per_seq: st.mb,
                 context_lens: if st.decode_rows == DecodeRows::Rest { &s.ctx_dec } else { &s.ctx },
                 max_context_len: st.max_ctx,
                 scale,
-                sliding_window: st.window,
+                sliding_window: window,
             };
-            attention.forward(pool.pages(), li, &b, st.route, &mut s.attn).map_err(dev)?;
+            attention.forward(pool.pages(), plane, &b, route, &mut s.attn).map_err(dev)?;
         }
         if st.prefill_tiles > 0 {
             // After the decode kernel: its (skipped) rows of these tokens are overwritten here.
@@ -98,22 +124,34 @@ pub(crate) fn enqueue(
                 queries: &s.q,
                 num_tokens: n,
                 num_heads: c.num_heads,
-                block_tables: &s.tables,
+                block_tables: tables,
                 max_blocks_per_seq: st.mb,
                 context_lens: &s.ctx,
                 tiles: &s.tiles,
                 num_tiles: st.prefill_tiles,
                 scale,
-                sliding_window: st.window,
+                sliding_window: window,
             };
-            prefill.forward(pool.pages(), li, &b, &mut s.attn).map_err(dev)?;
+            prefill.forward(pool.pages(), plane, &b, &mut s.attn).map_err(dev)?;
         }
-        pr.product(&mut s.x, &s.attn, Prologue::Convert, None, &mut s.attn_t, &lw.wo, n, true)?;
+        match &lw.post_attn_norm {
+            None => pr.product(&mut s.x, &s.attn, Prologue::Convert, None, &mut s.attn_t, &lw.wo, n, true)?,
+            Some(post) => {
+                pr.product(&mut s.proj, &s.attn, Prologue::Convert, None, &mut s.attn_t, &lw.wo, n, false)?;
+                ops.rms_norm_add(&mut s.x, &s.proj, post, n, h, eps).map_err(dev)?;
+            }
+        }
 
         // MLP block.
         let norm = Prologue::RmsNorm { w: &lw.ffn_norm, eps };
         pr.product(&mut s.gate_up, &s.x, norm, None, &mut s.xn, &lw.w_gate_up, n, false)?;
-        pr.product(&mut s.x, &s.gate_up, Prologue::SiluMul, None, &mut s.act, &lw.w_down, n, true)?;
+        match &lw.post_ffn_norm {
+            None => pr.product(&mut s.x, &s.gate_up, glu, None, &mut s.act, &lw.w_down, n, true)?,
+            Some(post) => {
+                pr.product(&mut s.proj, &s.gate_up, glu, None, &mut s.act, &lw.w_down, n, false)?;
+                ops.rms_norm_add(&mut s.x, &s.proj, post, n, h, eps).map_err(dev)?;
+            }
+        }
     }
     if n_logits > 0 {
         let norm = Prologue::RmsNorm { w: &w.output_norm, eps };
@@ -206,6 +244,7 @@ fn stage(
         Prologue::RmsNorm { w, eps } => ops.rms_norm(staged, x, w, rows, n, eps),
         Prologue::Convert => ops.convert(staged, x, n * staged.cols()),
         Prologue::SiluMul => ops.silu_mul(staged, x, n),
+        Prologue::GeluMul => ops.gelu_mul(staged, x, n),
     }
     .map_err(dev)
 }

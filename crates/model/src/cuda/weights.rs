@@ -89,7 +89,11 @@ pub(crate) struct DeviceLayer {
     pub q_norm: Option<Slice<f32>>, // [head_dim]
     pub k_norm: Option<Slice<f32>>, // [head_dim]
     pub wo: Weight,                 // [hidden, q_dim]
+    /// Gemma 3: RMSNorm weights of the attention output before the residual add.
+    pub post_attn_norm: Option<Slice<f32>>, // [hidden]
     pub ffn_norm: Slice<f32>,       // [hidden]
+    /// Gemma 3: RMSNorm weights of the MLP output before the residual add.
+    pub post_ffn_norm: Option<Slice<f32>>, // [hidden]
     pub w_gate_up: Weight,          // [2·ffn, hidden]
     pub w_down: Weight,             // [hidden, ffn]
 }
@@ -194,7 +198,9 @@ impl DeviceWeights {
                 q_norm: l.q_norm.as_ref().map(|t| upload_f32(device, &dense(w, t)?)).transpose()?,
                 k_norm: l.k_norm.as_ref().map(|t| upload_f32(device, &dense(w, t)?)).transpose()?,
                 wo: weight(device, w, &[&l.wo], dtype, quant)?,
+                post_attn_norm: l.post_attn_norm.as_ref().map(|t| upload_f32(device, w.f32s(t))).transpose()?,
                 ffn_norm: upload_f32(device, w.f32s(&l.ffn_norm))?,
+                post_ffn_norm: l.post_ffn_norm.as_ref().map(|t| upload_f32(device, w.f32s(t))).transpose()?,
                 w_gate_up: weight(device, w, &[&l.w_gate, &l.w_up], dtype, quant)?,
                 w_down: weight(device, w, &[&l.w_down], dtype, quant)?,
             });
@@ -265,7 +271,9 @@ impl DeviceWeights {
                 q_norm: None,
                 k_norm: None,
                 wo: random(&[(h, q4)], qd)?,
+                post_attn_norm: None,
                 ffn_norm: ones(h)?,
+                post_ffn_norm: None,
                 w_gate_up: random(&[(2 * f, q4)], h)?,
                 w_down: random(&[(h, wide)], f)?,
             });
