@@ -130,14 +130,14 @@ mod gpu {
             let mut v = s.clone_htod(&vec![f32::NAN; n * nkv * d]).unwrap();
             ops.qkv_rope(&mut q, &mut k, &mut v, &a, &p, n).unwrap();
             let (q, k) = (s.clone_dtoh(&q).unwrap(), s.clone_dtoh(&k).unwrap());
-            let mut rope = Rope::new(style, d, d, base, 1.0, None);
+            let rope = Rope::new(style, d, d, base, 1.0, None);
             let mut max_err = 0f32;
             for i in 0..n {
                 let row = &qkv[i * width..(i + 1) * width];
                 let mut wq = row[..nh * d].to_vec();
                 let mut wk = row[nh * d..(nh + nkv) * d].to_vec();
                 rope.apply(&mut wq, positions[i] as usize);
-                rope.apply_cached(&mut wk);
+                rope.apply(&mut wk, positions[i] as usize);
                 for (g, w) in q[i * nh * d..(i + 1) * nh * d]
                     .iter()
                     .zip(&wq)
