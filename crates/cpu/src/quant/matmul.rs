@@ -395,12 +395,10 @@ fn lcm(a: usize, b: usize) -> usize {
     a / gcd(a, b) * b
 }
 
-/// With many activation rows (more than [`DRIVER_PREFETCH_MIN_ACTS`]), how many row tiles ahead
-/// the driver prefetches the weights (they come from memory once, on the first panel). `BENCH_N=4`
-/// (and 8) `cargo bench -p pagekv-cpu --bench decode_matvec`, one thread: 57 -> 65 (35 -> 38)
-/// steps/s. Decode leaves it to the kernels: the quantized ones prefetch per block step, and for
-/// the float ones (long contiguous rows the hardware prefetcher follows) a driver burst was
-/// slower (F16: 87 -> 62).
+/// With more than [`DRIVER_PREFETCH_MIN_ACTS`] activation rows, how many row tiles ahead the
+/// driver prefetches the weights (they come from memory once, on the first panel). Decode leaves
+/// it to the kernels: the quantized ones prefetch per block step, and for the float ones (long
+/// contiguous rows the hardware prefetcher follows) a driver burst was slower (F16: 87 -> 62).
 const DRIVER_PREFETCH_TILES: usize = 2;
 
 /// Up to this many activation rows (a draft's verification step) the driver does not prefetch: a
@@ -408,7 +406,9 @@ const DRIVER_PREFETCH_TILES: usize = 2;
 /// buffers instead of overlapping the arithmetic; the kernels' own spread prefetches and the
 /// hardware's serve those steps. `pagekv bench speculative -m qwen2.5-coder-1.5b --step-tokens
 /// 1,2,3,5,9` (2 threads, alternated builds): a 2-token step 70 -> 50 ms, 3 tokens 85 -> 59,
-/// 5 tokens 126 -> 103, 9 tokens 162 -> 156-169 (a one-token step 41).
+/// 5 tokens 126 -> 103, 9 tokens 162 -> 156-169 (a one-token step 41). (An earlier host's
+/// one-thread `decode_matvec` bench had favoured the bursts at 4 and 8 rows: 57 -> 65 and
+/// 35 -> 38 steps/s; in the whole model on two threads they cost.)
 const DRIVER_PREFETCH_MIN_ACTS: usize = 32;
 
 /// Asks for rows `r..r + count` of `job`'s weights (those that exist) to be brought into cache.
