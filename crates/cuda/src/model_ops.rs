@@ -351,37 +351,39 @@ impl ModelOps {
 
     /// `out [n, f]` (out's dtype) ← `silu(gu[:, :f]) · gu[:, f:]`, `gu [n, 2f]` f32.
     pub fn silu_mul(&self, out: &mut DeviceMatrix, gu: &CudaSlice<f32>, n: usize) -> Result<(), CudaError> {
-        let f = out.cols;
-        if out.rows < n || gu.len() < n * 2 * f {
-            return Err(CudaError::Invalid(format!("silu_mul of {n} rows of {f}")));
-        }
-        if n == 0 {
-            return Ok(());
-        }
         let func = &self.typed(out.dtype).silu_mul;
-        let (o, g, f32_, n32) = (out.ptr(&self.device), self.p(gu), f as u32, n as u32);
-        let mut b = self.device.stream().launch_builder(func);
-        b.arg(&o).arg(&g).arg(&f32_).arg(&n32);
-        // SAFETY: pk_silu_mul_T(T*, const float*, u32, u32); sizes checked above.
-        unsafe { b.launch(self.stride_cfg(n * f)) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_silu_mul)"))
+        self.gated_mul(func, ("silu_mul", "cuLaunchKernel(pk_silu_mul)"), out, gu, n)
     }
 
     /// `out [n, f]` (out's dtype) ← `gelu(gu[:, :f]) · gu[:, f:]`, `gu [n, 2f]` f32, GELU's tanh
     /// approximation in f32 (Gemma's GeGLU).
     pub fn gelu_mul(&self, out: &mut DeviceMatrix, gu: &CudaSlice<f32>, n: usize) -> Result<(), CudaError> {
+        let func = &self.typed(out.dtype).gelu_mul;
+        self.gated_mul(func, ("gelu_mul", "cuLaunchKernel(pk_gelu_mul)"), out, gu, n)
+    }
+
+    /// Launches a gated activation kernel `func(T* out, const float* gu, u32 f, u32 n)`:
+    /// `out [n, f] ← act(gu[:, :f]) · gu[:, f:]`; `names` are the op's and its launch's, for errors.
+    fn gated_mul(
+        &self,
+        func: &CudaFunction,
+        (name, launch): (&str, &'static str),
+        out: &mut DeviceMatrix,
+        gu: &CudaSlice<f32>,
+        n: usize,
+    ) -> Result<(), CudaError> {
         let f = out.cols;
         if out.rows < n || gu.len() < n * 2 * f {
-            return Err(CudaError::Invalid(format!("gelu_mul of {n} rows of {f}")));
+            return Err(CudaError::Invalid(format!("{name} of {n} rows of {f}")));
         }
         if n == 0 {
             return Ok(());
         }
-        let func = &self.typed(out.dtype).gelu_mul;
         let (o, g, f32_, n32) = (out.ptr(&self.device), self.p(gu), f as u32, n as u32);
         let mut b = self.device.stream().launch_builder(func);
         b.arg(&o).arg(&g).arg(&f32_).arg(&n32);
-        // SAFETY: pk_gelu_mul_T(T*, const float*, u32, u32); sizes checked above.
-        unsafe { b.launch(self.stride_cfg(n * f)) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_gelu_mul)"))
+        // SAFETY: both gated kernels take (T*, const float*, u32, u32); sizes checked above.
+        unsafe { b.launch(self.stride_cfg(n * f)) }.map(|_| ()).map_err(launch_err(launch))
     }
 
     /// `x [n, h] += rms_norm(y) · w` per row, `y [n, h]` f32, `w [h]`: Gemma 3's norm of a block's

@@ -123,25 +123,20 @@ mod tests {
     /// gates, the ±10 limits and values around them, f16's subnormal range, lengths with tails.
     #[test]
     fn gelu_mul_kernels_agree_bit_for_bit() {
+        use rand::{Rng, SeedableRng};
         let seed =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-        let mut state = seed | 1;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32
-        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         for len in [1usize, 7, 8, 13, 2048] {
             let gate: Vec<f32> = (0..len)
                 .map(|i| match i % 6 {
-                    0 => next() * 40.0 - 20.0,
+                    0 => rng.gen_range(-20.0..20.0),
                     1 => [-10.0, 10.0, -9.999_999, 9.999_999, -10.000_001, 10.000_001][i / 6 % 6],
-                    2 => (next() - 0.5) * 1e-6,
-                    _ => next() * 16.0 - 8.0,
+                    2 => rng.gen_range(-5e-7..5e-7),
+                    _ => rng.gen_range(-8.0..8.0),
                 })
                 .collect();
-            let up: Vec<f32> = (0..len).map(|_| next() * 8.0 - 4.0).collect();
+            let up: Vec<f32> = (0..len).map(|_| rng.gen_range(-4.0..4.0)).collect();
             let mut want = gate.clone();
             gelu_mul_scalar(&mut want, &up);
             let mut got = gate.clone();
