@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use kvcache::{KvFormat, KvPool, LayerView, PageStore};
 use pagekv_cpu::attention::{Attention, AttentionConfig, AttentionParams, AttnNumerics};
-use pagekv_cpu::quant::{dequantize_row, fusable, matmul, matmul_fused, MatmulPart, QuantScratch};
+use pagekv_cpu::quant::{dequantize_row, fusable, matmul_fused_ordered, Isa, MatmulPart, QuantScratch, SumOrder};
 use pagekv_cpu::threadpool::ThreadPool;
 
 use super::config::ModelConfig;
@@ -87,6 +87,8 @@ pub struct Model {
     rope_local: Rope,
     attention: Attention,
     threads: &'static ThreadPool,
+    /// The K-quant products' summation order ([`Self::set_sum_order`]).
+    sum_order: SumOrder,
     scratch: Scratch,
 }
 
@@ -128,6 +130,7 @@ impl Model {
             rope_local,
             attention: Attention::new(attention, threads),
             threads,
+            sum_order: SumOrder::LlamaCpp,
             scratch: Scratch::default(),
             weights,
             config,
@@ -144,6 +147,17 @@ impl Model {
 
     pub fn attn_numerics(&self) -> AttnNumerics {
         self.attention.config().numerics
+    }
+
+    /// Chooses the K-quant products' summation order: llama.cpp's (the default; it depends on
+    /// a step's row count) or one that gives each token row its one-row result
+    /// ([`SumOrder::RowInvariant`], what [`Forward::ensure_path_invariance`] asks for).
+    pub fn set_sum_order(&mut self, order: SumOrder) {
+        self.sum_order = order;
+    }
+
+    pub fn sum_order(&self) -> SumOrder {
+        self.sum_order
     }
 
     /// The numerics a forward over a cache of `format` runs: `Fast` or `Ggml`, never `Auto`.
@@ -165,6 +179,7 @@ impl Model {
         let s = &mut self.scratch;
         let w = &self.weights;
         let pool_t = self.threads;
+        let mx = Products { pool: self.threads, order: self.sum_order };
         let (h, qd, kvd, f) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn);
 
         // `[n_logits]` the rows whose logits are wanted, in sequence order.
@@ -199,7 +214,7 @@ impl Model {
                 xn,
                 n,
                 &mut s.quant,
-                self.threads,
+                mx,
             )?;
             for (bias, buf, width) in [(&lw.bq, &mut s.q, qd), (&lw.bk, &mut s.k, kvd), (&lw.bv, &mut s.v, kvd)] {
                 if let Some(b) = bias {
@@ -236,7 +251,7 @@ impl Model {
                 &mut s.tables,
                 &mut s.lens,
             )?;
-            mm(w, &lw.wo, &s.attn[..n * qd], n, &mut s.proj[..n * h], &mut s.quant, self.threads)?;
+            mm(w, &lw.wo, &s.attn[..n * qd], n, &mut s.proj[..n * h], &mut s.quant, mx)?;
             // After the last layer's attention only the rows whose logits are wanted go on (as
             // llama.cpp's graph does: the FFN's products then have the same row counts, which
             // choose their summation orders).
@@ -261,10 +276,10 @@ impl Model {
                 xn,
                 n,
                 &mut s.quant,
-                self.threads,
+                mx,
             )?;
             rows::gated(pool_t, c.activation, &mut s.gate[..n * f], &s.up[..n * f]);
-            mm(w, &lw.w_down, &s.gate[..n * f], n, &mut s.proj[..n * h], &mut s.quant, self.threads)?;
+            mm(w, &lw.w_down, &s.gate[..n * f], n, &mut s.proj[..n * h], &mut s.quant, mx)?;
             if let Some(post) = &lw.post_ffn_norm {
                 rows::norm_chunks(pool_t, &mut s.proj[..n * h], h, w.f32s(post), c.rms_eps);
             }
@@ -286,7 +301,7 @@ impl Model {
                 n_logits,
                 &mut s.logits[..n_logits * v],
                 &mut s.quant,
-                self.threads,
+                mx,
             )?;
         }
         Ok(&self.scratch.logits[..n_logits * v])
@@ -318,6 +333,13 @@ fn kernel(t: &Tensor, source: pagekv_cpu::quant::QuantError) -> ModelError {
     ModelError::Kernel { name: t.name.clone(), source }
 }
 
+/// How a step's matrix products run: on which threads, in which K-quant summation order.
+#[derive(Clone, Copy)]
+struct Products<'a> {
+    pool: &'a ThreadPool,
+    order: SumOrder,
+}
+
 /// `out[n, rows] = x[n, cols] · Wᵀ`.
 fn mm(
     w: &Weights,
@@ -326,9 +348,10 @@ fn mm(
     n: usize,
     out: &mut [f32],
     q: &mut QuantScratch,
-    pool: &ThreadPool,
+    mx: Products,
 ) -> Result<(), ModelError> {
-    matmul(w.view(t), x, n, out, q, pool).map_err(|e| kernel(t, e))
+    let mut parts = [MatmulPart { w: w.view(t), out }];
+    matmul_fused_ordered(Isa::best(), mx.order, &mut parts, x, n, q, mx.pool).map_err(|e| kernel(t, e))
 }
 
 /// `out_i[n, rows_i] = x[n, cols] · W_iᵀ` for matrices over the same input, in one parallel
@@ -339,17 +362,17 @@ fn mm_fused<const N: usize>(
     x: &[f32],
     n: usize,
     q: &mut QuantScratch,
-    pool: &ThreadPool,
+    mx: Products,
 ) -> Result<(), ModelError> {
     if !fusable(&parts.each_ref().map(|(t, _)| t.ty)) {
         for (t, out) in parts {
-            mm(w, t, x, n, out, q, pool)?;
+            mm(w, t, x, n, out, q, mx)?;
         }
         return Ok(());
     }
     let first = parts[0].0;
     let mut views = parts.map(|(t, out)| MatmulPart { w: w.view(t), out });
-    matmul_fused(&mut views, x, n, q, pool).map_err(|e| kernel(first, e))
+    matmul_fused_ordered(Isa::best(), mx.order, &mut views, x, n, q, mx.pool).map_err(|e| kernel(first, e))
 }
 
 /// Paged attention for every sequence: decodes (one new token) batched in one call, each

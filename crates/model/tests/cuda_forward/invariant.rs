@@ -129,7 +129,11 @@ fn feed(
 /// Largest |difference| between the row sets, and how many rows differ at all.
 fn compare(a: &[f32], b: &[f32], vocab: usize) -> (f32, usize) {
     let max = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-    let rows = a.chunks(vocab).zip(b.chunks(vocab)).filter(|(x, y)| x.iter().zip(y.iter()).any(|(p, q)| p.to_bits() != q.to_bits())).count();
+    let rows = a
+        .chunks(vocab)
+        .zip(b.chunks(vocab))
+        .filter(|(x, y)| x.iter().zip(y.iter()).any(|(p, q)| p.to_bits() != q.to_bits()))
+        .count();
     (max, rows)
 }
 
@@ -179,7 +183,10 @@ fn multi_token_steps_equal_one_token_steps_in_batch_invariant_mode() {
                 let want = feed(&mut m, &cc, &prompt, 300, &tokens, &[1], |_| false);
                 let got = feed(&mut m, &cc, &prompt, 64, &tokens, &steps, |i| i % 2 == 1);
                 let (max, rows) = compare(&want, &got, v);
-                out(&format!("{label}, {format} KV, {mode}: {rows} of {} rows differ, max |diff| {max:.3e}", tokens.len()));
+                out(&format!(
+                    "{label}, {format} KV, {mode}: {rows} of {} rows differ, max |diff| {max:.3e}",
+                    tokens.len()
+                ));
                 if mode == "invariant" && rows > 0 {
                     failures.push(format!("{label} {format}: {rows} rows differ (max {max:.3e})"));
                 }

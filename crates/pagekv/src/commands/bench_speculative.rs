@@ -141,6 +141,9 @@ pub fn run(mut a: BenchSpeculativeArgs) -> Result<()> {
         );
     }
     if device == Device::Cpu && !step_tokens.is_empty() {
+        // The numerics the engine runs drafting with (path-invariant: `auto` becomes `fast`,
+        // K-quant products in the row-invariant order).
+        pagekv_model::Forward::ensure_path_invariance(&mut model);
         let (m, rows) = step_costs(model, cache.clone(), &prompts[0].2, &step_tokens)?;
         model = m;
         print_step_costs(&rows, a.json);
@@ -180,7 +183,9 @@ pub fn run(mut a: BenchSpeculativeArgs) -> Result<()> {
                 format!("request {i} ({name}) of {n}: greedy output batched differs from the output alone")
             })?;
             identity.check(p == d, || {
-                format!("request {i} ({name}) of {n}: greedy output batched with drafts differs from the output without")
+                format!(
+                    "request {i} ({name}) of {n}: greedy output batched with drafts differs from the output without"
+                )
             })?;
         }
         print_batch(a.batch, &plain, &drafted, a.json, &mode_name(&a.speculative), &identity);
