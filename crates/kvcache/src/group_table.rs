@@ -6,7 +6,8 @@
 //!   sequence holds one reference on; `table.len() * block_size ≥ offset`;
 //! - the table only grows at the end; reclamation only nulls entries at the front;
 //! - a sliding group ([`GroupKind::Sliding`]) holds at most `⌈W / block_size⌉ + 1` blocks
-//!   between steps (`⌈W / block_size⌉ + ⌈m / block_size⌉ + 1` with the policy's trim margin `m`): it reclaims before an append and again when the append commits. It keeps
+//!   between steps (`⌈W / block_size⌉ + ⌈m / block_size⌉ + 1` with the policy's trim margin
+//!   `m`): it reclaims before an append and again when the append commits. It keeps
 //!   what a query at the start of its last block reaches (not just one at the newest
 //!   position: the bound is the same), so the sequence can still be cut back to that block
 //!   boundary — which is where the session bank forks a prefix.
