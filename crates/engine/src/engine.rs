@@ -225,6 +225,13 @@ fn assemble<M: Forward>(
             config.speculative.drafter(pool).map_err(|e| EngineError::Model(format!("draft model: {e}")))?
         }
     };
+    if drafter.as_ref().is_some_and(|d| d.wants_hidden()) && !model.hands_out_hidden() {
+        return Err(EngineError::Config(format!(
+            "the {} drafter needs the model's hidden states, which the {} backend does not hand out",
+            config.speculative.mode.name(),
+            model.device_label()
+        )));
+    }
     let scheduler = Scheduler::new(model, tokenizer, pool, template, bank, limits, metrics, rx, drafter);
     Ok((scheduler, info))
 }
