@@ -28,7 +28,7 @@ pub const KV_HEADS: usize = 1;
 pub const HEAD_DIM: usize = 32;
 /// Main layers.
 pub const LAYERS: usize = 2;
-pub const CONTEXT: usize = 512;
+pub const CONTEXT: usize = 1024;
 const EPS: f32 = 1e-5;
 const ROPE_BASE: f32 = 10000.0;
 
