@@ -749,6 +749,9 @@ impl<M: Forward> Scheduler<M> {
             for table in c.block_tables() {
                 assert_eq!(table.len(), c.offset().div_ceil(self.limits.block_size), "blocks beyond need");
             }
+            if let Some(d) = self.drafter.as_ref() {
+                d.check_sequence(s.id, c.offset()).unwrap_or_else(|e| panic!("drafter out of step: {e}"));
+            }
         }
     }
 }

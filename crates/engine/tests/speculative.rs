@@ -487,3 +487,98 @@ fn greedy_with_mtp_drafts_equals_greedy_without() {
         );
     }
 }
+
+/// One target step over `cache`: feeds `feed` with `logits`, asking for every position's hidden
+/// state; returns the greedy token of each logit row and the hidden states (`[feed, hidden]`).
+fn target_step(
+    target: &mut Model,
+    pool: &mut kvcache::KvPool,
+    cache: &mut kvcache::SequenceCache,
+    feed: &[u32],
+    logits: pagekv_model::Logits,
+) -> (Vec<u32>, Vec<f32>) {
+    cache.begin_append(pool, feed.len()).unwrap();
+    let mut b = pagekv_model::Batch::default();
+    b.push(feed, cache.offset() + feed.len(), cache.pending_slots(), cache.block_table(), logits);
+    b.keep_hidden();
+    let rows = target.forward(&b, pool).unwrap();
+    let ids = rows.chunks_exact(tiny_mtp::VOCAB).map(pagekv_model::backend::argmax).collect();
+    cache.commit_append(pool);
+    (ids, target.last_hidden()[..feed.len() * tiny_mtp::HIDDEN].to_vec())
+}
+
+#[test]
+fn the_mtp_cache_holds_exactly_the_kept_positions_after_every_step() {
+    use pagekv_engine::speculative::{DraftRequest, Drafter, MtpDrafter};
+    use pagekv_model::Logits;
+    let h = tiny_mtp::HIDDEN;
+    for kind in [tiny_mtp::Kind::Predictable { logit_scale: 8.0 }, tiny_mtp::Kind::Random] {
+        let t = tiny_mtp::tiny_mtp("llama", 21, kind, 1, None);
+        let mut target = Model::from_file(t.file.clone(), AttentionConfig::default()).unwrap();
+        target.set_attn_numerics(pagekv_cpu::attention::AttnNumerics::Fast);
+        let drafter_model = Model::from_file(t.file.clone(), AttentionConfig::default()).unwrap();
+        let mut d = MtpDrafter::new(drafter_model, 64, 8, 1024).unwrap();
+        let mut cc = CacheConfig::new(tiny_mtp::LAYERS, tiny_mtp::KV_HEADS, tiny_mtp::HEAD_DIM);
+        cc.block_size = 8;
+        cc.num_blocks = 256;
+        let mut pool = kvcache::KvPool::new(cc).unwrap();
+        let policy =
+            kvcache::SequencePolicy { dynamic_growth: true, context_window: Some(1024), sliding_window: None, debug_blocks: false };
+        let mut cache = kvcache::SequenceCache::new(&mut pool, policy, 0).unwrap();
+        let id = 7;
+        let mut tokens: Vec<u32> = (0..21u32).map(|j| 3 + (j * 13) % 90).collect();
+        // The prompt in chunks of 8: each chunk's hidden states wait in the drafter.
+        let prompt = tokens.clone();
+        for (c, chunk) in prompt.chunks(8).enumerate() {
+            let start = cache.offset();
+            let last = start + chunk.len() == prompt.len();
+            let (ids, hidden) =
+                target_step(&mut target, &mut pool, &mut cache, chunk, if last { Logits::Last } else { Logits::None });
+            d.computed(id, start, &hidden);
+            assert_eq!(d.state(id), Some((0, cache.offset(), 0)), "{kind:?}: chunk {c} waits, nothing fed");
+            d.check_sequence(id, cache.offset()).unwrap();
+            if last {
+                tokens.push(ids[0]);
+            }
+        }
+        let (mut drafted, mut kept) = (0, 0);
+        for step in 0..40 {
+            let before = cache.offset();
+            let mut draft = Vec::new();
+            d.propose(&mut [DraftRequest { id, tokens: &tokens, max: 4, draft: &mut draft }]);
+            assert_eq!(draft.len(), 4, "{kind:?} step {step}: a full draft");
+            // Every kept position is fed, then one entry per chained draft token after the first.
+            assert_eq!(d.state(id), Some((before + draft.len() - 1, 0, 0)), "{kind:?} step {step}");
+            let feed = [&tokens[tokens.len() - 1..], &draft[..]].concat();
+            let (ids, hidden) = target_step(&mut target, &mut pool, &mut cache, &feed, Logits::All);
+            let accepted = draft.iter().zip(&ids).take_while(|(a, b)| a == b).count();
+            cache.trim(&mut pool, draft.len() - accepted).unwrap();
+            tokens.extend_from_slice(&draft[..accepted]);
+            tokens.push(ids[accepted]);
+            (drafted, kept) = (drafted + draft.len(), kept + accepted);
+            d.computed(id, before, &hidden[..(accepted + 1) * h]);
+            d.accepted(id, &tokens);
+            // The drafted entries are gone; the kept positions' hidden states wait.
+            assert_eq!(d.state(id), Some((before, accepted + 1, 0)), "{kind:?} step {step}: {accepted} kept");
+            assert_eq!(cache.offset(), tokens.len() - 1);
+            d.check_sequence(id, cache.offset()).unwrap();
+        }
+        match kind {
+            tiny_mtp::Kind::Random => assert!(kept < drafted / 2, "{kind:?}: {kept} of {drafted} kept"),
+            _ => assert_eq!(kept, drafted, "{kind:?}: every draft is the model's own choice"),
+        }
+        assert!(d.blocks_used() > 0);
+        d.release(id);
+        assert_eq!((d.blocks_used(), d.state(id)), (0, None), "{kind:?}: release frees every block");
+        // Positions the drafter did not see (a bank hit, a resumed preemption): the cache starts
+        // over from the first one it is given.
+        d.computed(id, 30, &vec![0.5; 3 * h]);
+        assert_eq!(d.state(id), Some((0, 3, 30)));
+        d.check_sequence(id, 33).unwrap();
+        assert!(d.check_sequence(id, 34).is_err(), "a drafter out of step is reported");
+        d.computed(id, 40, &vec![0.5; h]);
+        assert_eq!(d.state(id), Some((0, 1, 40)), "a gap starts it over again");
+        d.release(id);
+        assert_eq!(d.blocks_used(), 0);
+    }
+}

@@ -208,6 +208,11 @@ pub trait Drafter {
     fn blocks_in_use(&self) -> usize {
         0
     }
+    /// Checks that the drafter's state of sequence `id` follows a target cache holding `offset`
+    /// positions, between steps (the scheduler's debug-build invariants).
+    fn check_sequence(&self, _id: u64, _offset: usize) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

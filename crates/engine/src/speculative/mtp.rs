@@ -332,4 +332,20 @@ impl Drafter for MtpDrafter {
     fn blocks_in_use(&self) -> usize {
         self.blocks_used()
     }
+
+    /// Between steps a sequence's MTP cache holds only entries built from the target's kept
+    /// hidden states, and with the pending rows it reaches the target's offset.
+    fn check_sequence(&self, id: u64, offset: usize) -> Result<(), String> {
+        let Some(s) = self.seqs.get(&id) else { return Ok(()) };
+        let pending = s.pending.len() / self.model.config.hidden;
+        if s.spec != 0 || s.base + s.cache.offset() + pending != offset {
+            return Err(format!(
+                "sequence {id}: MTP cache of {} entries ({} drafted) from position {} with {pending} pending, target at {offset}",
+                s.cache.offset(),
+                s.spec,
+                s.base
+            ));
+        }
+        Ok(())
+    }
 }
