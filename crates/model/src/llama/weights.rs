@@ -241,6 +241,12 @@ impl Weights {
         &self.file
     }
 
+    /// The file the weights are read from, shared (another view of the same model, such as a
+    /// drafter over its next-token-prediction layers, maps no second copy).
+    pub fn shared_file(&self) -> Arc<GgufFile> {
+        self.file.clone()
+    }
+
     /// Replaces every matrix by its f32 dequantization (the embedding included), so matrix
     /// products run on f32 activations without the 8-bit activation quantization the
     /// quantized kernels use. The values are exactly the model's weights; only the arithmetic

@@ -45,6 +45,9 @@ pub fn pi(t: u32) -> u32 {
 
 /// A written model and its tensors (`[rows, cols]` row-major values by name, as multiplied).
 pub struct TinyMtp {
+    /// The GGUF file's bytes (with a SentencePiece-style vocabulary: `<unk>`, `<s>`, `</s>`,
+    /// then `▁w3` …, so the binary can run it).
+    pub bytes: Vec<u8>,
     pub file: Arc<GgufFile>,
     pub arch: String,
     pub tensors: HashMap<String, Vec<f32>>,
@@ -73,6 +76,10 @@ pub fn tiny_mtp(arch: &str, seed: u64, kind: Kind, nextn: u32, skip: Option<&str
     w.set(&key("vocab_size"), v as u32);
     w.set(&key("attention.layer_norm_rms_epsilon"), EPS);
     w.set(&key("rope.freq_base"), ROPE_BASE);
+    let mut vocab: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    vocab.extend((3..VOCAB).map(|i| format!("\u{2581}w{i}")));
+    w.set("tokenizer.ggml.model", "llama");
+    w.set("tokenizer.ggml.tokens", vocab);
     let mut tensors: HashMap<String, Vec<f32>> = HashMap::new();
     // `[rows, cols]` uniform values of unit variance times `scale`, plus `offset`.
     let mut random = |rows: usize, cols: usize, scale: f32, offset: f32| -> Vec<f32> {
@@ -158,8 +165,9 @@ pub fn tiny_mtp(arch: &str, seed: u64, kind: Kind, nextn: u32, skip: Option<&str
             if rows_cols.0 == 1 { vec![rows_cols.1 as u64] } else { vec![rows_cols.1 as u64, rows_cols.0 as u64] };
         w.add_f32_tensor(name, &dims, values).unwrap();
     }
-    let file = Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap());
-    TinyMtp { file, arch: arch.to_string(), tensors }
+    let bytes = w.to_bytes();
+    let file = Arc::new(GgufFile::from_bytes(bytes.clone()).unwrap());
+    TinyMtp { bytes, file, arch: arch.to_string(), tensors }
 }
 
 /// `(rows, cols)` of a tensor of the tiny model by name.
