@@ -522,8 +522,12 @@ fn the_mtp_cache_holds_exactly_the_kept_positions_after_every_step() {
         cc.block_size = 8;
         cc.num_blocks = 256;
         let mut pool = kvcache::KvPool::new(cc).unwrap();
-        let policy =
-            kvcache::SequencePolicy { dynamic_growth: true, context_window: Some(1024), sliding_window: None, debug_blocks: false };
+        let policy = kvcache::SequencePolicy {
+            dynamic_growth: true,
+            context_window: Some(1024),
+            sliding_window: None,
+            debug_blocks: false,
+        };
         let mut cache = kvcache::SequenceCache::new(&mut pool, policy, 0).unwrap();
         let id = 7;
         let mut tokens: Vec<u32> = (0..21u32).map(|j| 3 + (j * 13) % 90).collect();

@@ -49,10 +49,7 @@ fn nextn_layers_leaving_no_main_layer_are_refused_naming_both_counts() {
     for nextn in [3, 4] {
         let t = tiny_mtp("llama", 1, Kind::Random, nextn, None);
         let e = Model::from_file(t.file, AttentionConfig::default()).err().expect("refused");
-        assert!(
-            matches!(e, ModelError::NextnLayers { nextn: n, block_count: 3, .. } if n == nextn as usize),
-            "{e:?}"
-        );
+        assert!(matches!(e, ModelError::NextnLayers { nextn: n, block_count: 3, .. } if n == nextn as usize), "{e:?}");
         let msg = e.to_string();
         assert!(msg.contains(&format!("llama.nextn_predict_layers is {nextn}")), "{msg}");
         assert!(msg.contains("llama.block_count is 3"), "{msg}");
@@ -76,7 +73,8 @@ fn pool(layers: usize) -> (KvPool, SequenceCache) {
     c.block_size = 8;
     c.num_blocks = 64;
     let mut pool = KvPool::new(c).unwrap();
-    let policy = SequencePolicy { dynamic_growth: true, context_window: Some(256), sliding_window: None, debug_blocks: false };
+    let policy =
+        SequencePolicy { dynamic_growth: true, context_window: Some(256), sliding_window: None, debug_blocks: false };
     let seq = SequenceCache::new(&mut pool, policy, 0).unwrap();
     (pool, seq)
 }
@@ -155,7 +153,12 @@ fn asking_for_hidden_states_changes_no_logit() {
     let prompts: [&[u32]; 3] = [&[5, 6, 7, 8, 9, 10, 11], &[40, 41, 42], &[90, 1, 2, 3, 4]];
     let run = |m: &mut Model, hidden: [bool; 3]| {
         let (mut p, _) = pool(LAYERS);
-        let policy = SequencePolicy { dynamic_growth: true, context_window: Some(256), sliding_window: None, debug_blocks: false };
+        let policy = SequencePolicy {
+            dynamic_growth: true,
+            context_window: Some(256),
+            sliding_window: None,
+            debug_blocks: false,
+        };
         let mut b = Batch::default();
         let mut seqs = Vec::new();
         for (i, toks) in prompts.iter().enumerate() {

@@ -245,7 +245,13 @@ impl Drafter for MtpDrafter {
                 let first = s.base + s.fed() + 1;
                 let logits = if last { Logits::Last } else { Logits::None };
                 let len = s.cache.offset() + t;
-                self.batch.push(&r.tokens[first..first + t], len, s.cache.pending_slots(), s.cache.block_table(), logits);
+                self.batch.push(
+                    &r.tokens[first..first + t],
+                    len,
+                    s.cache.pending_slots(),
+                    s.cache.block_table(),
+                    logits,
+                );
                 self.hidden_in.extend(s.pending.drain(..t * h));
                 members.push((ri, r.id));
                 if !last {

@@ -2,7 +2,10 @@
 //!
 //! One readable path, as in llama2.c: embed → per layer (RMSNorm, QKV projections, optional
 //! bias and q/k norms, RoPE, cache write, paged attention, output projection, residual,
-//! RMSNorm, SwiGLU MLP, residual) → final norm → logits for the rows asked for. Every buffer
+//! RMSNorm, SwiGLU MLP, residual) → final norm → logits for the rows asked for; the last
+//! hidden states of the sequences that ask (`BatchSeq::hidden`) leave before the final norm
+//! ([`Model::last_hidden`]). The block is one function ([`block_forward`]) that the
+//! next-token-prediction head (`mtp.rs`) runs too. Every buffer
 //! is allocated up front in [`Scratch`] and grows only when a larger batch arrives, so a
 //! decode step allocates nothing.
 //!

@@ -432,8 +432,16 @@ fn layer(file: &GgufFile, c: &ModelConfig, i: usize) -> Result<LayerWeights, Mod
         bq: opt(&n("attn_q.bias"), 1, q)?,
         bk: opt(&n("attn_k.bias"), 1, kv)?,
         bv: opt(&n("attn_v.bias"), 1, kv)?,
-        q_norm: if qk_norms { Some(get(&n("attn_q_norm.weight"), 1, d)?) } else { opt(&n("attn_q_norm.weight"), 1, d)? },
-        k_norm: if qk_norms { Some(get(&n("attn_k_norm.weight"), 1, d)?) } else { opt(&n("attn_k_norm.weight"), 1, d)? },
+        q_norm: if qk_norms {
+            Some(get(&n("attn_q_norm.weight"), 1, d)?)
+        } else {
+            opt(&n("attn_q_norm.weight"), 1, d)?
+        },
+        k_norm: if qk_norms {
+            Some(get(&n("attn_k_norm.weight"), 1, d)?)
+        } else {
+            opt(&n("attn_k_norm.weight"), 1, d)?
+        },
         post_attn_norm: post("post_attention_norm.weight")?,
         ffn_norm: get(&n("ffn_norm.weight"), 1, h)?,
         post_ffn_norm: post("post_ffw_norm.weight")?,
