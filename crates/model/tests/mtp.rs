@@ -5,7 +5,8 @@
 //! - the main forward's hidden states and logits, and the MTP head's logits and outputs (catch-up
 //!   in two chunks, then two chained draft steps) equal a naive f64 reference written from the
 //!   formulas (`tiny_mtp/mod.rs`), within 1e-4 of the largest magnitude;
-//! - asking for hidden states changes no logit (bit for bit) of a batch.
+//! - asking for hidden states changes no logit (bit for bit) of a batch, on the tiny f32 model
+//!   and on the quantized default model (skipped when absent).
 
 mod tiny_mtp;
 
@@ -181,4 +182,35 @@ fn asking_for_hidden_states_changes_no_logit() {
     // The second sequence asked for no logits: its hidden states are its own (not another's).
     let (_, alone) = run(&mut m, [false, true, false]);
     assert_eq!(alone, hidden[7 * HIDDEN..].to_vec());
+}
+
+#[test]
+fn asking_for_hidden_states_changes_no_logit_of_the_quantized_default_model() {
+    // The engine's path-invariant numerics over quantized weights: the extra rows that go through
+    // the last block when a prompt chunk asks for its hidden states change no other row.
+    let Some(path) = pagekv_testkit::dev::default_model("mtp hidden states") else { return };
+    let mut m = Model::load(&path, AttentionConfig::default()).unwrap();
+    pagekv_model::Forward::ensure_path_invariance(&mut m);
+    let c = m.config.clone();
+    let prompts: [Vec<u32>; 2] = [(0..40).map(|i| 100 + i * 37).collect(), (0..9).map(|i| 2000 + i * 11).collect()];
+    let run = |m: &mut Model, hidden: bool| {
+        let mut cc = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
+        cc.num_blocks = 16;
+        let mut p = KvPool::new(cc).unwrap();
+        let policy =
+            SequencePolicy { dynamic_growth: true, context_window: Some(256), sliding_window: None, debug_blocks: false };
+        let mut b = Batch::default();
+        let mut seqs = Vec::new();
+        for (i, toks) in prompts.iter().enumerate() {
+            let mut s = SequenceCache::new(&mut p, policy, 0).unwrap();
+            s.begin_append(&mut p, toks.len()).unwrap();
+            b.push(toks, toks.len(), s.pending_slots(), s.block_table(), [Logits::Last, Logits::All][i]);
+            if hidden && i == 0 {
+                b.keep_hidden();
+            }
+            seqs.push(s);
+        }
+        m.forward(&b, &mut p).unwrap().to_vec()
+    };
+    assert_eq!(run(&mut m, false), run(&mut m, true), "logits do not change when hidden states are kept");
 }
