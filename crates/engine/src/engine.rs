@@ -27,7 +27,7 @@ use crate::request::{EngineError, GenerationRequest, MAX_CHOICES, MAX_TOP_LOGPRO
 use crate::sampling::{Sampler, SamplingParams};
 use crate::scheduler::{Command, Limits, Scheduler};
 use crate::sequence::Sequence;
-use crate::speculative::DraftPool;
+use crate::speculative::{DraftMode, DraftPool};
 use crate::stop::StopMatcher;
 use crate::stream::{channel, RequestStream};
 
@@ -222,7 +222,11 @@ fn assemble<M: Forward>(
         true => None,
         false => {
             let pool = DraftPool { block_size: bs, num_blocks: cache.num_blocks, context_window };
-            config.speculative.drafter(pool).map_err(|e| EngineError::Model(format!("draft model: {e}")))?
+            let what = match config.speculative.mode {
+                DraftMode::Mtp(_) => "MTP drafter",
+                _ => "draft model",
+            };
+            config.speculative.drafter(pool).map_err(|e| EngineError::Model(format!("{what}: {e}")))?
         }
     };
     if drafter.as_ref().is_some_and(|d| d.wants_hidden()) && !model.hands_out_hidden() {
