@@ -197,8 +197,12 @@ fn asking_for_hidden_states_changes_no_logit_of_the_quantized_default_model() {
         let mut cc = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
         cc.num_blocks = 16;
         let mut p = KvPool::new(cc).unwrap();
-        let policy =
-            SequencePolicy { dynamic_growth: true, context_window: Some(256), sliding_window: None, debug_blocks: false };
+        let policy = SequencePolicy {
+            dynamic_growth: true,
+            context_window: Some(256),
+            sliding_window: None,
+            debug_blocks: false,
+        };
         let mut b = Batch::default();
         let mut seqs = Vec::new();
         for (i, toks) in prompts.iter().enumerate() {
