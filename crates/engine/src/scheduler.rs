@@ -26,6 +26,10 @@
 //!    same result and RNG use as from the full row (`Sampler::sample_top_k`), and the rare row
 //!    those entries cannot decide is sampled from `Forward::fetch_logits`.
 //!    `PAGEKV_DEV_REDUCED_SAMPLING=0` turns both off (every step reads the full rows).
+//!    When the drafter reads the model's hidden states (`Drafter::wants_hidden`: `mtp`), the
+//!    batch asks for those of every token fed to a sequence that may draft (`Batch::keep_hidden`),
+//!    and after the forward each such sequence's kept positions go to `Drafter::computed`
+//!    (`after_forward`, `verify_draft`); other steps and sequences ask for none.
 //!
 //! Planning takes no block; it counts the blocks it promises (`Budget::promised`), so the
 //! appends it then opens cannot fail for lack of blocks. Every request ends exactly once, with
@@ -601,7 +605,7 @@ impl<M: Forward> Scheduler<M> {
             let seq = &mut self.running[i];
             if let (Some(d), Some(r)) = (self.drafter.as_mut(), hidden) {
                 let h = self.model.config().hidden;
-                d.computed(seq.id, start, &self.model.last_hidden()[r * h..(r + t) * h]);
+                d.computed(seq.id, &seq.tokens, start, &self.model.last_hidden()[r * h..(r + t) * h]);
             }
             let cache = seq.cache.as_mut().expect("running sequences hold a cache");
             let offset = cache.offset();

@@ -538,7 +538,7 @@ fn the_mtp_cache_holds_exactly_the_kept_positions_after_every_step() {
             let last = start + chunk.len() == prompt.len();
             let (ids, hidden) =
                 target_step(&mut target, &mut pool, &mut cache, chunk, if last { Logits::Last } else { Logits::None });
-            d.computed(id, start, &hidden);
+            d.computed(id, &prompt, start, &hidden);
             assert_eq!(d.state(id), Some((0, cache.offset(), 0)), "{kind:?}: chunk {c} waits, nothing fed");
             d.check_sequence(id, cache.offset()).unwrap();
             if last {
@@ -560,7 +560,7 @@ fn the_mtp_cache_holds_exactly_the_kept_positions_after_every_step() {
             tokens.extend_from_slice(&draft[..accepted]);
             tokens.push(ids[accepted]);
             (drafted, kept) = (drafted + draft.len(), kept + accepted);
-            d.computed(id, before, &hidden[..(accepted + 1) * h]);
+            d.computed(id, &tokens, before, &hidden[..(accepted + 1) * h]);
             d.accepted(id, &tokens);
             // The drafted entries are gone; the kept positions' hidden states wait.
             assert_eq!(d.state(id), Some((before, accepted + 1, 0)), "{kind:?} step {step}: {accepted} kept");
@@ -576,13 +576,63 @@ fn the_mtp_cache_holds_exactly_the_kept_positions_after_every_step() {
         assert_eq!((d.blocks_used(), d.state(id)), (0, None), "{kind:?}: release frees every block");
         // Positions the drafter did not see (a bank hit, a resumed preemption): the cache starts
         // over from the first one it is given.
-        d.computed(id, 30, &vec![0.5; 3 * h]);
+        d.computed(id, &tokens, 30, &vec![0.5; 3 * h]);
         assert_eq!(d.state(id), Some((0, 3, 30)));
         d.check_sequence(id, 33).unwrap();
         assert!(d.check_sequence(id, 34).is_err(), "a drafter out of step is reported");
-        d.computed(id, 40, &vec![0.5; h]);
+        d.computed(id, &tokens, 40, &vec![0.5; h]);
         assert_eq!(d.state(id), Some((0, 1, 40)), "a gap starts it over again");
         d.release(id);
         assert_eq!(d.blocks_used(), 0);
     }
+}
+
+#[test]
+fn a_long_prompts_hidden_states_are_fed_before_they_pile_up() {
+    use pagekv_engine::speculative::{DraftRequest, Drafter, MtpDrafter};
+    use pagekv_model::Logits;
+    let t = tiny_mtp::tiny_mtp("llama", 21, tiny_mtp::Kind::Predictable { logit_scale: 8.0 }, 1, None);
+    let mut target = Model::from_file(t.file.clone(), AttentionConfig::default()).unwrap();
+    target.set_attn_numerics(pagekv_cpu::attention::AttnNumerics::Fast);
+    let mut d =
+        MtpDrafter::new(Model::from_file(t.file.clone(), AttentionConfig::default()).unwrap(), 256, 8, 1024).unwrap();
+    let mut cc = CacheConfig::new(tiny_mtp::LAYERS, tiny_mtp::KV_HEADS, tiny_mtp::HEAD_DIM);
+    cc.block_size = 8;
+    cc.num_blocks = 256;
+    let mut pool = kvcache::KvPool::new(cc).unwrap();
+    let policy = kvcache::SequencePolicy {
+        dynamic_growth: true,
+        context_window: Some(1024),
+        sliding_window: None,
+        debug_blocks: false,
+    };
+    let mut cache = kvcache::SequenceCache::new(&mut pool, policy, 0).unwrap();
+    let id = 3;
+    let mut tokens: Vec<u32> = (0..700u32).map(|j| 3 + (j * 29 + j / 7) % 90).collect();
+    let prompt = tokens.clone();
+    // (cache offset, pending) after each chunk of 256: the second chunk makes 512 wait, and all
+    // but the last are fed at once; the rest wait for the proposal.
+    let want = [(0, 256), (511, 1), (511, 189)];
+    for (c, chunk) in prompt.chunks(256).enumerate() {
+        let start = cache.offset();
+        let last = start + chunk.len() == prompt.len();
+        let (ids, hidden) =
+            target_step(&mut target, &mut pool, &mut cache, chunk, if last { Logits::Last } else { Logits::None });
+        d.computed(id, &prompt, start, &hidden);
+        let (offset, pending, _) = d.state(id).unwrap();
+        assert_eq!((offset, pending), want[c], "chunk {c}");
+        d.check_sequence(id, cache.offset()).unwrap();
+        if last {
+            tokens.push(ids[0]);
+        }
+    }
+    let mut draft = Vec::new();
+    d.propose(&mut [DraftRequest { id, tokens: &tokens, max: 3, draft: &mut draft }]);
+    // Every prompt position fed, two chained entries; the drafts are the model's next choices.
+    assert_eq!(d.state(id), Some((700 + 2, 0, 0)));
+    let feed = [&tokens[tokens.len() - 1..], &draft[..]].concat();
+    let (ids, _) = target_step(&mut target, &mut pool, &mut cache, &feed, Logits::All);
+    assert_eq!(draft[..], ids[..3], "the drafts are the target's greedy tokens");
+    d.release(id);
+    assert_eq!(d.blocks_used(), 0);
 }

@@ -179,7 +179,7 @@ impl<M: Forward> Scheduler<M> {
             if let Some(r) = hidden {
                 // The last token and the kept draft tokens: the positions the cache keeps.
                 let h = self.model.config().hidden;
-                d.computed(seq.id, start, &self.model.last_hidden()[r * h..(r + accepted + 1) * h]);
+                d.computed(seq.id, &seq.tokens, start, &self.model.last_hidden()[r * h..(r + accepted + 1) * h]);
             }
             d.accepted(seq.id, &seq.tokens);
         }

@@ -199,11 +199,12 @@ pub trait Drafter {
     fn wants_hidden(&self) -> bool {
         false
     }
-    /// The target computed and kept positions `start..start + rows` of sequence `id`; `hidden`
-    /// (`[rows, hidden]`) is their last hidden states, before the final norm. Called after every
-    /// step that fed the sequence (prompt chunks, decode steps; after a verification only the
-    /// kept positions, before [`Drafter::accepted`]), when [`Drafter::wants_hidden`].
-    fn computed(&mut self, _id: u64, _start: usize, _hidden: &[f32]) {}
+    /// The target computed and kept positions `start..start + rows` of sequence `id`, whose
+    /// tokens so far are `tokens` (the whole prompt during prefill); `hidden` (`[rows, hidden]`)
+    /// is their last hidden states, before the final norm. Called after every step that fed the
+    /// sequence (prompt chunks, decode steps; after a verification only the kept positions,
+    /// before [`Drafter::accepted`]), when [`Drafter::wants_hidden`].
+    fn computed(&mut self, _id: u64, _tokens: &[u32], _start: usize, _hidden: &[f32]) {}
     /// Blocks of the drafter's own pool in use (`EngineMetrics::draft_blocks_used`).
     fn blocks_in_use(&self) -> usize {
         0

@@ -10,8 +10,9 @@
 //! arrive through [`Drafter::computed`] after every step that fed the sequence — each prompt
 //! chunk, each decode step, and after a verification only the kept positions — and wait as
 //! `pending` rows until the next proposal, which feeds them (in chunks, batched over the
-//! sequences; the prompt's hidden states wait for the first proposal, so prefill costs one
-//! catch-up, not a forward per chunk) and gets the first draft token from the last one. Each
+//! sequences) and gets the first draft token from the last one; a long prompt's are fed as soon
+//! as [`CATCH_UP_TOKENS`] wait (all but the last, whose next token is not sampled yet), so they do
+//! not pile up (`[prompt, hidden]` f32) until the first proposal. Each
 //! further draft token chains: the MTP layer's own output plays the hidden state for the entry
 //! of the token just drafted. Those chained entries are speculative: they are trimmed before any
 //! new hidden state is fed, so after every step the cache holds exactly the entries built from
@@ -185,6 +186,45 @@ impl MtpDrafter {
         }
     }
 
+    /// Once [`CATCH_UP_TOKENS`] hidden states wait (a long prompt's), feeds those whose next
+    /// token is known, all but the last, in forwards of at most that many entries: a prompt's
+    /// hidden states do not pile up until its first proposal. (Shorter waits are fed by the
+    /// proposal, batched over the sequences.) A full pool leaves them waiting.
+    fn feed_long_pending(&mut self, id: u64, tokens: &[u32]) {
+        let h = self.model.config.hidden;
+        loop {
+            let Some(s) = self.seqs.get_mut(&id) else { return };
+            let pending = s.pending.len() / h;
+            // Entry `fed` pairs the hidden state at `base + fed` with the token after it.
+            let first = s.base + s.fed() + 1;
+            if pending < CATCH_UP_TOKENS {
+                return;
+            }
+            let known = tokens.len().saturating_sub(first).min(pending - 1);
+            if known == 0 {
+                return;
+            }
+            let t = known.min(CATCH_UP_TOKENS);
+            if s.cache.begin_append(&mut self.pool, t).is_err() {
+                return;
+            }
+            self.batch.clear();
+            self.hidden_in.clear();
+            let len = s.cache.offset() + t;
+            self.batch.push(
+                &tokens[first..first + t],
+                len,
+                s.cache.pending_slots(),
+                s.cache.block_table(),
+                Logits::None,
+            );
+            self.hidden_in.extend(s.pending.drain(..t * h));
+            if !self.run(&[(0, id)]) {
+                return;
+            }
+        }
+    }
+
     /// The greedy token and the MTP output of logit row `row` of the last forward.
     fn row(&self, row: usize, out: &mut [f32]) -> u32 {
         let (h, v) = (self.model.config.hidden, self.model.config.vocab_size);
@@ -307,7 +347,7 @@ impl Drafter for MtpDrafter {
         }
     }
 
-    fn computed(&mut self, id: u64, start: usize, hidden: &[f32]) {
+    fn computed(&mut self, id: u64, tokens: &[u32], start: usize, hidden: &[f32]) {
         let h = self.model.config.hidden;
         debug_assert_eq!(hidden.len() % h, 0);
         self.settle(id);
@@ -323,6 +363,7 @@ impl Drafter for MtpDrafter {
         }
         let s = self.seqs.get_mut(&id).expect("made above");
         s.pending.extend_from_slice(hidden);
+        self.feed_long_pending(id, tokens);
     }
 
     fn accepted(&mut self, id: u64, _tokens: &[u32]) {
