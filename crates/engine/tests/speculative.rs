@@ -15,7 +15,9 @@
 //!   and batched (with sequences that do not draft), on a tiny model whose MTP layer predicts
 //!   what the model will say (more than 90 % of the drafts kept) and on a random one; sampled
 //!   output passes the same chi-square test; drafting sequences survive preemption and
-//!   cancellation, and every block of the MTP pool comes back.
+//!   cancellation, and every block of the MTP pool comes back; driven step by step, the MTP
+//!   drafter's cache holds exactly the target's kept positions after every step (drafted entries
+//!   trimmed, pending hidden states counted), and a long prompt's are fed before they pile up.
 //!
 //! The default model's test needs SmolLM2 (skipped when absent, failed when
 //! `PAGEKV_REQUIRE_MODEL=1`).
