@@ -18,6 +18,11 @@ use pagekv_cpu::threadpool::ThreadPool;
 /// Runs `case` (one sequence, causal chunk of `q_len`) through the primitive path, then each
 /// of its queries alone at its own context over the same pages, and compares bit patterns.
 fn check_chunk_equals_single(case: &Case, pool: &Arc<ThreadPool>) {
+    check_chunk_equals_single_on(case, pool, AttnImpl::Primitive);
+}
+
+/// [`check_chunk_equals_single`] on the path `imp`.
+fn check_chunk_equals_single_on(case: &Case, pool: &Arc<ThreadPool>, imp: AttnImpl) {
     assert_eq!(case.contexts.len(), 1);
     let mut built = build(case);
     // Real models' heads differ in scale by orders of magnitude (Qwen's reach scores in the
@@ -34,7 +39,7 @@ fn check_chunk_equals_single(case: &Case, pool: &Arc<ThreadPool>) {
     let counters = CacheCounters::default();
     let row = built.num_heads * case.head_dim;
     for isa in isas() {
-        let config = fast_config(AttnImpl::Primitive, IsaChoice::Only(isa), case.partition_size);
+        let config = fast_config(imp, IsaChoice::Only(isa), case.partition_size);
         let mut attn = Attention::new(config, pool.clone());
         let p = built.params(case, &tables);
         let mut chunk = vec![f32::NAN; built.queries.len()];
@@ -74,6 +79,32 @@ fn a_query_gives_the_same_bits_alone_and_in_a_verification_chunk() {
             let mut case = Case::f16(d, hkv, group, q_len, vec![context], seed);
             case.format = format;
             check_chunk_equals_single(&case, &pool);
+        }
+    }
+}
+
+/// With a sliding window the chunk's read range starts at its first query's window, the
+/// queries alone at their own: tiles sit on a fixed grid (from 0, or from the partition's
+/// start) and every row block computes from the tile's first column, so each query's sums are
+/// the same either way — Gemma 3's local layers (head_dim 256, window 512) verifying drafts past
+/// the window, and SmolLM2's shape with a window that is not a multiple of the tile, on the
+/// primitive path and on partitions that are and are not multiples of the tile.
+#[test]
+fn a_windowed_query_gives_the_same_bits_alone_and_in_a_verification_chunk() {
+    let pool = Arc::new(ThreadPool::new(2));
+    let mut seed = 101;
+    for format in [KvFormat::F16, KvFormat::Q8] {
+        for (d, hkv, group, q_len, context, window) in
+            [(256, 1, 4, 9, 700, 512), (64, 3, 3, 9, 300, 100), (128, 2, 6, 5, 97, 45)]
+        {
+            for (imp, psize) in [(AttnImpl::Primitive, 512), (AttnImpl::Partitioned, 128), (AttnImpl::Partitioned, 100)] {
+                seed += 1;
+                let mut case = Case::f16(d, hkv, group, q_len, vec![context], seed);
+                case.format = format;
+                case.window = Some(window);
+                case.partition_size = psize;
+                check_chunk_equals_single_on(&case, &pool, imp);
+            }
         }
     }
 }

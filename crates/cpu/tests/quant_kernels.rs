@@ -22,8 +22,8 @@ use pagekv_cpu::quant::reference_q4k::{q4_k_dot, Q4KOrder};
 use pagekv_cpu::quant::reference_q5k::{q5_k_dot, q5_k_dot_tiled};
 use pagekv_cpu::quant::reference_q6k::{q6_k_dot, q6_k_dot_tiled, tiled_order};
 use pagekv_cpu::quant::{
-    dequantize_row, matmul, matmul_fused_with_isa, matmul_with_isa, Isa, MatmulPart, Q8Kind, QuantError, QuantScratch,
-    WeightType, WeightView,
+    dequantize_row, matmul, matmul_fused_ordered, matmul_fused_with_isa, matmul_with_isa, Isa, MatmulPart, Q8Kind,
+    QuantError, QuantScratch, SumOrder, WeightType, WeightView,
 };
 use pagekv_cpu::threadpool::ThreadPool;
 use rand::rngs::StdRng;
@@ -651,4 +651,55 @@ fn q5_k_sums_in_llama_cpps_order() {
         let dot = if tiled { q5_k_dot_tiled } else { q5_k_dot };
         (0..c.n * c.m).map(|at| dot(c.row(at % c.m), &c.q8k(at / c.m))).collect()
     });
+}
+
+/// [`SumOrder::RowInvariant`]: every output of an n-row call equals, bit for bit, the one-row call
+/// of its activation row — for every weight type, row count (verification steps, a prefill
+/// chunk past a panel), instruction set and thread count. Under [`SumOrder::LlamaCpp`] the
+/// K-quants' rows do depend on the row count (checked too, so the test tells the orders apart).
+#[test]
+fn row_invariant_order_gives_every_row_its_one_row_result() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(3)];
+    let mut scratch = QuantScratch::new();
+    let seed = fresh_seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut llama_differs = std::collections::HashSet::new();
+    for isa in Isa::available() {
+        for ty in WeightType::ALL {
+            let (m, k) = (37, if ty.block_elems() == 256 { 1024 } else { 640 });
+            let data = random_weights(&mut rng, ty, m, k);
+            let w = WeightView::new(ty, m, k, &data).unwrap();
+            for pool in &pools {
+                for n in [2usize, 3, 5, 9, 17, 70] {
+                    let x = normal_vec(&mut rng, n * k, 1.0);
+                    for order in [SumOrder::RowInvariant, SumOrder::LlamaCpp] {
+                        let mut all = vec![f32::NAN; n * m];
+                        let mut parts = [MatmulPart { w, out: &mut all }];
+                        matmul_fused_ordered(isa, order, &mut parts, &x, n, &mut scratch, pool).unwrap();
+                        let mut differ = 0;
+                        for j in 0..n {
+                            let mut one = vec![f32::NAN; m];
+                            matmul_with_isa(isa, w, &x[j * k..(j + 1) * k], 1, &mut one, &mut scratch, pool).unwrap();
+                            differ += (0..m).filter(|&r| one[r].to_bits() != all[j * m + r].to_bits()).count();
+                        }
+                        match order {
+                            SumOrder::RowInvariant => assert_eq!(
+                                differ,
+                                0,
+                                "seed {seed} {isa:?} {ty:?} n={n} threads {}: rows differ from one-row calls",
+                                pool.n_threads()
+                            ),
+                            SumOrder::LlamaCpp if differ > 0 => {
+                                llama_differs.insert(ty);
+                            }
+                            SumOrder::LlamaCpp => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for ty in [WeightType::Q4K, WeightType::Q6K] {
+        assert!(llama_differs.contains(&ty), "seed {seed}: llama.cpp's {ty:?} orders no longer depend on the row count");
+    }
 }

@@ -547,6 +547,10 @@ __device__ void qfill(u8* __restrict__ data, u16* __restrict__ hdr, u64 blocks, 
 #define PK_QGEMV_N(QT, NAME, F, SUFFIX, ...)                                                                   \
     PK_QGEMV(QT, NAME, 1, F, SUFFIX, __VA_ARGS__) PK_QGEMV(QT, NAME, 2, F, SUFFIX, __VA_ARGS__)                \
     PK_QGEMV(QT, NAME, 3, F, SUFFIX, __VA_ARGS__) PK_QGEMV(QT, NAME, 4, F, SUFFIX, __VA_ARGS__)
+// 5..=8 token rows (QGEMV_MAX_N): a verification step of up to 7 draft tokens in one pass.
+#define PK_QGEMV_N8(QT, NAME, F, SUFFIX, ...)                                                                  \
+    PK_QGEMV(QT, NAME, 5, F, SUFFIX, __VA_ARGS__) PK_QGEMV(QT, NAME, 6, F, SUFFIX, __VA_ARGS__)                \
+    PK_QGEMV(QT, NAME, 7, F, SUFFIX, __VA_ARGS__) PK_QGEMV(QT, NAME, 8, F, SUFFIX, __VA_ARGS__)
 #define PK_QMATRIX(QT, NAME)                                                                                   \
     extern "C" __global__ void __launch_bounds__(QD_THREADS) pk_qdequant_##NAME(u16* out, const u8* data, const u16* hdr, u32 first_row,      \
                                                   u32 nrows, u32 cols) {                                       \
@@ -560,11 +564,11 @@ __device__ void qfill(u8* __restrict__ data, u16* __restrict__ hdr, u64 blocks, 
         qfill<QT>(data, hdr, blocks, scale, seed);                                                             \
     }
 
-PK_QMATRIX(QT_Q4_0, q4_0) PK_QGEMV_N(QT_Q4_0, q4_0, qgemv, )
-PK_QMATRIX(QT_Q4_1, q4_1) PK_QGEMV_N(QT_Q4_1, q4_1, qgemv, )
-PK_QMATRIX(QT_Q5_0, q5_0) PK_QGEMV_N(QT_Q5_0, q5_0, qgemv, )
-PK_QMATRIX(QT_Q5_1, q5_1) PK_QGEMV_N(QT_Q5_1, q5_1, qgemv, )
-PK_QMATRIX(QT_Q8_0, q8_0) PK_QGEMV_N(QT_Q8_0, q8_0, qgemv, )
-PK_QMATRIX(QT_Q4_K, q4_k) PK_QGEMV_N(QT_Q4_K, q4_k, qgemv_k, , , 1) PK_QGEMV_N(QT_Q4_K, q4_k, qgemv_k, _i2, , 2)
-PK_QMATRIX(QT_Q5_K, q5_k) PK_QGEMV_N(QT_Q5_K, q5_k, qgemv_k, , , 1) PK_QGEMV_N(QT_Q5_K, q5_k, qgemv_k, _i2, , 2)
-PK_QMATRIX(QT_Q6_K, q6_k) PK_QGEMV_N(QT_Q6_K, q6_k, qgemv_k, , , 1) PK_QGEMV_N(QT_Q6_K, q6_k, qgemv_k, _i2, , 2)
+PK_QMATRIX(QT_Q4_0, q4_0) PK_QGEMV_N(QT_Q4_0, q4_0, qgemv, ) PK_QGEMV_N8(QT_Q4_0, q4_0, qgemv, )
+PK_QMATRIX(QT_Q4_1, q4_1) PK_QGEMV_N(QT_Q4_1, q4_1, qgemv, ) PK_QGEMV_N8(QT_Q4_1, q4_1, qgemv, )
+PK_QMATRIX(QT_Q5_0, q5_0) PK_QGEMV_N(QT_Q5_0, q5_0, qgemv, ) PK_QGEMV_N8(QT_Q5_0, q5_0, qgemv, )
+PK_QMATRIX(QT_Q5_1, q5_1) PK_QGEMV_N(QT_Q5_1, q5_1, qgemv, ) PK_QGEMV_N8(QT_Q5_1, q5_1, qgemv, )
+PK_QMATRIX(QT_Q8_0, q8_0) PK_QGEMV_N(QT_Q8_0, q8_0, qgemv, ) PK_QGEMV_N8(QT_Q8_0, q8_0, qgemv, )
+PK_QMATRIX(QT_Q4_K, q4_k) PK_QGEMV_N(QT_Q4_K, q4_k, qgemv_k, , , 1) PK_QGEMV_N8(QT_Q4_K, q4_k, qgemv_k, , , 1) PK_QGEMV_N(QT_Q4_K, q4_k, qgemv_k, _i2, , 2)
+PK_QMATRIX(QT_Q5_K, q5_k) PK_QGEMV_N(QT_Q5_K, q5_k, qgemv_k, , , 1) PK_QGEMV_N8(QT_Q5_K, q5_k, qgemv_k, , , 1) PK_QGEMV_N(QT_Q5_K, q5_k, qgemv_k, _i2, , 2)
+PK_QMATRIX(QT_Q6_K, q6_k) PK_QGEMV_N(QT_Q6_K, q6_k, qgemv_k, , , 1) PK_QGEMV_N8(QT_Q6_K, q6_k, qgemv_k, , , 1) PK_QGEMV_N(QT_Q6_K, q6_k, qgemv_k, _i2, , 2)

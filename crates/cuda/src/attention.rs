@@ -57,7 +57,7 @@ use crate::shapes::{
     tc_shape, tc_supported, tc_vreg_call, tc_vreg_smem_bytes,
 };
 use crate::spec::ModuleSpec;
-use crate::tuning::{DecodeGrid, TcTuning};
+use crate::tuning::{DecodeGrid, TcTuning, INVARIANT_PARTITION};
 use crate::CudaError;
 
 /// Largest query-head group per kv head the kernels serve (accumulators live in registers).
@@ -258,6 +258,7 @@ impl DecodeAttention {
         use kvcache::PageStore;
         let g = pages.geometry();
         if self.grid.resolve(self.tc()) != DecodeGrid::StreamK
+            || self.device.tuning().batch_invariant
             || self.kernel.resolve(&self.device, g.format, g.head_dim, group) != "tc"
             || pages.rotation_args().0 != 0
             || num_seqs * g.num_kv_heads * max_context.div_ceil(16) >= 1 << 31
@@ -297,6 +298,8 @@ impl DecodeAttention {
     /// The route `auto` takes for a batch over `pages`: the partitioned route with the
     /// measured partition size of the kernel that serves the format, or the primitive route
     /// when that would be a single partition.
+    /// In batch-invariant mode ([`CudaTuning::batch_invariant`](crate::CudaTuning)) always the
+    /// partitioned route with [`INVARIANT_PARTITION`]-token partitions.
     pub fn auto_route(
         &self,
         pages: &DevicePages,
@@ -305,6 +308,9 @@ impl DecodeAttention {
         max_context: usize,
     ) -> DecodeRoute {
         use kvcache::PageStore;
+        if self.device.tuning().batch_invariant {
+            return DecodeRoute::Partitioned { partition_size: INVARIANT_PARTITION };
+        }
         let g = pages.geometry();
         let group = num_heads / g.num_kv_heads.max(1);
         let sms = self.device.sm_count();
@@ -377,13 +383,18 @@ impl DecodeAttention {
         let d = g.head_dim;
         let module = self.device.module(&ModuleSpec::Kv { format: g.format, head_dim: d, group })?;
         let span = b.sliding_window.map_or(b.max_context_len, |w| w.min(b.max_context_len)).max(1);
+        let invariant = self.device.tuning().batch_invariant;
         let (parts, part_size) = match route {
             DecodeRoute::Primitive => (1, span),
             DecodeRoute::Partitioned { partition_size } => {
                 if partition_size == 0 {
                     return Err(CudaError::Invalid("partition_size 0".into()));
                 }
-                (span.div_ceil(partition_size), partition_size)
+                // Batch-invariant: never the one-partition grid (the kernels finish such a row
+                // in place, `direct`): a row of one partition is merged like every other, so
+                // its result does not depend on the longest context of the call.
+                let parts = span.div_ceil(partition_size);
+                (if invariant { parts.max(2) } else { parts }, partition_size)
             }
         };
         if parts > 65535 {
@@ -433,11 +444,13 @@ impl DecodeAttention {
         let (f, threads, smem, heads_per_cta) = if tc {
             let t = &dev.tuning().tc;
             let sms = self.device.sm_count();
-            let hpc = tc_heads_per_cta(t, g.format, d, g.num_kv_heads, b.num_seqs, sms);
+            // Batch-invariant: one kv head per CTA and one kernel variant whatever the call's
+            // size (both change how a partition's tiles are split over warps).
+            let hpc = if invariant { 1 } else { tc_heads_per_cta(t, g.format, d, g.num_kv_heads, b.num_seqs, sms) };
             let ctas = g.num_kv_heads / hpc * b.num_seqs * parts;
             let (f, smem) = if t.base {
                 (base_function(t, &module, g.format, d)?, decode_tc_smem_bytes_for(t, g.format, d, group))
-            } else if tc_vreg_call(t, g.format, d, group, ctas, sms) {
+            } else if !invariant && tc_vreg_call(t, g.format, d, group, ctas, sms) {
                 self.vreg_launches += 1;
                 (module.function("pk_decode_tc_vreg")?, tc_vreg_smem_bytes(t, g.format, d, group))
             } else {

@@ -1,5 +1,6 @@
-//! The CUDA backend's developer switches (`PAGEKV_DEV_CUDA_*`, `PAGEKV_DEV_NVRTC_VERBOSE`) and
-//! the kernel cache's directory (`PAGEKV_HOME`), parsed into one [`CudaTuning`]: kernel choices
+//! The CUDA backend's developer switches (`PAGEKV_DEV_CUDA_*`, `PAGEKV_DEV_NVRTC_VERBOSE`), the
+//! batch-invariant mode (`PAGEKV_BATCH_INVARIANT`, the binary's `--batch-invariant`) and the
+//! kernel cache's directory (`PAGEKV_HOME`), parsed into one [`CudaTuning`]: kernel choices
 //! kept for same-process comparisons and tuning runs. Each switch has one parser here, so a
 //! value outside the accepted ones is an error naming them — never a silent default. An empty
 //! value counts as unset.
@@ -43,6 +44,7 @@ pub fn tuning_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Cud
         },
         kernel_cache: kernel_cache_dir(&v),
         nvrtc_verbose: v.switch("PAGEKV_DEV_NVRTC_VERBOSE", d.nvrtc_verbose)?,
+        batch_invariant: v.switch("PAGEKV_BATCH_INVARIANT", d.batch_invariant)?,
     })
 }
 
@@ -204,6 +206,10 @@ mod tests {
         assert!(!parse(&[("PAGEKV_DEV_CUDA_GRAPH", "Off")]).unwrap().graphs);
         assert!(parse(&[("PAGEKV_DEV_CUDA_GRAPH", "")]).unwrap().graphs);
         assert!(parse(&[("PAGEKV_DEV_CUDA_TC_BASE", "yes")]).unwrap().tc.base);
+        assert!(parse(&[("PAGEKV_BATCH_INVARIANT", "on")]).unwrap().batch_invariant);
+        assert!(!parse(&[]).unwrap().batch_invariant);
+        let e = parse(&[("PAGEKV_BATCH_INVARIANT", "exact")]).unwrap_err().to_string();
+        assert!(e.contains("PAGEKV_BATCH_INVARIANT") && e.contains(SWITCH_VALUES), "{e}");
 
         let e = parse(&[("PAGEKV_DEV_CUDA_PREFILL_MIN", "12x")]).unwrap_err().to_string();
         assert!(e.contains("\"12x\"") && e.contains("a token count ≥ 1"), "{e}");

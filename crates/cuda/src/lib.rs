@@ -93,7 +93,7 @@ pub use spec::ModuleSpec;
 #[cfg(feature = "cuda")]
 pub use topk::{TopK, TopKPlan, TOP_K_CHUNKS, TOP_K_MAX, TOP_K_MERGE_CAP, TOP_K_NONE};
 #[cfg(feature = "cuda")]
-pub use tuning::{CudaTuning, DecodeGrid, GemvShape, TcTuning, GEMV_ROWS_PER_WARP};
+pub use tuning::{CudaTuning, DecodeGrid, GemvShape, TcTuning, GEMV_ROWS_PER_WARP, INVARIANT_PARTITION};
 
 /// Number of CUDA devices, or why there is no usable CUDA (no feature, no driver, init failed).
 pub fn probe() -> Result<usize, CudaError> {

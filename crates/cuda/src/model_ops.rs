@@ -585,17 +585,43 @@ impl ModelOps {
         n: usize,
         accumulate: bool,
     ) -> Result<(), CudaError> {
+        self.gemv_rows(out, x, w, prologue, rows, 0, n, accumulate)
+    }
+
+    /// [`Self::gemv`] for token rows `first..first + n`: rows `first..first + n` of
+    /// `out [·, w.rows]` (+)= `x' · wᵀ`, with `x'` the prologue of rows `rows[first..first + n]`
+    /// of `x` when given, else rows `first..first + n`. Each output row is summed in the same
+    /// order whatever `n` and `first` are (the row split over blocks depends on `w` alone).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_rows(
+        &self,
+        out: &mut CudaSlice<f32>,
+        x: &CudaSlice<f32>,
+        w: &DeviceMatrix,
+        prologue: Prologue,
+        rows: Option<&CudaSlice<u32>>,
+        first: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
         let in_width = prologue.in_width(w.cols);
+        let end = first + n;
         let bad = !self.gemv_serves(w, n)
-            || out.len() < n * w.rows
-            || (rows.is_none() && x.len() < n * in_width)
-            || rows.is_some_and(|r| r.len() < n)
+            || out.len() < end * w.rows
+            || (rows.is_none() && x.len() < end * in_width)
+            || rows.is_some_and(|r| r.len() < end)
             || matches!(prologue, Prologue::RmsNorm { w: nw, .. } if nw.len() < w.cols);
         if bad {
-            return Err(CudaError::Invalid(format!("gemv of {n} rows against [{}, {}]", w.rows, w.cols)));
+            return Err(CudaError::Invalid(format!("gemv of rows {first}..{end} against [{}, {}]", w.rows, w.cols)));
         }
         let (mode, nw, eps) = prologue.mode(&self.device);
-        let (y, wp, xp, rp) = (self.p(out), w.ptr(&self.device), self.p(x), rows.map_or(0, |r| self.p(r)));
+        let y = self.p(out) + 4 * (first * w.rows) as u64;
+        // Gathered rows start at rows[first]; otherwise x starts at row `first`.
+        let (xp, rp) = match rows {
+            Some(r) => (self.p(x), self.p(r) + 4 * first as u64),
+            None => (self.p(x) + 4 * (first * in_width) as u64, 0),
+        };
+        let wp = w.ptr(&self.device);
         // The split kernel's prologue reads x and the norm weights 16 bytes at a time (device
         // allocations are 256-byte aligned; this guards against views).
         if xp % 16 != 0 || nw % 16 != 0 || wp % 16 != 0 {

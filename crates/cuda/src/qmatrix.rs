@@ -101,8 +101,9 @@ impl QuantMatrix {
     }
 }
 
-/// Most token rows one [`QuantOps::gemv`] launch serves.
-pub const QGEMV_MAX_N: usize = 4;
+/// Most token rows one [`QuantOps::gemv`] launch serves: a verification step of up to 7 draft
+/// tokens reads the weights once.
+pub const QGEMV_MAX_N: usize = 8;
 
 /// Warps per block of the decode product (`QG_WARPS` in `kernels/qmatrix.cu`).
 const QG_WARPS: usize = 32;

@@ -43,7 +43,21 @@ pub struct CudaTuning {
     pub kernel_cache: Option<PathBuf>,
     /// Print NVRTC's log (ptxas register and spill counts) for every kernel module compiled.
     pub nvrtc_verbose: bool,
+    /// Batch-invariant kernels: every token row's result depends on that row's inputs and
+    /// context alone, never on how many rows or sequences share its step, so a token computed
+    /// in a multi-token (speculative) step equals the one computed alone, bit for bit. Costs
+    /// speed: decode attention always splits the context into partitions of
+    /// [`INVARIANT_PARTITION`] tokens merged by `pk_merge` (no stream-K grid, no V-in-registers
+    /// variant, one kv head per CTA), every token row takes the decode attention kernel (no
+    /// prefill kernel), and every matrix product runs the matrix-vector kernels a few rows at a
+    /// time (no cuBLAS). Off by default (`PAGEKV_BATCH_INVARIANT`).
+    pub batch_invariant: bool,
 }
+
+/// Tokens per partition of the decode attention in batch-invariant mode
+/// ([`CudaTuning::batch_invariant`]): a multiple of both kernels' tiles (32 and 64); the
+/// partition size the H200 measured best for one sequence at 4,096 tokens.
+pub const INVARIANT_PARTITION: usize = 256;
 
 impl Default for CudaTuning {
     fn default() -> CudaTuning {
@@ -58,6 +72,7 @@ impl Default for CudaTuning {
             topk_chunk: None,
             kernel_cache: None,
             nvrtc_verbose: false,
+            batch_invariant: false,
         }
     }
 }

@@ -4,7 +4,7 @@
 //! - dequantization into bf16 tiles equals the reference rounded to bf16 (equal values, ±0 alike; a row
 //!   range of the matrix, into a tile with more rows);
 //! - row lookups into f32 equal the reference (equal values);
-//! - the decode product (1..=4 token rows, a first-row offset, written into a column range of a
+//! - the decode product (1..=QGEMV_MAX_N token rows, a first-row offset, written into a column range of a
 //!   wider output, overwrite and accumulate, every prologue — conversion, RMSNorm of gathered
 //!   rows, SiLU·mul, GELU·mul) is within the bound its int8 input allows: the sum over a row of
 //!   |weight| · (the input block's amax / 254), plus float rounding;
@@ -28,7 +28,7 @@ mod gpu {
 
     use half::{bf16, f16};
     use pagekv_cpu::quant::{dequantize_row, WeightType};
-    use pagekv_cuda::{CudaError, DType, DeviceMatrix, ModelOps, Prologue, QuantMatrix, QuantType};
+    use pagekv_cuda::{CudaError, DType, DeviceMatrix, ModelOps, Prologue, QuantMatrix, QuantType, QGEMV_MAX_N};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
@@ -196,7 +196,7 @@ mod gpu {
                 let wv = reference(qt, &bytes, rows, cols);
                 let w = QuantMatrix::upload(dev, qt, rows, cols, &bytes).unwrap();
                 for mode in 0..4u32 {
-                    for n in 1..=4usize {
+                    for n in 1..=QGEMV_MAX_N {
                         let (first, total) = (2usize, n + 3);
                         let (col, ldo) = (5usize, rows + 9);
                         let width = if mode >= 2 { 2 * cols } else { cols };

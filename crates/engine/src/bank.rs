@@ -398,7 +398,13 @@ mod tests {
     }
 
     fn policy() -> SequencePolicy {
-        SequencePolicy { dynamic_growth: true, context_window: None, sliding_window: None, debug_blocks: false }
+        SequencePolicy {
+            dynamic_growth: true,
+            context_window: None,
+            sliding_window: None,
+            debug_blocks: false,
+            trim_margin: 0,
+        }
     }
 
     /// The engine's template: the policy, no block.

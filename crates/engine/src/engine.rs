@@ -170,11 +170,16 @@ fn assemble<M: Forward>(
     // Layers with their own window get their own block tables (when the backend reads them).
     cache.hybrid &= model.reads_layer_groups();
     cache.set_layer_windows(&mc.layer_windows).map_err(|e| EngineError::Config(e.to_string()))?;
+    // Drafts are trimmed back after verification: with a drafter, windowed groups keep what a
+    // query up to `draft_tokens` positions back reaches, so the trim leaves every window whole
+    // (a sliding group holds up to ⌈draft_tokens / block_size⌉ blocks more).
+    let drafting = config.speculative.mode != DraftMode::Off;
     let policy = SequencePolicy {
         dynamic_growth: false,
         context_window: Some(context_window),
         sliding_window: cache.sliding_window,
         debug_blocks: cache.debug_blocks,
+        trim_margin: if drafting { config.speculative.draft_tokens } else { 0 },
     };
     let pool = model.new_pool(cache.clone()).map_err(|e| EngineError::Config(e.to_string()))?;
     let bs = cache.block_size;
@@ -214,21 +219,12 @@ fn assemble<M: Forward>(
         speculative: config.speculative.clone(),
     };
     let bank = SessionBank::new(bank_config, cache.num_blocks, bs, block_bytes);
-    // Drafts are trimmed back after verification; a window that already reclaimed the blocks
-    // before its start could not move back with them, so windowed pools do not draft.
-    // Sliding layer groups free blocks the same way.
-    let windowed = cache.sliding_window.is_some() || !cache.groups.is_single();
-    let drafter = match windowed {
-        true => None,
-        false => {
-            let pool = DraftPool { block_size: bs, num_blocks: cache.num_blocks, context_window };
-            let what = match config.speculative.mode {
-                DraftMode::Mtp(_) => "MTP drafter",
-                _ => "draft model",
-            };
-            config.speculative.drafter(pool).map_err(|e| EngineError::Model(format!("{what}: {e}")))?
-        }
+    let draft_pool = DraftPool { block_size: bs, num_blocks: cache.num_blocks, context_window };
+    let what = match config.speculative.mode {
+        DraftMode::Mtp(_) => "MTP drafter",
+        _ => "draft model",
     };
+    let drafter = config.speculative.drafter(draft_pool).map_err(|e| EngineError::Model(format!("{what}: {e}")))?;
     if drafter.as_ref().is_some_and(|d| d.wants_hidden()) && !model.hands_out_hidden() {
         return Err(EngineError::Config(format!(
             "the {} drafter needs the model's hidden states, which the {} backend does not hand out",

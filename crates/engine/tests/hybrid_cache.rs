@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use kvcache::{CacheConfig, GroupKind, KvFormat, NULL_BLOCK};
 use pagekv_cpu::attention::AttentionConfig;
-use pagekv_engine::{Engine, Event, GenerationRequest, Generator, RequestStream};
+use pagekv_engine::{DraftMode, Engine, Event, GenerationRequest, Generator, RequestStream, SpeculativeConfig};
 use pagekv_model::gguf::GgufFile;
 use pagekv_model::tokenizer::Tokenizer;
 use pagekv_model::Model;
@@ -169,10 +169,19 @@ fn tokens(mut s: RequestStream) -> (Vec<u32>, usize) {
 /// model whose layer 0 sees the last 16 tokens; returns every request's tokens and cached
 /// prompt tokens, and the engine's final metrics.
 fn run_windowed_engine(hybrid: bool) -> (Vec<(Vec<u32>, usize)>, pagekv_engine::EngineMetrics) {
+    run_windowed_engine_with(hybrid, SpeculativeConfig::default())
+}
+
+/// [`run_windowed_engine`] with `speculative` drafting.
+fn run_windowed_engine_with(
+    hybrid: bool,
+    speculative: SpeculativeConfig,
+) -> (Vec<(Vec<u32>, usize)>, pagekv_engine::EngineMetrics) {
     let mut model = common::tiny_model(11, "tiny-windowed");
     model.config.layer_windows = vec![Some(16), None];
     let mut config = common::engine_config(40, true);
     config.cache.hybrid = hybrid;
+    config.speculative = speculative;
     let engine = Engine::start(model, common::tokenizer(), config).unwrap();
     let h = engine.handle();
     let vocab = common::VOCAB as u32;
@@ -215,4 +224,27 @@ fn the_engine_over_sliding_groups_keeps_the_masked_tokens_and_frees_every_block(
     }
     assert!(hm.bank_hits > 0 && mm.bank_hits > 0);
     assert_eq!((hm.blocks_used, mm.blocks_used), (0, 0), "every block went back to the pool or the bank");
+}
+
+/// Drafting over sliding groups: verification trims rejected draft tokens, so the groups keep
+/// what a query `draft_tokens` back reaches (`SequencePolicy::trim_margin`). The tokens equal the
+/// masking-only engine's without drafts, drafts are kept and rejected, every block comes back.
+#[test]
+fn the_engine_drafts_over_sliding_groups_and_keeps_the_masked_tokens() {
+    let ngram = |k| SpeculativeConfig {
+        mode: DraftMode::Ngram,
+        draft_tokens: k,
+        ngram_min: 1,
+        ngram_max: 4,
+        ..Default::default()
+    };
+    let (masked, _) = run_windowed_engine(false);
+    let ids = |v: &[(Vec<u32>, usize)]| v.iter().map(|x| x.0.clone()).collect::<Vec<_>>();
+    for k in [3, 8, 20] {
+        let (drafted, m) = run_windowed_engine_with(true, ngram(k));
+        assert_eq!(ids(&drafted), ids(&masked), "{k} draft tokens: tokens differ from the masking-only engine");
+        assert!(m.draft_accepted_tokens > 0, "{k} draft tokens: some drafts kept: {m:?}");
+        assert!(m.draft_accepted_tokens < m.draft_tokens, "{k} draft tokens: some drafts rejected: {m:?}");
+        assert_eq!(m.blocks_used, 0, "{k} draft tokens: every block went back to the pool or the bank");
+    }
 }

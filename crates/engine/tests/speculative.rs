@@ -529,6 +529,7 @@ fn the_mtp_cache_holds_exactly_the_kept_positions_after_every_step() {
             context_window: Some(1024),
             sliding_window: None,
             debug_blocks: false,
+            trim_margin: 0,
         };
         let mut cache = kvcache::SequenceCache::new(&mut pool, policy, 0).unwrap();
         let id = 7;
@@ -607,6 +608,7 @@ fn a_long_prompts_hidden_states_are_fed_before_they_pile_up() {
         context_window: Some(1024),
         sliding_window: None,
         debug_blocks: false,
+        trim_margin: 0,
     };
     let mut cache = kvcache::SequenceCache::new(&mut pool, policy, 0).unwrap();
     let id = 3;

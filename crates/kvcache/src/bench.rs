@@ -107,8 +107,13 @@ pub fn bench_cache(cfg: &CacheBenchConfig) -> Result<Vec<CacheBenchRow>, CacheBe
         config.block_size = cfg.block_size;
         config.num_blocks = tokens.div_ceil(cfg.block_size) + 1;
         let mut pool = KvPool::new(config)?;
-        let policy =
-            SequencePolicy { dynamic_growth: false, context_window: None, sliding_window: None, debug_blocks: false };
+        let policy = SequencePolicy {
+            dynamic_growth: false,
+            context_window: None,
+            sliding_window: None,
+            debug_blocks: false,
+            trim_margin: 0,
+        };
 
         let decode_s = median(cfg.runs, || -> Result<f64, CacheError> {
             let mut seq = SequenceCache::new(&mut pool, policy, tokens)?;

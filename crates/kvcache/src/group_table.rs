@@ -6,7 +6,7 @@
 //!   sequence holds one reference on; `table.len() * block_size ≥ offset`;
 //! - the table only grows at the end; reclamation only nulls entries at the front;
 //! - a sliding group ([`GroupKind::Sliding`]) holds at most `⌈W / block_size⌉ + 1` blocks
-//!   between steps: it reclaims before an append and again when the append commits. It keeps
+//!   between steps (`⌈W / block_size⌉ + ⌈m / block_size⌉ + 1` with the policy's trim margin `m`): it reclaims before an append and again when the append commits. It keeps
 //!   what a query at the start of its last block reaches (not just one at the newest
 //!   position: the bound is the same), so the sequence can still be cut back to that block
 //!   boundary — which is where the session bank forks a prefix.
@@ -111,7 +111,8 @@ impl GroupTable {
         let end = p0 + t;
         let mut plan = GroupPlan { reclaim_to: self.first_live, ..GroupPlan::default() };
         if let Some(w) = self.window(seq_window) {
-            plan.reclaim_to = self.reclaimable_before(self.reclaim_pos(p0, bs), w, bs).max(self.first_live);
+            let pos = self.reclaim_pos(p0.saturating_sub(policy.trim_margin), bs);
+            plan.reclaim_to = self.reclaimable_before(pos, w, bs).max(self.first_live);
         }
         let reclaimed = plan.reclaim_to - self.first_live;
         plan.freed_by_reclaim =
@@ -180,16 +181,18 @@ impl GroupTable {
         self.first_live = to;
     }
 
-    /// Frees what no query at `offset` or later can reach under the group's window (if any).
+    /// Frees what no query at `offset − margin` or later can reach under the group's window
+    /// (if any): a trim of up to `margin` tokens keeps the window whole.
     pub(crate) fn reclaim_window<S: PageStore>(
         &mut self,
         pool: &mut KvPool<S>,
         offset: usize,
+        margin: usize,
         seq_window: Option<usize>,
         bs: usize,
     ) {
         if let Some(w) = self.window(seq_window) {
-            let to = self.reclaimable_before(self.reclaim_pos(offset, bs), w, bs);
+            let to = self.reclaimable_before(self.reclaim_pos(offset.saturating_sub(margin), bs), w, bs);
             self.reclaim(pool, to);
         }
     }

@@ -11,6 +11,12 @@ pub struct SequencePolicy {
     pub sliding_window: Option<usize>,
     /// Print the block table on growth, trim and fork.
     pub debug_blocks: bool,
+    /// Tokens the sequence may be trimmed back right after an append (a speculative step trims
+    /// its rejected draft tokens): windowed groups free only what no query at `offset −
+    /// trim_margin` or later reaches, so such a trim leaves every window whole. A sliding group
+    /// then holds at most `⌈W / block_size⌉ + ⌈trim_margin / block_size⌉ + 1` blocks. 0: blocks
+    /// go as soon as the newest query cannot reach them.
+    pub trim_margin: usize,
 }
 
 impl SequencePolicy {
@@ -20,6 +26,7 @@ impl SequencePolicy {
             context_window: c.context_window,
             sliding_window: c.sliding_window,
             debug_blocks: c.debug_blocks,
+            trim_margin: 0,
         }
     }
 }

@@ -404,7 +404,13 @@ impl SequenceCache {
             self.valid_end = self.valid_end.max(self.offset);
             CacheCounters::add(&pool.counters().tokens_written, p.len as u64);
             for g in self.groups.iter_mut().filter(|g| g.is_sliding()) {
-                g.reclaim_window(pool, self.offset, self.policy.sliding_window, self.block_size);
+                g.reclaim_window(
+                    pool,
+                    self.offset,
+                    self.policy.trim_margin,
+                    self.policy.sliding_window,
+                    self.block_size,
+                );
             }
         }
     }
@@ -570,7 +576,7 @@ impl SequenceCache {
         self.ensure_idle()?;
         self.policy.sliding_window = window;
         for g in &mut self.groups {
-            g.reclaim_window(pool, self.offset, window, self.block_size);
+            g.reclaim_window(pool, self.offset, self.policy.trim_margin, window, self.block_size);
         }
         Ok(())
     }

@@ -21,7 +21,13 @@ fn config(layers: usize, blocks: usize) -> CacheConfig {
 }
 
 fn policy(dynamic: bool, window: Option<usize>) -> SequencePolicy {
-    SequencePolicy { dynamic_growth: dynamic, context_window: None, sliding_window: window, debug_blocks: false }
+    SequencePolicy {
+        dynamic_growth: dynamic,
+        context_window: None,
+        sliding_window: window,
+        debug_blocks: false,
+        trim_margin: 0,
+    }
 }
 
 fn append_all(seq: &mut SequenceCache, pool: &mut KvPool, t: usize, seed: u64) -> Result<(), CacheError> {

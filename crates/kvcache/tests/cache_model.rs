@@ -77,6 +77,7 @@ impl World {
             context_window: Some(200),
             sliding_window: window,
             debug_blocks: false,
+            trim_margin: 0,
         };
         let free = self.pool.blocks().num_free();
         match SequenceCache::new(&mut self.pool, policy, reserve) {

@@ -33,7 +33,13 @@ fn pool(w: usize, block_size: usize, model_blocks: usize) -> KvPool {
 }
 
 fn policy(dynamic: bool) -> SequencePolicy {
-    SequencePolicy { dynamic_growth: dynamic, context_window: None, sliding_window: None, debug_blocks: false }
+    SequencePolicy {
+        dynamic_growth: dynamic,
+        context_window: None,
+        sliding_window: None,
+        debug_blocks: false,
+        trim_margin: 0,
+    }
 }
 
 /// Appends `t` tokens through every layer (the values do not matter here).
@@ -344,4 +350,37 @@ proptest! {
     fn groups_match_the_dense_model(window in 4..48usize, bs in prop::sample::select(vec![8usize, 16]), blocks in 8..40usize, ops in prop::collection::vec(op(), 1..60)) {
         run(window, bs, blocks, &ops);
     }
+}
+
+/// With a trim margin `m` (speculative decoding), every step of `1 + k` tokens (k ≤ m drafted)
+/// can be trimmed back by up to `k` tokens with every window still whole, and a sliding group
+/// never holds more than `⌈W / block_size⌉ + ⌈m / block_size⌉ + 1` blocks. Without the margin the same
+/// trims are refused once the window has moved.
+#[test]
+fn a_trim_margin_keeps_windows_whole_for_trims_up_to_it() {
+    let (w, bs) = (40, 16);
+    for m in [1usize, 8, 16, 20] {
+        let mut p = pool(w, bs, 4096);
+        let mut margin = policy(true);
+        margin.trim_margin = m;
+        let mut s = SequenceCache::new(&mut p, margin, 16).unwrap();
+        append(&mut s, &mut p, 30).unwrap();
+        let cap = w.div_ceil(bs) + m.div_ceil(bs) + 1;
+        for step in 0..300 {
+            // A verification step of 1 + k tokens, then its rejected draft tokens trimmed (the
+            // trim itself checks that every window is still whole).
+            let k = 1 + step % m;
+            let rejected = (step * 7) % (k + 1);
+            append(&mut s, &mut p, 1 + k).unwrap();
+            s.trim(&mut p, rejected).unwrap_or_else(|e| panic!("m {m} step {step}: trim {rejected} of {k}: {e}"));
+            let blocks: Vec<usize> = s.group_blocks().collect();
+            assert!(blocks[0] <= cap && blocks[1] <= cap, "m {m} step {step}: {blocks:?} > {cap}");
+        }
+    }
+    // No margin: a trim across a block boundary the window already left is refused.
+    let mut p = pool(w, bs, 4096);
+    let mut s = SequenceCache::new(&mut p, policy(true), 16).unwrap();
+    append(&mut s, &mut p, 70).unwrap();
+    append(&mut s, &mut p, 20).unwrap();
+    assert!(matches!(s.trim(&mut p, 20), Err(CacheError::TrimTooFar { .. })));
 }

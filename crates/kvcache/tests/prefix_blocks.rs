@@ -19,8 +19,13 @@ fn pool(blocks: usize) -> KvPool {
 }
 
 fn template(p: &KvPool) -> SequenceCache {
-    let policy =
-        SequencePolicy { dynamic_growth: true, context_window: None, sliding_window: None, debug_blocks: false };
+    let policy = SequencePolicy {
+        dynamic_growth: true,
+        context_window: None,
+        sliding_window: None,
+        debug_blocks: false,
+        trim_margin: 0,
+    };
     SequenceCache::reserving(p, policy, 0)
 }
 

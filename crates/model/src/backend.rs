@@ -7,6 +7,7 @@
 
 use kvcache::{CacheConfig, HostPages, KvPool, PageStore};
 use pagekv_cpu::attention::AttnNumerics;
+use pagekv_cpu::quant::SumOrder;
 
 use crate::batch::Batch;
 use crate::error::ModelError;
@@ -185,10 +186,16 @@ impl Forward for Model {
     }
 
     /// `auto` becomes `fast`: ggml's summation order differs between a prefill chunk and a
-    /// decode step, so a token's K/V would depend on which of the two computed it.
+    /// decode step, so a token's K/V would depend on which of the two computed it. Under the
+    /// fast numerics the K-quant products then give every row its one-row result too
+    /// ([`SumOrder::RowInvariant`]; llama.cpp's orders depend on the step's row count). An
+    /// explicit `ggml` stays llama.cpp's throughout.
     fn ensure_path_invariance(&mut self) {
         if self.attn_numerics() == AttnNumerics::Auto {
             self.set_attn_numerics(AttnNumerics::Fast);
+        }
+        if self.attn_numerics() == AttnNumerics::Fast {
+            self.set_sum_order(SumOrder::RowInvariant);
         }
     }
 

@@ -51,6 +51,10 @@ mod gemma;
 mod tiny_gemma;
 
 #[cfg(feature = "cuda")]
+#[path = "cuda_forward/invariant.rs"]
+mod invariant;
+
+#[cfg(feature = "cuda")]
 mod gpu {
     use std::io::Write;
     use std::sync::Arc;

@@ -22,8 +22,13 @@ fn logits_all(model: &mut Model, tokens: &[u32]) -> Vec<f32> {
     cc.format = KvFormat::F16;
     cc.num_blocks = 64;
     let mut pool = KvPool::new(cc).unwrap();
-    let policy =
-        SequencePolicy { dynamic_growth: true, context_window: Some(1024), sliding_window: None, debug_blocks: false };
+    let policy = SequencePolicy {
+        dynamic_growth: true,
+        context_window: Some(1024),
+        sliding_window: None,
+        debug_blocks: false,
+        trim_margin: 0,
+    };
     let mut seq = SequenceCache::new(&mut pool, policy, 16).unwrap();
     seq.begin_append(&mut pool, tokens.len()).unwrap();
     let mut batch = Batch::default();

@@ -74,8 +74,13 @@ fn pool(layers: usize) -> (KvPool, SequenceCache) {
     c.block_size = 8;
     c.num_blocks = 64;
     let mut pool = KvPool::new(c).unwrap();
-    let policy =
-        SequencePolicy { dynamic_growth: true, context_window: Some(256), sliding_window: None, debug_blocks: false };
+    let policy = SequencePolicy {
+        dynamic_growth: true,
+        context_window: Some(256),
+        sliding_window: None,
+        debug_blocks: false,
+        trim_margin: 0,
+    };
     let seq = SequenceCache::new(&mut pool, policy, 0).unwrap();
     (pool, seq)
 }
@@ -159,6 +164,7 @@ fn asking_for_hidden_states_changes_no_logit() {
             context_window: Some(256),
             sliding_window: None,
             debug_blocks: false,
+            trim_margin: 0,
         };
         let mut b = Batch::default();
         let mut seqs = Vec::new();
@@ -202,6 +208,7 @@ fn asking_for_hidden_states_changes_no_logit_of_the_quantized_default_model() {
             context_window: Some(256),
             sliding_window: None,
             debug_blocks: false,
+            trim_margin: 0,
         };
         let mut b = Batch::default();
         let mut seqs = Vec::new();

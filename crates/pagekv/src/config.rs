@@ -64,6 +64,12 @@ pub fn cuda_tuning() -> anyhow::Result<pagekv_cuda::CudaTuning> {
     Ok(TUNING.get_or_init(|| t).clone())
 }
 
+/// `PAGEKV_BATCH_INVARIANT` (`--batch-invariant`): the GPU's batch-invariant kernels
+/// (`pagekv_cuda::CudaTuning::batch_invariant`, which reads the same setting).
+pub fn batch_invariant() -> anyhow::Result<bool> {
+    boolean("PAGEKV_BATCH_INVARIANT", false)
+}
+
 /// A boolean setting in the one grammar; unset or empty is `default`.
 fn boolean(name: &str, default: bool) -> anyhow::Result<bool> {
     match env_lookup(name).filter(|v| !v.trim().is_empty()) {

@@ -97,6 +97,13 @@ pub struct RuntimeArgs {
     /// Device: cpu or cuda[:N] [env: PAGEKV_DEVICE].
     #[arg(long, value_name = "DEVICE", env = "PAGEKV_DEVICE", hide_env = true, value_parser = Device::parse)]
     pub device: Option<Device>,
+    /// GPU kernels whose result for a token does not depend on the other tokens of its step:
+    /// greedy output with drafts (--speculative) or in any batch equals the output alone, bit
+    /// for bit, at some cost in speed (the CPU's kernels are batch-invariant already)
+    /// [env: PAGEKV_BATCH_INVARIANT; default off].
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "1",
+          env = "PAGEKV_BATCH_INVARIANT", hide_env = true, value_parser = crate::config::parse_bool)]
+    pub batch_invariant: Option<bool>,
 }
 
 /// Multi-token decoding (crate `pagekv-engine`, module `speculative`).
@@ -214,6 +221,7 @@ impl RuntimeArgs {
         given(&mut v, "PAGEKV_PARTITION_SIZE", self.partition_size.map(|n| n.to_string()));
         given(&mut v, "PAGEKV_THREADS", self.threads.map(|n| n.to_string()));
         given(&mut v, "PAGEKV_DEVICE", self.device.map(|d| d.to_string()));
+        given(&mut v, "PAGEKV_BATCH_INVARIANT", self.batch_invariant.map(bool_text));
         v
     }
 

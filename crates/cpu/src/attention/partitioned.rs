@@ -76,7 +76,7 @@ pub(crate) fn attention(
         };
         let mut states = HeadStates { buf: mine, rows, d };
         states.reset();
-        let inp = RangeInput { layer, heads, table: p.block_tables[seq], bounds, group, q };
+        let inp = RangeInput { layer, heads, table: p.block_tables[seq], bounds, group, q, origin: first };
         // SAFETY: CPU checked by the caller; block table validated over the read range, which
         // contains [start, end); buffers sized by `prepare` and `split`.
         unsafe { attend_range(isa, &inp, start, end, &mut states, &mut tile) };

@@ -55,6 +55,10 @@ pub(crate) struct RangeInput<'a> {
     pub group: usize,
     /// `[heads.len(), q_len * group, head_dim]` scaled (and rotated) queries.
     pub q: &'a [f32],
+    /// The position tiles are counted from (0, or the partition's first position): tiles are
+    /// `[origin + k·TILE, origin + (k + 1)·TILE)` whatever range a call reads, so a query's
+    /// tiles — and its sums — do not depend on which other queries share the call.
+    pub origin: usize,
 }
 
 /// Per-thread tile buffers (f32).
@@ -341,8 +345,8 @@ fn advance(rows: &mut [*const u8], bytes: usize) {
 
 /// `slots[t]` ← the slot holding position `t0 + t`, for `t0 .. t1` (one division per block).
 #[inline(always)]
-fn slots_of(table: &[u32], bs: usize, t0: usize, t1: usize, slots: &mut [usize; TILE]) {
-    debug_assert!(t1 - t0 <= TILE);
+fn slots_of(table: &[u32], bs: usize, t0: usize, t1: usize, slots: &mut [usize]) {
+    debug_assert!(t1 - t0 <= slots.len());
     let mut pos = t0;
     while pos < t1 {
         let (blk, off) = (pos / bs, pos % bs);
@@ -397,8 +401,15 @@ pub(crate) unsafe fn run<T: TileOps>(
     let mut vsrows = [std::ptr::null::<f16>(); TILE];
     let (kns, vns) = (layer.keys.n_scales, layer.values.n_scales);
     let (mut slots, mut next) = ([0usize; TILE], [0usize; TILE]);
-    slots_of(inp.table, bs, start, end.min(start + TILE), &mut slots);
-    let mut t0 = start;
+    // The first tile starts on the tile grid. Its positions before `start` lie before every
+    // query's window (with a window, the read range starts at the first query's): they are
+    // masked for every row and may be reclaimed, so they repeat `start`'s slot.
+    debug_assert!(inp.origin <= start);
+    let first = inp.origin + (start - inp.origin) / TILE * TILE;
+    slots_of(inp.table, bs, start, end.min(first + TILE), &mut slots[start - first..]);
+    let lead = slots[start - first];
+    slots[..start - first].fill(lead);
+    let mut t0 = first;
     while t0 < end {
         let t1 = end.min(t0 + TILE);
         let n = t1 - t0;
@@ -493,6 +504,10 @@ pub(crate) unsafe fn run<T: TileOps>(
                     if lo >= hi {
                         continue;
                     }
+                    // From the tile's first column for every row block: a row's scores and sums
+                    // then run over the same columns (its masked ones add exact zeros) whether
+                    // or not a row with an earlier window start shares its block.
+                    lo = 0;
                     let mut m = [f32::NEG_INFINITY; 4];
                     let mut l = [0f32; 4];
                     for j in 0..nr {

@@ -14,13 +14,15 @@
 //! Tile kernels ([`TileFn`]) exist per instruction set ([`Isa`]); the best one is picked at
 //! run time with `is_x86_feature_detected!`. Every kernel computes each output with the same
 //! float operations in the same order whatever the tile shape, so results do not depend on
-//! the tiling, the thread count or the fusion.
+//! the tiling, the thread count or the fusion. They do depend on the row count for the
+//! K-quants under [`SumOrder::LlamaCpp`] (llama.cpp's orders, chosen by the call's row count);
+//! [`SumOrder::RowInvariant`] ([`matmul_fused_ordered`]) sums every row as a one-row call does.
 
 use super::activations::QuantScratch;
 use super::dot_scalar;
 use super::reference_q4k::gemm_rows;
 use super::reference_q6k::tiled_order;
-pub use super::types::{Acts, Isa, TileOut, TILE_MAX_ACTS, TILE_MAX_ROWS};
+pub use super::types::{Acts, Isa, SumOrder, TileOut, TILE_MAX_ACTS, TILE_MAX_ROWS};
 use super::types::{Q8Kind, QuantError, SyncPtr, WeightType, WeightView};
 use crate::threadpool::ThreadPool;
 
@@ -293,6 +295,20 @@ pub fn matmul_fused_with_isa(
     scratch: &mut QuantScratch,
     pool: &ThreadPool,
 ) -> Result<(), QuantError> {
+    matmul_fused_ordered(isa, SumOrder::LlamaCpp, parts, x, n, scratch, pool)
+}
+
+/// [`matmul_fused`] with an explicit instruction-set family and K-quant summation order
+/// ([`SumOrder::RowInvariant`]: each output as a one-row call computes it).
+pub fn matmul_fused_ordered(
+    isa: Isa,
+    order: SumOrder,
+    parts: &mut [MatmulPart],
+    x: &[f32],
+    n: usize,
+    scratch: &mut QuantScratch,
+    pool: &ThreadPool,
+) -> Result<(), QuantError> {
     if !isa.is_available() {
         return Err(QuantError::IsaUnavailable(isa));
     }
@@ -329,8 +345,8 @@ pub fn matmul_fused_with_isa(
         q8_neg_sums: &[],
         q8k: &[],
         x: &[],
-        gemm_acts: gemm_rows(n),
-        tiled: tiled_order(n),
+        gemm_acts: if order == SumOrder::RowInvariant { 0 } else { gemm_rows(n) },
+        tiled: order == SumOrder::LlamaCpp && tiled_order(n),
     };
     match layout {
         ActLayout::Q8(kind) => {

@@ -373,6 +373,22 @@ pub const TILE_MAX_ACTS: usize = 32;
 /// A tile of results, `[weight row][activation row]`.
 pub type TileOut = [[f32; TILE_MAX_ACTS]; TILE_MAX_ROWS];
 
+/// The summation order of the K-quant products.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SumOrder {
+    /// llama.cpp's (ggml-cpu's): which order an activation row sums in depends on how many rows
+    /// the call has (Q4_K: its repacked gemm order for the first multiple of 4 rows, its gemv
+    /// order for the rest; Q5_K/Q6_K: the tiled order from 8 rows on), so results match
+    /// llama.cpp's for the same call shapes.
+    #[default]
+    LlamaCpp,
+    /// Every activation row in the order of a one-row call (a decode step), whatever the row
+    /// count: a token's product does not depend on the tokens beside it — what batching,
+    /// chunked prefill and the verification of drafts need. The other weight types sum the
+    /// same way in both.
+    RowInvariant,
+}
+
 /// Activations in the layout the row kernel of a weight type expects; the unused fields are
 /// empty. All are row-major with `k` values per row.
 #[derive(Debug, Clone, Copy)]

@@ -64,6 +64,7 @@ impl<D: Forward> ModelDrafter<D> {
             context_window: Some(context_window),
             sliding_window: None,
             debug_blocks: false,
+            trim_margin: 0,
         };
         // A sequence's drafts must not depend on what else is drafted in the step.
         model.ensure_path_invariance();

@@ -242,7 +242,12 @@ impl CudaModel {
         // Prefill routing: sequences with at least `prefill_min_tokens` new tokens take the
         // tiled prefill kernel where it serves the pages; the others stay on the decode kernel.
         host.tiles.clear();
-        let min_tokens = self.device.tuning().prefill_min_tokens;
+        // Batch-invariant: every row on the decode kernel (the prefill kernel's tiles sum a row
+        // differently from a decode step's).
+        let min_tokens = match self.device.tuning().batch_invariant {
+            true => usize::MAX,
+            false => self.device.tuning().prefill_min_tokens,
+        };
         let long = |sq: &crate::batch::BatchSeq| sq.num_tokens >= min_tokens.max(2);
         if batch.seqs.iter().any(long) {
             if self.prefill.serves(pool.pages(), c.num_heads) {
@@ -334,6 +339,7 @@ impl CudaModel {
             rope_local,
             scale: if c.scale_queries { 1.0 } else { c.attn_scale },
             gemv_max_bytes: self.device.tuning().gemv_max_bytes,
+            invariant: self.device.tuning().batch_invariant,
             prefill_tiles,
             decode_rows,
         };

@@ -10,7 +10,7 @@
 use kvcache::KvPool;
 use pagekv_cuda::{
     DecodeAttention, DecodeBatch, DecodeRoute, DeviceMatrix, DevicePages, DeviceVec, ModelOps, PrefillAttention,
-    PrefillBatch, Prologue, QkvRope, RopeParams, QGEMV_MAX_N,
+    PrefillBatch, Prologue, QkvRope, RopeParams, GEMV_MAX_N, QGEMV_MAX_N,
 };
 
 use super::buffers::dev;
@@ -50,6 +50,9 @@ pub(crate) struct Step {
     /// Multiplies the attention's q·k (1 where the queries carry the scale: `rope.q_scale`).
     pub(crate) scale: f32,
     pub(crate) gemv_max_bytes: usize,
+    /// Batch-invariant products (`CudaTuning::batch_invariant`): the matrix-vector kernels for
+    /// any number of token rows.
+    pub(crate) invariant: bool,
     pub(crate) prefill_tiles: usize,
     pub(crate) decode_rows: DecodeRows,
 }
@@ -83,7 +86,7 @@ pub(crate) fn enqueue(
     // Each layer writes through its group's slots into its page plane and reads through its
     // group's block tables (one group of every layer for most models).
     let groups = pool.groups().clone();
-    let pr = Products { ops, w, gemv_max_bytes: st.gemv_max_bytes };
+    let pr = Products { ops, w, gemv_max_bytes: st.gemv_max_bytes, invariant: st.invariant };
     for (li, lw) in w.layers.iter().enumerate() {
         let own_window = c.layer_windows.get(li).copied().flatten();
         let (rope, route) = if own_window.is_some() { (&st.rope_local, st.route_local) } else { (&st.rope, st.route) };
@@ -166,6 +169,10 @@ struct Products<'a> {
     w: &'a DeviceWeights,
     /// Dense matrices up to this size go through the fused matrix-vector kernel in decode steps.
     gemv_max_bytes: usize,
+    /// Every product of served matrices through the matrix-vector kernels, a launch of at most
+    /// `GEMV_MAX_N` / `QGEMV_MAX_N` rows at a time, whatever the step's row count: their sums
+    /// per output row do not depend on the rows beside it, cuBLAS's tiles do.
+    invariant: bool,
 }
 
 /// Most token rows a quantized product runs through the matrix-vector kernel (in launches of
@@ -194,6 +201,15 @@ impl Products<'_> {
             Weight::Dense(m) if m.bytes() <= self.gemv_max_bytes && ops.gemv_serves(m, n) => {
                 ops.gemv(out, x, m, prologue, rows, n, accumulate).map_err(dev)
             }
+            Weight::Dense(m)
+                if self.invariant && m.bytes() <= self.gemv_max_bytes && ops.gemv_serves(m, n.min(GEMV_MAX_N)) =>
+            {
+                for first in (0..n).step_by(GEMV_MAX_N) {
+                    let k = GEMV_MAX_N.min(n - first);
+                    ops.gemv_rows(out, x, m, prologue, rows, first, k, accumulate).map_err(dev)?;
+                }
+                Ok(())
+            }
             Weight::Dense(m) => {
                 stage(ops, staged, x, prologue, rows, n)?;
                 ops.matmul(out, staged, m, n, accumulate).map_err(dev)
@@ -201,7 +217,8 @@ impl Products<'_> {
             Weight::Quant(parts) => {
                 let q = ops.quant();
                 let ldo = w.rows();
-                if n <= QGEMV_MAX_ROWS && parts.iter().all(|p| q.gemv_serves(p, n.min(QGEMV_MAX_N))) {
+                let gemv_rows = self.invariant || n <= QGEMV_MAX_ROWS;
+                if gemv_rows && parts.iter().all(|p| q.gemv_serves(p, n.min(QGEMV_MAX_N))) {
                     let mut col = 0;
                     for p in parts {
                         for first in (0..n).step_by(QGEMV_MAX_N) {

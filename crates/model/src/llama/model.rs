@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use kvcache::{KvFormat, KvPool, LayerView, PageStore};
 use pagekv_cpu::attention::{Attention, AttentionConfig, AttentionParams, AttnNumerics};
-use pagekv_cpu::quant::{dequantize_row, fusable, matmul, matmul_fused, MatmulPart, QuantScratch};
+use pagekv_cpu::quant::{dequantize_row, fusable, matmul_fused_ordered, Isa, MatmulPart, QuantScratch, SumOrder};
 use pagekv_cpu::threadpool::ThreadPool;
 
 use super::config::ModelConfig;
@@ -107,6 +107,8 @@ pub struct Model {
     rope_local: Rope,
     pub(super) attention: Attention,
     pub(super) threads: &'static ThreadPool,
+    /// The K-quant products' summation order ([`Self::set_sum_order`]).
+    pub(super) sum_order: SumOrder,
     pub(super) scratch: Scratch,
 }
 
@@ -148,6 +150,7 @@ impl Model {
             rope_local,
             attention: Attention::new(attention, threads),
             threads,
+            sum_order: SumOrder::LlamaCpp,
             scratch: Scratch::default(),
             weights,
             config,
@@ -164,6 +167,17 @@ impl Model {
 
     pub fn attn_numerics(&self) -> AttnNumerics {
         self.attention.config().numerics
+    }
+
+    /// Chooses the K-quant products' summation order: llama.cpp's (the default; it depends on
+    /// a step's row count) or one that gives each token row its one-row result
+    /// ([`SumOrder::RowInvariant`], what [`Forward::ensure_path_invariance`] asks for).
+    pub fn set_sum_order(&mut self, order: SumOrder) {
+        self.sum_order = order;
+    }
+
+    pub fn sum_order(&self) -> SumOrder {
+        self.sum_order
     }
 
     /// The numerics a forward over a cache of `format` runs: `Fast` or `Ggml`, never `Auto`.
@@ -187,6 +201,7 @@ impl Model {
         let s = &mut self.scratch;
         let w = &self.weights;
         let pool_t = self.threads;
+        let mx = Products { pool: self.threads, order: self.sum_order };
         let h = c.hidden;
 
         // The rows that go on after the last block's attention, in sequence order, and where the
@@ -218,7 +233,7 @@ impl Model {
         // Embed.
         embed(w, &w.token_embd, &batch.tokens, c.embed_scale, &mut s.x[..n * h], pool_t)?;
 
-        let parts = Parts { c, w, threads: pool_t, rope: &self.rope, rope_local: &self.rope_local };
+        let parts = Parts { c, w, threads: pool_t, mx, rope: &self.rope, rope_local: &self.rope_local };
         // Taken out of the scratch while the blocks borrow it (put back below; a failed step
         // loses only the allocation).
         let kept = std::mem::take(&mut s.out_rows);
@@ -248,15 +263,7 @@ impl Model {
         }
         let v = c.vocab_size;
         if n_logits > 0 {
-            mm(
-                w,
-                &w.output,
-                &s.rows[..n_logits * h],
-                n_logits,
-                &mut s.logits[..n_logits * v],
-                &mut s.quant,
-                self.threads,
-            )?;
+            mm(w, &w.output, &s.rows[..n_logits * h], n_logits, &mut s.logits[..n_logits * v], &mut s.quant, mx)?;
         }
         Ok(&self.scratch.logits[..n_logits * v])
     }
@@ -280,12 +287,14 @@ impl Model {
     }
 }
 
-/// What a block reads besides its own weights: the model's configuration, weights, threads
-/// and RoPE tables.
+/// What a block reads besides its own weights: the model's configuration, weights, threads,
+/// products and RoPE tables.
 pub(super) struct Parts<'a> {
     pub c: &'a ModelConfig,
     pub w: &'a Weights,
     pub threads: &'static ThreadPool,
+    /// The matrix products' threads and summation order.
+    pub mx: Products<'a>,
     pub rope: &'a Rope,
     pub rope_local: &'a Rope,
 }
@@ -349,7 +358,7 @@ pub(super) fn block_forward(
         xn,
         n,
         &mut s.quant,
-        pool_t,
+        p.mx,
     )?;
     for (bias, buf, width) in [(&lw.bq, &mut s.q, qd), (&lw.bk, &mut s.k, kvd), (&lw.bv, &mut s.v, kvd)] {
         if let Some(bias) = bias {
@@ -383,7 +392,7 @@ pub(super) fn block_forward(
         &mut s.tables,
         &mut s.lens,
     )?;
-    mm(w, &lw.wo, &s.attn[..n * qd], n, &mut s.proj[..n * h], &mut s.quant, pool_t)?;
+    mm(w, &lw.wo, &s.attn[..n * qd], n, &mut s.proj[..n * h], &mut s.quant, p.mx)?;
     let n = match keep {
         Some(rows) => {
             keep_rows(&mut s.proj, rows, h);
@@ -400,9 +409,9 @@ pub(super) fn block_forward(
     // MLP block.
     rows::norm_rows(pool_t, &s.x[..n * h], w.f32s(&lw.ffn_norm), c.rms_eps, &mut s.xn[..n * h]);
     let xn = &s.xn[..n * h];
-    mm_fused(w, [(&lw.w_gate, &mut s.gate[..n * f]), (&lw.w_up, &mut s.up[..n * f])], xn, n, &mut s.quant, pool_t)?;
+    mm_fused(w, [(&lw.w_gate, &mut s.gate[..n * f]), (&lw.w_up, &mut s.up[..n * f])], xn, n, &mut s.quant, p.mx)?;
     rows::gated(pool_t, c.activation, &mut s.gate[..n * f], &s.up[..n * f]);
-    mm(w, &lw.w_down, &s.gate[..n * f], n, &mut s.proj[..n * h], &mut s.quant, pool_t)?;
+    mm(w, &lw.w_down, &s.gate[..n * f], n, &mut s.proj[..n * h], &mut s.quant, p.mx)?;
     if let Some(post) = &lw.post_ffn_norm {
         rows::norm_chunks(pool_t, &mut s.proj[..n * h], h, w.f32s(post), c.rms_eps);
     }
@@ -425,6 +434,13 @@ pub(super) fn kernel(t: &Tensor, source: pagekv_cpu::quant::QuantError) -> Model
     ModelError::Kernel { name: t.name.clone(), source }
 }
 
+/// How a step's matrix products run: on which threads, in which K-quant summation order.
+#[derive(Clone, Copy)]
+pub(super) struct Products<'a> {
+    pub pool: &'a ThreadPool,
+    pub order: SumOrder,
+}
+
 /// `out[n, rows] = x[n, cols] · Wᵀ`.
 pub(super) fn mm(
     w: &Weights,
@@ -433,9 +449,10 @@ pub(super) fn mm(
     n: usize,
     out: &mut [f32],
     q: &mut QuantScratch,
-    pool: &ThreadPool,
+    mx: Products,
 ) -> Result<(), ModelError> {
-    matmul(w.view(t), x, n, out, q, pool).map_err(|e| kernel(t, e))
+    let mut parts = [MatmulPart { w: w.view(t), out }];
+    matmul_fused_ordered(Isa::best(), mx.order, &mut parts, x, n, q, mx.pool).map_err(|e| kernel(t, e))
 }
 
 /// `out_i[n, rows_i] = x[n, cols] · W_iᵀ` for matrices over the same input, in one parallel
@@ -446,17 +463,17 @@ fn mm_fused<const N: usize>(
     x: &[f32],
     n: usize,
     q: &mut QuantScratch,
-    pool: &ThreadPool,
+    mx: Products,
 ) -> Result<(), ModelError> {
     if !fusable(&parts.each_ref().map(|(t, _)| t.ty)) {
         for (t, out) in parts {
-            mm(w, t, x, n, out, q, pool)?;
+            mm(w, t, x, n, out, q, mx)?;
         }
         return Ok(());
     }
     let first = parts[0].0;
     let mut views = parts.map(|(t, out)| MatmulPart { w: w.view(t), out });
-    matmul_fused(&mut views, x, n, q, pool).map_err(|e| kernel(first, e))
+    matmul_fused_ordered(Isa::best(), mx.order, &mut views, x, n, q, mx.pool).map_err(|e| kernel(first, e))
 }
 
 /// Paged attention for every sequence: decodes (one new token) batched in one call, each

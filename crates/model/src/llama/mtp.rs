@@ -24,7 +24,7 @@
 
 use kvcache::KvPool;
 
-use super::model::{block_forward, embed, mm, Block, Model, Parts};
+use super::model::{block_forward, embed, mm, Block, Model, Parts, Products};
 use super::ops::rms_norm;
 use crate::batch::{Batch, Logits};
 use crate::error::ModelError;
@@ -67,6 +67,7 @@ impl Model {
         let s = &mut self.scratch;
         let w = &self.weights;
         let threads = self.threads;
+        let mx = Products { pool: self.threads, order: self.sum_order };
         if s.cat.len() < n * 2 * h {
             s.cat.resize(n.next_power_of_two() * 2 * h, 0.0);
         }
@@ -94,9 +95,9 @@ impl Model {
             rms_norm(&s.xn[i * h..(i + 1) * h], enorm, c.rms_eps, e);
             rms_norm(&hidden[i * h..(i + 1) * h], hnorm, c.rms_eps, g);
         }
-        mm(w, &mtp.eh_proj, &s.cat[..n * 2 * h], n, &mut s.x[..n * h], &mut s.quant, threads)?;
+        mm(w, &mtp.eh_proj, &s.cat[..n * 2 * h], n, &mut s.x[..n * h], &mut s.quant, mx)?;
 
-        let parts = Parts { c, w, threads, rope: &self.rope, rope_local: &self.rope };
+        let parts = Parts { c, w, threads, mx, rope: &self.rope, rope_local: &self.rope };
         let block = Block { weights: &mtp.block, window: None, group: 0, plane: 0 };
         let keep = (n_logits < n).then_some(&kept[..]);
         let rows = block_forward(&parts, &mut self.attention, s, &block, batch, pool, &counters, n, keep)?;
@@ -111,7 +112,7 @@ impl Model {
         let v = c.vocab_size;
         if n_logits > 0 {
             let head = mtp.head.as_ref().unwrap_or(&w.output);
-            mm(w, head, &s.rows[..n_logits * h], n_logits, &mut s.logits[..n_logits * v], &mut s.quant, threads)?;
+            mm(w, head, &s.rows[..n_logits * h], n_logits, &mut s.logits[..n_logits * v], &mut s.quant, mx)?;
         }
         Ok(&self.scratch.logits[..n_logits * v])
     }

@@ -83,6 +83,7 @@ impl Runner {
             context_window: Some(MAX_TOKENS),
             sliding_window: None,
             debug_blocks: false,
+            trim_margin: 0,
         };
         SequenceCache::new(&mut self.pool, policy, 16).unwrap()
     }

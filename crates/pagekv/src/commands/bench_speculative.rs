@@ -7,8 +7,13 @@
 //! 2. The workload (`edit`: code edits that return their input with a small change; `chat`: free
 //!    answers), each prompt rendered with the model's chat template and generated greedily through
 //!    the engine, plain and with drafts alternately (`--runs` pairs). Decode tokens/s is
-//!    `(generated − 1) / (last token − first token)`; the outputs of the two must be identical.
-//! 3. With `--llama-lookup` / `--llama-speculative`, llama.cpp's own prompt lookup and draft
+//!    `(generated − 1) / (last token − first token)`; the outputs of the two must be identical
+//!    (an error otherwise; on a GPU without `--batch-invariant` a reported difference, see
+//!    [`Identity`]).
+//! 3. With `--batch N`: N requests (the prompts in turn) at once, plain and then with drafts;
+//!    every request's output must equal its prompt's output alone; tokens/s of the whole batch
+//!    (all generated tokens over the time from the first submission to the last result).
+//! 4. With `--llama-lookup` / `--llama-speculative`, llama.cpp's own prompt lookup and draft
 //!    speculation on the same rendered prompts, model and thread count (`commands/anchors.rs`).
 
 use std::path::PathBuf;
@@ -65,6 +70,10 @@ pub struct BenchSpeculativeArgs {
     /// `--speculative draft:MODEL`).
     #[arg(long, value_name = "PATH")]
     pub llama_speculative: Option<PathBuf>,
+    /// Also run this many requests at once (the prompts in turn), plain and with drafts; 1: only
+    /// one at a time.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub batch: u64,
     /// One JSON object per row.
     #[arg(long)]
     pub json: bool,
@@ -132,12 +141,17 @@ pub fn run(mut a: BenchSpeculativeArgs) -> Result<()> {
         );
     }
     if device == Device::Cpu && !step_tokens.is_empty() {
+        // The numerics the engine runs drafting with (path-invariant: `auto` becomes `fast`,
+        // K-quant products in the row-invariant order).
+        pagekv_model::Forward::ensure_path_invariance(&mut model);
         let (m, rows) = step_costs(model, cache.clone(), &prompts[0].2, &step_tokens)?;
         model = m;
         print_step_costs(&rows, a.json);
     }
-    let user = SingleUser::start(model, tok.clone(), cache, device, spec.clone())?;
+    let user = SingleUser::start_with_slots(model, tok.clone(), cache, device, spec.clone(), a.batch as usize)?;
     let mut table = Vec::new();
+    let mut alone = Vec::new();
+    let mut identity = Identity::new(device)?;
     for (name, _, ids) in &prompts {
         let (mut plain, mut drafted) = (Vec::new(), Vec::new());
         for run in 0..a.runs {
@@ -151,10 +165,31 @@ pub fn run(mut a: BenchSpeculativeArgs) -> Result<()> {
             }
         }
         let same = plain.iter().chain(&drafted).all(|g| g.tokens == plain[0].tokens);
-        ensure!(same, "{name}: greedy output with drafts differs from the output without");
+        identity.check(same, || format!("{name}: greedy output with drafts differs from the output without"))?;
+        alone.push(plain[0].tokens.clone());
         table.push(Row::new(name, &plain, &drafted));
     }
-    print_rows(&table, a.json, &mode_name(&a.speculative));
+    print_rows(&table, a.json, &mode_name(&a.speculative), &identity);
+    if a.batch > 1 {
+        identity.differing.clear();
+        let batch: Vec<Vec<u32>> = (0..a.batch as usize).map(|i| prompts[i % prompts.len()].2.clone()).collect();
+        let max = a.max_tokens as usize;
+        let plain = generate_batch(&user, &batch, max, false)?;
+        let drafted = generate_batch(&user, &batch, max, true)?;
+        for (i, (p, d)) in plain.outputs.iter().zip(&drafted.outputs).enumerate() {
+            let name = prompts[i % prompts.len()].0;
+            let n = a.batch;
+            identity.check(*p == alone[i % prompts.len()], || {
+                format!("request {i} ({name}) of {n}: greedy output batched differs from the output alone")
+            })?;
+            identity.check(p == d, || {
+                format!(
+                    "request {i} ({name}) of {n}: greedy output batched with drafts differs from the output without"
+                )
+            })?;
+        }
+        print_batch(a.batch, &plain, &drafted, a.json, &mode_name(&a.speculative), &identity);
+    }
     run_anchors(&a, &loaded.path, &prompts, &spec, threads)?;
     Ok(())
 }
@@ -194,6 +229,114 @@ fn generate(user: &SingleUser, prompt: Vec<u32>, max_tokens: usize, speculative:
     Ok(Gen { tokens, decode_tps, drafts: DraftStats::between(&before, &after).filter(|_| speculative) })
 }
 
+/// The identity checks of a run. Greedy output with drafts, or batched, must equal the output
+/// alone without drafts: a difference is an error, except on a GPU without `--batch-invariant`,
+/// whose kernels sum a token differently with other tokens beside it — there each difference
+/// is reported (and the figures are still printed).
+struct Identity {
+    strict: bool,
+    /// What differed (only when not strict).
+    differing: Vec<String>,
+}
+
+impl Identity {
+    fn new(device: Device) -> Result<Identity> {
+        let strict = device == Device::Cpu || crate::config::batch_invariant()?;
+        Ok(Identity { strict, differing: Vec::new() })
+    }
+
+    fn check(&mut self, same: bool, what: impl FnOnce() -> String) -> Result<()> {
+        match (same, self.strict) {
+            (true, _) => Ok(()),
+            (false, true) => bail!("{}", what()),
+            (false, false) => {
+                let w = what();
+                eprintln!("warning: {w} (a GPU without --batch-invariant)");
+                self.differing.push(w);
+                Ok(())
+            }
+        }
+    }
+
+    /// The summary's words on identity.
+    fn summary(&self) -> String {
+        match self.differing.len() {
+            0 => "outputs identical".into(),
+            n => format!("{n} outputs DIFFER (a GPU without --batch-invariant; see the warnings)"),
+        }
+    }
+}
+
+/// A batch of requests run at once: each one's tokens, and the batch's figures.
+struct BatchGen {
+    outputs: Vec<Vec<u32>>,
+    tokens_per_s: f64,
+    drafts: Option<DraftStats>,
+}
+
+/// Submits every prompt of `batch` at once (greedy, `max_tokens` each) and waits for all.
+fn generate_batch(user: &SingleUser, batch: &[Vec<u32>], max_tokens: usize, speculative: bool) -> Result<BatchGen> {
+    let before = user.metrics();
+    let t0 = Instant::now();
+    let streams = batch
+        .iter()
+        .map(|p| {
+            let mut r = GenerationRequest::new(p.clone(), max_tokens);
+            r.sampling = SamplingParams { temperature: 0.0, ..SamplingParams::default() };
+            r.speculative = speculative;
+            Ok(user.handle().submit(r)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut outputs = Vec::with_capacity(batch.len());
+    for mut stream in streams {
+        let mut tokens = Vec::new();
+        loop {
+            match stream.recv() {
+                Some(Event::Token { id, .. }) => tokens.push(id),
+                Some(Event::Done { .. }) => break,
+                Some(Event::Error(e)) => return Err(e.into()),
+                None => bail!("the engine ended a generation without a result"),
+            }
+        }
+        outputs.push(tokens);
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let total: usize = outputs.iter().map(Vec::len).sum();
+    let after = user.metrics();
+    Ok(BatchGen {
+        outputs,
+        tokens_per_s: total as f64 / secs.max(1e-9),
+        drafts: DraftStats::between(&before, &after).filter(|_| speculative),
+    })
+}
+
+fn print_batch(n: u64, plain: &BatchGen, drafted: &BatchGen, json_out: bool, mode: &str, identity: &Identity) {
+    let d = drafted.drafts.clone().unwrap_or_default();
+    let acceptance = d.accepted as f64 / d.drafted.max(1) as f64;
+    let per_step = d.generated as f64 / d.steps.max(1) as f64;
+    let speedup = drafted.tokens_per_s / plain.tokens_per_s;
+    if json_out {
+        let v = json!({
+            "batch": n, "mode": mode, "plain_tok_s": round(plain.tokens_per_s, 2),
+            "speculative_tok_s": round(drafted.tokens_per_s, 2), "speedup": round(speedup, 3),
+            "acceptance": round(acceptance, 3), "tokens_per_step": round(per_step, 2),
+            "differing_outputs": identity.differing.len(),
+        });
+        println!("{v}");
+        return;
+    }
+    println!(
+        "batch of {n} at once (whole-batch tok/s, prefill included): plain {:.1}, {mode} {:.1}, {:.2}x; \
+         {:.1} % of drafts kept, {:.2} tokens per sequence step; {} (against each prompt alone)",
+        plain.tokens_per_s,
+        drafted.tokens_per_s,
+        speedup,
+        100.0 * acceptance,
+        per_step,
+        identity.summary()
+    );
+}
+
 /// One prompt's medians.
 struct Row {
     name: String,
@@ -229,7 +372,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn print_rows(rows: &[Row], json_out: bool, mode: &str) {
+fn print_rows(rows: &[Row], json_out: bool, mode: &str, identity: &Identity) {
     if json_out {
         for r in rows {
             let v = json!({
@@ -237,6 +380,7 @@ fn print_rows(rows: &[Row], json_out: bool, mode: &str) {
                 "plain_tok_s": round(r.plain_tps, 2), "speculative_tok_s": round(r.spec_tps, 2),
                 "speedup": round(r.spec_tps / r.plain_tps, 3), "acceptance": round(r.acceptance, 3),
                 "mean_accepted": round(r.mean_accepted, 2), "tokens_per_step": round(r.tokens_per_step, 2),
+                "identical": !identity.differing.iter().any(|w| w.starts_with(&format!("{}:", r.name))),
             });
             println!("{v}");
         }
@@ -267,7 +411,7 @@ fn print_rows(rows: &[Row], json_out: bool, mode: &str) {
         );
     }
     let speedups: Vec<f64> = rows.iter().map(|r| r.spec_tps / r.plain_tps).collect();
-    println!("median speedup {:.2}x (outputs identical with and without drafts)", median(speedups));
+    println!("median speedup {:.2}x ({} with and without drafts)", median(speedups), identity.summary());
 }
 
 /// A step of `t` tokens with a logit row each, against a one-token step.

@@ -162,15 +162,27 @@ impl SingleUser {
     /// unless drafting is on, which needs numerics that do not depend on the tokens per step
     /// (`auto` is then the kernels' own rounding, as in `serve`).
     pub fn start(
-        mut model: Model,
+        model: Model,
         tokenizer: Arc<Tokenizer>,
         cache: CacheConfig,
         device: Device,
         speculative: SpeculativeConfig,
     ) -> Result<SingleUser> {
+        SingleUser::start_with_slots(model, tokenizer, cache, device, speculative, 1)
+    }
+
+    /// [`Self::start`] with `slots` sequences running at once (`bench speculative --batch`).
+    pub fn start_with_slots(
+        mut model: Model,
+        tokenizer: Arc<Tokenizer>,
+        cache: CacheConfig,
+        device: Device,
+        speculative: SpeculativeConfig,
+        slots: usize,
+    ) -> Result<SingleUser> {
         let mut config = EngineConfig::new(cache);
         config.speculative = speculative;
-        config.max_seqs = 1;
+        config.max_seqs = slots.max(1);
         config.bank = BankConfig::default();
         config.reduced_sampling = crate::config::reduced_sampling()?;
         let engine = match device {
