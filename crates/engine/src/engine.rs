@@ -220,8 +220,18 @@ fn assemble<M: Forward>(
     };
     let bank = SessionBank::new(bank_config, cache.num_blocks, bs, block_bytes);
     let draft_pool = DraftPool { block_size: bs, num_blocks: cache.num_blocks, context_window };
-    let drafter =
-        config.speculative.drafter(draft_pool).map_err(|e| EngineError::Model(format!("draft model: {e}")))?;
+    let what = match config.speculative.mode {
+        DraftMode::Mtp(_) => "MTP drafter",
+        _ => "draft model",
+    };
+    let drafter = config.speculative.drafter(draft_pool).map_err(|e| EngineError::Model(format!("{what}: {e}")))?;
+    if drafter.as_ref().is_some_and(|d| d.wants_hidden()) && !model.hands_out_hidden() {
+        return Err(EngineError::Config(format!(
+            "the {} drafter needs the model's hidden states, which the {} backend does not hand out",
+            config.speculative.mode.name(),
+            model.device_label()
+        )));
+    }
     let scheduler = Scheduler::new(model, tokenizer, pool, template, bank, limits, metrics, rx, drafter);
     Ok((scheduler, info))
 }

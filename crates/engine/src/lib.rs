@@ -47,6 +47,8 @@ pub use generate::{Generator, Prefill};
 pub use metrics::EngineMetrics;
 pub use request::{EngineError, Event, GenerationRequest, Usage, MAX_CHOICES, MAX_TOP_LOGPROBS};
 pub use sampling::{logprobs, Sampler, SamplingError, SamplingParams, TokenLogprobs};
-pub use speculative::{DraftMode, DraftModel, SpeculativeConfig, SpeculativeError, MAX_DRAFT_TOKENS};
+pub use speculative::{
+    DraftMode, DraftModel, MtpDrafter, MtpModel, SpeculativeConfig, SpeculativeError, MAX_DRAFT_TOKENS,
+};
 pub use stop::{FinishReason, StopConditions, StopMatcher, StopOutput};
 pub use stream::RequestStream;

@@ -64,6 +64,8 @@ pub struct EngineMetrics {
     pub draft_accepted_tokens: u64,
     /// The drafter (`ngram`, …), `None` when drafting is off.
     pub drafter: Option<String>,
+    /// Blocks of the drafter's own pool in use (a draft model's or MTP layer's caches).
+    pub draft_blocks_used: usize,
     /// Continuations forked from a computed prompt (`n > 1` requests: `n − 1` each).
     pub sequence_forks: u64,
     /// Blocks held by two or more running sequences at once (copy-on-write sharing).

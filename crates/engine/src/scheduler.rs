@@ -26,6 +26,10 @@
 //!    same result and RNG use as from the full row (`Sampler::sample_top_k`), and the rare row
 //!    those entries cannot decide is sampled from `Forward::fetch_logits`.
 //!    `PAGEKV_DEV_REDUCED_SAMPLING=0` turns both off (every step reads the full rows).
+//!    When the drafter reads the model's hidden states (`Drafter::wants_hidden`: `mtp`), the
+//!    batch asks for those of every token fed to a sequence that may draft (`Batch::keep_hidden`),
+//!    and after the forward each such sequence's kept positions go to `Drafter::computed`
+//!    (`after_forward`, `verify_draft`); other steps and sequences ask for none.
 //!
 //! Planning takes no block; it counts the blocks it promises (`Budget::promised`), so the
 //! appends it then opens cannot fail for lack of blocks. Every request ends exactly once, with
@@ -162,6 +166,9 @@ pub(crate) struct Scheduler<M: Forward> {
     drafter: Option<Box<dyn Drafter>>,
     /// `[tokens]` a drafted sequence's feed: its last token, then its draft.
     feed: Vec<u32>,
+    /// Whether the planned step asks the forward for the hidden states of the sequences that
+    /// may draft (the drafter reads them, `Drafter::wants_hidden`).
+    hidden: bool,
     /// Final events of the step, sent after the metrics are published, so a client that sees
     /// its request end also sees the metrics of that end.
     finals: Vec<(EventSender, Event)>,
@@ -201,6 +208,7 @@ impl<M: Forward> Scheduler<M> {
             masked_row: Vec::new(),
             drafter,
             feed: Vec::new(),
+            hidden: false,
             finals: Vec::new(),
             limits,
             counters: Counters::default(),
@@ -467,6 +475,7 @@ impl<M: Forward> Scheduler<M> {
     fn execute(&mut self) {
         self.batch.clear();
         self.batch.sliding_window = self.template.attention_window(None);
+        self.hidden = self.drafter.as_ref().is_some_and(|d| d.wants_hidden());
         let mut result = Ok(());
         let mut all_argmax = true;
         // The largest top-k + 1 of the step's samplers, while all of them are reducible.
@@ -501,6 +510,10 @@ impl<M: Forward> Scheduler<M> {
             self.feed.extend_from_slice(&seq.draft);
             debug_assert!(!drafted || (samples && start + 1 == seq.tokens.len()), "drafts follow a decode");
             self.batch.push_groups(&self.feed[..t], start + t, cache.pending_slots(), cache.block_tables(), logits);
+            if self.hidden && seq.speculative {
+                // Every fed position's hidden state: the drafter's cache follows the sequence's.
+                self.batch.keep_hidden();
+            }
         }
         // A step with no logit row (prefill chunks only) copies nothing either way.
         self.sampling = match top_k {
@@ -569,22 +582,31 @@ impl<M: Forward> Scheduler<M> {
             }
         });
         let mut row = 0;
+        // The next row of the forward's hidden states (`Forward::last_hidden`).
+        let mut hidden_row = 0;
         let mut ended = Ended::default();
         for pi in 0..self.plan.len() {
             let (i, t) = self.plan[pi];
             let seq = &mut self.running[i];
             let cache = seq.cache.as_mut().expect("running sequences hold a cache");
+            let start = cache.offset();
             cache.commit_append(&mut self.pool);
             self.counters.computed_tokens += t as u64;
+            let hidden = (self.hidden && seq.speculative).then_some(hidden_row);
+            hidden_row += if hidden.is_some() { t } else { 0 };
             if !seq.draft.is_empty() {
                 let drafted_rows = seq.draft.len() + 1;
-                if let Some(reason) = self.verify_draft(i, row, &mut ended) {
+                if let Some(reason) = self.verify_draft(i, row, hidden, &mut ended) {
                     ended.done.push((i, reason));
                 }
                 row += drafted_rows;
                 continue;
             }
             let seq = &mut self.running[i];
+            if let (Some(d), Some(r)) = (self.drafter.as_mut(), hidden) {
+                let h = self.model.config().hidden;
+                d.computed(seq.id, &seq.tokens, start, &self.model.last_hidden()[r * h..(r + t) * h]);
+            }
             let cache = seq.cache.as_mut().expect("running sequences hold a cache");
             let offset = cache.offset();
             let full = offset / bs;
@@ -730,6 +752,9 @@ impl<M: Forward> Scheduler<M> {
             assert!(c.offset() < s.tokens.len(), "sequence {} has nothing to compute", s.id);
             for table in c.block_tables() {
                 assert_eq!(table.len(), c.offset().div_ceil(self.limits.block_size), "blocks beyond need");
+            }
+            if let Some(d) = self.drafter.as_ref() {
+                d.check_sequence(s.id, c.offset()).unwrap_or_else(|e| panic!("drafter out of step: {e}"));
             }
         }
     }

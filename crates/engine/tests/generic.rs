@@ -20,6 +20,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 mod common;
+#[path = "../../model/tests/tiny_mtp/mod.rs"]
+mod tiny_mtp;
 
 use common::{engine_config, tokenizer, VOCAB};
 
@@ -283,4 +285,42 @@ fn drafting_over_an_off_host_backend_keeps_the_cpu_models_tokens() {
     let log = handles.log.lock().unwrap();
     assert_eq!((log.writes, log.reads.load(Ordering::Relaxed)), (0, 0), "the engine touched pages on the host");
     assert_eq!(m.blocks_used, 0);
+}
+
+#[test]
+fn an_mtp_drafter_over_a_backend_without_hidden_states_is_refused_at_start() {
+    // OffHost does not hand out hidden states (`Forward::hands_out_hidden` is false, as on CUDA).
+    let t = tiny_mtp::tiny_mtp("llama", 1, tiny_mtp::Kind::Random, 1, None);
+    let file = t.file.clone();
+    let mtp = pagekv_engine::MtpModel::new("tiny-mtp", move || {
+        Model::from_file(file, pagekv_cpu::attention::AttentionConfig::default())
+    });
+    let mut config = engine_config(64, false);
+    config.speculative =
+        pagekv_engine::SpeculativeConfig { mode: pagekv_engine::DraftMode::Mtp(mtp), ..Default::default() };
+    let (l, f, i) = (Default::default(), Default::default(), Default::default());
+    let build =
+        move || Ok(OffHost { model: tiny_model(), own: None, log: l, forwards: f, invariance_asked: i, fail_at: None });
+    let e = Engine::start_with(build, tokenizer(), config).err().expect("refused");
+    assert!(matches!(e, EngineError::Config(_)), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("mtp drafter needs the model's hidden states") && msg.contains("off-host test backend"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn an_mtp_drafter_for_a_model_without_nextn_layers_is_refused_at_start() {
+    let mtp = pagekv_engine::MtpModel::new("tiny", || Ok(tiny_model()));
+    let mut config = engine_config(64, false);
+    config.speculative =
+        pagekv_engine::SpeculativeConfig { mode: pagekv_engine::DraftMode::Mtp(mtp), ..Default::default() };
+    let e = Engine::start(tiny_model(), tokenizer(), config).err().expect("refused");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("MTP drafter: ")
+            && msg.contains("has no next-token-prediction layers (llama.nextn_predict_layers is 0 or absent)"),
+        "{msg}"
+    );
 }

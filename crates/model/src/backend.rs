@@ -37,6 +37,21 @@ pub trait Forward {
     /// The logits of the last [`Self::forward`] (`[rows, vocab]`, valid up to that call's rows).
     fn last_logits(&self) -> &[f32];
 
+    /// Whether the forward methods hand out the last hidden states a batch asks for
+    /// (`BatchSeq::hidden`, read with [`Self::last_hidden`]). A backend that does not ignores
+    /// the request; a drafter that needs them (next-token-prediction heads) is refused there.
+    fn hands_out_hidden(&self) -> bool {
+        false
+    }
+
+    /// The last hidden states of the last step (the last block's output before the final norm),
+    /// `[hidden rows, hidden]` f32: every token of each sequence whose `BatchSeq::hidden` was
+    /// set, in batch order. Empty where [`Self::hands_out_hidden`] is false. Sequences that do
+    /// not ask cost nothing.
+    fn last_hidden(&self) -> &[f32] {
+        &[]
+    }
+
     /// Runs one step like [`Self::forward`] and sets `ids` to the argmax of each logit row
     /// ([`argmax`]'s rule). A backend may skip copying the logits to the host: after this call
     /// [`Self::last_logits`] need not hold them.
@@ -160,6 +175,14 @@ impl Forward for Model {
 
     fn last_logits(&self) -> &[f32] {
         Model::last_logits(self)
+    }
+
+    fn hands_out_hidden(&self) -> bool {
+        true
+    }
+
+    fn last_hidden(&self) -> &[f32] {
+        Model::last_hidden(self)
     }
 
     /// `auto` becomes `fast`: ggml's summation order differs between a prefill chunk and a

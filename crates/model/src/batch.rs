@@ -33,6 +33,9 @@ pub struct BatchSeq {
     /// `[groups][logical blocks]` physical block ids, covering `context_len` positions.
     pub block_tables: Vec<Vec<u32>>,
     pub logits: Logits,
+    /// Whether the step hands out the last hidden state of every one of its tokens
+    /// (`Forward::last_hidden`; for a drafter that reads the model's hidden states).
+    pub hidden: bool,
 }
 
 /// Token ids, positions and slots of every new token, sequence after sequence.
@@ -57,8 +60,20 @@ impl Batch {
     /// sequences cover the tokens in order, positions run up to each context length, and each
     /// slot is the one its group's block table names.
     pub fn validate(&self, c: &ModelConfig, g: &PageGeometry, groups: &LayerGroups) -> Result<(), ModelError> {
+        self.validate_layers(c.num_layers, c, g, groups)
+    }
+
+    /// [`Self::validate`] for a pool of `num_layers` layers of `c`'s geometry (a
+    /// next-token-prediction pool holds only its own layers).
+    pub fn validate_layers(
+        &self,
+        num_layers: usize,
+        c: &ModelConfig,
+        g: &PageGeometry,
+        groups: &LayerGroups,
+    ) -> Result<(), ModelError> {
         if (groups.num_layers(), g.num_layers, g.num_kv_heads, g.head_dim)
-            != (c.num_layers, groups.planes(), c.num_kv_heads, c.head_dim)
+            != (num_layers, groups.planes(), c.num_kv_heads, c.head_dim)
         {
             return Err(ModelError::Batch(format!(
                 "cache geometry (layers {} in groups of {}, kv heads {}, head dim {}) does not match the model ({}, {}, {})",
@@ -66,7 +81,7 @@ impl Batch {
                 g.num_layers,
                 g.num_kv_heads,
                 g.head_dim,
-                c.num_layers,
+                num_layers,
                 c.num_kv_heads,
                 c.head_dim
             )));
@@ -172,7 +187,27 @@ impl Batch {
             let r = (g * tokens.len()).min(slots.len())..((g + 1) * tokens.len()).min(slots.len());
             group_slots.extend_from_slice(&slots[r]);
         }
-        self.seqs.push(BatchSeq { token_start: start, num_tokens: tokens.len(), context_len, block_tables, logits });
+        self.seqs.push(BatchSeq {
+            token_start: start,
+            num_tokens: tokens.len(),
+            context_len,
+            block_tables,
+            logits,
+            hidden: false,
+        });
+    }
+
+    /// Asks for the last hidden state of every token of the sequence pushed last
+    /// ([`BatchSeq::hidden`]).
+    pub fn keep_hidden(&mut self) {
+        if let Some(s) = self.seqs.last_mut() {
+            s.hidden = true;
+        }
+    }
+
+    /// Rows of hidden states the step hands out, in order.
+    pub fn num_hidden_rows(&self) -> usize {
+        self.seqs.iter().filter(|s| s.hidden).map(|s| s.num_tokens).sum()
     }
 
     /// Rows of the logits the step returns, in order.
@@ -200,6 +235,7 @@ mod tests {
             arch_name: "llama".into(),
             name: "test".into(),
             num_layers: 2,
+            mtp_layers: 0,
             hidden: 64,
             ffn: 128,
             num_heads: 4,

@@ -10,6 +10,11 @@ pub enum ModelError {
     Gguf(#[from] GgufError),
     #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, gemma3)")]
     UnsupportedArchitecture(String),
+    /// `{arch}.nextn_predict_layers` leaves no main layer.
+    #[error(
+        "{arch}.nextn_predict_layers is {nextn} but {arch}.block_count is {block_count}: the next-token-prediction layers must be fewer than all blocks"
+    )]
+    NextnLayers { arch: String, nextn: usize, block_count: usize },
     #[error("invalid model: {0}")]
     Invalid(String),
     #[error("tensor {name}: {reason}")]

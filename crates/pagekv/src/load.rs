@@ -102,3 +102,25 @@ pub fn draft_model(spec: &str, target: &Tokenizer, device: Device) -> Result<pag
         }
     })
 }
+
+/// `--speculative mtp`: the model's own next-token-prediction layers, run by a second view of
+/// the same file (the MTP tensors are read from the mapping the model shares; nothing is
+/// copied). One line of error for a model without them, and on a GPU, whose forward does not
+/// hand out the hidden states they read.
+pub fn mtp_model(model: &Model, device: Device) -> Result<pagekv_engine::MtpModel> {
+    let c = &model.config;
+    if c.mtp_layers == 0 {
+        bail!(
+            "{} has no next-token-prediction layers ({}.nextn_predict_layers is 0 or absent): --speculative mtp needs a model that ships them",
+            c.name,
+            c.arch_name
+        );
+    }
+    if let Device::Cuda(_) = device {
+        bail!("--speculative mtp runs on the CPU only (the CUDA forward does not hand out hidden states): use --device cpu, or ngram or draft:MODEL on the GPU");
+    }
+    let file = model.weights.shared_file();
+    let attention = AttentionConfig::from_lookup(crate::config::env_lookup)?;
+    let options = LoadOptions { copy_weights: false };
+    Ok(pagekv_engine::MtpModel::new(&c.name, move || Model::from_file_with(file, attention, options)))
+}

@@ -109,9 +109,9 @@ pub struct RuntimeArgs {
 /// Multi-token decoding (crate `pagekv-engine`, module `speculative`).
 #[derive(Args, Clone, Debug, Default)]
 pub struct SpeculativeArgs {
-    /// Draft tokens and verify them in one step: off, ngram (prompt lookup) or draft:MODEL (a
-    /// smaller model with the same vocabulary; a registry name or a GGUF file)
-    /// [env: PAGEKV_SPECULATIVE; default off].
+    /// Draft tokens and verify them in one step: off, ngram (prompt lookup), draft:MODEL (a
+    /// smaller model with the same vocabulary; a registry name or a GGUF file) or mtp (the
+    /// model's own next-token-prediction layers, CPU only) [env: PAGEKV_SPECULATIVE; default off].
     #[arg(long, value_name = "MODE", env = "PAGEKV_SPECULATIVE", hide_env = true, value_parser = Speculative::parse)]
     pub speculative: Option<Speculative>,
     /// Most tokens drafted per step, 1 to 32 (each sequence adapts below it to its acceptance)
@@ -135,6 +135,8 @@ pub enum Speculative {
     Ngram,
     /// A draft model: a registry name or a file.
     Draft(String),
+    /// The model's next-token-prediction layers.
+    Mtp,
 }
 
 impl Speculative {
@@ -142,10 +144,11 @@ impl Speculative {
         match v.trim() {
             "off" => Ok(Speculative::Off),
             "ngram" => Ok(Speculative::Ngram),
+            "mtp" => Ok(Speculative::Mtp),
             other => match other.strip_prefix("draft:") {
                 Some(m) if !m.trim().is_empty() => Ok(Speculative::Draft(m.trim().to_string())),
                 _ => anyhow::bail!(
-                    "invalid speculative mode {v:?} (--speculative / PAGEKV_SPECULATIVE): accepted values are off, ngram, draft:MODEL"
+                    "invalid speculative mode {v:?} (--speculative / PAGEKV_SPECULATIVE): accepted values are off, ngram, draft:MODEL, mtp"
                 ),
             },
         }
@@ -163,12 +166,13 @@ fn parse_draft_tokens(v: &str) -> Result<usize, String> {
 }
 
 impl SpeculativeArgs {
-    /// The engine's settings for a model with tokenizer `target` on `device` (a draft model is
-    /// loaded and checked against it here).
+    /// The engine's settings for `model` with tokenizer `target` on `device` (a draft model is
+    /// loaded and checked against it here; `mtp` checks that the model has the layers).
     pub fn config(
         &self,
         device: Device,
         target: &pagekv_model::tokenizer::Tokenizer,
+        model: &pagekv_model::Model,
     ) -> anyhow::Result<pagekv_engine::SpeculativeConfig> {
         use pagekv_engine::{DraftMode, SpeculativeConfig};
         let d = SpeculativeConfig::default();
@@ -176,6 +180,7 @@ impl SpeculativeArgs {
             Speculative::Off => DraftMode::Off,
             Speculative::Ngram => DraftMode::Ngram,
             Speculative::Draft(m) => DraftMode::Model(crate::load::draft_model(&m, target, device)?),
+            Speculative::Mtp => DraftMode::Mtp(crate::load::mtp_model(model, device)?),
         };
         let c = SpeculativeConfig {
             mode,

@@ -4,6 +4,9 @@
 
 use std::process::{Command, Output};
 
+#[path = "../../model/tests/tiny_mtp/mod.rs"]
+mod tiny_mtp;
+
 fn pagekv(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_pagekv"));
     c.args(args);
@@ -284,4 +287,54 @@ fn run_out_of_pool_is_one_error_line() {
         "{err}"
     );
     assert!(!o.stdout.is_empty(), "the tokens that fit are printed");
+}
+
+/// Writes the tiny MTP model (`nextn` next-token-prediction layers in its metadata; 0 leaves
+/// the key out) to a fresh directory; returns the directory and the file.
+fn tiny_mtp_file(nextn: u32, tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("pagekv-cli-mtp-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny-mtp.gguf");
+    let kind = tiny_mtp::Kind::Predictable { logit_scale: 8.0 };
+    std::fs::write(&path, tiny_mtp::tiny_mtp("llama", 3, kind, nextn, None).bytes).unwrap();
+    (dir, path)
+}
+
+#[test]
+fn speculative_mtp_on_a_model_without_nextn_layers_is_one_error_line() {
+    let (dir, path) = tiny_mtp_file(0, "none");
+    let model = path.to_str().unwrap();
+    let by_flag = pagekv(&["run", "--model", model, "--speculative", "mtp", "-n", "4", "w3"], &[]);
+    let by_env = pagekv(&["run", "--model", model, "-n", "4", "w3"], &[("PAGEKV_SPECULATIVE", "mtp")]);
+    for o in [by_flag, by_env] {
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+        assert!(err.starts_with("pagekv: error:"), "{err}");
+        assert!(
+            err.contains("has no next-token-prediction layers (llama.nextn_predict_layers is 0 or absent)"),
+            "{err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn speculative_mtp_runs_and_reports_its_drafts() {
+    let (dir, path) = tiny_mtp_file(1, "run");
+    let model = path.to_str().unwrap();
+    let o = pagekv(&["inspect", model], &[]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.contains("2 layers") && out.contains("1 next-token-prediction layer after the 2 main ones"), "{out}");
+    // Greedy, so the drafts (the model's own next choices) are all kept.
+    let args = ["run", "--model", model, "--temperature", "0", "-n", "64", "-v", "--draft-tokens", "4", "w3 w17 w40"];
+    let plain = pagekv(&args, &[]);
+    let mtp = pagekv(&[&args[..], &["--speculative", "mtp"]].concat(), &[]);
+    assert!(plain.status.success() && mtp.status.success(), "{}{}", stderr(&plain), stderr(&mtp));
+    assert_eq!(plain.stdout, mtp.stdout, "the same text with drafts");
+    let err = stderr(&mtp);
+    let line = err.lines().find(|l| l.contains("speculative mtp: drafted")).unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains("(100.0 %)"), "{line}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

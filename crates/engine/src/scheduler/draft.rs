@@ -82,10 +82,19 @@ impl<M: Forward> Scheduler<M> {
     /// ended, if it did (a stop token or string, `max_tokens`, the context window), which may be
     /// in the middle of its draft. Drafted sequences sample from full rows unless they need only
     /// the argmax (`execute`); one with a grammar masks each row and advances its grammar by
-    /// each token taken (a grammar that cannot continue goes to `ended`).
-    pub(super) fn verify_draft(&mut self, i: usize, row: usize, ended: &mut Ended) -> Option<FinishReason> {
+    /// each token taken (a grammar that cannot continue goes to `ended`). With `hidden` (the
+    /// first of its rows of the forward's hidden states), the drafter gets the kept positions'.
+    pub(super) fn verify_draft(
+        &mut self,
+        i: usize,
+        row: usize,
+        hidden: Option<usize>,
+        ended: &mut Ended,
+    ) -> Option<FinishReason> {
         let v = self.limits.vocab_size;
         let seq = &mut self.running[i];
+        // The position of the fed last token: the first of the step's.
+        let start = seq.tokens.len() - 1;
         let draft = std::mem::take(&mut seq.draft);
         let mut accepted = 0;
         let mut reason = None;
@@ -167,6 +176,11 @@ impl<M: Forward> Scheduler<M> {
             seq.registered = full;
         }
         if let Some(d) = self.drafter.as_mut() {
+            if let Some(r) = hidden {
+                // The last token and the kept draft tokens: the positions the cache keeps.
+                let h = self.model.config().hidden;
+                d.computed(seq.id, &seq.tokens, start, &self.model.last_hidden()[r * h..(r + accepted + 1) * h]);
+            }
             d.accepted(seq.id, &seq.tokens);
         }
         seq.draft = draft;

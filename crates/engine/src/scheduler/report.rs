@@ -47,6 +47,7 @@ impl<M: Forward> Scheduler<M> {
             draft_tokens: self.counters.draft_tokens,
             draft_accepted_tokens: self.counters.draft_accepted,
             drafter: self.drafter.as_ref().map(|d| d.name()),
+            draft_blocks_used: self.drafter.as_ref().map_or(0, |d| d.blocks_in_use()),
             sequence_forks: self.counters.forks,
             blocks_shared: self.bank.shared_blocks(&self.pool),
             masks_computed: self.counters.masks,

@@ -8,6 +8,10 @@
 //!   `release` keep a stateful proposer in step with what the target model kept.
 //! - [`ngram`]: prompt lookup — the longest recent suffix that occurred earlier in the sequence
 //!   proposes the tokens that followed it. No model, no state.
+//! - [`ModelDrafter`] (`model.rs`): a smaller model with the target's vocabulary, over its own
+//!   pool.
+//! - [`MtpDrafter`] (`mtp.rs`): the target's own next-token-prediction layer, fed with the
+//!   target's last hidden states ([`Drafter::computed`]), over its own one-layer pool.
 //! - [`DraftLength`] (`length.rs`): each sequence's draft length from its recent acceptance.
 //!
 //! The scheduler (`scheduler.rs`) feeds `[last token, draft…]` as one chunk with a logit row per
@@ -18,10 +22,12 @@
 
 mod length;
 mod model;
+mod mtp;
 pub mod ngram;
 
 pub use length::DraftLength;
 pub use model::ModelDrafter;
+pub use mtp::{MtpDrafter, MtpModel};
 pub use ngram::NgramDrafter;
 
 use std::sync::{Arc, Mutex};
@@ -41,6 +47,8 @@ pub enum DraftMode {
     Ngram,
     /// A smaller model with the same vocabulary ([`ModelDrafter`]).
     Model(DraftModel),
+    /// The target's next-token-prediction layer ([`MtpDrafter`]).
+    Mtp(MtpModel),
 }
 
 impl DraftMode {
@@ -49,6 +57,7 @@ impl DraftMode {
             DraftMode::Off => "off".into(),
             DraftMode::Ngram => "ngram".into(),
             DraftMode::Model(m) => format!("draft:{}", m.name),
+            DraftMode::Mtp(_) => "mtp".into(),
         }
     }
 }
@@ -61,7 +70,7 @@ pub struct DraftPool {
     pub context_window: usize,
 }
 
-type BuildDrafter = dyn Fn(DraftPool) -> Result<Box<dyn Drafter>, ModelError> + Send + Sync;
+pub(crate) type BuildDrafter = dyn Fn(DraftPool) -> Result<Box<dyn Drafter>, ModelError> + Send + Sync;
 
 /// A draft model to be built on the scheduler thread (a GPU model must live on the thread that
 /// runs it). Compared and printed by name.
@@ -157,6 +166,7 @@ impl SpeculativeConfig {
             DraftMode::Off => Ok(None),
             DraftMode::Ngram => Ok(Some(Box::new(NgramDrafter::new(self.ngram_min, self.ngram_max)))),
             DraftMode::Model(m) => (m.build)(pool).map(Some),
+            DraftMode::Mtp(m) => (m.build)(pool).map(Some),
         }
     }
 }
@@ -183,6 +193,27 @@ pub trait Drafter {
     fn accepted(&mut self, _id: u64, _tokens: &[u32]) {}
     /// Sequence `id` left the running set (finished, failed, cancelled or preempted).
     fn release(&mut self, _id: u64) {}
+    /// Whether the drafter reads the target's last hidden states ([`Drafter::computed`]): the
+    /// scheduler then asks the forward for those of every token it feeds to a sequence that
+    /// may draft (`Forward::hands_out_hidden` must hold; the engine refuses to start otherwise).
+    fn wants_hidden(&self) -> bool {
+        false
+    }
+    /// The target computed and kept positions `start..start + rows` of sequence `id`, whose
+    /// tokens so far are `tokens` (the whole prompt during prefill); `hidden` (`[rows, hidden]`)
+    /// is their last hidden states, before the final norm. Called after every step that fed the
+    /// sequence (prompt chunks, decode steps; after a verification only the kept positions,
+    /// before [`Drafter::accepted`]), when [`Drafter::wants_hidden`].
+    fn computed(&mut self, _id: u64, _tokens: &[u32], _start: usize, _hidden: &[f32]) {}
+    /// Blocks of the drafter's own pool in use (`EngineMetrics::draft_blocks_used`).
+    fn blocks_in_use(&self) -> usize {
+        0
+    }
+    /// Checks that the drafter's state of sequence `id` follows a target cache holding `offset`
+    /// positions, between steps (the scheduler's debug-build invariants).
+    fn check_sequence(&self, _id: u64, _offset: usize) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -231,4 +231,9 @@ impl<D: Forward> Drafter for ModelDrafter<D> {
             s.cache.release(&mut self.pool);
         }
     }
+
+    fn blocks_in_use(&self) -> usize {
+        let b = self.pool.blocks();
+        b.num_blocks() - b.num_free()
+    }
 }

@@ -19,6 +19,7 @@ pub fn synthetic_config(name: &str) -> Option<ModelConfig> {
         arch_name: "llama".into(),
         name: format!("synthetic:{name} (random weights, not a real model)"),
         num_layers: layers,
+        mtp_layers: 0,
         hidden,
         ffn,
         num_heads: heads,

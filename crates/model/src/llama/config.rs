@@ -37,7 +37,13 @@ pub struct ModelConfig {
     /// The `general.architecture` string as found (`llama`, `mistral`, `qwen2`, `qwen3`).
     pub arch_name: String,
     pub name: String,
+    /// Layers of the main forward: `{arch}.block_count` less the next-token-prediction layers.
     pub num_layers: usize,
+    /// Next-token-prediction (MTP) layers after the main ones (`{arch}.nextn_predict_layers`,
+    /// 0 when absent): blocks `blk.{num_layers}..blk.{num_layers + mtp_layers - 1}`, which carry
+    /// `nextn.*` tensors beside a block's own. The main forward never runs them; they draft
+    /// (`llama::mtp`).
+    pub mtp_layers: usize,
     pub hidden: usize,
     pub ffn: usize,
     pub num_heads: usize,
@@ -86,7 +92,15 @@ impl ModelConfig {
         };
         let key = |k: &str| format!("{arch_name}.{k}");
         let u = |k: &str| -> Result<usize, ModelError> { Ok(meta.get_u32(&key(k))? as usize) };
-        let num_layers = u("block_count")?;
+        let block_count = u("block_count")?;
+        let mtp_layers = match meta.get(&key("nextn_predict_layers")) {
+            Some(_) => u("nextn_predict_layers")?,
+            None => 0,
+        };
+        if mtp_layers >= block_count && mtp_layers > 0 {
+            return Err(ModelError::NextnLayers { arch: arch_name, nextn: mtp_layers, block_count });
+        }
+        let num_layers = block_count - mtp_layers;
         let hidden = u("embedding_length")?;
         let num_heads = u("attention.head_count")?;
         let num_kv_heads =
@@ -146,6 +160,7 @@ impl ModelConfig {
             architecture,
             name: meta.get_str("general.name").unwrap_or(&arch_name).to_string(),
             num_layers,
+            mtp_layers,
             hidden,
             ffn: u("feed_forward_length")?,
             num_heads,

@@ -4,6 +4,7 @@
 pub mod config;
 pub mod gelu;
 mod model;
+mod mtp;
 pub mod ops;
 mod rows;
 pub mod silu;
@@ -11,4 +12,5 @@ pub mod weights;
 
 pub use config::{Activation, Architecture, ModelConfig, RopeStyle};
 pub use model::Model;
-pub use weights::LoadOptions;
+pub use mtp::MTP_POOL_LAYERS;
+pub use weights::{LoadOptions, MtpLayerWeights};

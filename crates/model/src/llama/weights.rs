@@ -97,6 +97,27 @@ pub struct Weights {
     /// `[1, rope_dims / 2]` frequency divisors (Llama 3.1 `rope_freqs.weight`), if present.
     pub rope_freqs: Option<Tensor>,
     pub layers: Vec<LayerWeights>,
+    /// `[ModelConfig::mtp_layers]` the next-token-prediction layers (read from the mapping,
+    /// never copied: only the drafter reads them).
+    pub mtp: Vec<MtpLayerWeights>,
+}
+
+/// One next-token-prediction (MTP, DeepSeek-V3's "nextn") layer: a transformer block of the
+/// main architecture and the tensors that feed it and read it out. For position `t` it takes the
+/// main model's last hidden state `h_t` and the next token's embedding `e_{t+1}`:
+/// `x = eh_proj · [enorm(e_{t+1}), hnorm(h_t)]`, the block, then `shared_head_norm` and the head
+/// give the logits of token `t + 2`.
+#[derive(Clone, Debug)]
+pub struct MtpLayerWeights {
+    pub block: LayerWeights,
+    pub eh_proj: Tensor,          // [hidden, 2 * hidden]: the embedding half first
+    pub enorm: Tensor,            // [1, hidden] f32
+    pub hnorm: Tensor,            // [1, hidden] f32
+    pub shared_head_norm: Tensor, // [1, hidden] f32
+    /// `[vocab, hidden]`, else the model's output matrix.
+    pub head: Option<Tensor>,
+    /// `[vocab, hidden]`, else the model's token embedding.
+    pub embed: Option<Tensor>,
 }
 
 impl Weights {
@@ -115,57 +136,40 @@ impl Weights {
                 Ok(None)
             }
         };
-        let (h, q, kv, f, d) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn, c.head_dim);
+        let h = c.hidden;
         let token_embd = get("token_embd.weight", c.vocab_size, h)?;
         let output = opt("output.weight", c.vocab_size, h)?;
         let tied_embeddings = output.is_none();
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            // Qwen 3 and Gemma 3 always normalize q and k per head; Gemma 3 also normalizes the
-            // attention and MLP outputs.
-            let qk_norms = matches!(c.architecture, Architecture::Qwen3 | Architecture::Gemma3);
-            let gemma3 = c.architecture == Architecture::Gemma3;
-            let post = |name: &str| -> Result<Option<Tensor>, ModelError> {
-                if gemma3 {
-                    Ok(Some(get(&n(name), 1, h)?))
-                } else {
-                    Ok(None)
-                }
-            };
-            layers.push(LayerWeights {
-                attn_norm: get(&n("attn_norm.weight"), 1, h)?,
-                wq: get(&n("attn_q.weight"), q, h)?,
-                wk: get(&n("attn_k.weight"), kv, h)?,
-                wv: get(&n("attn_v.weight"), kv, h)?,
-                wo: get(&n("attn_output.weight"), h, q)?,
-                bq: opt(&n("attn_q.bias"), 1, q)?,
-                bk: opt(&n("attn_k.bias"), 1, kv)?,
-                bv: opt(&n("attn_v.bias"), 1, kv)?,
-                q_norm: if qk_norms {
-                    Some(get(&n("attn_q_norm.weight"), 1, d)?)
-                } else {
-                    opt(&n("attn_q_norm.weight"), 1, d)?
-                },
-                k_norm: if qk_norms {
-                    Some(get(&n("attn_k_norm.weight"), 1, d)?)
-                } else {
-                    opt(&n("attn_k_norm.weight"), 1, d)?
-                },
-                post_attn_norm: post("post_attention_norm.weight")?,
-                ffn_norm: get(&n("ffn_norm.weight"), 1, h)?,
-                post_ffn_norm: post("post_ffw_norm.weight")?,
-                w_gate: get(&n("ffn_gate.weight"), f, h)?,
-                w_up: get(&n("ffn_up.weight"), f, h)?,
-                w_down: get(&n("ffn_down.weight"), h, f)?,
+            layers.push(layer(&file, c, i)?);
+        }
+        // The next-token-prediction layers follow the main ones.
+        let mut mtp = Vec::with_capacity(c.mtp_layers);
+        for i in c.num_layers..c.num_layers + c.mtp_layers {
+            let n = |s: &str| format!("blk.{i}.nextn.{s}");
+            mtp.push(MtpLayerWeights {
+                block: layer(&file, c, i)?,
+                eh_proj: get(&n("eh_proj.weight"), h, 2 * h)?,
+                enorm: get(&n("enorm.weight"), 1, h)?,
+                hnorm: get(&n("hnorm.weight"), 1, h)?,
+                shared_head_norm: get(&n("shared_head_norm.weight"), 1, h)?,
+                head: opt(&n("shared_head_head.weight"), c.vocab_size, h)?,
+                embed: opt(&n("embed_tokens.weight"), c.vocab_size, h)?,
             });
         }
+        let mtp_norms = mtp.iter().flat_map(|m| {
+            [Some(&m.block.attn_norm), Some(&m.block.ffn_norm), m.block.post_attn_norm.as_ref()]
+                .into_iter()
+                .chain([m.block.post_ffn_norm.as_ref(), Some(&m.enorm), Some(&m.hnorm), Some(&m.shared_head_norm)])
+                .flatten()
+        });
         let norms = layers.iter().flat_map(|l| {
             [Some(&l.attn_norm), Some(&l.ffn_norm), l.post_attn_norm.as_ref(), l.post_ffn_norm.as_ref()]
                 .into_iter()
                 .flatten()
         });
-        for (t, what) in norms.map(|t| (t, "norm")) {
+        for (t, what) in norms.chain(mtp_norms).map(|t| (t, "norm")) {
             if t.ty != WeightType::F32 {
                 return Err(ModelError::Tensor {
                     name: t.name.clone(),
@@ -180,6 +184,7 @@ impl Weights {
             token_embd,
             tied_embeddings,
             layers,
+            mtp,
             file,
             resident: None,
         };
@@ -234,6 +239,12 @@ impl Weights {
 
     pub fn file(&self) -> &GgufFile {
         &self.file
+    }
+
+    /// The file the weights are read from, shared (another view of the same model, such as a
+    /// drafter over its next-token-prediction layers, maps no second copy).
+    pub fn shared_file(&self) -> Arc<GgufFile> {
+        self.file.clone()
     }
 
     /// Replaces every matrix by its f32 dequantization (the embedding included), so matrix
@@ -387,6 +398,57 @@ impl Resident {
         *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
         signal.notify_all();
     }
+}
+
+/// The block tensors of layer `i` (`blk.{i}.*`) as `c`'s architecture has them.
+fn layer(file: &GgufFile, c: &ModelConfig, i: usize) -> Result<LayerWeights, ModelError> {
+    let get = |name: &str, rows: usize, cols: usize| tensor(file, name, rows, cols);
+    let opt = |name: &str, rows: usize, cols: usize| -> Result<Option<Tensor>, ModelError> {
+        if file.tensor(name).is_some() {
+            Ok(Some(tensor(file, name, rows, cols)?))
+        } else {
+            Ok(None)
+        }
+    };
+    let (h, q, kv, f, d) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn, c.head_dim);
+    let n = |s: &str| format!("blk.{i}.{s}");
+    // Qwen 3 and Gemma 3 always normalize q and k per head; Gemma 3 also normalizes the
+    // attention and MLP outputs.
+    let qk_norms = matches!(c.architecture, Architecture::Qwen3 | Architecture::Gemma3);
+    let gemma3 = c.architecture == Architecture::Gemma3;
+    let post = |name: &str| -> Result<Option<Tensor>, ModelError> {
+        if gemma3 {
+            Ok(Some(get(&n(name), 1, h)?))
+        } else {
+            Ok(None)
+        }
+    };
+    Ok(LayerWeights {
+        attn_norm: get(&n("attn_norm.weight"), 1, h)?,
+        wq: get(&n("attn_q.weight"), q, h)?,
+        wk: get(&n("attn_k.weight"), kv, h)?,
+        wv: get(&n("attn_v.weight"), kv, h)?,
+        wo: get(&n("attn_output.weight"), h, q)?,
+        bq: opt(&n("attn_q.bias"), 1, q)?,
+        bk: opt(&n("attn_k.bias"), 1, kv)?,
+        bv: opt(&n("attn_v.bias"), 1, kv)?,
+        q_norm: if qk_norms {
+            Some(get(&n("attn_q_norm.weight"), 1, d)?)
+        } else {
+            opt(&n("attn_q_norm.weight"), 1, d)?
+        },
+        k_norm: if qk_norms {
+            Some(get(&n("attn_k_norm.weight"), 1, d)?)
+        } else {
+            opt(&n("attn_k_norm.weight"), 1, d)?
+        },
+        post_attn_norm: post("post_attention_norm.weight")?,
+        ffn_norm: get(&n("ffn_norm.weight"), 1, h)?,
+        post_ffn_norm: post("post_ffw_norm.weight")?,
+        w_gate: get(&n("ffn_gate.weight"), f, h)?,
+        w_up: get(&n("ffn_up.weight"), f, h)?,
+        w_down: get(&n("ffn_down.weight"), h, f)?,
+    })
 }
 
 /// `MemAvailable` of /proc/meminfo in bytes (Linux), `None` where unknown.

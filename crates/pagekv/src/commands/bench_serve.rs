@@ -165,7 +165,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         max_seqs: a.max_seqs as usize,
         bank: BankConfig::default(),
         reduced_sampling: crate::config::reduced_sampling()?,
-        speculative: a.speculative.config(device, &loaded.tokenizer)?,
+        speculative: a.speculative.config(device, &loaded.tokenizer, &loaded.model)?,
     };
     let model_id = model_id(&loaded.path);
     let tokenizer = Arc::new(loaded.tokenizer);

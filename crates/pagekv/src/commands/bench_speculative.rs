@@ -113,7 +113,7 @@ pub fn run(mut a: BenchSpeculativeArgs) -> Result<()> {
         loaded.path.display()
     );
     loaded.model.weights.wait_until_resident();
-    let spec = a.speculative.config(device, &loaded.tokenizer)?;
+    let spec = a.speculative.config(device, &loaded.tokenizer, &loaded.model)?;
     let threads = pagekv_cpu::threadpool::ThreadPool::global()?.n_threads();
     let tok = Arc::new(loaded.tokenizer);
     let set: &[(&str, &str)] = if a.workload == "edit" { &EDIT } else { &CHAT };
@@ -199,6 +199,7 @@ fn mode_name(s: &SpeculativeArgs) -> String {
         Some(Speculative::Draft(m)) => format!("draft:{m}"),
         Some(Speculative::Ngram) | None => "ngram".into(),
         Some(Speculative::Off) => "off".into(),
+        Some(Speculative::Mtp) => "mtp".into(),
     }
 }
 

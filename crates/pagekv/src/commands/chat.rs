@@ -37,7 +37,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         anyhow::bail!("{}", pagekv_model::template::TemplateError::Missing);
     }
     let cache = cache_config(&loaded.model)?;
-    let speculative = a.speculative.config(device, &loaded.tokenizer)?;
+    let speculative = a.speculative.config(device, &loaded.tokenizer, &loaded.model)?;
     let tok = Arc::new(loaded.tokenizer);
     let user = SingleUser::start(loaded.model, tok.clone(), cache, device, speculative)?;
     converse(&user, &tok, &loaded.template, &a)

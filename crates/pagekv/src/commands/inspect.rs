@@ -86,6 +86,7 @@ pub fn run(spec: &str, json_out: bool, check: bool) -> Result<()> {
             let shape = json!({
                 "name": c.name,
                 "layers": c.num_layers,
+                "mtp_layers": c.mtp_layers,
                 "hidden": c.hidden,
                 "ffn": c.ffn,
                 "heads": c.num_heads,
@@ -116,6 +117,14 @@ pub fn run(spec: &str, json_out: bool, check: bool) -> Result<()> {
             c.num_layers, c.hidden, c.ffn, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size
         );
         println!("context       {} tokens, rope base {}", c.context_length, c.rope_base);
+        if c.mtp_layers > 0 {
+            println!(
+                "mtp           {} next-token-prediction layer{} after the {} main ones (--speculative mtp)",
+                c.mtp_layers,
+                if c.mtp_layers == 1 { "" } else { "s" },
+                c.num_layers
+            );
+        }
     }
     println!("tensor types");
     for (k, (t, u)) in &types {

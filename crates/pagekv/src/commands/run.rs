@@ -64,7 +64,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     // A chat render carries its own BOS text; a raw prompt gets BOS when the model asks for it.
     let ids = if a.chat { tok.encode(&text, true)? } else { tok.encode_with_bos(&text, true)? };
     let cache = cache_config(&loaded.model)?;
-    let speculative = a.speculative.config(device, &tok)?;
+    let speculative = a.speculative.config(device, &tok, &loaded.model)?;
     // The weights move to the GPU with `--device cuda`; the host copy is dropped once they are there.
     let user = SingleUser::start(loaded.model, Arc::new(tok), cache, device, speculative)?;
     let mut out = std::io::stdout().lock();

@@ -104,7 +104,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_seqs: a.max_seqs as usize,
         bank,
         reduced_sampling: crate::config::reduced_sampling()?,
-        speculative: a.speculative.config(device, &loaded.tokenizer)?,
+        speculative: a.speculative.config(device, &loaded.tokenizer, &loaded.model)?,
     };
     let grace = seconds(a.grace_period, "--grace-period")?;
     let request_timeout = Some(seconds(a.request_timeout, "--request-timeout")?).filter(|t| !t.is_zero());
