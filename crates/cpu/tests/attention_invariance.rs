@@ -97,7 +97,8 @@ fn a_windowed_query_gives_the_same_bits_alone_and_in_a_verification_chunk() {
         for (d, hkv, group, q_len, context, window) in
             [(256, 1, 4, 9, 700, 512), (64, 3, 3, 9, 300, 100), (128, 2, 6, 5, 97, 45)]
         {
-            for (imp, psize) in [(AttnImpl::Primitive, 512), (AttnImpl::Partitioned, 128), (AttnImpl::Partitioned, 100)] {
+            for (imp, psize) in [(AttnImpl::Primitive, 512), (AttnImpl::Partitioned, 128), (AttnImpl::Partitioned, 100)]
+            {
                 seed += 1;
                 let mut case = Case::f16(d, hkv, group, q_len, vec![context], seed);
                 case.format = format;

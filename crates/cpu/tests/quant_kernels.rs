@@ -700,6 +700,9 @@ fn row_invariant_order_gives_every_row_its_one_row_result() {
         }
     }
     for ty in [WeightType::Q4K, WeightType::Q6K] {
-        assert!(llama_differs.contains(&ty), "seed {seed}: llama.cpp's {ty:?} orders no longer depend on the row count");
+        assert!(
+            llama_differs.contains(&ty),
+            "seed {seed}: llama.cpp's {ty:?} orders no longer depend on the row count"
+        );
     }
 }

@@ -48,7 +48,8 @@ pub(crate) fn attention(
             prepare_queries(layer, p, seq, heads.clone(), q);
             states.reset();
             let bounds = QueryBounds::of(p, seq);
-            let inp = RangeInput { layer, heads: heads.clone(), table: p.block_tables[seq], bounds, group, q, origin: 0 };
+            let inp =
+                RangeInput { layer, heads: heads.clone(), table: p.block_tables[seq], bounds, group, q, origin: 0 };
             let range = bounds.read_range();
             // SAFETY: the caller checked the CPU and validated shapes and the block table over
             // the read range; buffers come from `split` with the documented sizes. Each task

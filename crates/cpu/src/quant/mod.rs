@@ -52,7 +52,9 @@ mod dot_avx512_q4k_gemv;
 mod dot_avx512_q6k;
 
 pub use activations::QuantScratch;
-pub use matmul::{fusable, matmul, matmul_fused, matmul_fused_ordered, matmul_fused_with_isa, matmul_with_isa, MatmulPart};
+pub use matmul::{
+    fusable, matmul, matmul_fused, matmul_fused_ordered, matmul_fused_with_isa, matmul_with_isa, MatmulPart,
+};
 pub use reference::dequantize_row;
 pub use types::Isa;
 pub use types::{isa_cap, set_isa_cap, IsaCap, Q8Kind, QuantError, SumOrder, WeightType, WeightView};
