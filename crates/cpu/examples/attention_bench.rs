@@ -4,7 +4,8 @@
 //! `cargo run --release -p pagekv-cpu --example attention_bench -- [shapes] [formats] [impls] [runs]`
 //! e.g. `-- 1x4096,16x4096 f16,q8 primitive,partitioned 5`; `all` (or nothing) keeps the defaults.
 //! `PAGEKV_DEV_ATTN_ISA=avx2|avx512`, `PAGEKV_PARTITION_SIZE` and `PAGEKV_THREADS` are honoured;
-//! `PAGEKV_BENCH_KV_HEADS=n` measures n kv heads (4 query heads each) instead of 8.
+//! `PAGEKV_BENCH_KV_HEADS=n` measures n kv heads (4 query heads each) instead of 8,
+//! `PAGEKV_BENCH_GROUP=g` g query heads per kv head, `PAGEKV_BENCH_HEAD_DIM=d` head_dim d.
 
 use kvcache::KvFormat;
 use pagekv_cpu::attention::bench::{bench_attention, BenchConfig};
@@ -48,6 +49,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Ok(v) = std::env::var("PAGEKV_BENCH_KV_HEADS") {
         cfg.num_kv_heads = v.parse()?;
         cfg.num_heads = 4 * cfg.num_kv_heads;
+    }
+    if let Ok(v) = std::env::var("PAGEKV_BENCH_GROUP") {
+        cfg.num_heads = v.parse::<usize>()? * cfg.num_kv_heads;
+    }
+    if let Ok(v) = std::env::var("PAGEKV_BENCH_HEAD_DIM") {
+        cfg.head_dim = v.parse()?;
     }
     if let Ok(v) = std::env::var(ATTN_ISA_ENV) {
         cfg.isa = IsaChoice::parse(&v)?;

@@ -238,6 +238,9 @@ fn auto_partitions_few_long_sequences_and_not_many_or_short_ones() {
     // A threshold above the context: primitive.
     let high = RouterConfig { partition_threshold: 8192, ..cfg };
     assert_eq!(router::choose(&layer, &p, 4, &high), AttentionRoute::Primitive);
+    // Tasks that do not spread evenly (2 kv heads on 3 threads: busy 2/3 of the call):
+    // partitioned; on 2 threads each takes one: primitive.
+    assert_eq!(router::choose(&layer, &p, 3, &cfg), AttentionRoute::Partitioned);
     // Many sequences fill the threads: primitive.
     let tables16: Vec<&[u32]> = vec![tables[0]; 16];
     let ctx16 = vec![built.context_lens[0]; 16];
@@ -247,6 +250,12 @@ fn auto_partitions_few_long_sequences_and_not_many_or_short_ones() {
     p.context_lens = &ctx16;
     p.queries = &queries16;
     assert_eq!(router::choose(&layer, &p, 4, &cfg), AttentionRoute::Primitive);
+    // 15 sequences × 2 kv heads on 4 threads: 30 tasks, busy 30/32 of the call: primitive; 3
+    // sequences (6 tasks, busy 6/8): partitioned.
+    p.num_seqs = 15;
+    assert_eq!(router::choose(&layer, &p, 4, &cfg), AttentionRoute::Primitive);
+    p.num_seqs = 3;
+    assert_eq!(router::choose(&layer, &p, 4, &cfg), AttentionRoute::Partitioned);
 }
 
 #[test]

@@ -9,7 +9,9 @@ use std::ops::Range;
 
 use kvcache::LayerView;
 
+use super::isa::MAX_FAST_HEAD_DIM;
 use super::params::AttentionParams;
+use super::queries::{int8_key_offset, int8_lane_floats, int8_lanes, int8_queries, quantize_query, INT8_QUERY_GROUP};
 
 /// Visibility of one sequence's query tokens (see the module docs of `attention`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,12 +62,25 @@ impl QueryBounds {
 }
 
 /// Copies the query rows of kv heads `heads` into `q` (`[heads.len(), q_len * G, head_dim]`),
-/// multiplied by `scale` and rotated for rotated formats.
-pub(crate) fn prepare_queries(layer: &LayerView, p: &AttentionParams, seq: usize, heads: Range<usize>, q: &mut [f32]) {
+/// multiplied by `scale`, rotated for rotated formats and rounded to int8 for integer-coded
+/// keys ([`int8_queries`]); with `lanes` (`[heads.len(), q_len * G, int8_lane_floats(d)]`), also
+/// lays the int8 rows out for the integer K·Q kernel.
+pub(crate) fn prepare_queries(
+    layer: &LayerView,
+    p: &AttentionParams,
+    seq: usize,
+    heads: Range<usize>,
+    q: &mut [f32],
+    mut lanes: Option<&mut [f32]>,
+) {
     let d = layer.head_dim;
     let g = p.num_heads / layer.num_kv_heads;
     let rows = p.q_len * g;
     debug_assert_eq!(q.len(), heads.len() * rows * d);
+    let int8 = int8_queries(layer.format);
+    debug_assert!(int8 || lanes.is_none());
+    let (mut codes, mut scales) = ([0i8; MAX_FAST_HEAD_DIM], [0f32; MAX_FAST_HEAD_DIM / INT8_QUERY_GROUP]);
+    let offset = int8_key_offset(layer.format);
     for (hi, kv_head) in heads.enumerate() {
         for i in 0..p.q_len {
             for h in 0..g {
@@ -77,6 +92,17 @@ pub(crate) fn prepare_queries(layer: &LayerView, p: &AttentionParams, seq: usize
                 }
                 if let Some(r) = layer.rotation {
                     r.apply(dst);
+                }
+                if int8 {
+                    match lanes.as_deref_mut() {
+                        Some(lanes) => {
+                            let (codes, scales) = (&mut codes[..d], &mut scales[..d / INT8_QUERY_GROUP]);
+                            quantize_query(dst, Some(codes), Some(scales));
+                            let lf = int8_lane_floats(d);
+                            int8_lanes(codes, scales, offset, &mut lanes[row * lf..(row + 1) * lf]);
+                        }
+                        None => quantize_query(dst, None, None),
+                    }
                 }
             }
         }

@@ -48,6 +48,8 @@ pub(crate) fn attention(
     ws.partials.ensure(parts * hkv * per_head);
     ws.prepare(pool.n_threads(), chunks.per, rows, d);
     let partials = SyncPtr::new(ws.partials.as_mut_ptr());
+    #[cfg(target_arch = "x86_64")]
+    let int8 = super::simd::int8_keys(isa, layer);
     let ws = &*ws;
 
     #[cfg(target_arch = "x86_64")]
@@ -64,8 +66,9 @@ pub(crate) fn attention(
         let (start, end) = (first.max(range.start), (first + psize).min(range.end));
         // SAFETY: one task per thread index at a time; the reference dies with the task.
         let scratch = unsafe { ws.thread(thread) };
-        let (q, _, mut tile) = scratch.split(heads.len(), rows, d);
-        prepare_queries(layer, p, seq, heads.clone(), q);
+        let (q, lanes, _, mut tile) = scratch.split(heads.len(), rows, d);
+        let mut lanes = int8.then_some(lanes);
+        prepare_queries(layer, p, seq, heads.clone(), q, lanes.as_deref_mut());
         // SAFETY: this task owns the partials of (part, heads) exclusively: regions
         // (part · hkv + h) for h in heads, consecutive.
         let mine = unsafe {
@@ -76,7 +79,8 @@ pub(crate) fn attention(
         };
         let mut states = HeadStates { buf: mine, rows, d };
         states.reset();
-        let inp = RangeInput { layer, heads, table: p.block_tables[seq], bounds, group, q, origin: first };
+        let table = p.block_tables[seq];
+        let inp = RangeInput { layer, heads, table, bounds, group, q, lanes: lanes.as_deref(), origin: first };
         // SAFETY: CPU checked by the caller; block table validated over the read range, which
         // contains [start, end); buffers sized by `prepare` and `split`.
         unsafe { attend_range(isa, &inp, start, end, &mut states, &mut tile) };
@@ -90,7 +94,7 @@ pub(crate) fn attention(
         let all = unsafe { std::slice::from_raw_parts(partials.get(), parts * hkv * per_head) };
         // SAFETY: one task per thread index at a time.
         let scratch = unsafe { ws.thread(thread) };
-        let (_, mut states, _) = scratch.split(1, rows, d);
+        let (_, _, mut states, _) = scratch.split(1, rows, d);
         let state = states.head(0);
         let region = |j: usize| &all[((first + j) * hkv + kv_head) * per_head..][..per_head];
         merge(region, last - first, rows, d, state.l, state.acc);

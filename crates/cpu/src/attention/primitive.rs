@@ -30,12 +30,13 @@ pub(crate) fn attention(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        use super::simd::attend_range;
+        use super::simd::{attend_range, int8_keys};
         use super::tile::RangeInput;
         let (d, hkv) = (layer.head_dim, layer.num_kv_heads);
         let group = p.num_heads / hkv;
         let rows = p.q_len * group;
         let chunks = HeadChunks::plan(hkv, rows, p.num_seqs, TASKS_PER_THREAD * pool.n_threads());
+        let int8 = int8_keys(isa, layer);
         ws.prepare(pool.n_threads(), chunks.per, rows, d);
         let ws = &*ws;
         let out = SyncPtr::new(out.as_mut_ptr());
@@ -44,12 +45,13 @@ pub(crate) fn attention(
             let heads = chunks.heads(chunk, hkv);
             // SAFETY: one task per thread index at a time; the reference dies with the task.
             let scratch = unsafe { ws.thread(thread) };
-            let (q, mut states, mut tile) = scratch.split(heads.len(), rows, d);
-            prepare_queries(layer, p, seq, heads.clone(), q);
+            let (q, lanes, mut states, mut tile) = scratch.split(heads.len(), rows, d);
+            let mut lanes = int8.then_some(lanes);
+            prepare_queries(layer, p, seq, heads.clone(), q, lanes.as_deref_mut());
             states.reset();
             let bounds = QueryBounds::of(p, seq);
-            let inp =
-                RangeInput { layer, heads: heads.clone(), table: p.block_tables[seq], bounds, group, q, origin: 0 };
+            let table = p.block_tables[seq];
+            let inp = RangeInput { layer, heads: heads.clone(), table, bounds, group, q, lanes: lanes.as_deref(), origin: 0 };
             let range = bounds.read_range();
             // SAFETY: the caller checked the CPU and validated shapes and the block table over
             // the read range; buffers come from `split` with the documented sizes. Each task

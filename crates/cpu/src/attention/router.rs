@@ -17,8 +17,11 @@
 //! from the same tile of blocks; it splits a sequence's kv heads into at most one task per
 //! thread (`primitive::TASKS_PER_THREAD`) and needs no merge. The partitioned path cuts the
 //! context into partitions, prepares the queries again per partition and merges the partial
-//! states. So `auto` picks **partitioned** only when the primitive path cannot give every
-//! thread a task, `num_seqs × num_kv_heads < threads × MIN_TASKS_PER_THREAD`, and the longest
+//! states. So `auto` picks **partitioned** only when the primitive path cannot keep every
+//! thread busy — fewer (sequence, kv head) tasks than `threads × MIN_TASKS_PER_THREAD`, or
+//! tasks that do not spread evenly: with `n` tasks on `t` threads the call lasts
+//! `⌈n/t⌉` task times, so threads are busy `n / (⌈n/t⌉·t)` of it (3 kv heads on 2 threads:
+//! 3/4) and below [`MIN_BUSY_SHARE`] the partitions, which split evenly, win — and the longest
 //! read range is at least `partition_threshold` tokens (and one partition); **primitive**
 //! otherwise.
 //!
@@ -60,6 +63,12 @@ use super::params::AttentionParams;
 
 /// (sequence, kv head) pairs per thread below which the primitive path leaves threads idle.
 pub const MIN_TASKS_PER_THREAD: usize = 1;
+
+/// Least share of a primitive call the threads must be busy for `auto` to keep it primitive
+/// (see the module docs): 3 kv heads on 2 threads (3/4) partition, 7 on 4 (7/8) do not.
+/// Measured with SmolLM2's shape (3 kv heads × 3 query heads × 64, one sequence, 4096 tokens,
+/// 2 threads, q8): primitive leaves the second thread idle a third of the call.
+pub const MIN_BUSY_SHARE: f64 = 0.85;
 
 /// What serves one call: the route and, for the fast kernels, their instruction set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,8 +172,11 @@ fn warn_fallback_once(reason: FallbackReason, requested: AttnImpl, layer: &Layer
 /// The fast path `auto` uses for this call on `threads` threads.
 pub fn choose(layer: &LayerView, p: &AttentionParams, threads: usize, cfg: &RouterConfig) -> AttentionRoute {
     let tasks = p.num_seqs * layer.num_kv_heads;
+    let threads = threads.max(1);
     let longest = (0..p.num_seqs).map(|s| QueryBounds::of(p, s).read_range().len()).max().unwrap_or(0);
-    if tasks < threads * MIN_TASKS_PER_THREAD && longest >= cfg.partition_threshold.max(cfg.partition_size) {
+    let busy = tasks as f64 / (tasks.div_ceil(threads) * threads).max(1) as f64;
+    let few = tasks < threads * MIN_TASKS_PER_THREAD || busy < MIN_BUSY_SHARE;
+    if few && longest >= cfg.partition_threshold.max(cfg.partition_size) {
         AttentionRoute::Partitioned
     } else {
         AttentionRoute::Primitive

@@ -28,6 +28,7 @@ use kvcache::{LayerView, PlaneView};
 use std::ops::Range;
 
 use super::group::{HeadStates, QueryBounds};
+use super::queries::int8_lane_floats;
 use super::softmax::{self, RowRanges};
 
 /// Most key positions per tile.
@@ -53,8 +54,12 @@ pub(crate) struct RangeInput<'a> {
     pub bounds: QueryBounds,
     /// Query rows per query token (`num_heads / num_kv_heads`).
     pub group: usize,
-    /// `[heads.len(), q_len * group, head_dim]` scaled (and rotated) queries.
+    /// `[heads.len(), q_len * group, head_dim]` scaled (and rotated, and for integer-coded keys
+    /// int8-rounded) queries.
     pub q: &'a [f32],
+    /// `[heads.len(), q_len * group, int8_lane_floats(head_dim)]` their int8 lanes, when the
+    /// kernels compute K·Q in integers ([`super::simd::int8_keys`]).
+    pub lanes: Option<&'a [f32]>,
     /// The position tiles are counted from (0, or the partition's first position): tiles are
     /// `[origin + k·TILE, origin + (k + 1)·TILE)` whatever range a call reads, so a query's
     /// tiles — and its sums — do not depend on which other queries share the call.
@@ -91,7 +96,8 @@ pub(crate) trait TileOps {
     /// `accumulate` multiplies into the decoded values.
     const V_SUB_SCALED: bool;
 
-    /// `sc[t][r] = q_r · k_t` for tokens `t0 .. t1` and `rows ≤ 4` rows (`q`: `[rows, d]`),
+    /// `sc[t][r] = q_r · k_t` for tokens `t0 .. t1` and `rows ≤ 4` rows (`q`: `[rows, d]`;
+    /// `lanes`: their int8 lanes `[rows, int8_lane_floats(d)]` for integer kernels, else null),
     /// computed in whole vectors from `t0`, so up to three tokens past `t1` may be written
     /// (with garbage); lanes of rows `rows..4` are written as 0. `kscale`: `[TILE, MAX_GROUPS]`.
     /// Prefetches `next`'s rows at the positions it reads.
@@ -108,6 +114,7 @@ pub(crate) trait TileOps {
         t0: usize,
         t1: usize,
         q: *const f32,
+        lanes: *const f32,
         d: usize,
         sc: *mut f32,
         next: &NextRows,
@@ -244,6 +251,13 @@ unsafe fn convert_scales(rows: &[*const f16], ns: usize, out: &mut [f32]) {
             while i + 4 <= ns {
                 _mm_storeu_ps(o.add(t * MAX_GROUPS + i), _mm_cvtph_ps(_mm_loadl_epi64(r.add(i).cast())));
                 i += 4;
+            }
+            // Two halves in one 32-bit load (head_dim 64 has two groups: the common case
+            // after the quads).
+            while i + 2 <= ns {
+                let pair = _mm_cvtsi32_si128(r.add(i).cast::<i32>().read_unaligned());
+                _mm_storel_pd(o.add(t * MAX_GROUPS + i).cast(), _mm_castps_pd(_mm_cvtph_ps(pair)));
+                i += 2;
             }
             while i < ns {
                 *o.add(t * MAX_GROUPS + i) = f16_to_f32(*r.add(i));
@@ -482,6 +496,7 @@ pub(crate) unsafe fn run<T: TileOps>(
                 }
                 let state = states.head(hi);
                 let q_head = inp.q.as_ptr().add(hi * rows_per_head * d);
+                let hi_rows = hi * rows_per_head;
                 let (r0, r1) = (i0 * g, i1 * g);
                 let mut block = r0;
                 while block < r1 {
@@ -520,7 +535,12 @@ pub(crate) unsafe fn run<T: TileOps>(
                     }
                     let sc = scratch.sc.as_mut_ptr();
                     let q = q_head.add(rows.start * d);
-                    ops.scores(nr, &krows, scratch.kscale, lo, hi, q, d, sc, if first { &next_k } else { &no_rows });
+                    let lanes = match inp.lanes {
+                        Some(l) => l.as_ptr().add((hi_rows + rows.start) * int8_lane_floats(d)),
+                        None => std::ptr::null(),
+                    };
+                    let next = if first { &next_k } else { &no_rows };
+                    ops.scores(nr, &krows, scratch.kscale, lo, hi, q, lanes, d, sc, next);
                     let pr = scratch.p.as_mut_ptr();
                     let corr = softmax::update(sc, pr, lo, hi, &ranges, &mut m, &mut l);
                     for j in 0..nr {

@@ -10,6 +10,7 @@
 use std::cell::UnsafeCell;
 
 use super::group::HeadStates;
+use super::queries::int8_lane_floats;
 #[cfg(target_arch = "x86_64")]
 use super::tile::TileScratch;
 
@@ -55,6 +56,8 @@ impl AlignedF32 {
 pub(crate) struct ThreadScratch {
     /// `[heads, rows, d]` scaled, rotated queries.
     pub q: AlignedF32,
+    /// `[heads, rows, int8_lane_floats(d)]` their int8 lanes for the integer K·Q kernel.
+    pub lanes: AlignedF32,
     /// `[heads, HeadStates::region(rows, d)]` row states.
     pub state: AlignedF32,
     /// Tile buffers, lengths `TileScratch::LENS` (x86-64 only).
@@ -64,6 +67,7 @@ pub(crate) struct ThreadScratch {
 impl ThreadScratch {
     fn ensure(&mut self, heads: usize, rows: usize, d: usize) {
         self.q.ensure(heads * rows * d);
+        self.lanes.ensure(heads * rows * int8_lane_floats(d));
         self.state.ensure(heads * HeadStates::region(rows, d));
         #[cfg(target_arch = "x86_64")]
         for (buf, len) in self.tile.iter_mut().zip(TileScratch::LENS) {
@@ -71,13 +75,19 @@ impl ThreadScratch {
         }
     }
 
-    /// Query rows, row states and tile buffers for `heads` kv heads × `rows` rows of `d`
-    /// values.
+    /// Query rows, their int8 lanes, row states and tile buffers for `heads` kv heads × `rows`
+    /// rows of `d` values.
     #[cfg(target_arch = "x86_64")]
-    pub fn split(&mut self, heads: usize, rows: usize, d: usize) -> (&mut [f32], HeadStates<'_>, TileScratch<'_>) {
+    pub fn split(
+        &mut self,
+        heads: usize,
+        rows: usize,
+        d: usize,
+    ) -> (&mut [f32], &mut [f32], HeadStates<'_>, TileScratch<'_>) {
         let [sc, p, kscale, vscale, w] = self.tile.each_mut().map(AlignedF32::as_mut_slice);
         (
             &mut self.q.as_mut_slice()[..heads * rows * d],
+            &mut self.lanes.as_mut_slice()[..heads * rows * int8_lane_floats(d)],
             HeadStates { buf: &mut self.state.as_mut_slice()[..heads * HeadStates::region(rows, d)], rows, d },
             TileScratch { sc, p, kscale, vscale, w },
         )

@@ -12,13 +12,16 @@
 //! ([`super::tile::run`]) with these kernels.
 
 mod codecs;
+mod int8;
 mod kernels;
 
 use std::marker::PhantomData;
 
-use kvcache::Codec;
+use kvcache::{Codec, LayerView};
 
 use self::codecs::{Bf16Row, F16Row, F32Row, LloydMax8Row, LloydMaxRow, Q4LutRow, Q4Row, Q8Row, RowCodec, SubScaled};
+use self::int8::{IntKeys, Q4Keys, Q8Keys};
+use super::queries::int8_queries;
 use super::group::HeadStates;
 use super::isa::KernelIsa;
 use super::tile::{self, NextRows, RangeInput, TileOps, TileScratch, TILE};
@@ -107,6 +110,7 @@ macro_rules! kernel_fns {
                 t0: usize,
                 t1: usize,
                 q: *const f32,
+                _lanes: *const f32,
                 d: usize,
                 sc: *mut f32,
                 next: &NextRows,
@@ -140,10 +144,20 @@ macro_rules! kernel_fns {
 kernel_fns!(Avx2, "avx2,fma,f16c", scores_avx2, accumulate_avx2, 2, 1);
 kernel_fns!(Avx512, "avx512f,avx512vl,avx2,fma,f16c", scores_avx512, accumulate_avx512, 4, 2);
 
-/// [`tile::run`] with `isa`'s kernels for the layer's codecs.
+/// Whether calls over `layer` on `isa` compute K·Q in integers ([`int8`]): q8 and q4 keys
+/// (whose queries are int8-rounded on every route), head_dim a multiple of 64, the AVX-512
+/// kernels on a CPU with AVX-512 VNNI. The queries' int8 lanes must then be prepared.
+pub(crate) fn int8_keys(isa: KernelIsa, layer: &LayerView) -> bool {
+    static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let vnni = *VNNI.get_or_init(|| std::is_x86_feature_detected!("avx512vnni"));
+    isa == KernelIsa::Avx512 && vnni && int8_queries(layer.format) && layer.head_dim.is_multiple_of(64)
+}
+
+/// [`tile::run`] with `isa`'s kernels for the layer's codecs (the integer K·Q kernel where
+/// the input carries int8 lanes, see [`int8_keys`]).
 ///
 /// # Safety
-/// As [`tile::run`], with `isa` available on this CPU.
+/// As [`tile::run`], with `isa` available on this CPU; lanes only where [`int8_keys`] holds.
 pub(crate) unsafe fn attend_range(
     isa: KernelIsa,
     inp: &RangeInput,
@@ -152,11 +166,109 @@ pub(crate) unsafe fn attend_range(
     states: &mut HeadStates,
     scratch: &mut TileScratch,
 ) {
+    debug_assert_eq!(inp.lanes.is_some(), int8_keys(isa, inp.layer));
     // SAFETY: forwarded contract.
     unsafe {
         match isa {
+            _ if inp.lanes.is_some() => by_codecs_int8(inp, start, end, states, scratch),
             KernelIsa::Avx2 => by_codecs_avx2(inp, start, end, states, scratch),
             KernelIsa::Avx512 => by_codecs_avx512(inp, start, end, states, scratch),
+        }
+    }
+}
+
+/// The integer K·Q kernel for keys `K` with the AVX-512 value kernels of codec `V`.
+pub(crate) struct Int8Ops<K, V> {
+    k: K,
+    v: V,
+}
+
+#[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn scores_int8<K: IntKeys>(
+    k: &K,
+    rows: usize,
+    krows: &[*const u8; TILE],
+    kscale: &[f32],
+    t0: usize,
+    t1: usize,
+    lanes: *const f32,
+    d: usize,
+    sc: *mut f32,
+    next: &NextRows,
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match rows {
+            1 => int8::scores::<K, 1>(k, krows, kscale, t0, t1, lanes, d, sc, next),
+            2 => int8::scores::<K, 2>(k, krows, kscale, t0, t1, lanes, d, sc, next),
+            3 => int8::scores::<K, 3>(k, krows, kscale, t0, t1, lanes, d, sc, next),
+            _ => int8::scores::<K, 4>(k, krows, kscale, t0, t1, lanes, d, sc, next),
+        }
+    }
+}
+
+impl<K: IntKeys, V: RowCodec> TileOps for Int8Ops<K, V> {
+    const K_SCALED: bool = true;
+    const V_SCALED: bool = V::SCALED;
+    const V_SUB_SCALED: bool = V::SUB_SCALED;
+
+    #[inline(always)]
+    unsafe fn scores(
+        &self,
+        rows: usize,
+        krows: &[*const u8; TILE],
+        kscale: &[f32],
+        t0: usize,
+        t1: usize,
+        _q: *const f32,
+        lanes: *const f32,
+        d: usize,
+        sc: *mut f32,
+        next: &NextRows,
+    ) {
+        debug_assert!(!lanes.is_null());
+        // SAFETY: forwarded contract (VNNI checked by `int8_keys`).
+        unsafe { scores_int8(&self.k, rows, krows, kscale, t0, t1, lanes, d, sc, next) }
+    }
+
+    #[inline(always)]
+    unsafe fn accumulate(
+        &self,
+        rows: usize,
+        vrows: &[*const u8; TILE],
+        vscale: *const f32,
+        t0: usize,
+        t1: usize,
+        w: *const f32,
+        wt: usize,
+        corr: &[f32; 4],
+        d: usize,
+        acc: *mut f32,
+        next: &NextRows,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe { accumulate_avx512(&self.v, rows, vrows, vscale, t0, t1, w, wt, corr, d, acc, next) }
+    }
+}
+
+/// [`tile::run`] with the integer K·Q kernel over a q8 or q4 layer.
+#[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn by_codecs_int8(
+    inp: &RangeInput,
+    start: usize,
+    end: usize,
+    states: &mut HeadStates,
+    scratch: &mut TileScratch,
+) {
+    // SAFETY: forwarded contract; the features are enabled here.
+    unsafe {
+        match (inp.layer.keys.codec, inp.layer.values.codec) {
+            (Codec::Q8, Codec::Q8) => tile::run(&Int8Ops { k: Q8Keys, v: Q8Row }, inp, start, end, states, scratch),
+            (Codec::Q4, Codec::Q4) => {
+                tile::run(&Int8Ops { k: Q4Keys, v: Q4LutRow::new() }, inp, start, end, states, scratch)
+            }
+            (k, v) => unreachable!("integer K·Q serves q8 and q4 layers, not {k:?} / {v:?}"),
         }
     }
 }
