@@ -236,11 +236,29 @@ unsafe fn convert_scales(rows: &[*const f16], ns: usize, out: &mut [f32]) {
     // SAFETY: reads stay inside each row's `ns` halves (whole quads, then single halves);
     // writes inside `out` (caller's contract).
     unsafe {
-        if ns == 4 {
-            for (t, &r) in rows.iter().enumerate() {
-                _mm_storeu_ps(o.add(t * MAX_GROUPS), _mm_cvtph_ps(_mm_loadl_epi64(r.cast())));
+        // The common group counts (head_dim 64, 128, 256) get a loop of their own: a scale
+        // row in one load, one conversion and one store, no inner loop per token.
+        match ns {
+            2 => {
+                for (t, &r) in rows.iter().enumerate() {
+                    let pair = _mm_cvtsi32_si128(r.cast::<i32>().read_unaligned());
+                    _mm_storel_pd(o.add(t * MAX_GROUPS).cast(), _mm_castps_pd(_mm_cvtph_ps(pair)));
+                }
+                return;
             }
-            return;
+            4 => {
+                for (t, &r) in rows.iter().enumerate() {
+                    _mm_storeu_ps(o.add(t * MAX_GROUPS), _mm_cvtph_ps(_mm_loadl_epi64(r.cast())));
+                }
+                return;
+            }
+            8 => {
+                for (t, &r) in rows.iter().enumerate() {
+                    _mm256_storeu_ps(o.add(t * MAX_GROUPS), _mm256_cvtph_ps(_mm_loadu_si128(r.cast())));
+                }
+                return;
+            }
+            _ => {}
         }
         for (t, &r) in rows.iter().enumerate() {
             let mut i = 0;
@@ -252,8 +270,6 @@ unsafe fn convert_scales(rows: &[*const f16], ns: usize, out: &mut [f32]) {
                 _mm_storeu_ps(o.add(t * MAX_GROUPS + i), _mm_cvtph_ps(_mm_loadl_epi64(r.add(i).cast())));
                 i += 4;
             }
-            // Two halves in one 32-bit load (head_dim 64 has two groups: the common case
-            // after the quads).
             while i + 2 <= ns {
                 let pair = _mm_cvtsi32_si128(r.add(i).cast::<i32>().read_unaligned());
                 _mm_storel_pd(o.add(t * MAX_GROUPS + i).cast(), _mm_castps_pd(_mm_cvtph_ps(pair)));
