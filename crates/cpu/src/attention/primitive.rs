@@ -51,7 +51,8 @@ pub(crate) fn attention(
             states.reset();
             let bounds = QueryBounds::of(p, seq);
             let table = p.block_tables[seq];
-            let inp = RangeInput { layer, heads: heads.clone(), table, bounds, group, q, lanes: lanes.as_deref(), origin: 0 };
+            let inp =
+                RangeInput { layer, heads: heads.clone(), table, bounds, group, q, lanes: lanes.as_deref(), origin: 0 };
             let range = bounds.read_range();
             // SAFETY: the caller checked the CPU and validated shapes and the block table over
             // the read range; buffers come from `split` with the documented sizes. Each task

@@ -136,12 +136,12 @@ mod tests {
             let x = &orig[g * 8..(g + 1) * 8];
             let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
             assert_eq!(scales[g], amax / 127.0);
-            for i in 0..8 {
+            for (i, &xi) in x.iter().enumerate() {
                 let j = g * 8 + i;
                 assert_eq!(q[j], codes[j] as f32 * scales[g], "element {j}");
                 // Within half a step of the input, the group's largest value exact in code.
-                assert!((q[j] - orig[j]).abs() <= 0.5 * scales[g] * 1.0001, "element {j}");
-                if x[i].abs() == amax && amax > 0.0 {
+                assert!((q[j] - xi).abs() <= 0.5 * scales[g] * 1.0001, "element {j}");
+                if xi.abs() == amax && amax > 0.0 {
                     assert_eq!(codes[j].unsigned_abs(), 127);
                 }
             }

@@ -233,8 +233,8 @@ unsafe fn f16_to_f32(h: f16) -> f32 {
 unsafe fn convert_scales(rows: &[*const f16], ns: usize, out: &mut [f32]) {
     debug_assert!(ns <= MAX_GROUPS && out.len() >= rows.len() * MAX_GROUPS);
     let o = out.as_mut_ptr();
-    // SAFETY: reads stay inside each row's `ns` halves (whole quads, then single halves);
-    // writes inside `out` (caller's contract).
+    // SAFETY: reads stay inside each row's `ns` halves (whole runs of 8, 4 or 2, then single
+    // halves); writes inside `out` (caller's contract).
     unsafe {
         // The common group counts (head_dim 64, 128, 256) get a loop of their own: a scale
         // row in one load, one conversion and one store, no inner loop per token.

@@ -75,10 +75,7 @@ unsafe fn reduce16(v: &[__m512; 16]) -> __m512 {
         for (i, u) in u.iter_mut().enumerate() {
             let (a, b) = (_mm512_castps_pd(s[2 * i]), _mm512_castps_pd(s[2 * i + 1]));
             // 64-bit moves of f32 pairs, summed as f32.
-            *u = _mm512_add_ps(
-                _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
-            );
+            *u = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
         }
         // Across quarters: u[i] holds vectors 4i..4i+4 in each quarter.
         let w0 = _mm512_add_ps(
@@ -302,7 +299,9 @@ mod tests {
                         // SAFETY: features checked above; rows and buffers sized as documented.
                         unsafe {
                             match codec {
-                                Codec::Q8 => run(&Q8Keys, rows, &krows, &kscale, t1, lanes.as_ptr(), d, sc.as_mut_ptr()),
+                                Codec::Q8 => {
+                                    run(&Q8Keys, rows, &krows, &kscale, t1, lanes.as_ptr(), d, sc.as_mut_ptr())
+                                }
                                 _ => run(&Q4Keys, rows, &krows, &kscale, t1, lanes.as_ptr(), d, sc.as_mut_ptr()),
                             }
                         }

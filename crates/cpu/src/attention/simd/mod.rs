@@ -21,9 +21,9 @@ use kvcache::{Codec, LayerView};
 
 use self::codecs::{Bf16Row, F16Row, F32Row, LloydMax8Row, LloydMaxRow, Q4LutRow, Q4Row, Q8Row, RowCodec, SubScaled};
 use self::int8::{IntKeys, Q4Keys, Q8Keys};
-use super::queries::int8_queries;
 use super::group::HeadStates;
 use super::isa::KernelIsa;
+use super::queries::int8_queries;
 use super::tile::{self, NextRows, RangeInput, TileOps, TileScratch, TILE};
 
 /// AVX2 + FMA + F16C: QK two tokens at a time, PV one chunk (16 values) per pass.
