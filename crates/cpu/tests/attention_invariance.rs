@@ -109,3 +109,47 @@ fn a_windowed_query_gives_the_same_bits_alone_and_in_a_verification_chunk() {
         }
     }
 }
+
+/// The router picks the primitive or the partitioned path from the call's shape — how many
+/// sequences share it, how many threads there are — so both must give a query the same bits:
+/// each sums a sequence's keys partition by partition and folds the partials in the same order.
+/// Contexts of several partitions (and one), decode and verification chunks, windows, partition
+/// sizes that are and are not tile multiples, q8 (integer K·Q) and f16 and q4r, 1 and 2 threads.
+#[test]
+fn the_primitive_and_partitioned_paths_give_the_same_bits() {
+    let pools = [Arc::new(ThreadPool::new(1)), Arc::new(ThreadPool::new(2))];
+    let mut seed = 401;
+    for format in [KvFormat::F16, KvFormat::Q8, KvFormat::Q4 { rotate: true }] {
+        for (d, hkv, group, q_len, context, window, psize) in [
+            (64, 3, 3, 1, 1300, None, 512),
+            (128, 2, 6, 9, 1100, None, 256),
+            (64, 3, 3, 5, 900, Some(300), 100),
+            (256, 1, 4, 1, 700, Some(512), 512),
+            (128, 2, 6, 1, 200, None, 512),
+        ] {
+            seed += 1;
+            let mut case = Case::f16(d, hkv, group, q_len, vec![context], seed);
+            case.format = format;
+            case.window = window;
+            case.partition_size = psize;
+            let built = build(&case);
+            let tables = built.tables();
+            let layer = built.pages.layer(0);
+            let counters = CacheCounters::default();
+            let p = built.params(&case, &tables);
+            for pool in &pools {
+                for isa in isas() {
+                    let run = |imp| {
+                        let mut attn = Attention::new(fast_config(imp, IsaChoice::Only(isa), psize), pool.clone());
+                        let mut out = vec![f32::NAN; built.queries.len()];
+                        attn.forward(&layer, &p, &counters, &mut out).unwrap_or_else(|e| panic!("{case:?}: {e}"));
+                        out
+                    };
+                    let (primitive, partitioned) = (run(AttnImpl::Primitive), run(AttnImpl::Partitioned));
+                    let what = format!("{case:?}: {isa:?}, {} threads", pool.n_threads());
+                    assert_bits(&primitive, &partitioned, &format!("{what}: primitive vs partitioned"));
+                }
+            }
+        }
+    }
+}

@@ -83,7 +83,10 @@ impl Attention {
                 let kernel = self.ggml.run_validated(layer, p, out)?;
                 CacheCounters::add(&counters.partitions, kernel.partitions() as u64);
             }
-            Plan::Primitive(isa) => primitive::attention(layer, p, isa, &self.pool, &mut self.workspace, out),
+            Plan::Primitive(isa) => {
+                let psize = self.config.router.partition_size;
+                primitive::attention(layer, p, psize, isa, &self.pool, &mut self.workspace, out)
+            }
             Plan::Partitioned(isa) => {
                 let parts = partitioned::attention(
                     layer,

@@ -196,6 +196,34 @@ impl<'a> HeadStates<'a> {
     }
 }
 
+impl RowState<'_> {
+    /// Folds the partial state of one range of keys — `region`, laid out as a [`HeadStates`]
+    /// region — into this running state: `M = max(m, m_p)`, `l ← l·e^(m−M) + l_p·e^(m_p−M)`,
+    /// `acc ← acc·e^(m−M) + acc_p·e^(m_p−M)`; rows the partial saw no key of are skipped.
+    ///
+    /// Both fast paths cut a sequence's keys into the same partitions (`partition_size`
+    /// positions, aligned to absolute positions) and fold their partials in position order
+    /// with this one function, so a row's result does not depend on which path the router
+    /// picked — and so not on what the call was batched with. Folding into an empty state
+    /// copies the partial exactly (`e^(−∞) = 0`, `e^0 = 1`).
+    pub fn fold(&mut self, region: &[f32], rows: usize, d: usize) {
+        let (pm, pl, pacc) = HeadStates::parts(region, rows, d);
+        for row in 0..rows {
+            if pl[row] == 0.0 {
+                continue;
+            }
+            let big_m = self.m[row].max(pm[row]);
+            let (a, b) = ((self.m[row] - big_m).exp(), (pm[row] - big_m).exp());
+            self.l[row] = self.l[row] * a + pl[row] * b;
+            let out = &mut self.acc[row * d..(row + 1) * d];
+            for (o, p) in out.iter_mut().zip(&pacc[row * d..(row + 1) * d]) {
+                *o = *o * a + p * b;
+            }
+            self.m[row] = big_m;
+        }
+    }
+}
+
 /// Writes `acc / l` (un-rotated) of every row to its place in `out`
 /// (`[num_seqs, q_len, num_heads, head_dim]`, passed as a raw pointer because work items of
 /// one call write disjoint rows of it concurrently).

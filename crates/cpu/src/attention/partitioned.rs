@@ -2,13 +2,15 @@
 //! multiples of `partition_size` positions; one task per (sequence, partition, run of kv heads)
 //! runs the same tile kernels as the primitive path over its partition and leaves a partial
 //! state `(m, l, acc)` per query row; a second parallel step merges the partials of each
-//! (sequence, kv head) exactly:
-//! `M = max_j m_j`, `L = Σ_j l_j·e^(m_j−M)`, `o = Σ_j acc_j·e^(m_j−M) / L`.
+//! (sequence, kv head) exactly, folding them in position order ([`RowState::fold`]) — the
+//! fold the primitive path applies to the same partitions, so both give the same bits.
 //! It keeps every thread busy when sequences × kv heads are fewer than the threads. Heads are
 //! split only when partitions alone do not give every thread work ([`HeadChunks::plan`]).
 
 use kvcache::LayerView;
 
+#[cfg(doc)]
+use super::group::RowState;
 use super::group::{prepare_queries, write_output, HeadChunks, HeadStates, QueryBounds};
 use super::isa::KernelIsa;
 use super::params::AttentionParams;
@@ -66,7 +68,7 @@ pub(crate) fn attention(
         let (start, end) = (first.max(range.start), (first + psize).min(range.end));
         // SAFETY: one task per thread index at a time; the reference dies with the task.
         let scratch = unsafe { ws.thread(thread) };
-        let (q, lanes, _, mut tile) = scratch.split(heads.len(), rows, d);
+        let (q, lanes, _, _, mut tile) = scratch.split(heads.len(), rows, d);
         let mut lanes = int8.then_some(lanes);
         prepare_queries(layer, p, seq, heads.clone(), q, lanes.as_deref_mut());
         // SAFETY: this task owns the partials of (part, heads) exclusively: regions
@@ -94,36 +96,14 @@ pub(crate) fn attention(
         let all = unsafe { std::slice::from_raw_parts(partials.get(), parts * hkv * per_head) };
         // SAFETY: one task per thread index at a time.
         let scratch = unsafe { ws.thread(thread) };
-        let (_, _, mut states, _) = scratch.split(1, rows, d);
-        let state = states.head(0);
-        let region = |j: usize| &all[((first + j) * hkv + kv_head) * per_head..][..per_head];
-        merge(region, last - first, rows, d, state.l, state.acc);
+        let (_, _, mut states, _, _) = scratch.split(1, rows, d);
+        states.reset();
+        let mut state = states.head(0);
+        for part in first..last {
+            state.fold(&all[(part * hkv + kv_head) * per_head..][..per_head], rows, d);
+        }
         // SAFETY: each merge task writes only its own (seq, kv_head) output rows.
         unsafe { write_output(layer, p, seq, kv_head, state.l, state.acc, out.get()) };
     });
     parts * hkv
-}
-
-/// Merges `parts` partial states (`region(j)`, laid out as [`HeadStates`]) into `l`
-/// (`[rows]`) and `acc` (`[rows, d]`), both relative to the common max.
-fn merge<'a>(region: impl Fn(usize) -> &'a [f32], parts: usize, rows: usize, d: usize, l: &mut [f32], acc: &mut [f32]) {
-    let part = |j: usize| HeadStates::parts(region(j), rows, d);
-    for row in 0..rows {
-        let big_m = (0..parts).map(|j| part(j).0[row]).fold(f32::NEG_INFINITY, f32::max);
-        let out = &mut acc[row * d..(row + 1) * d];
-        out.fill(0.0);
-        let mut total = 0.0f32;
-        for j in 0..parts {
-            let (m, lj, a) = part(j);
-            if lj[row] == 0.0 {
-                continue; // this partition held no key of this row
-            }
-            let w = (m[row] - big_m).exp();
-            total += lj[row] * w;
-            for (o, a) in out.iter_mut().zip(&a[row * d..(row + 1) * d]) {
-                *o += a * w;
-            }
-        }
-        l[row] = total;
-    }
 }

@@ -17,7 +17,10 @@
 //! from the same tile of blocks; it splits a sequence's kv heads into at most one task per
 //! thread (`primitive::TASKS_PER_THREAD`) and needs no merge. The partitioned path cuts the
 //! context into partitions, prepares the queries again per partition and merges the partial
-//! states. So `auto` picks **partitioned** only when the primitive path cannot keep every
+//! states. Both sum a sequence's keys partition by partition (`partition_size` positions,
+//! aligned to absolute positions) and fold the partials in position order, so the choice
+//! changes the speed of a call, never its bits (the fast numerics promise a query the same
+//! result however it is batched, and the choice depends on the batch). So `auto` picks **partitioned** only when the primitive path cannot keep every
 //! thread busy — fewer (sequence, kv head) tasks than `threads × MIN_TASKS_PER_THREAD`, or
 //! tasks that do not spread evenly: with `n` tasks on `t` threads the call lasts
 //! `⌈n/t⌉` task times, so threads are busy `n / (⌈n/t⌉·t)` of it (3 kv heads on 2 threads:

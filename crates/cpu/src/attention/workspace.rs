@@ -60,6 +60,9 @@ pub(crate) struct ThreadScratch {
     pub lanes: AlignedF32,
     /// `[heads, HeadStates::region(rows, d)]` row states.
     pub state: AlignedF32,
+    /// The same, for one partition's partial states (the primitive path folds them into
+    /// `state`).
+    pub partial: AlignedF32,
     /// Tile buffers, lengths `TileScratch::LENS` (x86-64 only).
     pub tile: [AlignedF32; 5],
 }
@@ -69,26 +72,30 @@ impl ThreadScratch {
         self.q.ensure(heads * rows * d);
         self.lanes.ensure(heads * rows * int8_lane_floats(d));
         self.state.ensure(heads * HeadStates::region(rows, d));
+        self.partial.ensure(heads * HeadStates::region(rows, d));
         #[cfg(target_arch = "x86_64")]
         for (buf, len) in self.tile.iter_mut().zip(TileScratch::LENS) {
             buf.ensure(len);
         }
     }
 
-    /// Query rows, their int8 lanes, row states and tile buffers for `heads` kv heads × `rows`
-    /// rows of `d` values.
+    /// Query rows, their int8 lanes, row states, partial row states and tile buffers for
+    /// `heads` kv heads × `rows` rows of `d` values.
     #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::type_complexity)]
     pub fn split(
         &mut self,
         heads: usize,
         rows: usize,
         d: usize,
-    ) -> (&mut [f32], &mut [f32], HeadStates<'_>, TileScratch<'_>) {
+    ) -> (&mut [f32], &mut [f32], HeadStates<'_>, HeadStates<'_>, TileScratch<'_>) {
         let [sc, p, kscale, vscale, w] = self.tile.each_mut().map(AlignedF32::as_mut_slice);
+        let n = heads * HeadStates::region(rows, d);
         (
             &mut self.q.as_mut_slice()[..heads * rows * d],
             &mut self.lanes.as_mut_slice()[..heads * rows * int8_lane_floats(d)],
-            HeadStates { buf: &mut self.state.as_mut_slice()[..heads * HeadStates::region(rows, d)], rows, d },
+            HeadStates { buf: &mut self.state.as_mut_slice()[..n], rows, d },
+            HeadStates { buf: &mut self.partial.as_mut_slice()[..n], rows, d },
             TileScratch { sc, p, kscale, vscale, w },
         )
     }
