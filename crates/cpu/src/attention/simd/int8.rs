@@ -120,6 +120,8 @@ pub(crate) unsafe fn scores<K: IntKeys, const R: usize>(
     unsafe {
         let row_floats = 3 * d / 4;
         let (scales_at, corr_at) = (d / 4, d / 2);
+        // Lanes 8..16 of a chunk read the second of its two key groups.
+        let halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
         let mut t = t0;
         while t < t1 {
             let mut tok = [0usize; TOK];
@@ -134,24 +136,7 @@ pub(crate) unsafe fn scores<K: IntKeys, const R: usize>(
             let mut f = [_mm512_setzero_ps(); 16]; // [token · 4 + row]
             for c in 0..d / 64 {
                 // Key lanes 0..8 belong to group 2c, lanes 8..16 to group 2c + 1.
-                let pick = _mm512_set_epi32(
-                    2 * c as i32 + 1,
-                    2 * c as i32 + 1,
-                    2 * c as i32 + 1,
-                    2 * c as i32 + 1,
-                    2 * c as i32 + 1,
-                    2 * c as i32 + 1,
-                    2 * c as i32 + 1,
-                    2 * c as i32 + 1,
-                    2 * c as i32,
-                    2 * c as i32,
-                    2 * c as i32,
-                    2 * c as i32,
-                    2 * c as i32,
-                    2 * c as i32,
-                    2 * c as i32,
-                    2 * c as i32,
-                );
+                let pick = _mm512_add_epi32(halves, _mm512_set1_epi32(2 * c as i32));
                 let mut kx = [_mm512_setzero_si512(); TOK];
                 let mut ks = [_mm512_setzero_ps(); TOK];
                 for j in 0..TOK {

@@ -8,6 +8,10 @@
 //!   rows of head_dim 128, PV 33 vs 42 (`examples/attention_bench.rs`, single thread,
 //!   cache-resident f16).
 //!
+//! Over q8 and q4 keys with head_dim a multiple of 64, on a CPU with AVX-512 VNNI, K·Q runs in
+//! integers instead ([`Int8Ops`]: `int8.rs`, the int8-rounded queries against the key codes,
+//! 64 values a row per `vpdpbusd`), with the AVX-512 value pass.
+//!
 //! [`attend_range`] picks the layer's codec pair and runs the shared tile driver
 //! ([`super::tile::run`]) with these kernels.
 
