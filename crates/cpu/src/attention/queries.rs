@@ -8,10 +8,9 @@
 //!   query is rounded to int8 codes with one scale per [`INT8_QUERY_GROUP`] values, as llama.cpp
 //!   converts Q to `q8_0` for its quantized caches, so K·Q can run as integer dot products
 //!   (`simd::int8`). Every route — reference, both fast paths, either instruction set — sees
-//!   the same rounded query, so they agree as before. Groups of 8 rather than llama.cpp's 32:
-//!   `pagekv eval --exact-weights` on SmolLM2, q8 KV, KL to f16 (the f32-query figure is 4.2e-4):
-//!   5.1e-4 with groups of 8, 5.7e-4 with 16, 6.3e-4 with 32; the integer kernel costs the
-//!   same for any group of at least 4.
+//!   the same rounded query, so they agree as before. Groups of 8 rather than llama.cpp's 32
+//!   cost the integer kernel nothing and add less error (figures in
+//!   `docs/kv-formats.md`).
 //! - f32 and turbo caches: queries as they are.
 
 use half::slice::HalfFloatSliceExt;

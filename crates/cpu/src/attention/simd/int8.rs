@@ -16,6 +16,7 @@
 
 use std::arch::x86_64::*;
 
+use super::kernels::step_tokens;
 use crate::attention::tile::{NextRows, MAX_GROUPS, TILE};
 
 /// A key codec whose codes enter `vpdpbusd` as unsigned bytes in head-dimension order.
@@ -124,15 +125,7 @@ pub(crate) unsafe fn scores<K: IntKeys, const R: usize>(
         let halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
         let mut t = t0;
         while t < t1 {
-            let mut tok = [0usize; TOK];
-            let mut rows = [std::ptr::null::<u8>(); TOK];
-            for j in 0..TOK {
-                tok[j] = (t + j).min(t1 - 1);
-                rows[j] = *krows.get_unchecked(tok[j]);
-                if t + j < t1 {
-                    next.row(t + j);
-                }
-            }
+            let (tok, rows) = step_tokens::<TOK>(krows, t, t1, next);
             let mut f = [_mm512_setzero_ps(); 16]; // [token · 4 + row]
             for c in 0..d / 64 {
                 // Key lanes 0..8 belong to group 2c, lanes 8..16 to group 2c + 1.

@@ -31,6 +31,32 @@ unsafe fn reduce8(a: [__m256; 4], b: [__m256; 4]) -> __m256 {
     }
 }
 
+/// The tokens `t .. t + TOK` of a scores step and their key rows, tokens past `t1` repeating
+/// the last one (their lanes are masked later); prefetches `next`'s rows at the real ones.
+/// Plain loops, no closures: a closure would not carry the caller's target features.
+///
+/// # Safety
+/// `t < t1 ≤ TILE`; `krows[..t1]` are valid row pointers.
+#[inline(always)]
+pub(crate) unsafe fn step_tokens<const TOK: usize>(
+    krows: &[*const u8; TILE],
+    t: usize,
+    t1: usize,
+    next: &NextRows,
+) -> ([usize; TOK], [*const u8; TOK]) {
+    let mut tok = [0usize; TOK];
+    let mut rows = [std::ptr::null::<u8>(); TOK];
+    for j in 0..TOK {
+        tok[j] = (t + j).min(t1 - 1);
+        // SAFETY: tok[j] < t1 ≤ TILE (caller's contract).
+        rows[j] = unsafe { *krows.get_unchecked(tok[j]) };
+        if t + j < t1 {
+            next.row(t + j);
+        }
+    }
+    (tok, rows)
+}
+
 /// `sc[t][r] = q_r · k_t` for tokens `t0 .. t1` (computed `TOK` at a time from `t0`, so up to
 /// `TOK - 1` tokens past `t1` are written) and `R` rows; lanes of rows `R..4` are written as 0.
 ///
@@ -57,19 +83,7 @@ pub(crate) unsafe fn scores<K: RowCodec, const R: usize, const TOK: usize>(
     unsafe {
         let mut t = t0;
         while t < t1 {
-            // Tokens past the range repeat the last one (their lanes are masked later). Plain
-            // loops, no closures: a closure would not carry the caller's target features.
-            let mut tok = [0usize; TOK];
-            let mut rows = [std::ptr::null::<u8>(); TOK];
-            for j in 0..TOK {
-                tok[j] = (t + j).min(t1 - 1);
-                rows[j] = *krows.get_unchecked(tok[j]);
-            }
-            for j in 0..TOK {
-                if t + j < t1 {
-                    next.row(t + j);
-                }
-            }
+            let (tok, rows) = step_tokens::<TOK>(krows, t, t1, next);
             let mut acc = [[_mm256_setzero_ps(); TOK]; 4]; // [row][token]
                                                            // Codecs that fold the scale: per token, the scale state of the group being read
                                                            // (chunks 2g and 2g+1 hold group g, the last chunk alone when d % 32 = 16),
