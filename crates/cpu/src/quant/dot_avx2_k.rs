@@ -7,7 +7,7 @@
 //! with the sub-block scales broadcast as i16, summed as i32 over the super-block and converted
 //! once. The min terms (Q4_K/Q5_K `dmin · mn_j`) and the Q6_K offset (`-32 · sc_g`) use the
 //! activation block sums `bsums`, in integers. Q2_K (0..3) and Q3_K (0..7, its -4 offset
-//! through `bsums` like Q6_K's) take the same path with 16 group scales; IQ4_XS looks its
+//! through `bsums`, out of lane 0) take the same path with 16 group scales; IQ4_XS looks its
 //! signed levels up with a byte shuffle and multiplies them as signed bytes. Q4_K and Q6_K keep
 //! llama.cpp's float order exactly ([`reference_q4k`](super::reference_q4k),
 //! [`reference_q6k`](super::reference_q6k)): Q4_K sums its lanes per pair of sub-blocks and
@@ -16,7 +16,7 @@
 // Kernels and references index several parallel arrays by the same lane or row.
 #![allow(clippy::needless_range_loop)]
 
-use super::blocks::{iq4xs_scale, scale_min_k4, scales_q3k, BlockQ8K, K_SCALE_SIZE, QK_K};
+use super::blocks::{iq4xs_scale, scale_min_k4, BlockQ8K, K_SCALE_SIZE, QK_K};
 use super::dot_avx2::{dispatch_nj, hsum, iq4nl_table, prefetch_share, unpack_nibbles, K_PREFETCH_ROWS};
 use super::reference_q5k::tiled_step;
 use super::types::Acts;
@@ -237,12 +237,20 @@ pub(super) unsafe fn load_f16(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const u16) as i32)))
 }
 
-/// Sixteen group scales (groups of 16 values) as the i16 vectors [`k4_dot`] takes: vector `v`
-/// covers values `32 v..32 v + 32`, group `2 v` in its low 128 bits and `2 v + 1` in the high.
+/// Sixteen group scales (groups of 16 values; `sc16` as i16) as the i16 vectors [`k4_dot`]
+/// takes: vector `v` covers values `32 v..32 v + 32`, group `2 v` in its low 128 bits and
+/// `2 v + 1` in the high. Two lane broadcasts and a byte shuffle a vector.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn group_scales(sc: [i16; 16]) -> [__m256i; 8] {
-    std::array::from_fn(|v| _mm256_set_m128i(_mm_set1_epi16(sc[2 * v + 1]), _mm_set1_epi16(sc[2 * v])))
+unsafe fn group_scales(sc16: __m256i) -> [__m256i; 8] {
+    // Both 128-bit lanes holding groups 0..8, and both holding groups 8..16.
+    let halves = [_mm256_permute2x128_si256::<0x00>(sc16, sc16), _mm256_permute2x128_si256::<0x11>(sc16, sc16)];
+    std::array::from_fn(|v| {
+        // Shuffle indices picking i16 word `w` of a lane in all eight positions.
+        let pick = |w: usize| _mm_set1_epi16((((2 * w + 1) << 8) | (2 * w)) as i16);
+        let idx = _mm256_set_m128i(pick((2 * v + 1) % 8), pick(2 * v % 8));
+        _mm256_shuffle_epi8(halves[v / 4], idx)
+    })
 }
 
 /// The 2-bit fields of 64 bytes at `qs` in value order: vector `4 n + j` holds
@@ -261,6 +269,56 @@ unsafe fn two_bit_codes(qs: *const u8) -> [__m256i; 8] {
     q
 }
 
+/// The 16 signed scales (`-32..31`, as i8) of the Q3_K block at `blk`, the values of
+/// [`scales_q3k`](super::blocks::scales_q3k), unpacked in registers as ggml does with its
+/// 32-bit masks: with the packed bytes as words `a0, a1, a2`, word `i` of the result is
+/// `(a0, a1, a0 >> 4, a1 >> 4)[i] & 0x0f0f0f0f | ((a2 >> 2 i) & 0x03030303) << 4`, less 32 a byte.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q3k_scales(blk: *const u8) -> __m128i {
+    // Bytes 94..110 (the block's last 16): two code bytes, the 12 scale bytes, then `d`.
+    let raw = _mm_srli_si128::<2>(_mm_loadu_si128(blk.add(94) as *const __m128i));
+    let nibble = _mm_set1_epi8(0x0F);
+    let low = _mm_and_si128(_mm_unpacklo_epi64(raw, _mm_srli_epi16::<4>(raw)), nibble);
+    let a2 = _mm_shuffle_epi32::<0b10_10_10_10>(raw);
+    let high = _mm_and_si128(_mm_srlv_epi32(a2, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16::<4>(high)), _mm_set1_epi8(32))
+}
+
+/// `lanes` less `[Σ p, 0, .., 0]`: a total of eight i32 lanes taken from lane 0 only (exact,
+/// wrapping as [`hsum_i32`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn sub_total_from_lane0(lanes: __m256i, p: __m256i) -> __m256i {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p));
+    let s = _mm_add_epi32(s, _mm_srli_si128::<8>(s));
+    let s = _mm_add_epi32(s, _mm_srli_si128::<4>(s));
+    let total = _mm_blend_epi32::<0b0001>(_mm_setzero_si128(), s);
+    _mm256_sub_epi32(lanes, _mm256_zextsi128_si256(total))
+}
+
+/// The codes of the Q3_K block at `blk` plus 4 (`0..7`, in value order, as
+/// [`two_bit_codes`]): vector `v`'s third bit is bit `v` of `hmask[l]`, moved to bit 2 with an
+/// immediate shift (the 16-bit shifts keep bit 2 of each byte within its byte).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q3k_codes(blk: *const u8) -> [__m256i; 8] {
+    let four = _mm256_set1_epi8(4);
+    let hm = _mm256_loadu_si256(blk as *const __m256i);
+    let high = [
+        _mm256_slli_epi16::<2>(hm),
+        _mm256_slli_epi16::<1>(hm),
+        hm,
+        _mm256_srli_epi16::<1>(hm),
+        _mm256_srli_epi16::<2>(hm),
+        _mm256_srli_epi16::<3>(hm),
+        _mm256_srli_epi16::<4>(hm),
+        _mm256_srli_epi16::<5>(hm),
+    ];
+    let low = two_bit_codes(blk.add(32));
+    std::array::from_fn(|v| _mm256_or_si256(low[v], _mm256_and_si256(high[v], four)))
+}
+
 /// Q2_K: `d d_x Σ_g sc_g Σ q y - dmin d_x Σ_g mn_g bsums_g`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q2_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
@@ -276,7 +334,10 @@ unsafe fn q2_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
         let blk = w.as_ptr().add(b * BLOCK);
         let scales: [u8; 16] = std::ptr::read_unaligned(blk as *const [u8; 16]);
         let (d, dmin) = (load_f16(blk.add(80)), load_f16(blk.add(82)));
-        let scv = group_scales(scales.map(|s| (s & 0xF) as i16));
+        let scv = group_scales(_mm256_cvtepu8_epi16(_mm_and_si128(
+            _mm_loadu_si128(blk as *const __m128i),
+            _mm_set1_epi8(0x0F),
+        )));
         let q = two_bit_codes(blk.add(16));
         for t in 0..NJ {
             let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
@@ -291,35 +352,33 @@ unsafe fn q2_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     }
 }
 
-/// Q3_K: codes unpacked to 0..7 (`q + 4`), so the dot is `Σ sc_g Σ q y - 4 Σ sc_g bsums_g`.
+/// Q3_K: codes unpacked to 0..7 (`q + 4`), so the dot is `Σ sc_g Σ q y - 4 Σ sc_g bsums_g`,
+/// the offset taken from lane 0 as an integer before the conversion. That gives the same f32 as
+/// subtracting it from the converted lane: lane 0 (below `8 · 32 · 4 · 7 · 128 < 2^20` in
+/// magnitude), the offset (at most `4 · 16 · 32 · 2048 = 2^22`) and their difference are all
+/// exact in f32.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q3_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
     const BLOCK: usize = 110;
     let nb = a.k / QK_K;
     debug_assert!(w.len() == nb * BLOCK && a.q8k.len() >= (j0 + NJ) * nb);
-    let one = _mm256_set1_epi8(1);
     let mut acc = [_mm256_setzero_ps(); NJ];
     for b in 0..nb {
         if NJ == 1 {
             prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
         }
         let blk = w.as_ptr().add(b * BLOCK);
-        let sc = scales_q3k(&std::ptr::read_unaligned(blk.add(96) as *const [u8; K_SCALE_SIZE]));
+        let sc16 = _mm256_cvtepi8_epi16(q3k_scales(blk));
+        let sc16x4 = _mm256_slli_epi16::<2>(sc16);
+        let scv = group_scales(sc16);
         let d = load_f16(blk.add(108));
-        let scv = group_scales(sc.map(|s| s as i16));
-        let hm = _mm256_loadu_si256(blk as *const __m256i);
-        let mut q = two_bit_codes(blk.add(32));
-        for (v, qv) in q.iter_mut().enumerate() {
-            let high = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(v as i32)), one);
-            *qv = _mm256_or_si256(*qv, _mm256_slli_epi16(high, 2));
-        }
+        let q = q3k_codes(blk);
         for t in 0..NJ {
             let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
             let sumi = k4_dot(&q, &scv, y.qs.as_ptr());
-            let offset: i32 = (0..16).map(|g| sc[g] as i32 * y.bsums[g] as i32).sum();
-            let s = _mm256_cvtepi32_ps(sumi);
-            let s = _mm256_sub_ps(s, _mm256_setr_ps(4.0 * offset as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), s, acc[t]);
+            let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+            let sumi = sub_total_from_lane0(sumi, _mm256_madd_epi16(bsums, sc16x4));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
         }
     }
     for t in 0..NJ {
@@ -368,3 +427,32 @@ dispatch_nj!(iq4_xs, iq4_xs_n);
 dispatch_nj!(q4_k, q4_k_n);
 dispatch_nj!(q5_k, q5_k_n);
 dispatch_nj!(q6_k, q6_k_n);
+
+#[cfg(test)]
+mod tests {
+    use super::super::blocks::{scales_q3k, K_SCALE_SIZE};
+    use super::q3k_scales;
+
+    #[test]
+    fn q3k_register_unpacking_matches_scales_q3k() {
+        if !is_x86_feature_detected!("avx2") {
+            return;
+        }
+        // Every byte value in every scale position (others varied too), in a whole 110-byte block.
+        for pos in 0..K_SCALE_SIZE {
+            for v in 0..=255u8 {
+                let mut p = [0u8; K_SCALE_SIZE];
+                for (i, b) in p.iter_mut().enumerate() {
+                    *b = (v as usize * 7 + i * 31 + pos * 13) as u8;
+                }
+                p[pos] = v;
+                let mut blk = [0xA5u8; 110];
+                blk[96..108].copy_from_slice(&p);
+                let want = scales_q3k(&p);
+                // SAFETY: AVX2 checked above; the function reads the block's last 16 bytes.
+                let got: [i8; 16] = unsafe { std::mem::transmute(q3k_scales(blk.as_ptr())) };
+                assert_eq!(got, want, "scale bytes {p:?}");
+            }
+        }
+    }
+}

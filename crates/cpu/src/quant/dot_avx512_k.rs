@@ -16,14 +16,16 @@
 //!
 //! The 6-bit scales and mins of Q5_K are unpacked with ggml's 32-bit mask trick instead
 //! of one sub-block at a time, and the min term's `Σ mn_j (bsums_2j + bsums_2j+1)` is one
-//! `vpmaddwd` (integers again, so exact).
+//! `vpmaddwd` (integers again, so exact). Q3_K's 16 scales come from [`q3k_scales`] (the same
+//! trick, in registers) and its high code bits from one `vptestmb` a chunk, so no part of a
+//! block is unpacked in scalar code.
 
 // Kernels and references index several parallel arrays by the same lane or row.
 #![allow(clippy::needless_range_loop)]
 
-use super::blocks::{scales_q3k, BlockQ8K, K_SCALE_SIZE, QK_K};
+use super::blocks::{BlockQ8K, QK_K};
 use super::dot_avx2::{hsum, prefetch_share, K_PREFETCH_ROWS};
-use super::dot_avx2_k::{hsum_i32, load_f16};
+use super::dot_avx2_k::{hsum_i32, load_f16, q3k_scales, sub_total_from_lane0};
 use super::reference_q5k::tiled_step;
 use super::types::Acts;
 use std::arch::x86_64::*;
@@ -223,11 +225,11 @@ const GROUP_IDX: [[i16; 32]; 4] = {
     idx
 };
 
-/// The 16 group scales of a 256-value block as the four chunks' i16 scale vectors.
+/// The 16 group scales of a 256-value block (`sc16`, i16) as the four chunks' i16 scale vectors.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn group_scales(sc: &[i16; 16]) -> [__m512i; 4] {
-    let sc16 = _mm512_castsi256_si512(_mm256_loadu_si256(sc.as_ptr() as *const __m256i));
+unsafe fn group_scales(sc16: __m256i) -> [__m512i; 4] {
+    let sc16 = _mm512_castsi256_si512(sc16);
     std::array::from_fn(|c| _mm512_permutexvar_epi16(_mm512_loadu_si512(GROUP_IDX[c].as_ptr() as *const __m512i), sc16))
 }
 
@@ -244,21 +246,25 @@ unsafe fn small_code_lanes(q: &[__m512i; 4], sc: &[__m512i; 4], y: &BlockQ8K) ->
     fold_halves(sumi)
 }
 
+/// A 512-bit vector of `lo` in its low half and `hi` in its high half, every byte.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn halves_epi8(lo: i8, hi: i8) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_set1_epi8(lo)), _mm256_set1_epi8(hi))
+}
+
 /// The 2-bit fields of the 64 bytes at `qs` in value order, two 32-value vectors a chunk:
-/// vector `4n + j` holds `(qs[32n + l] >> 2j) & 3`.
+/// vector `4n + j` holds `(qs[32n + l] >> 2j) & 3`. Chunk `c` is `qs[32 (c / 2)..]` in both
+/// halves, shifted by `4 (c % 2)` (low half) and `4 (c % 2) + 2` (high half) in one `vpsrlvw`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn two_bit_chunks(qs: *const u8) -> [__m512i; 4] {
     let three = _mm512_set1_epi8(3);
     std::array::from_fn(|c| {
-        let raw = _mm256_loadu_si256(qs.add(32 * (c / 2)) as *const __m256i);
-        let j = 2 * (c % 2) as i32;
-        let z = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * j))),
-            _mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * j + 2)),
-            1,
-        );
-        _mm512_and_si512(z, three)
+        let raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs.add(32 * (c / 2)) as *const __m256i));
+        let j = 4 * (c % 2) as i16;
+        let shifts = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_set1_epi16(j)), _mm256_set1_epi16(j + 2));
+        _mm512_and_si512(_mm512_srlv_epi16(raw, shifts), three)
     })
 }
 
@@ -275,13 +281,10 @@ unsafe fn q2_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
             prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
         }
         let blk = w.as_ptr().add(b * BLOCK);
-        let scales: [u8; 16] = std::ptr::read_unaligned(blk as *const [u8; 16]);
         let (d, dmin) = (load_f16(blk.add(80)), load_f16(blk.add(82)));
-        let sc = group_scales(&scales.map(|s| (s & 0xF) as i16));
-        let mins = _mm256_cvtepu8_epi16(_mm_srli_epi16(
-            _mm_and_si128(_mm_loadu_si128(blk as *const __m128i), _mm_set1_epi8(-16)),
-            4,
-        ));
+        let packed = _mm_loadu_si128(blk as *const __m128i);
+        let sc = group_scales(_mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(0x0F))));
+        let mins = _mm256_cvtepu8_epi16(_mm_srli_epi16(_mm_and_si128(packed, _mm_set1_epi8(-16)), 4));
         let q = two_bit_chunks(blk.add(16));
         for t in 0..NJ {
             let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
@@ -296,42 +299,45 @@ unsafe fn q2_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32;
     }
 }
 
+/// The codes of the Q3_K block at `blk` plus 4 (`0..7`) as [`two_bit_chunks`]' four chunks: 4
+/// is added where the code's high bit, bit `v` of `hmask[l]` for vector `v`, is set (one
+/// `vptestmb` and one masked byte add a chunk).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn q3k_chunks(blk: *const u8) -> [__m512i; 4] {
+    let four = _mm512_set1_epi8(4);
+    let hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk as *const __m256i));
+    let low = two_bit_chunks(blk.add(32));
+    std::array::from_fn(|c| {
+        let high = _mm512_test_epi8_mask(hm, halves_epi8(1 << (2 * c), 1 << (2 * c + 1)));
+        _mm512_mask_add_epi8(low[c], high, low[c], four)
+    })
+}
+
 /// Q3_K: codes unpacked to 0..7 (`q + 4`), so the dot is `Σ sc_g Σ q y - 4 Σ sc_g bsums_g`, the
-/// offset taken from lane 0 in f32 as the AVX2 kernel does.
+/// offset taken from lane 0 before the conversion as the AVX2 kernel does.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q3_k_n<const NJ: usize>(w: &[u8], a: &Acts, j0: usize, out: &mut [f32; 4]) {
     const BLOCK: usize = 110;
     let nb = a.k / QK_K;
     debug_assert!(w.len() == nb * BLOCK && a.q8k.len() >= (j0 + NJ) * nb);
-    let one = _mm512_set1_epi8(1);
     let mut acc = [_mm256_setzero_ps(); NJ];
     for b in 0..nb {
         if NJ == 1 {
             prefetch_share(w.as_ptr(), K_PREFETCH_ROWS * w.len(), b, w.len() / nb);
         }
         let blk = w.as_ptr().add(b * BLOCK);
-        let sc = scales_q3k(&std::ptr::read_unaligned(blk.add(96) as *const [u8; K_SCALE_SIZE]));
+        let sc16 = _mm256_cvtepi8_epi16(q3k_scales(blk));
+        let sc16x4 = _mm256_slli_epi16::<2>(sc16);
+        let scv = group_scales(sc16);
         let d = load_f16(blk.add(108));
-        let scv = group_scales(&sc.map(|s| s as i16));
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
-        let hm = _mm256_loadu_si256(blk as *const __m256i);
-        let mut q = two_bit_chunks(blk.add(32));
-        for (c, qc) in q.iter_mut().enumerate() {
-            // Bit v of each hmask byte is the high bit of vector v's codes (v = 2c, 2c + 1).
-            let h = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(2 * c as i32))),
-                _mm256_srl_epi16(hm, _mm_cvtsi32_si128(2 * c as i32 + 1)),
-                1,
-            );
-            *qc = _mm512_or_si512(*qc, _mm512_slli_epi16(_mm512_and_si512(h, one), 2));
-        }
+        let q = q3k_chunks(blk);
         for t in 0..NJ {
             let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
             let sumi = small_code_lanes(&q, &scv, y);
-            let offset = hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i), sc16));
-            let s = _mm256_cvtepi32_ps(sumi);
-            let s = _mm256_sub_ps(s, _mm256_setr_ps(4.0 * offset as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), s, acc[t]);
+            let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+            let sumi = sub_total_from_lane0(sumi, _mm256_madd_epi16(bsums, sc16x4));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc[t]);
         }
     }
     for t in 0..NJ {
