@@ -168,14 +168,17 @@ extern "C" __global__ void pk_scale(float* __restrict__ x, u64 n, float s) {
 // multiplications (as ggml and the CPU Rope). q is then multiplied by `q_scale` (Gemma 3 scales
 // the queries, not the scores, by its attention scale — before the rounding, as the CPU; 1
 // elsewhere). `q_round` 1: q rounded to f16, 2: to bf16 (the K·Q product sees q at the cache's
-// precision, as on the CPU).
+// precision, as on the CPU). `k_center` 1: the key bias is subtracted again after RoPE (k − b_k
+// goes to the cache: every score of a query moves by the same q·b_k, which softmax cancels, and
+// a quantized cache then codes the keys' varying part instead of a bias hundreds of times larger;
+// as the CPU forward does for quantized key formats).
 // Grid (n, nh + 2·nkv), block 32: one warp per head vector.
 extern "C" __global__ void pk_qkv_rope(float* __restrict__ q, float* __restrict__ k, float* __restrict__ v,
                                        const float* __restrict__ qkv, const float* __restrict__ bias,
                                        const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                        const u32* __restrict__ positions, const float* __restrict__ factors,
                                        u32 nh, u32 nkv, u32 d, u32 rope_dims, u32 style, float theta_scale,
-                                       float freq_scale, float eps, u32 q_round, float q_scale) {
+                                       float freq_scale, float eps, u32 q_round, float q_scale, u32 k_center) {
     extern __shared__ float head[];  // [d]
     // Launched as a programmatic dependent launch after the QKV product (ModelOps::qkv_rope).
     pdl_wait();
@@ -220,6 +223,7 @@ extern "C" __global__ void pk_qkv_rope(float* __restrict__ q, float* __restrict_
         if (kind == 0) x = __fmul_rn(x, q_scale);
         if (kind == 0 && q_round == 1) x = f16_to_f32(f32_to_f16(x));
         if (kind == 0 && q_round == 2) x = bf16_to_f32(f32_to_bf16(x));
+        if (kind == 1 && k_center && b) x = __fsub_rn(x, b[j]);
         dst[j] = x;
     }
 }

@@ -65,6 +65,10 @@ pub struct QkvRope<'a> {
     pub factors: Option<&'a CudaSlice<f32>>,
     /// `[n]` positions.
     pub positions: &'a CudaSlice<u32>,
+    /// Subtract the key bias again after RoPE: the keys written to a quantized cache are
+    /// `k − b_k` (every score of a query moves by the same `q·b_k`, which softmax cancels), so
+    /// their codes cover the part that varies between tokens. No effect without a bias.
+    pub center_keys: bool,
 }
 
 /// What [`ModelOps::gemv`] does to its input before the product (fused into the same launch).
@@ -322,7 +326,8 @@ impl ModelOps {
         };
         // With programmatic launches pk_qkv_rope waits for the product before it in-kernel
         // (pdl_wait).
-        let mut args: [*mut std::ffi::c_void; 19] = [
+        let k_center = a.center_keys as u32;
+        let mut args: [*mut std::ffi::c_void; 20] = [
             arg(&qp),
             arg(&kp),
             arg(&vp),
@@ -342,6 +347,7 @@ impl ModelOps {
             arg(&p.eps),
             arg(&p.q_round),
             arg(&p.q_scale),
+            arg(&k_center),
         ];
         // SAFETY: `args` points at pk_qkv_rope's parameters, in order, of their types, alive for
         // the call; sizes checked above.

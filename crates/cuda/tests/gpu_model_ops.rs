@@ -166,17 +166,20 @@ mod gpu {
     fn qkv_rope_splits_biases_norms_rotates_and_rounds() {
         let Some(o) = ops("qkv_rope_splits_biases_norms_rotates_and_rounds") else { return };
         let mut rng = StdRng::seed_from_u64(3);
-        // (heads, kv heads, head_dim, rope_dims, neox, bias, norms, factors, q_round, q_scale);
-        // the last two Gemma 3's heads (q/k norms, queries scaled by 1/16 before rounding).
+        // (heads, kv heads, head_dim, rope_dims, neox, bias, norms, factors, q_round, q_scale,
+        // centered keys); Qwen2's heads (biases, keys centered for a quantized cache) and, the
+        // last two, Gemma 3's (q/k norms, queries scaled by 1/16 before rounding).
         let cases = [
-            (9usize, 3usize, 64usize, 64usize, false, false, false, false, 1u32, 1.0f32),
-            (32, 8, 128, 128, false, false, false, true, 2, 1.0),
-            (4, 2, 128, 64, true, true, true, false, 0, 1.0),
-            (6, 6, 32, 32, true, true, false, false, 2, 1.0),
-            (4, 1, 256, 256, true, false, true, false, 1, 0.0625),
-            (4, 1, 256, 256, true, false, true, false, 0, 0.0625),
+            (9usize, 3usize, 64usize, 64usize, false, false, false, false, 1u32, 1.0f32, false),
+            (32, 8, 128, 128, false, false, false, true, 2, 1.0, false),
+            (4, 2, 128, 64, true, true, true, false, 0, 1.0, false),
+            (6, 6, 32, 32, true, true, false, false, 2, 1.0, false),
+            (12, 2, 128, 128, true, true, false, false, 0, 1.0, true),
+            (12, 2, 128, 128, true, true, false, false, 0, 1.0, false),
+            (4, 1, 256, 256, true, false, true, false, 1, 0.0625, false),
+            (4, 1, 256, 256, true, false, true, false, 0, 0.0625, false),
         ];
-        for (nh, nkv, d, rd, neox, with_bias, with_norms, with_factors, q_round, q_scale) in cases {
+        for (nh, nkv, d, rd, neox, with_bias, with_norms, with_factors, q_round, q_scale, center) in cases {
             let n = 5;
             let width = (nh + 2 * nkv) * d;
             let qkv = normal(&mut rng, n * width);
@@ -205,6 +208,7 @@ mod gpu {
                 k_norm: with_norms.then_some(&kn_d),
                 factors: with_factors.then_some(&f_d),
                 positions: &pos_d,
+                center_keys: center,
             };
             let (mut q, mut k, mut v) = (nan_f32(o, n * nh * d), nan_f32(o, n * nkv * d), nan_f32(o, n * nkv * d));
             o.qkv_rope(&mut q, &mut k, &mut v, &a, &p, n).unwrap();
@@ -234,6 +238,11 @@ mod gpu {
                     if kind == 0 {
                         head.iter_mut().for_each(|x| *x *= q_scale);
                     }
+                    if kind == 1 && center && with_bias {
+                        for (x, b) in head.iter_mut().zip(&bias[hh * d..(hh + 1) * d]) {
+                            *x -= b;
+                        }
+                    }
                     if kind == 0 && q_round == 1 {
                         head.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
                     }
@@ -250,7 +259,7 @@ mod gpu {
                 2 => 1.6e-2,
                 _ => 2e-5,
             };
-            let what = format!("nh {nh} nkv {nkv} d {d} rd {rd} neox {neox} q_scale {q_scale}");
+            let what = format!("nh {nh} nkv {nkv} d {d} rd {rd} neox {neox} q_scale {q_scale} center {center}");
             close(&format!("q, {what}"), &down(o, &q), &wq, qtol);
             close(&format!("k, {what}"), &down(o, &k), &wk, 2e-5);
             assert_eq!(down(o, &v), wv, "v, {what}");

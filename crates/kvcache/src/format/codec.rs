@@ -27,6 +27,11 @@ pub enum Codec {
 }
 
 impl Codec {
+    /// Whether this codec stores values as floats (f32, f16, bf16) rather than quantized codes.
+    pub fn is_float(&self) -> bool {
+        matches!(self, Codec::F32 | Codec::F16 | Codec::Bf16)
+    }
+
     /// Code bytes of one head vector.
     pub fn code_bytes(&self, head_dim: usize) -> usize {
         match *self {

@@ -86,6 +86,8 @@ pub(crate) fn enqueue(
     // Each layer writes through its group's slots into its page plane and reads through its
     // group's block tables (one group of every layer for most models).
     let groups = pool.groups().clone();
+    // Keys are centered on their bias where the cache quantizes them (see `QkvRope`).
+    let center_keys = !pool.config().format.key_codec().is_float();
     let pr = Products { ops, w, gemv_max_bytes: st.gemv_max_bytes, invariant: st.invariant };
     for (li, lw) in w.layers.iter().enumerate() {
         let own_window = c.layer_windows.get(li).copied().flatten();
@@ -104,6 +106,7 @@ pub(crate) fn enqueue(
             k_norm: lw.k_norm.as_ref(),
             factors: w.rope_factors.as_ref(),
             positions: &s.positions,
+            center_keys,
         };
         ops.qkv_rope(&mut s.q, &mut s.k, &mut s.v, &a, rope, n).map_err(dev)?;
         pool.pages_mut().write_device(plane, slots, &s.k, &s.v, n).map_err(dev)?;

@@ -66,6 +66,18 @@ pub fn add_bias(pool: &ThreadPool, x: &mut [f32], bias: &[f32]) {
     });
 }
 
+/// `x[r] -= bias` for each row `r` of `x` (`[n, bias.len()]`).
+pub fn sub_bias(pool: &ThreadPool, x: &mut [f32], bias: &[f32]) {
+    let width = bias.len();
+    debug_assert!(x.len().is_multiple_of(width));
+    let rows = rows_per_task(pool, x.len() / width, width);
+    pool.for_each_chunk_mut(x, rows * width, |_, x| {
+        for row in x.chunks_exact_mut(width) {
+            row.iter_mut().zip(bias).for_each(|(v, b)| *v -= b);
+        }
+    });
+}
+
 /// `x *= s`, element-wise.
 pub fn scale(pool: &ThreadPool, x: &mut [f32], s: f32) {
     let chunk = rows_per_task(pool, x.len(), 1);
