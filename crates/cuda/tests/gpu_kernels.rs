@@ -754,7 +754,7 @@ mod gpu {
     fn decode_other_head_dims_and_wide_groups() {
         let Some(dev) = device("decode_other_head_dims_and_wide_groups") else { return };
         let mut cases = Vec::new();
-        let shapes: [(KvFormat, usize, usize); 10] = [
+        let shapes: [(KvFormat, usize, usize); 13] = [
             (KvFormat::F16, 80, 4),
             (KvFormat::Bf16, 96, 2),
             (KvFormat::F32, 256, 8),
@@ -765,6 +765,10 @@ mod gpu {
             (KvFormat::Q4 { rotate: true }, 96, 5),
             (KvFormat::TURBO_DEFAULT, 256, 4),
             (KvFormat::Turbo { k_bits: 4, v_bits: 2 }, 96, 16),
+            // Gemma 3's attention (head_dim 256) in the rotated and TurboQuant formats.
+            (KvFormat::Q4 { rotate: true }, 256, 4),
+            (KvFormat::Q8, 256, 4),
+            (KvFormat::Turbo { k_bits: 4, v_bits: 2 }, 256, 1),
         ];
         for (seed, (format, d, group)) in (5001..).zip(shapes) {
             cases.push(Case {

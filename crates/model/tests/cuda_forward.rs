@@ -21,8 +21,9 @@
 //!   against `backend::top_k`. `PAGEKV_TOPK_BENCH=1` times decode steps of synthetic SmolLM2 and
 //!   Llama 3 8B with each way of sampling (a measurement, not a check);
 //! - Gemma 3 (`cuda_forward/gemma.rs`): a tiny random Gemma 3 (`cuda_forward/tiny_gemma.rs`) on
-//!   hybrid and one-group caches, f32, bf16 and GGUF weights, and Gemma 3 270M's greedy
-//!   continuations of its golden prompts, against the CPU.
+//!   hybrid and one-group caches, f32, bf16 and GGUF weights, against the CPU;
+//! - registry models (`cuda_forward/registry_models.rs`): Gemma 3 270M's and Qwen2.5-Coder-1.5B's
+//!   greedy continuations of their golden prompts against the CPU's.
 //!
 //! The CPU side runs the `fast` attention numerics (f32 sums and probabilities, as the GPU's
 //! kernels round), the numerics every bound here was measured against; the CPU's default `auto`
@@ -46,6 +47,9 @@ fn cuda_forward_needs_the_cuda_feature() {
 #[cfg(feature = "cuda")]
 #[path = "cuda_forward/gemma.rs"]
 mod gemma;
+#[cfg(feature = "cuda")]
+#[path = "cuda_forward/registry_models.rs"]
+mod registry_models;
 #[cfg(feature = "cuda")]
 #[path = "cuda_forward/tiny_gemma.rs"]
 mod tiny_gemma;
@@ -128,7 +132,15 @@ mod gpu {
             };
             let s = dev.stream();
             let (x_d, pos_d) = (s.clone_htod(&qkv).unwrap(), s.clone_htod(&positions).unwrap());
-            let a = QkvRope { qkv: &x_d, bias: None, q_norm: None, k_norm: None, factors: None, positions: &pos_d };
+            let a = QkvRope {
+                qkv: &x_d,
+                bias: None,
+                q_norm: None,
+                k_norm: None,
+                factors: None,
+                positions: &pos_d,
+                center_keys: false,
+            };
             let mut q = s.clone_htod(&vec![f32::NAN; n * nh * d]).unwrap();
             let mut k = s.clone_htod(&vec![f32::NAN; n * nkv * d]).unwrap();
             let mut v = s.clone_htod(&vec![f32::NAN; n * nkv * d]).unwrap();
