@@ -65,9 +65,9 @@ pub struct QkvRope<'a> {
     pub factors: Option<&'a CudaSlice<f32>>,
     /// `[n]` positions.
     pub positions: &'a CudaSlice<u32>,
-    /// Subtract the key bias again after RoPE: the keys written to a quantized cache are
-    /// `k − b_k` (every score of a query moves by the same `q·b_k`, which softmax cancels), so
-    /// their codes cover the part that varies between tokens. No effect without a bias.
+    /// Subtract the key bias again after RoPE, so the keys written to the cache are `k − b_k`
+    /// (every score of a query moves by the same `q·b_k`, which softmax cancels; the model
+    /// decides when, for quantized caches). No effect without a bias.
     pub center_keys: bool,
 }
 

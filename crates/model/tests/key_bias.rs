@@ -138,7 +138,8 @@ fn quantized_key_caches_stay_close_to_f16_under_a_large_key_bias() {
     // Measured with the keys centred, then storing the biased keys (KL; max |Δlogit| / 16.9):
     // q8 9.4e-5, 0.0048 | 8.4e-4, 0.014; q4r 1.9e-2, 0.079 | 0.25, 0.25; q4 2.0e-2, 0.099 |
     // 0.58, 0.38; turbo K8/V8 2.1e-4, 0.010 | 5.8e-3, 0.047; turbo K4/V8 4.1e-3, 0.035 |
-    // 0.31, 0.38. (q4 and q4r keep 4-bit values: most of what is left is theirs.)
+    // 0.31, 0.38 (the second set with the subtraction in `block_forward` removed). (q4 and q4r
+    // keep 4-bit values: most of what is left is theirs.)
     let cases = [
         (KvFormat::Q8, 3e-4, 0.01),
         (KvFormat::Q4 { rotate: true }, 6e-2, 0.15),

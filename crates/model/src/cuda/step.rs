@@ -86,8 +86,7 @@ pub(crate) fn enqueue(
     // Each layer writes through its group's slots into its page plane and reads through its
     // group's block tables (one group of every layer for most models).
     let groups = pool.groups().clone();
-    // Keys are centered on their bias where the cache quantizes them (see `QkvRope`).
-    let center_keys = !pool.config().format.key_codec().is_float();
+    let center_keys = crate::llama::centres_keys(pool.config().format);
     let pr = Products { ops, w, gemv_max_bytes: st.gemv_max_bytes, invariant: st.invariant };
     for (li, lw) in w.layers.iter().enumerate() {
         let own_window = c.layer_windows.get(li).copied().flatten();

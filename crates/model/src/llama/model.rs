@@ -373,13 +373,9 @@ pub(super) fn block_forward(
     }
     let rope = if b.window.is_some() { p.rope_local } else { p.rope };
     rows::rope(pool_t, rope, &batch.positions, &mut s.q[..n * qd], &mut s.k[..n * kvd], &mut s.angles);
-    // A quantized K cache stores `k − b_k`, the post-RoPE key less the layer's (unrotated) key
-    // bias. Qwen2's bias puts hundreds into a few channels that barely vary between tokens, so
-    // a code's error, relative to the key's length, would swamp the part that tells tokens
-    // apart; centred, it does not. Every score of a query moves by the same `q·b_k`, which the
-    // softmax cancels, so attention is unchanged up to rounding. Float caches store `k` as is
-    // (bit-identical to llama.cpp). `s.k` is not read after the write: attention reads the cache.
-    if let Some(bk) = lw.bk.as_ref().filter(|_| !pool.config().format.key_codec().is_float()) {
+    // Keys less their bias for a quantized cache (`centres_keys`). `s.k` is not read after the
+    // write: attention reads the cache.
+    if let Some(bk) = lw.bk.as_ref().filter(|_| super::centres_keys(pool.config().format)) {
         rows::sub_bias(pool_t, &mut s.k[..n * kvd], w.f32s(bk));
     }
     pool.pages_mut().write(b.plane, &batch.slots[b.group], &s.k[..n * kvd], &s.v[..n * kvd]);

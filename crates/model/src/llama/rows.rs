@@ -54,28 +54,21 @@ pub fn add(pool: &ThreadPool, x: &mut [f32], y: &[f32]) {
     pool.for_each_chunk_mut(x, chunk, |t, x| add_in_place(x, &y[t * chunk..][..x.len()]));
 }
 
-/// `x[r] += bias` for each row `r` of `x` (`[n, bias.len()]`).
-pub fn add_bias(pool: &ThreadPool, x: &mut [f32], bias: &[f32]) {
-    let width = bias.len();
+/// `f(row)` for each row of `x` (`[n, width]`), rows split over the pool's threads.
+fn each_row(pool: &ThreadPool, x: &mut [f32], width: usize, f: impl Fn(&mut [f32]) + Sync) {
     debug_assert!(x.len().is_multiple_of(width));
     let rows = rows_per_task(pool, x.len() / width, width);
-    pool.for_each_chunk_mut(x, rows * width, |_, x| {
-        for row in x.chunks_exact_mut(width) {
-            add_in_place(row, bias);
-        }
-    });
+    pool.for_each_chunk_mut(x, rows * width, |_, x| x.chunks_exact_mut(width).for_each(&f));
+}
+
+/// `x[r] += bias` for each row `r` of `x` (`[n, bias.len()]`).
+pub fn add_bias(pool: &ThreadPool, x: &mut [f32], bias: &[f32]) {
+    each_row(pool, x, bias.len(), |row| add_in_place(row, bias));
 }
 
 /// `x[r] -= bias` for each row `r` of `x` (`[n, bias.len()]`).
 pub fn sub_bias(pool: &ThreadPool, x: &mut [f32], bias: &[f32]) {
-    let width = bias.len();
-    debug_assert!(x.len().is_multiple_of(width));
-    let rows = rows_per_task(pool, x.len() / width, width);
-    pool.for_each_chunk_mut(x, rows * width, |_, x| {
-        for row in x.chunks_exact_mut(width) {
-            row.iter_mut().zip(bias).for_each(|(v, b)| *v -= b);
-        }
-    });
+    each_row(pool, x, bias.len(), |row| row.iter_mut().zip(bias).for_each(|(v, b)| *v -= b));
 }
 
 /// `x *= s`, element-wise.
