@@ -300,8 +300,17 @@ mod gpu {
                     let err = got.iter().zip(&want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
                     out(&format!("{arch} {format} {dtype:?}: max |logit diff| {err:.2e} (max |logit| {scale:.2})"));
                     // f32 weights: the same math up to summation order (and the K/V codes,
-                    // bit-identical); bf16 weights round every weight and product input.
-                    let tol = if dtype == DType::F32 { 2e-3 } else { 0.15 } * scale.max(1.0);
+                    // bit-identical) — except that over a q8 cache the CPU rounds the queries
+                    // to int8 (`pagekv_cpu::attention::queries`) and the GPU does not, which
+                    // alone moves these models' logits by 2.5e-3 / 4.0e-3 / 5.1e-3 of the
+                    // largest (llama / qwen2 / qwen3: the CPU against itself with f32 queries,
+                    // greedy tokens unchanged); bf16 weights round every weight and product
+                    // input.
+                    let tol = match (dtype, format) {
+                        (DType::F32, KvFormat::Q8) => 1e-2,
+                        (DType::F32, _) => 2e-3,
+                        _ => 0.15,
+                    } * scale.max(1.0);
                     assert!(err <= tol, "{arch} {format} {dtype:?}: logits differ by {err} (bound {tol})");
                     if dtype == DType::F32 {
                         assert_eq!(got_tokens, want_tokens, "{arch} {format}: greedy tokens");
