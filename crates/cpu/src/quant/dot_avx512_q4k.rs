@@ -8,7 +8,9 @@
 //! `4k..4k + 4` of sub-block `2p`, their high nibbles those of sub-block `2p + 1`. `vpdpbusd` of
 //! these against the activation's matching 4 bytes, broadcast to every lane, accumulates each
 //! row's sub-block dot in its own lane: exact, and without horizontal sums. The scales (one
-//! i32 per lane) multiply the two sub-block dots (`vpmulld`), and the mins, as i16 pairs, meet
+//! i32 per lane) multiply the two sub-block dots (`vpmulld` in the gemv order's integer sums; in
+//! the gemm order the same exact integers as floats, which cost fewer uops on the port every
+//! `vpdpbusd` needs), and the mins, as i16 pairs, meet
 //! the activation's pair of 32-value sums in one `vpmaddwd`. The float steps then run lane-wise
 //! with the reference's per-output order, so lanes, tile shape and threads change nothing.
 //!
@@ -138,6 +140,8 @@ unsafe fn tile<const GEMM: bool>(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: u
     let mut msum = [_mm512_setzero_si512(); ACTS];
     for b in 0..nb {
         let (d, dmin, sc, mn) = block_header(&rows, b);
+        // The scales as floats, for the gemm order's exact float form of `s0·sc0 + s1·sc1`.
+        let scf: [__m512; 8] = std::array::from_fn(|j| _mm512_cvtepi32_ps(sc[j]));
         for t in 0..nj {
             let y = &a.q8k[(j0 + t) * nb + b];
             dd[t] = _mm512_mul_ps(d, _mm512_set1_ps(y.d));
@@ -160,12 +164,21 @@ unsafe fn tile<const GEMM: bool>(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: u
                     s0 = _mm512_dpbusd_epi32(s0, lo[k], bcast(4 * k));
                     s1 = _mm512_dpbusd_epi32(s1, hi[k], bcast(32 + 4 * k));
                 }
-                let i = _mm512_add_epi32(_mm512_mullo_epi32(s0, sc[2 * p]), _mm512_mullo_epi32(s1, sc[2 * p + 1]));
                 let m = _mm512_madd_epi16(mn[p], _mm512_set1_epi32(spairs[t][p]));
                 if GEMM {
-                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), dd[t], acc[t]);
+                    // The integer s0·sc0 + s1·sc1 exactly, in floats: |s| ≤ 32 · 15 · 128 and a
+                    // scale ≤ 63, so each product and their sum stay below 2^24 and round to
+                    // themselves — two conversions, a multiply and an FMA in place of two
+                    // `vpmulld` (two uops each), an add and a conversion.
+                    let i = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(s1),
+                        scf[2 * p + 1],
+                        _mm512_mul_ps(_mm512_cvtepi32_ps(s0), scf[2 * p]),
+                    );
+                    acc[t] = _mm512_fmadd_ps(i, dd[t], acc[t]);
                     accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), dm[t], accm[t]);
                 } else {
+                    let i = _mm512_add_epi32(_mm512_mullo_epi32(s0, sc[2 * p]), _mm512_mullo_epi32(s1, sc[2 * p + 1]));
                     isum[t] = _mm512_add_epi32(isum[t], i);
                     msum[t] = _mm512_add_epi32(msum[t], m);
                 }
