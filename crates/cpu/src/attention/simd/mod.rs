@@ -10,7 +10,8 @@
 //!
 //! Over q8 and q4 keys with head_dim a multiple of 64, on a CPU with AVX-512 VNNI, K·Q runs in
 //! integers instead ([`Int8Ops`]: `int8.rs`, the int8-rounded queries against the key codes,
-//! 64 values a row per `vpdpbusd`), with the AVX-512 value pass.
+//! 64 values a row per `vpdpbusd`), and the value pass runs in 512-bit vectors (`wide.rs`,
+//! 64 dimensions a pass).
 //!
 //! [`attend_range`] picks the layer's codec pair and runs the shared tile driver
 //! ([`super::tile::run`]) with these kernels.
@@ -18,6 +19,7 @@
 mod codecs;
 mod int8;
 mod kernels;
+mod wide;
 
 use std::marker::PhantomData;
 
@@ -25,6 +27,7 @@ use kvcache::{Codec, LayerView};
 
 use self::codecs::{Bf16Row, F16Row, F32Row, LloydMax8Row, LloydMaxRow, Q4LutRow, Q4Row, Q8Row, RowCodec, SubScaled};
 use self::int8::{IntKeys, Q4Keys, Q8Keys};
+use self::wide::WideValues;
 use super::group::HeadStates;
 use super::isa::KernelIsa;
 use super::queries::int8_queries;
@@ -212,7 +215,33 @@ unsafe fn scores_int8<K: IntKeys>(
     }
 }
 
-impl<K: IntKeys, V: RowCodec> TileOps for Int8Ops<K, V> {
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn accumulate_wide<V: WideValues>(
+    v: &V,
+    rows: usize,
+    vrows: &[*const u8; TILE],
+    t0: usize,
+    t1: usize,
+    w: *const f32,
+    wt: usize,
+    corr: &[f32; 4],
+    d: usize,
+    acc: *mut f32,
+    next: &NextRows,
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match rows {
+            1 => wide::accumulate::<V, 1>(v, vrows, t0, t1, w, wt, corr, d, acc, next),
+            2 => wide::accumulate::<V, 2>(v, vrows, t0, t1, w, wt, corr, d, acc, next),
+            3 => wide::accumulate::<V, 3>(v, vrows, t0, t1, w, wt, corr, d, acc, next),
+            _ => wide::accumulate::<V, 4>(v, vrows, t0, t1, w, wt, corr, d, acc, next),
+        }
+    }
+}
+
+impl<K: IntKeys, V: WideValues> TileOps for Int8Ops<K, V> {
     const K_SCALED: bool = true;
     const V_SCALED: bool = V::SCALED;
     const V_SUB_SCALED: bool = V::SUB_SCALED;
@@ -241,7 +270,7 @@ impl<K: IntKeys, V: RowCodec> TileOps for Int8Ops<K, V> {
         &self,
         rows: usize,
         vrows: &[*const u8; TILE],
-        vscale: *const f32,
+        _vscale: *const f32, // q8 and q4 values are scaled per group through the weights
         t0: usize,
         t1: usize,
         w: *const f32,
@@ -251,8 +280,9 @@ impl<K: IntKeys, V: RowCodec> TileOps for Int8Ops<K, V> {
         acc: *mut f32,
         next: &NextRows,
     ) {
-        // SAFETY: forwarded contract.
-        unsafe { accumulate_avx512(&self.v, rows, vrows, vscale, t0, t1, w, wt, corr, d, acc, next) }
+        debug_assert!(!V::SUB_SCALED);
+        // SAFETY: forwarded contract (head_dim a multiple of 64 on this route, `int8_keys`).
+        unsafe { accumulate_wide(&self.v, rows, vrows, t0, t1, w, wt, corr, d, acc, next) }
     }
 }
 
