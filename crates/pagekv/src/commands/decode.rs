@@ -1,9 +1,9 @@
 //! `pagekv bench decode`: prompt-processing and decode tokens/s of a model at short and long
 //! context, per KV format, on the threads given (`--threads` / `PAGEKV_THREADS`).
 //!
-//! For each (format, context): prefill `context` tokens of real text (timed: pp tok/s), then
-//! decode `--decode-tokens` tokens greedily (timed: tg tok/s); the median over `--runs` decode
-//! runs (the cache is trimmed back to the prompt between runs). Each pagekv row also gives the
+//! For each (format, context), `--runs` times: prefill `context` tokens of real text into an
+//! empty cache (timed: pp tok/s), then decode `--decode-tokens` tokens greedily (timed: tg
+//! tok/s); each figure is the median of its runs. Each pagekv row also gives the
 //! decode rate as a fraction of the memory roofline (weights plus the K/V each layer's window
 //! reads) and the KV the prompt keeps resident (`KV MiB`: the blocks holding its tokens, so a
 //! hybrid cache's freed sliding-window blocks are not counted). With `--llama-cpp PYTHON`, the
@@ -45,7 +45,8 @@ pub struct DecodeArgs {
     /// Tokens decoded per run.
     #[arg(long, default_value_t = 64)]
     pub decode_tokens: usize,
-    /// Decode runs per row; the median is reported.
+    /// Runs per row, medians reported: on the CPU each run prefills the context and decodes
+    /// after it; on the GPU the context is prefilled once and each run decodes after it.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// Text the prompts are cut from (repeated as needed).
@@ -236,31 +237,31 @@ pub fn run(a: DecodeArgs) -> Result<()> {
             }
         }
         for &ctx in &contexts {
-            g.reset()?;
-            let t = Instant::now();
-            let (_, logits) = g.prefill(&prompt[..ctx])?;
-            let first = argmax(logits);
-            let pp = ctx as f64 / t.elapsed().as_secs_f64();
-            let (codes, scales) = g.pool().geometry().block_bytes_by_category();
-            let kv_mib = (g.sequence().blocks_holding_tokens() * (codes + scales)) as f64 / (1 << 20) as f64;
-            let mut tg = Vec::new();
+            // Each run prefills the prompt into an empty cache and decodes after it, as
+            // llama-bench repeats both its prompt and its generation test `-r` times.
+            let (mut pp, mut tg, mut kv_mib) = (Vec::new(), Vec::new(), 0.0);
             for _ in 0..a.runs {
-                let mut token = first;
+                g.reset()?;
+                let t = Instant::now();
+                let (_, logits) = g.prefill(&prompt[..ctx])?;
+                let mut token = argmax(logits);
+                pp.push(ctx as f64 / t.elapsed().as_secs_f64());
+                let (codes, scales) = g.pool().geometry().block_bytes_by_category();
+                kv_mib = (g.sequence().blocks_holding_tokens() * (codes + scales)) as f64 / (1 << 20) as f64;
                 let t = Instant::now();
                 for _ in 0..a.decode_tokens {
                     token = argmax(g.step(token)?);
                 }
                 tg.push(a.decode_tokens as f64 / t.elapsed().as_secs_f64());
-                // Back to the prompt for the next run.
-                g.prefill(&prompt[..ctx])?;
             }
+            pp.sort_by(f64::total_cmp);
             tg.sort_by(f64::total_cmp);
             let row = Row {
                 engine: "pagekv",
                 format: &format.name(),
                 numerics: Some(numerics),
                 ctx,
-                pp,
+                pp: pp[pp.len() / 2],
                 tg: tg[tg.len() / 2],
                 roofline: Some(tg[tg.len() / 2] / roofline(ctx, cfg_bytes_per_token)),
                 kv_mib: Some(kv_mib),
