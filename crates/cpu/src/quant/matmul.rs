@@ -450,13 +450,17 @@ fn prefetch_rows(job: &Job, r: usize, count: usize) {
 unsafe fn run_rows(job: &Job, acts: &Acts, n: usize, r0: usize, r1: usize) {
     let (m, rb, kn) = (job.m, job.row_bytes, job.kernel);
     let mut dots: TileOut = [[0.0; TILE_MAX_ACTS]; TILE_MAX_ROWS];
-    // Writes out[j, r..r + nr] for j in j0..j0 + nj from the tile `dots[i][t]`.
+    // Writes out[j, r..r + nr] for j in j0..j0 + nj from the tile `dots[i][t]`, one
+    // activation row at a time: each writes nr consecutive floats of `out` (one or two cache
+    // lines) instead of one float in each of nj rows per weight row.
     let store = |dots: &TileOut, r: usize, nr: usize, j0: usize, nj: usize| {
-        for (i, row) in dots.iter().enumerate().take(nr) {
-            for (t, &d) in row.iter().enumerate().take(nj) {
-                // SAFETY: j0 + t < n and r + i < m, so the index is inside out[n, m], and
-                // rows r0..r1 belong to this task alone.
-                unsafe { *job.out.get().add((j0 + t) * m + r + i) = d };
+        for t in 0..nj {
+            // SAFETY: j0 + t < n and r + nr <= m, so the run is inside out[n, m], and rows
+            // r0..r1 belong to this task alone.
+            let dst = unsafe { job.out.get().add((j0 + t) * m + r) };
+            for (i, row) in dots.iter().enumerate().take(nr) {
+                // SAFETY: i < nr (see above).
+                unsafe { *dst.add(i) = row[t] };
             }
         }
     };
