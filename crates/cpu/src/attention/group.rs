@@ -9,9 +9,8 @@ use std::ops::Range;
 
 use kvcache::LayerView;
 
-use super::isa::MAX_FAST_HEAD_DIM;
 use super::params::AttentionParams;
-use super::queries::{int8_key_offset, int8_lane_floats, int8_lanes, int8_queries, quantize_query, INT8_QUERY_GROUP};
+use super::queries::{int8_key_offset, int8_lane_floats, int8_queries, quantize_query};
 
 /// Visibility of one sequence's query tokens (see the module docs of `attention`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,7 +78,6 @@ pub(crate) fn prepare_queries(
     debug_assert_eq!(q.len(), heads.len() * rows * d);
     let int8 = int8_queries(layer.format);
     debug_assert!(int8 || lanes.is_none());
-    let (mut codes, mut scales) = ([0i8; MAX_FAST_HEAD_DIM], [0f32; MAX_FAST_HEAD_DIM / INT8_QUERY_GROUP]);
     let offset = int8_key_offset(layer.format);
     for (hi, kv_head) in heads.enumerate() {
         for i in 0..p.q_len {
@@ -96,12 +94,18 @@ pub(crate) fn prepare_queries(
                 if int8 {
                     match lanes.as_deref_mut() {
                         Some(lanes) => {
-                            let (codes, scales) = (&mut codes[..d], &mut scales[..d / INT8_QUERY_GROUP]);
-                            quantize_query(dst, Some(codes), Some(scales));
                             let lf = int8_lane_floats(d);
-                            int8_lanes(codes, scales, offset, &mut lanes[row * lf..(row + 1) * lf]);
+                            let out = &mut lanes[row * lf..(row + 1) * lf];
+                            // SAFETY: lanes exist only on the integer route (`simd::int8_keys`),
+                            // which requires AVX-512F/BW/VL; `out` is one row's lanes.
+                            #[cfg(target_arch = "x86_64")]
+                            unsafe {
+                                super::simd::int8::query_lanes(dst, offset, out)
+                            };
+                            #[cfg(not(target_arch = "x86_64"))]
+                            unreachable!("int8 lanes on a CPU without the integer route: {}", out.len());
                         }
-                        None => quantize_query(dst, None, None),
+                        None => quantize_query(dst, None),
                     }
                 }
             }

@@ -50,7 +50,7 @@ pub fn attention(layer: &LayerView, p: &AttentionParams, out: &mut [f32]) {
                         r.apply(&mut q);
                     }
                     if int8 {
-                        quantize_query(&mut q, None, None);
+                        quantize_query(&mut q, None);
                     }
                     let row = i * g + h;
                     for (dst, x) in qs[row * d..(row + 1) * d].iter_mut().zip(&q) {

@@ -17,7 +17,7 @@
 //! ([`super::tile::run`]) with these kernels.
 
 mod codecs;
-mod int8;
+pub(crate) mod int8;
 mod kernels;
 mod wide;
 
@@ -152,11 +152,13 @@ kernel_fns!(Avx2, "avx2,fma,f16c", scores_avx2, accumulate_avx2, 2, 1);
 kernel_fns!(Avx512, "avx512f,avx512vl,avx2,fma,f16c", scores_avx512, accumulate_avx512, 4, 2);
 
 /// Whether calls over `layer` on `isa` compute K·Q in integers ([`int8`]): q8 and q4 keys
-/// (whose queries are int8-rounded on every route), head_dim a multiple of 64, the AVX-512
-/// kernels on a CPU with AVX-512 VNNI. The queries' int8 lanes must then be prepared.
+/// (whose queries are rounded to two int8 codes a value on every route), head_dim a multiple
+/// of 64, the AVX-512 kernels on a CPU with AVX-512 VNNI and BW. The queries' int8 lanes must
+/// then be prepared.
 pub(crate) fn int8_keys(isa: KernelIsa, layer: &LayerView) -> bool {
     static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let vnni = *VNNI.get_or_init(|| std::is_x86_feature_detected!("avx512vnni"));
+    let vnni =
+        *VNNI.get_or_init(|| std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512bw"));
     isa == KernelIsa::Avx512 && vnni && int8_queries(layer.format) && layer.head_dim.is_multiple_of(64)
 }
 
@@ -190,7 +192,7 @@ pub(crate) struct Int8Ops<K, V> {
     v: V,
 }
 
-#[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn scores_int8<K: IntKeys>(
     k: &K,
@@ -287,7 +289,7 @@ impl<K: IntKeys, V: WideValues> TileOps for Int8Ops<K, V> {
 }
 
 /// [`tile::run`] with the integer K·Q kernel over a q8 or q4 layer.
-#[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn by_codecs_int8(
     inp: &RangeInput,
     start: usize,
