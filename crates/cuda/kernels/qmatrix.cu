@@ -162,59 +162,98 @@ __device__ __forceinline__ float q_silu_mul(float g, float u) {
 #define QG_WARPS 32
 
 // x' of `mode` (see above) quantized into xq [N, cols / 4] (int8 × 4), xd [N, cols / 32] (scales)
-// and xs [N, cols / 32] (sums), by the whole block (QG_WARPS warps). Within a token row the
-// layout is by lane unit (UW consecutive values, U = cols / UW units) so that lanes reading the
-// same part of consecutive units hit consecutive shared-memory words (no bank conflicts): the
-// 16-value group j of unit u is int4 number j · U + u, and the 32-value block b of unit u has
-// its scale and sum at b · U + u.
+// and xs [N, cols / 32] (sums), by the whole block (QG_WARPS warps). A thread takes 4 consecutive
+// values at a time (one 16-byte load of each input), 8 lanes a 32-value group, and issues the
+// loads of QP_STEPS such steps before it uses any: the prologue is a few dependent L2 round
+// trips, not one per group. Within a token row the layout is by lane unit (UW consecutive values,
+// U = cols / UW units) so that lanes reading the same part of consecutive units hit consecutive
+// shared-memory words (no bank conflicts): the 16-value group j of unit u is int4 number j · U + u,
+// and the 32-value block b of unit u has its scale and sum at b · U + u.
+#define QP_STEPS 4
 template <int N, int UW>
 __device__ void qgemv_prologue(int* __restrict__ xq, float* __restrict__ xd, float* __restrict__ xs,
                                const float* __restrict__ x, const float* __restrict__ nw,
                                const u32* __restrict__ xrows, u32 cols, u32 mode, float eps) {
     __shared__ double red[QG_WARPS];
     __shared__ float inv_s;
-    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = cols / 32;
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = cols / 32, c4 = cols / 4, U = cols / UW;
+    const u32 T = 32 * QG_WARPS;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int i = 0; i < N; i++) {
         const u32 src = xrows ? xrows[i] : (u32)i;
+        const float4* xr = (const float4*)(x + (u64)src * cols * (mode >= 2 ? 2 : 1));
         float inv = 1.0f;
         if (mode == 1) {
             // Squares summed in f64 (as the CPU and pk_rms_norm), the mean rounded to f32.
-            const float* xr = x + (u64)src * cols;
             double s = 0.0;
-            for (u32 c = threadIdx.x; c < cols; c += 32 * QG_WARPS) s += (double)__fmul_rn(xr[c], xr[c]);
+            for (u32 q0 = threadIdx.x; q0 < c4; q0 += QP_STEPS * T) {
+                float4 a[QP_STEPS];
+#pragma unroll
+                for (int k = 0; k < QP_STEPS; k++) a[k] = q0 + k * T < c4 ? xr[q0 + k * T] : zero;
+#pragma unroll
+                for (int k = 0; k < QP_STEPS; k++)
+                    s += (double)__fmul_rn(a[k].x, a[k].x) + (double)__fmul_rn(a[k].y, a[k].y) +
+                         (double)__fmul_rn(a[k].z, a[k].z) + (double)__fmul_rn(a[k].w, a[k].w);
+            }
             for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
             if (lane == 0) red[warp] = s;
             __syncthreads();
-            if (threadIdx.x == 0) {
-                double t = 0.0;
-                for (int k = 0; k < QG_WARPS; k++) t += red[k];
-                inv_s = 1.0f / sqrtf((float)(t / (double)cols) + eps);
+            if (warp == 0) {
+                double t = lane < QG_WARPS ? red[lane] : 0.0;
+                for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+                if (lane == 0) inv_s = 1.0f / sqrtf((float)(t / (double)cols) + eps);
             }
             __syncthreads();
             inv = inv_s;
         }
-        for (u32 g = warp; g < nb; g += QG_WARPS) {
-            const u32 c = g * 32 + lane;
-            float v;
-            if (mode >= 2) {
-                const float* xr = x + (u64)src * 2 * cols;
-                v = mode == 3 ? pk_gelu_mul1(xr[c], xr[cols + c]) : q_silu_mul(xr[c], xr[cols + c]);
-            } else {
-                v = x[(u64)src * cols + c];
-                if (mode == 1) v = __fmul_rn(__fmul_rn(v, inv), nw[c]);
+        // Warp-uniform trip count: every lane reaches the group shuffles (c4 is a multiple of 8,
+        // so a group's 8 lanes are all in range or all out).
+        for (u32 b0 = warp * 32; b0 < c4; b0 += QP_STEPS * T) {
+            float4 v[QP_STEPS];
+#pragma unroll
+            for (int k = 0; k < QP_STEPS; k++) {
+                const u32 q = b0 + k * T + lane;
+                if (q >= c4) {
+                    v[k] = zero;
+                } else if (mode >= 2) {
+                    const float4 g = xr[q], u = xr[c4 + q];
+                    v[k] = mode == 3 ? make_float4(pk_gelu_mul1(g.x, u.x), pk_gelu_mul1(g.y, u.y),
+                                                   pk_gelu_mul1(g.z, u.z), pk_gelu_mul1(g.w, u.w))
+                                     : make_float4(q_silu_mul(g.x, u.x), q_silu_mul(g.y, u.y),
+                                                   q_silu_mul(g.z, u.z), q_silu_mul(g.w, u.w));
+                } else {
+                    v[k] = xr[q];
+                    if (mode == 1) {
+                        const float4 w = ((const float4*)nw)[q];
+                        v[k] = make_float4(__fmul_rn(__fmul_rn(v[k].x, inv), w.x), __fmul_rn(__fmul_rn(v[k].y, inv), w.y),
+                                           __fmul_rn(__fmul_rn(v[k].z, inv), w.z), __fmul_rn(__fmul_rn(v[k].w, inv), w.w));
+                    }
+                }
             }
-            const float amax = warp_max(fabsf(v)), sum = warp_sum(v);
-            const float d = amax / 127.0f;
-            const int q = amax > 0.0f ? __float2int_rn(v / d) : 0;
-            const u32 b = (u32)q & 0xffu;
-            const u32 b1 = __shfl_down_sync(0xffffffffu, b, 1), b2 = __shfl_down_sync(0xffffffffu, b, 2),
-                      b3 = __shfl_down_sync(0xffffffffu, b, 3);
-            const u32 U = cols / UW, u = c / UW, j = (c % UW) / 16, bi = (c % UW) / 32;
-            if ((lane & 3) == 0)
-                xq[(u64)i * (cols / 4) + 4 * (j * U + u) + (lane & 15) / 4] = (int)(b | (b1 << 8) | (b2 << 16) | (b3 << 24));
-            if (lane == 0) {
-                xd[i * nb + bi * U + u] = d;
-                xs[i * nb + bi * U + u] = sum;
+#pragma unroll
+            for (int k = 0; k < QP_STEPS; k++) {
+                const u32 q = b0 + k * T + lane;
+                float amax = fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w)));
+                float sum = ((v[k].x + v[k].y) + v[k].z) + v[k].w;
+#pragma unroll
+                for (int o = 1; o < 8; o <<= 1) {
+                    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+                    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+                }
+                const float d = amax / 127.0f;
+                const bool nz = amax > 0.0f;
+                const u32 c0 = nz ? (u32)__float2int_rn(v[k].x / d) & 0xffu : 0u;
+                const u32 c1 = nz ? (u32)__float2int_rn(v[k].y / d) & 0xffu : 0u;
+                const u32 c2 = nz ? (u32)__float2int_rn(v[k].z / d) & 0xffu : 0u;
+                const u32 c3 = nz ? (u32)__float2int_rn(v[k].w / d) & 0xffu : 0u;
+                if (q < c4) {
+                    const u32 c = 4 * q, u = c / UW, j = (c % UW) / 16, bi = (c % UW) / 32;
+                    xq[(u64)i * c4 + 4 * (j * U + u) + (c % 16) / 4] = (int)(c0 | (c1 << 8) | (c2 << 16) | (c3 << 24));
+                    if ((lane & 7) == 0) {
+                        xd[i * nb + bi * U + u] = d;
+                        xs[i * nb + bi * U + u] = sum;
+                    }
+                }
             }
         }
         __syncthreads();  // `red` and `inv_s` are reused by the next row's norm
@@ -384,12 +423,40 @@ __device__ __forceinline__ void k_dot(float (&acc)[N], const KRaw& r, u32 h, con
     }
 }
 
-// Lanes per row of the K-quant product for U units per row.
+// Lanes per row of the K-quant product for U units per row: the power of two ≥ U (at most 32),
+// or, where that leaves lanes idle, the widest power of two ≥ 4 dividing U when one does
+// (a 14,336-wide row, U = 112: 16 lanes and 7 slices, not 32 lanes and 4 slices of which the
+// last is half idle). Mirrored by `QuantOps::gemv_launch`.
 __device__ __forceinline__ u32 k_lanes_per_row(u32 units) {
     u32 l = 32;
     while (l > 1 && l / 2 >= units) l /= 2;
+    for (u32 m = l; m >= 4; m /= 2)
+        if (units % m == 0) return m;
     return l;
 }
+
+// Starts fetching item `it`'s weights into L2 without waiting for them (Hopper's bulk prefetch;
+// nothing on earlier GPUs): the first lane of each of the item's rows asks for that row's slice,
+// whole super-blocks and so one contiguous, 16-byte-aligned run of `data`.
+template <int QT>
+__device__ __forceinline__ void k_prefetch(const u8* __restrict__ data, u32 bpr, u32 r_lo, u32 nrows, u32 units,
+                                           u32 lpr, u32 rpi, u32 S, u32 items, u32 it, u32 lane) {
+#if __CUDA_ARCH__ >= 900
+    const u32 r = it / S * rpi + lane / lpr, u0 = it % S * lpr;
+    if (it >= items || lane % lpr != 0 || r >= nrows) return;
+    const u32 u1 = min(u0 + lpr, units);  // u0 and u1 even: lpr and units are
+    const u8* p = data + ((u64)(r_lo + r) * bpr + u0 / 2) * QTraits<QT>::DATA;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((u1 - u0) / 2 * QTraits<QT>::DATA)
+                 : "memory");
+#endif
+}
+
+// QK_PREFETCH (the module's options, from CudaTuning::qgemv_prefetch): rounds of items (one item
+// a warp) a K-quant product fetches into L2 ahead of the one it multiplies; the first rounds go
+// out before the kernel waits on the previous one (PDL).
+#ifndef QK_PREFETCH
+#error "QK_PREFETCH is set by the Quant module's options (spec.rs)"
+#endif
 
 template <int QT, int N, int ITEMS>
 __device__ void qgemv_k(float* __restrict__ y, u32 ldy, const u8* __restrict__ data, const u16* __restrict__ hdr,
@@ -407,10 +474,19 @@ __device__ void qgemv_k(float* __restrict__ y, u32 ldy, const u8* __restrict__ d
     const u32 r_lo = (u32)((u64)blockIdx.x * rows / gridDim.x);
     const u32 r_hi = (u32)((u64)(blockIdx.x + 1) * rows / gridDim.x);
     const u32 nrows = r_hi - r_lo, items = (nrows + rpi - 1) / rpi * S;
+    // The weights do not depend on the previous kernel: their first rounds stream into L2 while
+    // it drains and while the prologue runs.
+#pragma unroll
+    for (u32 d = 0; d < QK_PREFETCH; d++)
+        k_prefetch<QT>(data, bpr, r_lo, nrows, units, lpr, rpi, S, items, warp + d * QG_WARPS, lane);
     pdl_wait();
     qgemv_prologue<N, 128>(xq, xd, xs, x, nw, xrows, cols, mode, eps);
     // ITEMS items a warp at a time: every item's weights are loaded before any is multiplied.
     for (u32 it0 = warp; it0 < items; it0 += ITEMS * QG_WARPS) {
+#pragma unroll
+        for (int j = 0; j < ITEMS; j++)
+            k_prefetch<QT>(data, bpr, r_lo, nrows, units, lpr, rpi, S, items,
+                           it0 + (QK_PREFETCH + j) * QG_WARPS, lane);
         KRaw raw[ITEMS];
         u32 rr[ITEMS], uu[ITEMS];
         bool ok[ITEMS];

@@ -33,7 +33,7 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 /// cached).
 pub(crate) fn cubin(spec: &ModuleSpec, arch: (u32, u32), tuning: &CudaTuning) -> Result<Vec<u8>, CudaError> {
     let src = spec.source();
-    let opts = spec.options(arch, &tuning.tc);
+    let opts = spec.options(arch, tuning);
     let key = fnv1a(&[src.as_bytes(), opts.join(" ").as_bytes()]);
     let file = tuning.kernel_cache.as_ref().map(|d| d.join(format!("{key:016x}-sm{}{}.cubin", arch.0, arch.1)));
     if let Some(f) = &file {

@@ -108,6 +108,24 @@ pub const QGEMV_MAX_N: usize = 8;
 /// Warps per block of the decode product (`QG_WARPS` in `kernels/qmatrix.cu`).
 const QG_WARPS: usize = 32;
 
+/// Lanes per row of the K-quant decode product for `units` 128-value units a row
+/// (`k_lanes_per_row` in `kernels/qmatrix.cu`): the power of two ≥ `units` (at most 32), or,
+/// where that leaves lanes idle, the widest power of two ≥ 4 dividing `units` when one does.
+fn k_lanes_per_row(units: usize) -> usize {
+    let mut lanes = 32;
+    while lanes > 1 && lanes / 2 >= units {
+        lanes /= 2;
+    }
+    let mut m = lanes;
+    while m >= 4 {
+        if units % m == 0 {
+            return m;
+        }
+        m /= 2;
+    }
+    lanes
+}
+
 /// The kernels of one type.
 struct Kernels {
     /// `[n - 1]` decode products for 1..=QGEMV_MAX_N token rows.
@@ -179,11 +197,7 @@ impl QuantOps {
         let input = n * w.cols + 8 * n * (w.cols / 32);
         if w.qt.block_values() == 256 {
             let units = w.cols / 128;
-            let mut lanes = 32;
-            while lanes > 1 && lanes / 2 >= units {
-                lanes /= 2;
-            }
-            let slices = units.div_ceil(lanes);
+            let slices = units.div_ceil(k_lanes_per_row(units));
             let blocks = w.rows.clamp(1, sms);
             (blocks, input + w.rows.div_ceil(blocks) * slices * n * 4)
         } else {
@@ -335,5 +349,24 @@ impl QuantOps {
         b.arg(&d).arg(&h).arg(&blocks).arg(&scale).arg(&seed);
         // SAFETY: pk_qfill_T(u8*, u16*, u64, float, u32) over the matrix's blocks.
         unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_qfill)"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::k_lanes_per_row;
+
+    #[test]
+    fn lanes_per_row_leave_no_lane_idle_where_a_divisor_allows() {
+        // (units a row, lanes): 4096, 14336, 1536, 640, 896 and 4864 values a row.
+        for (units, lanes) in [(32, 32), (112, 16), (12, 4), (5, 8), (7, 8), (38, 32), (2, 2), (64, 32)] {
+            assert_eq!(k_lanes_per_row(units), lanes, "{units} units");
+        }
+        for units in 1..=512 {
+            let l = k_lanes_per_row(units);
+            assert!(l.is_power_of_two() && l <= 32, "{units}: {l}");
+            // Never more lanes than the narrow-row rule's, and no idle lanes when it changed.
+            assert!(l >= units.min(32) || units % l == 0, "{units}: {l}");
+        }
     }
 }

@@ -7,7 +7,7 @@
 use kvcache::{Codec, KvFormat};
 
 use crate::shapes::{tc_eager, tc_evict_first, tc_min_blocks, tc_pair, tc_shape, tc_shape_for, tc_vreg};
-use crate::tuning::TcTuning;
+use crate::tuning::{CudaTuning, TcTuning};
 
 const COMMON: &str = include_str!("../kernels/common.cuh");
 const CACHE_WRITE: &str = include_str!("../kernels/cache_write.cu");
@@ -95,9 +95,13 @@ impl ModuleSpec {
 
     /// NVRTC's options for `arch` (compute capability): the architecture, the language
     /// standard and the module's defines.
-    pub fn options(&self, arch: (u32, u32), t: &TcTuning) -> Vec<String> {
+    pub fn options(&self, arch: (u32, u32), t: &CudaTuning) -> Vec<String> {
         let mut o = vec![format!("--gpu-architecture=sm_{}{}", arch.0, arch.1), "-std=c++17".to_string()];
-        o.extend(self.defines(t));
+        o.extend(self.defines(&t.tc));
+        if let ModuleSpec::Quant = self {
+            // The K-quant decode product's L2 prefetch depth (QK_PREFETCH in qmatrix.cu).
+            o.push(format!("-DQK_PREFETCH={}", t.qgemv_prefetch));
+        }
         o
     }
 }
@@ -110,6 +114,13 @@ mod tests {
     fn codec_ids_match_the_kernels_constants() {
         assert_eq!(codec_id(Codec::Bf16), (2, 16));
         assert_eq!(codec_id(Codec::LloydMaxSub { bits: 2 }), (6, 2));
+    }
+
+    #[test]
+    fn the_quant_module_is_specialized_by_the_product_tuning() {
+        let t = CudaTuning { qgemv_prefetch: 3, ..CudaTuning::default() };
+        assert!(ModuleSpec::Quant.options((9, 0), &t).contains(&"-DQK_PREFETCH=3".to_string()));
+        assert!(!ModuleSpec::Model.options((9, 0), &t).iter().any(|d| d.starts_with("-DQK_")));
     }
 
     #[test]

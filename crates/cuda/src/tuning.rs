@@ -25,6 +25,9 @@ pub struct CudaTuning {
     /// Items (row slices) a warp of the K-quant decode product (`QuantOps::gemv`, one token row)
     /// loads before it multiplies any: 1 or 2.
     pub qgemv_items: usize,
+    /// Rounds of items (one item a warp) the K-quant decode product fetches into L2 ahead of
+    /// the one it multiplies (the first rounds before it waits on the previous kernel); 0: none.
+    pub qgemv_prefetch: usize,
     /// New tokens of one sequence from which a model step takes the prefill kernel
     /// (`PrefillAttention`); `usize::MAX`: never. 96 by default (see `prefill.rs`).
     pub prefill_min_tokens: usize,
@@ -66,6 +69,7 @@ impl Default for CudaTuning {
             gemv: GemvShape::DEFAULT,
             gemv_max_bytes: usize::MAX,
             qgemv_items: 1,
+            qgemv_prefetch: 2,
             prefill_min_tokens: 96,
             attention_pdl: true,
             graphs: true,

@@ -95,10 +95,11 @@ mod gpu {
         out
     }
 
-    /// Shapes per type: odd row counts, one and several blocks per row.
-    fn shapes(qt: QuantType) -> [(usize, usize); 2] {
+    /// Shapes per type: odd row counts, one and several blocks per row, and a row of 12
+    /// K-quant lane units (served by 4 lanes in 3 slices, not 16 lanes with 4 idle).
+    fn shapes(qt: QuantType) -> [(usize, usize); 3] {
         let b = qt.block_values();
-        [(37, b), (70, 3 * b.max(64))]
+        [(37, b), (70, 3 * b.max(64)), (19, 1536)]
     }
 
     #[test]
