@@ -263,15 +263,15 @@ __device__ void qgemv_prologue(int* __restrict__ xq, float* __restrict__ xd, flo
 template <int QT, int N>
 __device__ void qgemv(float* __restrict__ y, u32 ldy, const u8* __restrict__ data, const u16* __restrict__ hdr,
                       const float* __restrict__ x, const float* __restrict__ nw, const u32* __restrict__ xrows,
-                      u32 rows, u32 cols, u32 mode, float eps, u32 accumulate) {
+                      u32 rows, u32 cols, u32 mode, float eps, u32 accumulate, u32 sibling) {
     extern __shared__ __align__(16) unsigned char qg_smem[];
     const u32 nb = cols / 32, bpr = cols / QTraits<QT>::VALUES;
     int* xq = (int*)qg_smem;                                    // [N, cols / 4]
     float* xd = (float*)(qg_smem + (u64)N * cols);              // [N, nb]
     float* xs = xd + N * nb;                                    // [N, nb]
-    pdl_trigger();
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    pdl_wait();
+    if (!sibling) pdl_wait();
+    pdl_trigger();
     qgemv_prologue<N, 32>(xq, xd, xs, x, nw, xrows, cols, mode, eps);
     for (u32 row = blockIdx.x * QG_WARPS + warp; row < rows; row += gridDim.x * QG_WARPS) {
         float acc[N];
@@ -308,6 +308,7 @@ __device__ void qgemv(float* __restrict__ y, u32 ldy, const u8* __restrict__ dat
             }
         }
     }
+    if (sibling) pdl_wait();  // done only once the launch before is (see PK_QGEMV)
 }
 
 
@@ -451,24 +452,24 @@ __device__ __forceinline__ void k_prefetch(const u8* __restrict__ data, u32 bpr,
 #endif
 }
 
-// QK_PREFETCH (the module's options, from CudaTuning::qgemv_prefetch): rounds of items (one item
-// a warp) a K-quant product fetches into L2 ahead of the one it multiplies; the first rounds go
-// out before the kernel waits on the previous one (PDL).
-#ifndef QK_PREFETCH
-#error "QK_PREFETCH is set by the Quant module's options (spec.rs)"
+// From the module's options (spec.rs, CudaTuning): QK_PREFETCH, rounds of items (one item a
+// warp) a K-quant product fetches into L2 ahead of the one it multiplies, the first rounds before
+// it waits on the previous kernel (PDL); QK_REGLOAD 1: each warp also loads its first items into
+// registers before that wait, so their latency overlaps the input's prologue.
+#if !defined(QK_PREFETCH) || !defined(QK_REGLOAD)
+#error "QK_PREFETCH and QK_REGLOAD are set by the Quant module's options (spec.rs)"
 #endif
 
 template <int QT, int N, int ITEMS>
 __device__ void qgemv_k(float* __restrict__ y, u32 ldy, const u8* __restrict__ data, const u16* __restrict__ hdr,
                         const float* __restrict__ x, const float* __restrict__ nw, const u32* __restrict__ xrows,
-                        u32 rows, u32 cols, u32 mode, float eps, u32 accumulate) {
+                        u32 rows, u32 cols, u32 mode, float eps, u32 accumulate, u32 sibling) {
     extern __shared__ __align__(16) unsigned char qg_smem[];
     const u32 nb = cols / 32, units = cols / 128, bpr = cols / 256;
     int* xq = (int*)qg_smem;                        // [N, cols / 4]
     float* xd = (float*)(qg_smem + (u64)N * cols);  // [N, nb]
     float* xs = xd + N * nb;                        // [N, nb]
     float* part = xs + N * nb;                      // [rows of the block, S, N]
-    pdl_trigger();
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 lpr = k_lanes_per_row(units), rpi = 32 / lpr, S = (units + lpr - 1) / lpr;
     const u32 r_lo = (u32)((u64)blockIdx.x * rows / gridDim.x);
@@ -479,17 +480,11 @@ __device__ void qgemv_k(float* __restrict__ y, u32 ldy, const u8* __restrict__ d
 #pragma unroll
     for (u32 d = 0; d < QK_PREFETCH; d++)
         k_prefetch<QT>(data, bpr, r_lo, nrows, units, lpr, rpi, S, items, warp + d * QG_WARPS, lane);
-    pdl_wait();
-    qgemv_prologue<N, 128>(xq, xd, xs, x, nw, xrows, cols, mode, eps);
-    // ITEMS items a warp at a time: every item's weights are loaded before any is multiplied.
-    for (u32 it0 = warp; it0 < items; it0 += ITEMS * QG_WARPS) {
-#pragma unroll
-        for (int j = 0; j < ITEMS; j++)
-            k_prefetch<QT>(data, bpr, r_lo, nrows, units, lpr, rpi, S, items,
-                           it0 + (QK_PREFETCH + j) * QG_WARPS, lane);
-        KRaw raw[ITEMS];
-        u32 rr[ITEMS], uu[ITEMS];
-        bool ok[ITEMS];
+    KRaw raw[ITEMS];
+    u32 rr[ITEMS], uu[ITEMS];
+    bool ok[ITEMS];
+    // Loads item it0 + j · QG_WARPS's weights into raw[j] (j < ITEMS).
+    auto load = [&](u32 it0) {
 #pragma unroll
         for (int j = 0; j < ITEMS; j++) {
             const u32 it = it0 + j * QG_WARPS, g = it / S, sl = it % S;
@@ -501,6 +496,21 @@ __device__ void qgemv_k(float* __restrict__ y, u32 ldy, const u8* __restrict__ d
                 k_load<QT>(raw[j], data + blk * QTraits<QT>::DATA, hdr, blk, uu[j] & 1);
             }
         }
+    };
+#if QK_REGLOAD
+    load(warp);
+#endif
+    if (!sibling) pdl_wait();
+    pdl_trigger();
+    qgemv_prologue<N, 128>(xq, xd, xs, x, nw, xrows, cols, mode, eps);
+    // ITEMS items a warp at a time: every item's weights are loaded before any is multiplied.
+    for (u32 it0 = warp; it0 < items; it0 += ITEMS * QG_WARPS) {
+#pragma unroll
+        for (int j = 0; j < ITEMS; j++)
+            if (QK_PREFETCH > 0)
+                k_prefetch<QT>(data, bpr, r_lo, nrows, units, lpr, rpi, S, items,
+                               it0 + (QK_PREFETCH + j) * QG_WARPS, lane);
+        if (!QK_REGLOAD || it0 != warp) load(it0);
 #pragma unroll
         for (int j = 0; j < ITEMS; j++) {
             const u32 it = it0 + j * QG_WARPS;
@@ -527,6 +537,7 @@ __device__ void qgemv_k(float* __restrict__ y, u32 ldy, const u8* __restrict__ d
         float* o = y + (u64)i * ldy + r_lo + rl;
         *o = accumulate ? *o + s : s;
     }
+    if (sibling) pdl_wait();  // done only once the launch before is (see PK_QGEMV)
 }
 
 // ---- Dequantization. out [nrows, cols] bf16 ← rows first_row.. of W: one thread per unit; a
@@ -613,12 +624,19 @@ __device__ void qfill(u8* __restrict__ data, u16* __restrict__ hdr, u64 blocks, 
 
 // pk_qgemv_T_nN: the decode product of N token rows (qgemv_k for the K-quants, qgemv otherwise);
 // pk_qgemv_T_nN_i2: the K-quant product taking two items a warp at a time.
+// Launched as programmatic dependents, the products wait for the kernel before them (pdl_wait)
+// and only then let the next one be scheduled (pdl_trigger), so a launch that follows a product
+// finds that product's own inputs complete. A `sibling` launch relies on that: it follows
+// another product over the same input x writing other outputs (the next part of a weight
+// stacked from parts of different types, or the next rows of tokens), so it does not wait
+// before reading x and runs beside that product's tail; it waits at its end instead, so the
+// kernel after it still finds both complete.
 #define PK_QGEMV(QT, NAME, N, F, SUFFIX, ...)                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * QG_WARPS, 1)                                             \
         pk_qgemv_##NAME##_n##N##SUFFIX(float* y, u32 ldy, const u8* data, const u16* hdr, const float* x,      \
                                        const float* nw, const u32* xrows, u32 rows, u32 cols, u32 mode,       \
-                                       float eps, u32 acc) {                                                  \
-        F<QT, N __VA_ARGS__>(y, ldy, data, hdr, x, nw, xrows, rows, cols, mode, eps, acc);                     \
+                                       float eps, u32 acc, u32 sibling) {                                     \
+        F<QT, N __VA_ARGS__>(y, ldy, data, hdr, x, nw, xrows, rows, cols, mode, eps, acc, sibling);            \
     }
 #define PK_QGEMV_N(QT, NAME, F, SUFFIX, ...)                                                                   \
     PK_QGEMV(QT, NAME, 1, F, SUFFIX, __VA_ARGS__) PK_QGEMV(QT, NAME, 2, F, SUFFIX, __VA_ARGS__)                \

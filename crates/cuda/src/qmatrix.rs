@@ -215,6 +215,11 @@ impl QuantOps {
     /// those rows of `out [·, ldo]` (+)= `x' · wᵀ`, with `x'` the result of `prologue` on `x`
     /// (rows `rows[first..first + n]` of `x` when given, else `first..first + n`) quantized to
     /// int8 per 32 values; f32 accumulation. `out` must not overlap `x`.
+    ///
+    /// `sibling`: the launch directly before this one on the stream is another of these products
+    /// over the same `x` (and `rows`) writing other outputs of `out` — an earlier part of a weight
+    /// stacked from parts, or earlier token rows. The launch then does not wait for that one
+    /// before reading `x` and runs beside its tail (see `PK_QGEMV` in `kernels/qmatrix.cu`).
     #[allow(clippy::too_many_arguments)]
     pub fn gemv(
         &self,
@@ -228,6 +233,7 @@ impl QuantOps {
         first: usize,
         n: usize,
         accumulate: bool,
+        sibling: bool,
     ) -> Result<(), CudaError> {
         let in_width = prologue.in_width(w.cols);
         let end = first + n;
@@ -252,14 +258,14 @@ impl QuantOps {
             None => (self.p(x) + 4 * (first * in_width) as u64, 0),
         };
         let (dp, hp) = (self.p(&w.data), self.p(&w.hdr));
-        let (ld, r32, c32, acc) = (ldo as u32, w.rows as u32, w.cols as u32, accumulate as u32);
+        let (ld, r32, c32, acc, sib) = (ldo as u32, w.rows as u32, w.cols as u32, accumulate as u32, sibling as u32);
         let (blocks, smem) = self.gemv_launch(w, n);
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: ((32 * QG_WARPS) as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let mut args: [*mut std::ffi::c_void; 12] = [
+        let mut args: [*mut std::ffi::c_void; 13] = [
             arg(&y),
             arg(&ld),
             arg(&dp),
@@ -272,6 +278,7 @@ impl QuantOps {
             arg(&mode),
             arg(&eps),
             arg(&acc),
+            arg(&sib),
         ];
         // A programmatic dependent launch when the tuning says so (`CudaTuning::gemv.pdl`): its
         // blocks may be scheduled while the previous kernel drains; the kernel waits for that

@@ -28,6 +28,10 @@ pub struct CudaTuning {
     /// Rounds of items (one item a warp) the K-quant decode product fetches into L2 ahead of
     /// the one it multiplies (the first rounds before it waits on the previous kernel); 0: none.
     pub qgemv_prefetch: usize,
+    /// The K-quant decode product loads each warp's first items into registers before it waits
+    /// on the previous kernel (their latency overlaps the input's prologue). On by default:
+    /// +1.1 % on `synthetic:llama3-8b-q4km` batch 1 (H100, docs/performance.md).
+    pub qgemv_preload: bool,
     /// New tokens of one sequence from which a model step takes the prefill kernel
     /// (`PrefillAttention`); `usize::MAX`: never. 96 by default (see `prefill.rs`).
     pub prefill_min_tokens: usize,
@@ -70,6 +74,7 @@ impl Default for CudaTuning {
             gemv_max_bytes: usize::MAX,
             qgemv_items: 1,
             qgemv_prefetch: 2,
+            qgemv_preload: true,
             prefill_min_tokens: 96,
             attention_pdl: true,
             graphs: true,

@@ -218,7 +218,7 @@ mod gpu {
                             let init: Vec<f32> = normals(&mut rng, total * ldo);
                             let out = up(dev, &init);
                             o.quant()
-                                .gemv(&out, col, ldo, &up(dev, &x), &w, prologue, gathered, first, n, accumulate)
+                                .gemv(&out, col, ldo, &up(dev, &x), &w, prologue, gathered, first, n, accumulate, false)
                                 .unwrap();
                             let got = down(dev, &out);
                             // x' of rows first..first + n.
@@ -260,6 +260,45 @@ mod gpu {
                     }
                 }
             }
+        }
+    }
+
+    /// A weight stacked from a Q4_K and a Q6_K part (as Q4_K_M's q|k and v) multiplies an input
+    /// the launch just before produced; its second part's launch is a sibling of the first (does
+    /// not wait before reading the input). Eight rounds back to back, each with a new input, must
+    /// give what the same launches give when every one waits: a sibling reading the input early
+    /// would see the previous round's.
+    #[test]
+    fn sibling_launches_see_the_input_their_first_part_waited_for() {
+        let Some(o) = ops("sibling_launches_see_the_input_their_first_part_waited_for") else { return };
+        let dev = o.device();
+        let q = o.quant();
+        let mut rng = StdRng::seed_from_u64(7);
+        let (cols, rb, rc, rounds) = (2048usize, 1000usize, 260usize, 8usize);
+        let upload = |rng: &mut StdRng, qt: QuantType, rows: usize| {
+            QuantMatrix::upload(dev, qt, rows, cols, &random_blocks(rng, qt, rows, cols)).unwrap()
+        };
+        let (wa, wb, wc) = (
+            upload(&mut rng, QuantType::Q4_K, cols),
+            upload(&mut rng, QuantType::Q4_K, rb),
+            upload(&mut rng, QuantType::Q6_K, rc),
+        );
+        let x0: Vec<_> = (0..rounds).map(|_| up(dev, &normals(&mut rng, cols))).collect();
+        let run = |sibling: bool| -> Vec<Vec<f32>> {
+            let xa = up(dev, &vec![0f32; cols]);
+            let outs: Vec<_> = (0..rounds).map(|_| up(dev, &vec![0f32; rb + rc])).collect();
+            for (x, out) in x0.iter().zip(&outs) {
+                q.gemv(&xa, 0, cols, x, &wa, Prologue::Convert, None, 0, 1, false, false).unwrap();
+                q.gemv(out, 0, rb + rc, &xa, &wb, Prologue::Convert, None, 0, 1, false, false).unwrap();
+                q.gemv(out, rb, rb + rc, &xa, &wc, Prologue::Convert, None, 0, 1, false, sibling).unwrap();
+            }
+            outs.iter().map(|out| down(dev, out)).collect()
+        };
+        let (waited, siblings) = (run(false), run(true));
+        for (r, (a, b)) in waited.iter().zip(&siblings).enumerate() {
+            assert!(a.iter().any(|v| *v != 0.0), "round {r}: no output");
+            let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "round {r}: the sibling launch saw another input");
         }
     }
 

@@ -221,11 +221,14 @@ impl Products<'_> {
                 let ldo = w.rows();
                 let gemv_rows = self.invariant || n <= QGEMV_MAX_ROWS;
                 if gemv_rows && parts.iter().all(|p| q.gemv_serves(p, n.min(QGEMV_MAX_N))) {
-                    let mut col = 0;
+                    // Every launch after the first reads the same x and writes other outputs: a
+                    // sibling of the one before it (runs beside that one's tail).
+                    let (mut col, mut sibling) = (0, false);
                     for p in parts {
                         for first in (0..n).step_by(QGEMV_MAX_N) {
                             let k = QGEMV_MAX_N.min(n - first);
-                            q.gemv(out, col, ldo, x, p, prologue, rows, first, k, accumulate).map_err(dev)?;
+                            q.gemv(out, col, ldo, x, p, prologue, rows, first, k, accumulate, sibling).map_err(dev)?;
+                            sibling = true;
                         }
                         col += p.rows();
                     }
