@@ -100,7 +100,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for n in ns {
         let mem = bandwidth(isa, ty, &memory, rows, cols, n, 2, &pool);
         let hot = bandwidth(isa, ty, &cache, small_rows.max(4), cols, n, 200, &pool);
-        println!("  n = {n:2}: from memory {mem:6.1}, in cache ({} rows) {hot:6.1}", small_rows.max(4));
+        println!("  n = {n:2}: from memory {mem:7.3}, in cache ({} rows) {hot:7.3}", small_rows.max(4));
     }
     Ok(())
 }

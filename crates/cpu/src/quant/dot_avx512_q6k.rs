@@ -17,6 +17,11 @@
 //! - the offset term is one `vpmaddwd` per lane, the float steps run lane-wise in the
 //!   reference's order, and the final `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))` too.
 //!
+//! The tiled order (`Acts::tiled`, prefill) takes only each super-block's exact integer total,
+//! so there the codes meet the activations in `vpdpbusd` (four per 16-value group, the group's
+//! exact dot in each lane) and one `vpmulld` applies the group's scale: six port-0 uops per group
+//! and activation row where the dot product's order needs eight.
+//!
 //! With fewer activation rows the transposition does not pay; those tiles (decode, draft
 //! verification) run the row kernel ([`dot_avx512_k`](super::dot_avx512_k)), which gives the same
 //! bits.
@@ -108,8 +113,38 @@ unsafe fn tile(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut Ti
         let (scv, sc2v) = scales(&rows, at);
         let d: [u16; ROWS] = std::array::from_fn(|i| std::ptr::read_unaligned(rows[i].add(at + 208) as *const u16));
         let dv = _mm512_cvtph_ps(_mm256_loadu_si256(d.as_ptr() as *const __m256i));
+        // The scales as plain i32 lanes (the high half of each (sc_g, sc_g) pair, sign-extended).
+        let sci: [__m512i; 16] = std::array::from_fn(|g| _mm512_srai_epi32::<16>(scv[g]));
         for t in 0..nj {
             let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
+            if a.tiled {
+                // The tiled order needs only the block's exact integer total, so any exact
+                // grouping will do: each 16-value group's dot by four `vpdpbusd` (codes 0..63
+                // unsigned against the signed activations, |·| < 2^17), times its scale by one
+                // `vpmulld` — six port-0 uops per group where `vpmaddubsw` + `vpdpwssd` take eight.
+                // The total stays below 16 · 2^17 · 128 = 2^28 in magnitude.
+                let mut total = _mm512_setzero_si512();
+                for v in 0..8 {
+                    for half in 0..2 {
+                        let mut dot = _mm512_setzero_si512();
+                        for l in 4 * half..4 * half + 4 {
+                            let yq = std::ptr::read_unaligned(y.qs.as_ptr().add(32 * v + 4 * l) as *const i32);
+                            dot = _mm512_dpbusd_epi32(dot, p[v][l], _mm512_set1_epi32(yq));
+                        }
+                        total = _mm512_add_epi32(total, _mm512_mullo_epi32(dot, sci[2 * v + half]));
+                    }
+                }
+                let mut offset = _mm512_setzero_si512();
+                for l in 0..8 {
+                    let bs = (y.bsums[2 * l] as u16 as u32 | (y.bsums[2 * l + 1] as u16 as u32) << 16) as i32;
+                    offset = _mm512_add_epi32(offset, _mm512_madd_epi16(sc2v[l], _mm512_set1_epi32(bs)));
+                }
+                let total = _mm512_sub_epi32(total, _mm512_slli_epi32::<5>(offset));
+                // The tiled matmul's order: fma(f32(total) · d, d_y, out) per super-block.
+                let r = _mm512_mul_ps(_mm512_cvtepi32_ps(total), dv);
+                facc[t][0] = _mm512_fmadd_ps(r, _mm512_set1_ps(y.d), facc[t][0]);
+                continue;
+            }
             let mut acc = [_mm512_setzero_si512(); 8];
             for v in 0..8 {
                 for l in 0..8 {
@@ -119,21 +154,11 @@ unsafe fn tile(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut Ti
                 }
             }
             let dd = _mm512_mul_ps(dv, _mm512_set1_ps(y.d));
-            let mut total = _mm512_setzero_si512();
             for l in 0..8 {
                 let bs = (y.bsums[2 * l] as u16 as u32 | (y.bsums[2 * l + 1] as u16 as u32) << 16) as i32;
                 let offset = _mm512_madd_epi16(sc2v[l], _mm512_set1_epi32(bs));
                 let lane = _mm512_sub_epi32(acc[l], _mm512_slli_epi32::<5>(offset));
-                if a.tiled {
-                    total = _mm512_add_epi32(total, lane);
-                } else {
-                    facc[t][l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lane), dd, facc[t][l]);
-                }
-            }
-            if a.tiled {
-                // The tiled matmul's order: fma(f32(total) · d, d_y, out) per super-block.
-                let r = _mm512_mul_ps(_mm512_cvtepi32_ps(total), dv);
-                facc[t][0] = _mm512_fmadd_ps(r, _mm512_set1_ps(y.d), facc[t][0]);
+                facc[t][l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lane), dd, facc[t][l]);
             }
         }
     }
