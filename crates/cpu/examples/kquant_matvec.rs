@@ -3,12 +3,13 @@
 //! several copies cycled so they come from memory, beside a small matrix that stays in cache.
 //! What chose the K-quant kernels' row counts, tile thresholds and prefetch distance.
 //!
-//! `cargo run --release -p pagekv-cpu --example kquant_matvec -- TYPE ROWSxCOLS N THREADS [ISA]`,
+//! `cargo run --release -p pagekv-cpu --example kquant_matvec -- TYPE ROWSxCOLS N THREADS [ISA [ORDER]]`,
 //! e.g. `-- q4_k 8960x1536 1,2,4,8 2`. TYPE: q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs or iq4_nl
-//! (random codes, small scales); ISA: avx2, avx512 or, by default, the best one.
+//! (random codes, small scales); ISA: avx2, avx512 or, by default (or `best`), the best one; ORDER:
+//! `llama` (llama.cpp's orders, the default) or `row` (row-invariant, what the engine runs).
 
 use pagekv_cpu::quant::hugepage::HugePageBuf;
-use pagekv_cpu::quant::{matmul_with_isa, Isa, QuantScratch, WeightType, WeightView};
+use pagekv_cpu::quant::{matmul_fused_ordered, Isa, MatmulPart, QuantScratch, SumOrder, WeightType, WeightView};
 use pagekv_cpu::threadpool::ThreadPool;
 use rand::{RngCore, SeedableRng};
 use std::time::Instant;
@@ -32,6 +33,7 @@ fn random_matrix(ty: WeightType, rows: usize, cols: usize, rng: &mut impl RngCor
 #[allow(clippy::too_many_arguments)]
 fn bandwidth(
     isa: Isa,
+    order: SumOrder,
     ty: WeightType,
     mats: &[HugePageBuf],
     rows: usize,
@@ -49,7 +51,8 @@ fn bandwidth(
         for _ in 0..reps {
             for m in mats {
                 let w = WeightView::new(ty, rows, cols, m.as_slice()).expect("matrix shape");
-                matmul_with_isa(isa, w, &x, n, &mut out, &mut scratch, pool).expect("matmul");
+                let mut parts = [MatmulPart { w, out: &mut out }];
+                matmul_fused_ordered(isa, order, &mut parts, &x, n, &mut scratch, pool).expect("matmul");
             }
         }
         times.push(t.elapsed().as_secs_f64());
@@ -60,12 +63,13 @@ fn bandwidth(
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: kquant_matvec TYPE ROWSxCOLS N[,N..] THREADS [avx2|avx512] (e.g. q4_k 8960x1536 1,2,4 2)";
-    if !(4..=5).contains(&args.len()) {
+    let usage =
+        "usage: kquant_matvec TYPE ROWSxCOLS N[,N..] THREADS [avx2|avx512|best [llama|row]] (e.g. q4_k 8960x1536 1,2,4 2)";
+    if !(4..=6).contains(&args.len()) {
         return Err(usage.into());
     }
     let isa = match args.get(4).map(String::as_str) {
-        None => Isa::best(),
+        None | Some("best") => Isa::best(),
         Some("avx2") => Isa::Avx2,
         Some("avx512") => Isa::Avx512Vnni,
         Some(other) => return Err(format!("unknown ISA {other}; {usage}").into()),
@@ -73,6 +77,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if !isa.is_available() {
         return Err(format!("{isa:?} is not available on this CPU").into());
     }
+    let order = match args.get(5).map(String::as_str) {
+        None | Some("llama") => SumOrder::LlamaCpp,
+        Some("row") => SumOrder::RowInvariant,
+        Some(other) => return Err(format!("unknown order {other}; {usage}").into()),
+    };
     let ty = match args[0].as_str() {
         "q2_k" => WeightType::Q2K,
         "q3_k" => WeightType::Q3K,
@@ -96,10 +105,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // About 1 MiB: both threads' share stays in their L2.
     let small_rows = (1 << 20) / ty.row_bytes(cols)?;
     let cache = [HugePageBuf::copy_of(&random_matrix(ty, small_rows.max(4), cols, &mut rng))?];
-    println!("{ty:?} {rows}x{cols}, {isa:?}, {} threads: GB/s of weights per product", pool.n_threads());
+    println!("{ty:?} {rows}x{cols}, {isa:?}, {order:?}, {} threads: GB/s of weights per product", pool.n_threads());
     for n in ns {
-        let mem = bandwidth(isa, ty, &memory, rows, cols, n, 2, &pool);
-        let hot = bandwidth(isa, ty, &cache, small_rows.max(4), cols, n, 200, &pool);
+        let mem = bandwidth(isa, order, ty, &memory, rows, cols, n, 2, &pool);
+        let hot = bandwidth(isa, order, ty, &cache, small_rows.max(4), cols, n, 200, &pool);
         println!("  n = {n:2}: from memory {mem:7.3}, in cache ({} rows) {hot:7.3}", small_rows.max(4));
     }
     Ok(())
