@@ -113,10 +113,20 @@ unsafe fn tile(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut Ti
         let (scv, sc2v) = scales(&rows, at);
         let d: [u16; ROWS] = std::array::from_fn(|i| std::ptr::read_unaligned(rows[i].add(at + 208) as *const u16));
         let dv = _mm512_cvtph_ps(_mm256_loadu_si256(d.as_ptr() as *const __m256i));
-        // The scales as plain i32 lanes (the high half of each (sc_g, sc_g) pair, sign-extended).
-        let sci: [__m512i; 16] = std::array::from_fn(|g| _mm512_srai_epi32::<16>(scv[g]));
+        // The scales as plain i32 lanes (the high half of each (sc_g, sc_g) pair, sign-extended),
+        // for the tiled order.
+        let sci: [__m512i; 16] = if a.tiled {
+            std::array::from_fn(|g| _mm512_srai_epi32::<16>(scv[g]))
+        } else {
+            [_mm512_setzero_si512(); 16]
+        };
         for t in 0..nj {
             let y: &BlockQ8K = &a.q8k[(j0 + t) * nb + b];
+            // Reference lane l's offset sum sc_2l bsums_2l + sc_2l+1 bsums_2l+1 (times 32 below).
+            let offset = |l: usize| {
+                let bs = (y.bsums[2 * l] as u16 as u32 | (y.bsums[2 * l + 1] as u16 as u32) << 16) as i32;
+                _mm512_madd_epi16(sc2v[l], _mm512_set1_epi32(bs))
+            };
             if a.tiled {
                 // The tiled order needs only the block's exact integer total, so any exact
                 // grouping will do: each 16-value group's dot by four `vpdpbusd` (codes 0..63
@@ -134,12 +144,8 @@ unsafe fn tile(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut Ti
                         total = _mm512_add_epi32(total, _mm512_mullo_epi32(dot, sci[2 * v + half]));
                     }
                 }
-                let mut offset = _mm512_setzero_si512();
-                for l in 0..8 {
-                    let bs = (y.bsums[2 * l] as u16 as u32 | (y.bsums[2 * l + 1] as u16 as u32) << 16) as i32;
-                    offset = _mm512_add_epi32(offset, _mm512_madd_epi16(sc2v[l], _mm512_set1_epi32(bs)));
-                }
-                let total = _mm512_sub_epi32(total, _mm512_slli_epi32::<5>(offset));
+                let offsets = (0..8).fold(_mm512_setzero_si512(), |s, l| _mm512_add_epi32(s, offset(l)));
+                let total = _mm512_sub_epi32(total, _mm512_slli_epi32::<5>(offsets));
                 // The tiled matmul's order: fma(f32(total) · d, d_y, out) per super-block.
                 let r = _mm512_mul_ps(_mm512_cvtepi32_ps(total), dv);
                 facc[t][0] = _mm512_fmadd_ps(r, _mm512_set1_ps(y.d), facc[t][0]);
@@ -155,9 +161,7 @@ unsafe fn tile(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut Ti
             }
             let dd = _mm512_mul_ps(dv, _mm512_set1_ps(y.d));
             for l in 0..8 {
-                let bs = (y.bsums[2 * l] as u16 as u32 | (y.bsums[2 * l + 1] as u16 as u32) << 16) as i32;
-                let offset = _mm512_madd_epi16(sc2v[l], _mm512_set1_epi32(bs));
-                let lane = _mm512_sub_epi32(acc[l], _mm512_slli_epi32::<5>(offset));
+                let lane = _mm512_sub_epi32(acc[l], _mm512_slli_epi32::<5>(offset(l)));
                 facc[t][l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lane), dd, facc[t][l]);
             }
         }
