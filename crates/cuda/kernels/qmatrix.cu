@@ -327,21 +327,14 @@ struct KRaw {
     uint4 hd;   // Q4_K/Q5_K: d, dmin, 12 scale bytes; Q6_K: .x, .y the half's 8 scales, .z d
 };
 
-// 16 bytes of a unit's words: streamed from global memory, or from a warp's shared-memory stage
-// (the staged product below).
-template <bool SHARED>
-__device__ __forceinline__ uint4 k_word4(const u8* p) {
-    return SHARED ? *(const uint4*)p : ld_stream(p);
-}
-
-template <int QT, bool SHARED = false>
+template <int QT>
 __device__ __forceinline__ void k_load(KRaw& r, const u8* __restrict__ p, const u16* __restrict__ hdr, u64 blk,
                                        u32 h) {
     uint4 v[4];
     if (QT == QT_Q6_K) {
 #pragma unroll
-        for (int k = 0; k < 4; k++) v[k] = k_word4<SHARED>(p + 64 * h + 16 * k);
-        const uint4 a = k_word4<SHARED>(p + 128 + 32 * h), b = k_word4<SHARED>(p + 128 + 32 * h + 16);
+        for (int k = 0; k < 4; k++) v[k] = ld_stream(p + 64 * h + 16 * k);
+        const uint4 a = ld_stream(p + 128 + 32 * h), b = ld_stream(p + 128 + 32 * h + 16);
         r.e[0] = a.x, r.e[1] = a.y, r.e[2] = a.z, r.e[3] = a.w, r.e[4] = b.x, r.e[5] = b.y, r.e[6] = b.z, r.e[7] = b.w;
         const uint2 sc8 = *(const uint2*)(p + 192 + 8 * h);
         r.hd = make_uint4(sc8.x, sc8.y, (u32)hdr[blk], 0);
@@ -349,9 +342,9 @@ __device__ __forceinline__ void k_load(KRaw& r, const u8* __restrict__ p, const 
         const u32 qs_off = (QT == QT_Q4_K ? 16 : 48) + 64 * h;
         r.hd = *(const uint4*)p;
 #pragma unroll
-        for (int k = 0; k < 4; k++) v[k] = k_word4<SHARED>(p + qs_off + 16 * k);
+        for (int k = 0; k < 4; k++) v[k] = ld_stream(p + qs_off + 16 * k);
         if (QT == QT_Q5_K) {
-            const uint4 a = k_word4<SHARED>(p + 16), b = k_word4<SHARED>(p + 32);
+            const uint4 a = ld_stream(p + 16), b = ld_stream(p + 32);
             r.e[0] = a.x, r.e[1] = a.y, r.e[2] = a.z, r.e[3] = a.w, r.e[4] = b.x, r.e[5] = b.y, r.e[6] = b.z, r.e[7] = b.w;
         }
     }
@@ -462,62 +455,12 @@ __device__ __forceinline__ void k_prefetch(const u8* __restrict__ data, u32 bpr,
 // From the module's options (spec.rs, CudaTuning): QK_PREFETCH, rounds of items (one item a
 // warp) a K-quant product fetches into L2 ahead of the one it multiplies, the first rounds before
 // it waits on the previous kernel (PDL); QK_REGLOAD 1: each warp also loads its first items into
-// registers before that wait, so their latency overlaps the input's prologue; QK_STAGES (0, or
-// 2..4): shared-memory stages a warp of the staged product cycles its items through (below).
-#if !defined(QK_PREFETCH) || !defined(QK_REGLOAD) || !defined(QK_STAGES)
-#error "QK_PREFETCH, QK_REGLOAD and QK_STAGES are set by the Quant module's options (spec.rs)"
-#endif
-#if QK_STAGES == 1 || QK_STAGES > 4
-#error "QK_STAGES is 0 or 2..4"
+// registers before that wait, so their latency overlaps the input's prologue.
+#if !defined(QK_PREFETCH) || !defined(QK_REGLOAD)
+#error "QK_PREFETCH and QK_REGLOAD are set by the Quant module's options (spec.rs)"
 #endif
 
-// Bytes of one item of the K-quant product: 32 lanes of half a super-block each, i.e. 16
-// super-blocks (rpi rows × lpr / 2 super-blocks; rpi · lpr = 32).
-template <int QT>
-__device__ __forceinline__ constexpr u32 k_item_bytes() { return 16 * QTraits<QT>::DATA; }
-
-// Copies item `it`'s weights into the stage `st` [rpi rows, lpr / 2 super-blocks, DATA bytes]:
-// each of the item's rows is one contiguous run of whole super-blocks of `data`, and the warp
-// copies it 16 bytes a lane, so each copy instruction of the warp reads consecutive bytes (the
-// register path's loads take 16 bytes from every lane's own unit, scattered over the item).
-// `it` < items (so its first row is one of the block's).
-template <int QT>
-__device__ __forceinline__ void k_stage(u8* __restrict__ st, const u8* __restrict__ data, u32 bpr, u32 r_lo,
-                                        u32 nrows, u32 units, u32 lpr, u32 rpi, u32 S, u32 it, u32 lane) {
-    const u32 r0 = it / S * rpi, u0 = it % S * lpr;
-    const u32 nr = min(rpi, nrows - r0);
-    const u32 cpr = (min(u0 + lpr, units) - u0) / 2 * (QTraits<QT>::DATA / 16);  // chunks a row
-    const u32 rs = lpr / 2 * QTraits<QT>::DATA;
-    for (u32 c = lane; c < nr * cpr; c += 32) {
-        const u32 j = c / cpr, k = c - j * cpr;
-        cp_async<16>(st + j * rs + 16 * k, data + ((u64)(r_lo + r0 + j) * bpr + u0 / 2) * QTraits<QT>::DATA + 16 * k);
-    }
-}
-
-// Reduces a lane's sums over the item's lanes of each row and stores them as the item's part of
-// the row sums (part [rows of the block, S, N]).
-template <int N>
-__device__ __forceinline__ void k_store_part(float (&acc)[N], float* __restrict__ part, u32 lpr, u32 lane, u32 rr,
-                                             u32 nrows, u32 S, u32 sl) {
-    for (u32 o = lpr / 2; o > 0; o >>= 1) {
-#pragma unroll
-        for (int i = 0; i < N; i++) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
-    }
-    if (lane % lpr == 0 && rr < nrows) {
-#pragma unroll
-        for (int i = 0; i < N; i++) part[((u64)rr * S + sl) * N + i] = acc[i];
-    }
-}
-
-// STAGED (the kernels pk_qgemv_T_nN_s, compiled when QK_STAGES > 0): the staged product. Each
-// warp cycles its items through QK_STAGES shared-memory stages of k_item_bytes() each: it copies
-// item it + (QK_STAGES - 1) · QG_WARPS (cp.async, coalesced, see k_stage) before it waits for
-// item it and multiplies it from shared memory; the __syncwarp after the wait and at the end of
-// a round order the copies against the lanes' reads. The weights' bytes in flight then do not
-// depend on registers, and the first QK_STAGES - 1 items are copied before the PDL wait. The
-// sums are the register path's, in the same order (same bits). Dynamic shared memory: the input
-// and `part` as above, then (16-byte aligned) [QG_WARPS, QK_STAGES, k_item_bytes()] stages.
-template <int QT, int N, int ITEMS, bool STAGED = false>
+template <int QT, int N, int ITEMS>
 __device__ void qgemv_k(float* __restrict__ y, u32 ldy, const u8* __restrict__ data, const u16* __restrict__ hdr,
                         const float* __restrict__ x, const float* __restrict__ nw, const u32* __restrict__ xrows,
                         u32 rows, u32 cols, u32 mode, float eps, u32 accumulate, u32 sibling) {
@@ -532,99 +475,57 @@ __device__ void qgemv_k(float* __restrict__ y, u32 ldy, const u8* __restrict__ d
     const u32 r_lo = (u32)((u64)blockIdx.x * rows / gridDim.x);
     const u32 r_hi = (u32)((u64)(blockIdx.x + 1) * rows / gridDim.x);
     const u32 nrows = r_hi - r_lo, items = (nrows + rpi - 1) / rpi * S;
-#if QK_STAGES > 0
-    if constexpr (STAGED) {
-        constexpr u32 IB = k_item_bytes<QT>();
-        const u32 part_bytes = (rows + gridDim.x - 1) / gridDim.x * S * N * 4;
-        u8* st = (u8*)part + (part_bytes + 15) / 16 * 16 + (u64)warp * QK_STAGES * IB;
+    // The weights do not depend on the previous kernel: their first rounds stream into L2 while
+    // it drains and while the prologue runs.
 #pragma unroll
-        for (u32 s = 0; s + 1 < QK_STAGES; s++) {
-            const u32 it = warp + s * QG_WARPS;
-            if (it < items) k_stage<QT>(st + s * IB, data, bpr, r_lo, nrows, units, lpr, rpi, S, it, lane);
-            cp_async_commit();
+    for (u32 d = 0; d < QK_PREFETCH; d++)
+        k_prefetch<QT>(data, bpr, r_lo, nrows, units, lpr, rpi, S, items, warp + d * QG_WARPS, lane);
+    KRaw raw[ITEMS];
+    u32 rr[ITEMS], uu[ITEMS];
+    bool ok[ITEMS];
+    // Loads item it0 + j · QG_WARPS's weights into raw[j] (j < ITEMS).
+    auto load = [&](u32 it0) {
+#pragma unroll
+        for (int j = 0; j < ITEMS; j++) {
+            const u32 it = it0 + j * QG_WARPS, g = it / S, sl = it % S;
+            rr[j] = g * rpi + lane / lpr;
+            uu[j] = sl * lpr + lane % lpr;
+            ok[j] = it < items && rr[j] < nrows && uu[j] < units;
+            if (ok[j]) {
+                const u64 blk = (u64)(r_lo + rr[j]) * bpr + uu[j] / 2;
+                k_load<QT>(raw[j], data + blk * QTraits<QT>::DATA, hdr, blk, uu[j] & 1);
+            }
         }
+    };
+#if QK_REGLOAD
+    load(warp);
+#endif
+    if (!sibling) pdl_wait();
+    pdl_trigger();
+    qgemv_prologue<N, 128>(xq, xd, xs, x, nw, xrows, cols, mode, eps);
+    // ITEMS items a warp at a time: every item's weights are loaded before any is multiplied.
+    for (u32 it0 = warp; it0 < items; it0 += ITEMS * QG_WARPS) {
 #pragma unroll
-        for (u32 d = 0; d < QK_PREFETCH; d++)
-            k_prefetch<QT>(data, bpr, r_lo, nrows, units, lpr, rpi, S, items, warp + (QK_STAGES - 1 + d) * QG_WARPS,
-                           lane);
-        if (!sibling) pdl_wait();
-        pdl_trigger();
-        qgemv_prologue<N, 128>(xq, xd, xs, x, nw, xrows, cols, mode, eps);
-        u32 s = 0;  // the stage of item `it`
-        for (u32 it = warp; it < items; it += QG_WARPS) {
-            const u32 next = it + (QK_STAGES - 1) * QG_WARPS;
+        for (int j = 0; j < ITEMS; j++)
             if (QK_PREFETCH > 0)
-                k_prefetch<QT>(data, bpr, r_lo, nrows, units, lpr, rpi, S, items, next + QK_PREFETCH * QG_WARPS, lane);
-            // The stage `next` goes to was read in the previous round, which ended in __syncwarp.
-            if (next < items)
-                k_stage<QT>(st + (s + QK_STAGES - 1) % QK_STAGES * IB, data, bpr, r_lo, nrows, units, lpr, rpi, S,
-                            next, lane);
-            cp_async_commit();
-            cp_async_wait<QK_STAGES - 1>();  // this lane's copies of item `it` have landed
-            __syncwarp();                    // and every other lane's
-            const u32 rr = it / S * rpi + lane / lpr, uu = it % S * lpr + lane % lpr;
+                k_prefetch<QT>(data, bpr, r_lo, nrows, units, lpr, rpi, S, items,
+                               it0 + (QK_PREFETCH + j) * QG_WARPS, lane);
+        if (!QK_REGLOAD || it0 != warp) load(it0);
+#pragma unroll
+        for (int j = 0; j < ITEMS; j++) {
+            const u32 it = it0 + j * QG_WARPS;
+            if (it >= items) break;  // warp-uniform
             float acc[N];
 #pragma unroll
             for (int i = 0; i < N; i++) acc[i] = 0.0f;
-            if (rr < nrows && uu < units) {
-                KRaw raw;
-                const u64 blk = (u64)(r_lo + rr) * bpr + uu / 2;
-                k_load<QT, true>(raw, st + s * IB + (lane / lpr * (lpr / 2) + lane % lpr / 2) * QTraits<QT>::DATA, hdr,
-                                 blk, uu & 1);
-                k_dot<QT, N>(acc, raw, uu & 1, xq, xd, xs, cols, nb, uu);
+            if (ok[j]) k_dot<QT, N>(acc, raw[j], uu[j] & 1, xq, xd, xs, cols, nb, uu[j]);
+            for (u32 o = lpr / 2; o > 0; o >>= 1) {
+#pragma unroll
+                for (int i = 0; i < N; i++) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
             }
-            k_store_part<N>(acc, part, lpr, lane, rr, nrows, S, it % S);
-            __syncwarp();
-            s = (s + 1) % QK_STAGES;
-        }
-    } else
-#endif
-    {
-        // The weights do not depend on the previous kernel: their first rounds stream into L2
-        // while it drains and while the prologue runs.
+            if (lane % lpr == 0 && rr[j] < nrows) {
 #pragma unroll
-        for (u32 d = 0; d < QK_PREFETCH; d++)
-            k_prefetch<QT>(data, bpr, r_lo, nrows, units, lpr, rpi, S, items, warp + d * QG_WARPS, lane);
-        KRaw raw[ITEMS];
-        u32 rr[ITEMS], uu[ITEMS];
-        bool ok[ITEMS];
-        // Loads item it0 + j · QG_WARPS's weights into raw[j] (j < ITEMS).
-        auto load = [&](u32 it0) {
-#pragma unroll
-            for (int j = 0; j < ITEMS; j++) {
-                const u32 it = it0 + j * QG_WARPS, g = it / S, sl = it % S;
-                rr[j] = g * rpi + lane / lpr;
-                uu[j] = sl * lpr + lane % lpr;
-                ok[j] = it < items && rr[j] < nrows && uu[j] < units;
-                if (ok[j]) {
-                    const u64 blk = (u64)(r_lo + rr[j]) * bpr + uu[j] / 2;
-                    k_load<QT>(raw[j], data + blk * QTraits<QT>::DATA, hdr, blk, uu[j] & 1);
-                }
-            }
-        };
-#if QK_REGLOAD
-        load(warp);
-#endif
-        if (!sibling) pdl_wait();
-        pdl_trigger();
-        qgemv_prologue<N, 128>(xq, xd, xs, x, nw, xrows, cols, mode, eps);
-        // ITEMS items a warp at a time: every item's weights are loaded before any is multiplied.
-        for (u32 it0 = warp; it0 < items; it0 += ITEMS * QG_WARPS) {
-#pragma unroll
-            for (int j = 0; j < ITEMS; j++)
-                if (QK_PREFETCH > 0)
-                    k_prefetch<QT>(data, bpr, r_lo, nrows, units, lpr, rpi, S, items,
-                                   it0 + (QK_PREFETCH + j) * QG_WARPS, lane);
-            if (!QK_REGLOAD || it0 != warp) load(it0);
-#pragma unroll
-            for (int j = 0; j < ITEMS; j++) {
-                const u32 it = it0 + j * QG_WARPS;
-                if (it >= items) break;  // warp-uniform
-                float acc[N];
-#pragma unroll
-                for (int i = 0; i < N; i++) acc[i] = 0.0f;
-                if (ok[j]) k_dot<QT, N>(acc, raw[j], uu[j] & 1, xq, xd, xs, cols, nb, uu[j]);
-                k_store_part<N>(acc, part, lpr, lane, rr[j], nrows, S, it % S);
+                for (int i = 0; i < N; i++) part[((u64)rr[j] * S + it % S) * N + i] = acc[i];
             }
         }
     }
@@ -722,8 +623,7 @@ __device__ void qfill(u8* __restrict__ data, u16* __restrict__ hdr, u64 blocks, 
 }
 
 // pk_qgemv_T_nN: the decode product of N token rows (qgemv_k for the K-quants, qgemv otherwise);
-// pk_qgemv_T_nN_i2: the K-quant product taking two items a warp at a time; pk_qgemv_T_nN_s (N ≤ 4,
-// when QK_STAGES > 0): the K-quant product through shared-memory stages (qgemv_k).
+// pk_qgemv_T_nN_i2: the K-quant product taking two items a warp at a time.
 // Launched as programmatic dependents, the products wait for the kernel before them (pdl_wait)
 // and only then let the next one be scheduled (pdl_trigger), so a launch that follows a product
 // finds that product's own inputs complete. A `sibling` launch relies on that: it follows
@@ -766,8 +666,3 @@ PK_QMATRIX(QT_Q8_0, q8_0) PK_QGEMV_N(QT_Q8_0, q8_0, qgemv, ) PK_QGEMV_N8(QT_Q8_0
 PK_QMATRIX(QT_Q4_K, q4_k) PK_QGEMV_N(QT_Q4_K, q4_k, qgemv_k, , , 1) PK_QGEMV_N8(QT_Q4_K, q4_k, qgemv_k, , , 1) PK_QGEMV_N(QT_Q4_K, q4_k, qgemv_k, _i2, , 2)
 PK_QMATRIX(QT_Q5_K, q5_k) PK_QGEMV_N(QT_Q5_K, q5_k, qgemv_k, , , 1) PK_QGEMV_N8(QT_Q5_K, q5_k, qgemv_k, , , 1) PK_QGEMV_N(QT_Q5_K, q5_k, qgemv_k, _i2, , 2)
 PK_QMATRIX(QT_Q6_K, q6_k) PK_QGEMV_N(QT_Q6_K, q6_k, qgemv_k, , , 1) PK_QGEMV_N8(QT_Q6_K, q6_k, qgemv_k, , , 1) PK_QGEMV_N(QT_Q6_K, q6_k, qgemv_k, _i2, , 2)
-#if QK_STAGES > 0
-PK_QGEMV_N(QT_Q4_K, q4_k, qgemv_k, _s, , 1, true)
-PK_QGEMV_N(QT_Q5_K, q5_k, qgemv_k, _s, , 1, true)
-PK_QGEMV_N(QT_Q6_K, q6_k, qgemv_k, _s, , 1, true)
-#endif

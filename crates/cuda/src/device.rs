@@ -278,20 +278,6 @@ pub(crate) fn product_smem_limit(device: &CudaDevice) -> usize {
     device.smem_optin().saturating_sub(1024)
 }
 
-/// Static shared memory (bytes) of `f`'s CTA, which its dynamic shared memory shares the
-/// opt-in limit with.
-pub(crate) fn static_smem(f: &CudaFunction) -> Result<usize, CudaError> {
-    // SAFETY: a valid function handle of a loaded module.
-    unsafe {
-        result::function::get_function_attribute(
-            f.cu_function(),
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-        )
-    }
-    .map(|b| b.max(0) as usize)
-    .map_err(|e| CudaError::driver("cuFuncGetAttribute", e))
-}
-
 /// Lets `f` take up to `bytes` of dynamic shared memory per CTA (at most the device's opt-in
 /// limit, `CudaDevice::smem_optin`).
 pub(crate) fn set_max_dynamic_smem(f: &CudaFunction, bytes: usize) -> Result<(), CudaError> {

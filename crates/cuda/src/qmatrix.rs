@@ -13,9 +13,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
-use crate::device::{
-    arg, launch_err, launch_kernel, product_smem_limit, set_max_dynamic_smem, static_smem, CudaDevice,
-};
+use crate::device::{arg, launch_err, launch_kernel, product_smem_limit, set_max_dynamic_smem, CudaDevice};
 use crate::matrix::{DType, DeviceMatrix};
 use crate::model_ops::Prologue;
 use crate::pages::dptr;
@@ -110,9 +108,6 @@ pub const QGEMV_MAX_N: usize = 8;
 /// Warps per block of the decode product (`QG_WARPS` in `kernels/qmatrix.cu`).
 const QG_WARPS: usize = 32;
 
-/// Token rows up to which the K-quant product has staged kernels (`pk_qgemv_T_nN_s`).
-const QGEMV_STAGED_MAX_N: usize = 4;
-
 /// Lanes per row of the K-quant decode product for `units` 128-value units a row
 /// (`k_lanes_per_row` in `kernels/qmatrix.cu`): the power of two ≥ `units` (at most 32), or,
 /// where that leaves lanes idle, the widest power of two ≥ 4 dividing `units` when one does.
@@ -138,9 +133,6 @@ struct Kernels {
     /// The K-quants' one-row product taking two items a warp at a time
     /// (`CudaTuning::qgemv_items`).
     gemv_i2: Option<CudaFunction>,
-    /// `[n - 1]` the K-quants' staged products for 1..=QGEMV_STAGED_MAX_N token rows
-    /// (`CudaTuning::qgemv_stages` > 0), with the dynamic shared memory each may take.
-    gemv_staged: Vec<(CudaFunction, usize)>,
     dequant: CudaFunction,
     rows: CudaFunction,
     fill: CudaFunction,
@@ -177,35 +169,15 @@ impl QuantOps {
             } else {
                 None
             };
-            let gemv_staged = if qt.block_values() == 256 && device.tuning().qgemv_stages > 0 {
-                (1..=QGEMV_STAGED_MAX_N)
-                    .map(|n| {
-                        let f = module.function(&format!("pk_qgemv_{s}_n{n}_s"))?;
-                        // The stages take all the shared memory the block can have besides the
-                        // kernel's own static part.
-                        let limit = device.smem_optin().saturating_sub(static_smem(&f)?);
-                        set_max_dynamic_smem(&f, limit)?;
-                        Ok((f, limit))
-                    })
-                    .collect::<Result<Vec<_>, CudaError>>()?
-            } else {
-                Vec::new()
-            };
             kernels.push(Kernels {
                 gemv,
                 gemv_i2,
-                gemv_staged,
                 dequant: module.function(&format!("pk_qdequant_{s}"))?,
                 rows: module.function(&format!("pk_qrows_{s}"))?,
                 fill: module.function(&format!("pk_qfill_{s}"))?,
             });
         }
         Ok(QuantOps { device, kernels, smem_limit })
-    }
-
-    /// The device the kernels run on.
-    pub fn device(&self) -> &Arc<CudaDevice> {
-        &self.device
     }
 
     fn k(&self, qt: QuantType) -> &Kernels {
@@ -216,44 +188,27 @@ impl QuantOps {
         dptr(s, &self.device)
     }
 
-    /// `(grid blocks, dynamic shared memory bytes, the staged kernel)` of the decode product of
-    /// `n` token rows against `w`: the int8 input with its scales and sums; for the K-quants
-    /// (`qgemv_k` in `kernels/qmatrix.cu`: one block per SM, rows split evenly) also each
-    /// block's per-slice row sums, and with the staged kernel (when the tuning asks for it and
-    /// its stages fit) `QG_WARPS · stages` items of 16 super-blocks after them, 16-byte aligned;
-    /// otherwise blocks of 32 warps over the rows.
-    fn gemv_launch(&self, w: &QuantMatrix, n: usize) -> (usize, usize, Option<&CudaFunction>) {
+    /// `(grid blocks, dynamic shared memory bytes)` of the decode product of `n` token rows
+    /// against `w`: the int8 input with its scales and sums; for the K-quants (`qgemv_k` in
+    /// `kernels/qmatrix.cu`: one block per SM, rows split evenly) also each block's per-slice row
+    /// sums; otherwise blocks of 32 warps over the rows.
+    fn gemv_launch(&self, w: &QuantMatrix, n: usize) -> (usize, usize) {
         let sms = self.device.sm_count().max(1);
         let input = n * w.cols + 8 * n * (w.cols / 32);
         if w.qt.block_values() == 256 {
             let units = w.cols / 128;
             let slices = units.div_ceil(k_lanes_per_row(units));
             let blocks = w.rows.clamp(1, sms);
-            let smem = input + w.rows.div_ceil(blocks) * slices * n * 4;
-            let stages = self.device.tuning().qgemv_stages;
-            let staged_smem = smem.next_multiple_of(16) + QG_WARPS * stages * 16 * w.qt.data_bytes();
-            match self.k(w.qt).gemv_staged.get(n.wrapping_sub(1)) {
-                Some((f, limit)) if staged_smem <= *limit => (blocks, staged_smem, Some(f)),
-                _ => (blocks, smem, None),
-            }
+            (blocks, input + w.rows.div_ceil(blocks) * slices * n * 4)
         } else {
-            (w.rows.div_ceil(QG_WARPS).clamp(1, sms), input, None)
+            (w.rows.div_ceil(QG_WARPS).clamp(1, sms), input)
         }
     }
 
     /// Whether [`Self::gemv`] serves `n` token rows against `w` (`1 ≤ n ≤ QGEMV_MAX_N` and the
     /// kernel's shared memory fits).
     pub fn gemv_serves(&self, w: &QuantMatrix, n: usize) -> bool {
-        (1..=QGEMV_MAX_N).contains(&n) && {
-            let (_, smem, staged) = self.gemv_launch(w, n);
-            staged.is_some() || smem <= self.smem_limit
-        }
-    }
-
-    /// Whether the decode product of `n` token rows against `w` takes the staged K-quant kernel
-    /// (`CudaTuning::qgemv_stages`; its stages fit the shared memory).
-    pub fn gemv_is_staged(&self, w: &QuantMatrix, n: usize) -> bool {
-        (1..=QGEMV_MAX_N).contains(&n) && self.gemv_launch(w, n).2.is_some()
+        (1..=QGEMV_MAX_N).contains(&n) && self.gemv_launch(w, n).1 <= self.smem_limit
     }
 
     /// The decode product for token rows `first..first + n`: columns `col..col + w.rows` of
@@ -304,7 +259,7 @@ impl QuantOps {
         };
         let (dp, hp) = (self.p(&w.data), self.p(&w.hdr));
         let (ld, r32, c32, acc, sib) = (ldo as u32, w.rows as u32, w.cols as u32, accumulate as u32, sibling as u32);
-        let (blocks, smem, staged) = self.gemv_launch(w, n);
+        let (blocks, smem) = self.gemv_launch(w, n);
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: ((32 * QG_WARPS) as u32, 1, 1),
@@ -330,9 +285,8 @@ impl QuantOps {
         // kernel's results (pdl_wait) before it reads x or y.
         let programmatic = self.device.tuning().gemv.pdl;
         let k = self.k(w.qt);
-        let f = match (staged, &k.gemv_i2, n, self.device.tuning().qgemv_items) {
-            (Some(f), ..) => f,
-            (None, Some(f), 1, 2) => f,
+        let f = match (&k.gemv_i2, n, self.device.tuning().qgemv_items) {
+            (Some(f), 1, 2) => f,
             _ => &k.gemv[n - 1],
         };
         // SAFETY: `args` are pk_qgemv_T_nN's parameters in order and type, alive for the call;

@@ -99,11 +99,9 @@ impl ModuleSpec {
         let mut o = vec![format!("--gpu-architecture=sm_{}{}", arch.0, arch.1), "-std=c++17".to_string()];
         o.extend(self.defines(&t.tc));
         if let ModuleSpec::Quant = self {
-            // The K-quant decode product's L2 prefetch depth, register preload and shared-memory
-            // stages (qmatrix.cu).
+            // The K-quant decode product's L2 prefetch depth and register preload (qmatrix.cu).
             o.push(format!("-DQK_PREFETCH={}", t.qgemv_prefetch));
             o.push(format!("-DQK_REGLOAD={}", t.qgemv_preload as u32));
-            o.push(format!("-DQK_STAGES={}", t.qgemv_stages));
         }
         o
     }
@@ -121,10 +119,9 @@ mod tests {
 
     #[test]
     fn the_quant_module_is_specialized_by_the_product_tuning() {
-        let t = CudaTuning { qgemv_prefetch: 3, qgemv_preload: true, qgemv_stages: 2, ..CudaTuning::default() };
+        let t = CudaTuning { qgemv_prefetch: 3, qgemv_preload: true, ..CudaTuning::default() };
         let o = ModuleSpec::Quant.options((9, 0), &t);
         assert!(o.contains(&"-DQK_PREFETCH=3".to_string()) && o.contains(&"-DQK_REGLOAD=1".to_string()));
-        assert!(o.contains(&"-DQK_STAGES=2".to_string()));
         assert!(!ModuleSpec::Model.options((9, 0), &t).iter().any(|d| d.starts_with("-DQK_")));
     }
 

@@ -32,11 +32,6 @@ pub struct CudaTuning {
     /// on the previous kernel (their latency overlaps the input's prologue). On by default:
     /// about 1 % on an 8 B Q4_K_M decode step (docs/performance.md).
     pub qgemv_preload: bool,
-    /// Shared-memory stages a warp of the K-quant decode product cycles its items through
-    /// (the `_s` kernels of `kernels/qmatrix.cu`: each item copied with coalesced `cp.async`
-    /// while the one before is multiplied), 2..=4; 0: the register path only. Launches whose
-    /// stages do not fit the shared memory take the register path.
-    pub qgemv_stages: usize,
     /// New tokens of one sequence from which a model step takes the prefill kernel
     /// (`PrefillAttention`); `usize::MAX`: never. 96 by default (see `prefill.rs`).
     pub prefill_min_tokens: usize,
@@ -80,7 +75,6 @@ impl Default for CudaTuning {
             qgemv_items: 1,
             qgemv_prefetch: 2,
             qgemv_preload: true,
-            qgemv_stages: 0,
             prefill_min_tokens: 96,
             attention_pdl: true,
             graphs: true,

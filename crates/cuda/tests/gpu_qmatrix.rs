@@ -263,56 +263,6 @@ mod gpu {
         }
     }
 
-    /// The staged K-quant products (`CudaTuning::qgemv_stages`: weights copied through
-    /// shared-memory stages) give the register path's results bit for bit: every K-quant, 1..=4
-    /// token rows, rows of 2 to 112 lane units (several rows an item, idle lanes, several slices
-    /// a row), blocks with fewer rows than an item holds, 2 and 3 stages.
-    #[test]
-    fn staged_products_equal_the_register_path() {
-        let test = "staged_products_equal_the_register_path";
-        if ops(test).is_none() {
-            return;
-        }
-        let open = |stages: usize| {
-            let t = pagekv_cuda::CudaTuning { qgemv_stages: stages, ..crate::common::tuning() };
-            pagekv_cuda::QuantOps::new(pagekv_cuda::CudaDevice::new(0, t).expect("device")).expect("kernels load")
-        };
-        let plain = open(0);
-        let mut rng = StdRng::seed_from_u64(44);
-        let shapes = [(37usize, 256usize), (70, 768), (19, 1536), (300, 14336), (1000, 4096)];
-        let weights: Vec<_> = [QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K]
-            .into_iter()
-            .flat_map(|qt| shapes.map(|(r, c)| (qt, r, c)))
-            .map(|(qt, rows, cols)| (qt, rows, cols, random_blocks(&mut rng, qt, rows, cols)))
-            .collect();
-        for stages in [2usize, 3] {
-            let staged = open(stages);
-            let mut served = 0;
-            for (qt, rows, cols, bytes) in &weights {
-                let (rows, cols) = (*rows, *cols);
-                let on = |q: &pagekv_cuda::QuantOps| QuantMatrix::upload(q.device(), *qt, rows, cols, bytes).unwrap();
-                let (wp, ws) = (on(&plain), on(&staged));
-                for n in 1..=4 {
-                    served += staged.gemv_is_staged(&ws, n) as usize;
-                    assert!(!plain.gemv_is_staged(&wp, n));
-                    let x = normals(&mut rng, n * 2 * cols);
-                    let init = normals(&mut rng, n * (rows + 3));
-                    let run = |q: &pagekv_cuda::QuantOps, w: &QuantMatrix| {
-                        let d = q.device();
-                        let out = up(d, &init);
-                        q.gemv(&out, 1, rows + 3, &up(d, &x), w, Prologue::SiluMul, None, 0, n, true, false).unwrap();
-                        down(d, &out)
-                    };
-                    let (a, b) = (run(&plain, &wp), run(&staged, &ws));
-                    let same = a.iter().zip(&b).all(|(p, s)| p.to_bits() == s.to_bits());
-                    assert!(same, "{qt:?} [{rows}, {cols}] n {n}, {stages} stages: differs from the register path");
-                }
-            }
-            // Every shape's one-row product fits its stages.
-            assert!(served >= weights.len(), "{stages} stages: only {served} launches staged");
-        }
-    }
-
     /// A weight stacked from a Q4_K and a Q6_K part (as Q4_K_M's q|k and v) multiplies an input
     /// the launch just before produced; its second part's launch is a sibling of the first (does
     /// not wait before reading the input). Eight rounds back to back, each with a new input, must
