@@ -50,6 +50,12 @@ struct QUnit {
 // Bits 0..3 of `b` to bit 0 of bytes 0..3.
 __device__ __forceinline__ u32 spread4(u32 b) { return (b * 0x00204081u) & 0x01010101u; }
 
+// Bytes v − b of four bytes v, each in 0..2b (b = 8, 16, 32: the codes' offset), as signed bytes:
+// v + 128 − b stays within its byte (no carry into the next), and flipping bit 7 subtracts 128
+// modulo 256. Two instructions where __vsub4 takes several on GPUs without SIMD byte arithmetic.
+template <u32 B>
+__device__ __forceinline__ u32 sub_offset4(u32 v) { return (v + (128u - B) * 0x01010101u) ^ 0x80808080u; }
+
 // The K-quants' 6-bit scale and min of sub-block j from their 12 packed bytes (s0..s2 as words).
 __device__ __forceinline__ void scale_min_k4(u32 j, u32 s0, u32 s1, u32 s2, u32& sc, u32& m) {
     const u32 q[3] = {s0, s1, s2};
@@ -84,23 +90,24 @@ __device__ __forceinline__ void q_unit(QUnit& r, const u8* __restrict__ data, co
     } else if (QT == QT_Q4_0 || QT == QT_Q4_1) {
         const uint4 a = ld_stream(p);
         const u32 v[4] = {a.x, a.y, a.z, a.w};
-        const u32 bias = QT == QT_Q4_0 ? 0x08080808u : 0u;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            r.w[k] = (int)__vsub4(v[k] & 0x0f0f0f0fu, bias);
-            r.w[k + 4] = (int)__vsub4((v[k] >> 4) & 0x0f0f0f0fu, bias);
+            const u32 lo = v[k] & 0x0f0f0f0fu, hi = (v[k] >> 4) & 0x0f0f0f0fu;
+            r.w[k] = (int)(QT == QT_Q4_0 ? sub_offset4<8>(lo) : lo);
+            r.w[k + 4] = (int)(QT == QT_Q4_0 ? sub_offset4<8>(hi) : hi);
         }
         r.a0 = r.a1 = f16_to_f32(hdr[T::HDR * blk]);
         r.b = QT == QT_Q4_1 ? f16_to_f32(hdr[2 * blk + 1]) : 0.0f;
     } else if (QT == QT_Q5_0 || QT == QT_Q5_1) {
         const u32* q = (const u32*)p;
         const u32 qh = __ldcs(q);
-        const u32 bias = QT == QT_Q5_0 ? 0x10101010u : 0u;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             const u32 qs = __ldcs(q + 1 + k);
-            r.w[k] = (int)__vsub4((qs & 0x0f0f0f0fu) | (spread4((qh >> (4 * k)) & 0xf) << 4), bias);
-            r.w[k + 4] = (int)__vsub4(((qs >> 4) & 0x0f0f0f0fu) | (spread4((qh >> (16 + 4 * k)) & 0xf) << 4), bias);
+            const u32 lo = (qs & 0x0f0f0f0fu) | (spread4((qh >> (4 * k)) & 0xf) << 4);
+            const u32 hi = ((qs >> 4) & 0x0f0f0f0fu) | (spread4((qh >> (16 + 4 * k)) & 0xf) << 4);
+            r.w[k] = (int)(QT == QT_Q5_0 ? sub_offset4<16>(lo) : lo);
+            r.w[k + 4] = (int)(QT == QT_Q5_0 ? sub_offset4<16>(hi) : hi);
         }
         r.a0 = r.a1 = f16_to_f32(hdr[T::HDR * blk]);
         r.b = QT == QT_Q5_1 ? f16_to_f32(hdr[2 * blk + 1]) : 0.0f;
@@ -133,7 +140,7 @@ __device__ __forceinline__ void q_unit(QUnit& r, const u8* __restrict__ data, co
         const u32 ls = 4 * (k4 >> 1), hs = 2 * k4;
 #pragma unroll
         for (int k = 0; k < 8; k++)
-            r.w[k] = (int)__vsub4(((lv[k] >> ls) & 0x0f0f0f0fu) | (((hv[k] >> hs) & 0x03030303u) << 4), 0x20202020u);
+            r.w[k] = (int)sub_offset4<32>(((lv[k] >> ls) & 0x0f0f0f0fu) | (((hv[k] >> hs) & 0x03030303u) << 4));
         const u32 s = *(const u16*)(p + 192 + 8 * n + 2 * k4);
         const float d = f16_to_f32(hdr[blk]);
         r.a0 = __fmul_rn(d, (float)(signed char)(s & 0xff));
@@ -154,9 +161,9 @@ __device__ __forceinline__ float q_silu_mul(float g, float u) {
 // ---- Decode product: y [n, ldy] (columns 0..rows) (+)= x' [n, cols] · Wᵀ, n = N ≤ 4 token rows.
 // x' is the prologue of `mode` on x, as model.cu's matrix-vector kernels define it (0: x,
 // 1: rms_norm(x[xrows[i] or i]) · nw, 2: silu(x[:, :cols]) · x[:, cols:], 3: gelu(x[:, :cols])
-// · x[:, cols:]), quantized per 32 values to int8 with one f32 scale (amax / 127) and the f32
-// sum of the 32 values (for the types with a min); each unit's dot product is four dp4a per
-// token row and half of the unit.
+// · x[:, cols:]), quantized per 32 values to int8 (round(x · 127 / amax)) with one f32 scale
+// (amax / 127) and the f32 sum of the 32 values (for the types with a min); each unit's dot
+// product is four dp4a per token row and half of the unit.
 // One block of QG_WARPS warps per SM; a warp owns a row at a time, its lanes take units in
 // turn. Dynamic shared memory: N · cols (codes) + 8 · N · cols / 32 (scales and sums) bytes.
 #define QG_WARPS 32
@@ -240,12 +247,13 @@ __device__ void qgemv_prologue(int* __restrict__ xq, float* __restrict__ xd, flo
                     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
                     sum += __shfl_xor_sync(0xffffffffu, sum, o);
                 }
-                const float d = amax / 127.0f;
-                const bool nz = amax > 0.0f;
-                const u32 c0 = nz ? (u32)__float2int_rn(v[k].x / d) & 0xffu : 0u;
-                const u32 c1 = nz ? (u32)__float2int_rn(v[k].y / d) & 0xffu : 0u;
-                const u32 c2 = nz ? (u32)__float2int_rn(v[k].z / d) & 0xffu : 0u;
-                const u32 c3 = nz ? (u32)__float2int_rn(v[k].w / d) & 0xffu : 0u;
+                // As the CPU (and llama.cpp's x86 path): codes round(x · 127 / amax), ties to
+                // even, one division a group.
+                const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+                const u32 c0 = (u32)__float2int_rn(__fmul_rn(v[k].x, id)) & 0xffu;
+                const u32 c1 = (u32)__float2int_rn(__fmul_rn(v[k].y, id)) & 0xffu;
+                const u32 c2 = (u32)__float2int_rn(__fmul_rn(v[k].z, id)) & 0xffu;
+                const u32 c3 = (u32)__float2int_rn(__fmul_rn(v[k].w, id)) & 0xffu;
                 if (q < c4) {
                     const u32 c = 4 * q, u = c / UW, j = (c % UW) / 16, bi = (c % UW) / 32;
                     xq[(u64)i * c4 + 4 * (j * U + u) + (c % 16) / 4] = (int)(c0 | (c1 << 8) | (c2 << 16) | (c3 << 24));
@@ -368,9 +376,8 @@ __device__ __forceinline__ void k_dot(float (&acc)[N], const KRaw& r, u32 h, con
             int w[8];
 #pragma unroll
             for (int k = 0; k < 8; k++)
-                w[k] = (int)__vsub4(((r.q[8 * (t & 1) + k] >> (4 * (t >> 1))) & 0x0f0f0f0fu) |
-                                        (((r.e[k] >> (2 * t)) & 0x03030303u) << 4),
-                                    0x20202020u);
+                w[k] = (int)sub_offset4<32>(((r.q[8 * (t & 1) + k] >> (4 * (t >> 1))) & 0x0f0f0f0fu) |
+                                            (((r.e[k] >> (2 * t)) & 0x03030303u) << 4));
             const float a0 = __fmul_rn(d, (float)(signed char)(scw[t >> 1] >> (16 * (t & 1))));
             const float a1 = __fmul_rn(d, (float)(signed char)(scw[t >> 1] >> (16 * (t & 1) + 8)));
 #pragma unroll
