@@ -247,8 +247,9 @@ __device__ void qgemv_prologue(int* __restrict__ xq, float* __restrict__ xd, flo
                     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
                     sum += __shfl_xor_sync(0xffffffffu, sum, o);
                 }
-                // As the CPU (and llama.cpp's x86 path): codes round(x · 127 / amax), ties to
-                // even, one division a group.
+                // Codes round(x · 127 / amax), ties to even, one division a group: the rounding
+                // of the CPU's Q8_0/Q8_1 activations (llama.cpp's x86 quantize_row_q8_0; the
+                // CPU's K-quant activations are 256-value Q8_K blocks, the GPU's are 32-value).
                 const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
                 const u32 c0 = (u32)__float2int_rn(__fmul_rn(v[k].x, id)) & 0xffu;
                 const u32 c1 = (u32)__float2int_rn(__fmul_rn(v[k].y, id)) & 0xffu;
