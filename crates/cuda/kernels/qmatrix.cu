@@ -56,6 +56,13 @@ __device__ __forceinline__ u32 spread4(u32 b) { return (b * 0x00204081u) & 0x010
 template <u32 B>
 __device__ __forceinline__ u32 sub_offset4(u32 v) { return (v + (128u - B) * 0x01010101u) ^ 0x80808080u; }
 
+// c + the dot product of a's four unsigned bytes with b's four signed bytes.
+__device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
 // The K-quants' 6-bit scale and min of sub-block j from their 12 packed bytes (s0..s2 as words).
 __device__ __forceinline__ void scale_min_k4(u32 j, u32 s0, u32 s1, u32 s2, u32& sc, u32& m) {
     const u32 q[3] = {s0, s1, s2};
@@ -398,6 +405,7 @@ __device__ __forceinline__ void k_dot(float (&acc)[N], const KRaw& r, u32 h, con
         }
     } else {
         const float d = f16_to_f32((u16)(r.hd.x & 0xffff)), dmin = f16_to_f32((u16)(r.hd.x >> 16));
+        const float d16 = __fmul_rn(d, 0.0625f);  // exact: d / 16 is a normal f32 for every f16 d
         // The 6-bit scales and mins of sub-blocks 4h..4h + 3, four bytes per word.
         const u32 sc4 = h == 0 ? (r.hd.y & 0x3f3f3f3fu) : ((r.hd.w & 0x0f0f0f0fu) | ((r.hd.y >> 2) & 0x30303030u));
         const u32 m4 =
@@ -405,27 +413,32 @@ __device__ __forceinline__ void k_dot(float (&acc)[N], const KRaw& r, u32 h, con
 #pragma unroll
         for (int t = 0; t < 4; t++) {
             // Sub-block 4h + t: qs words 8·(t >> 1).., nibble 4·(t & 1); Q5_K's high bit 4h + t.
-            int w[8];
+            // Q4_K's high nibbles stay in place (codes · 16, unsigned bytes) with the scale / 16:
+            // the product is the same float (an exact scaling by 16 of both factors), one shift
+            // a word less.
+            const bool in_place = QT == QT_Q4_K && (t & 1);
+            u32 w[8];
 #pragma unroll
             for (int k = 0; k < 8; k++) {
-                u32 v = (r.q[8 * (t >> 1) + k] >> (4 * (t & 1))) & 0x0f0f0f0fu;
+                const u32 q = r.q[8 * (t >> 1) + k];
+                u32 v = in_place ? q & 0xf0f0f0f0u : (q >> (4 * (t & 1))) & 0x0f0f0f0fu;
                 if (QT == QT_Q5_K) v |= ((r.e[k] >> (4 * h + t)) & 0x01010101u) << 4;
-                w[k] = (int)v;
+                w[k] = v;
             }
-            const float a = __fmul_rn(d, (float)((sc4 >> (8 * t)) & 0xff));
+            const float a = __fmul_rn(in_place ? d16 : d, (float)((sc4 >> (8 * t)) & 0xff));
             const float b = -__fmul_rn(dmin, (float)((m4 >> (8 * t)) & 0xff));
 #pragma unroll
             for (int i = 0; i < N; i++) {
                 const int4* xw = (const int4*)(xq + (u64)i * (cols / 4));
                 const int4 x0 = xw[(2 * t) * U + u], x1 = xw[(2 * t + 1) * U + u];
-                int s = __dp4a(w[0], x0.x, 0);
-                s = __dp4a(w[1], x0.y, s);
-                s = __dp4a(w[2], x0.z, s);
-                s = __dp4a(w[3], x0.w, s);
-                s = __dp4a(w[4], x1.x, s);
-                s = __dp4a(w[5], x1.y, s);
-                s = __dp4a(w[6], x1.z, s);
-                s = __dp4a(w[7], x1.w, s);
+                int s = dp4a_us(w[0], x0.x, 0);
+                s = dp4a_us(w[1], x0.y, s);
+                s = dp4a_us(w[2], x0.z, s);
+                s = dp4a_us(w[3], x0.w, s);
+                s = dp4a_us(w[4], x1.x, s);
+                s = dp4a_us(w[5], x1.y, s);
+                s = dp4a_us(w[6], x1.z, s);
+                s = dp4a_us(w[7], x1.w, s);
                 acc[i] = fmaf(xd[i * nb + t * U + u], a * (float)s, fmaf(b, xs[i * nb + t * U + u], acc[i]));
             }
         }
