@@ -481,10 +481,12 @@ __device__ __forceinline__ void k_prefetch(const u8* __restrict__ data, u32 bpr,
 #error "QK_PREFETCH and QK_REGLOAD are set by the Quant module's options (spec.rs)"
 #endif
 
+// Block `blk` of the `nblk` blocks serving this matrix (the launch's own blocks, or its share of
+// a paired launch: qgemv_k_pair).
 template <int QT, int N, int ITEMS>
 __device__ void qgemv_k(float* __restrict__ y, u32 ldy, const u8* __restrict__ data, const u16* __restrict__ hdr,
                         const float* __restrict__ x, const float* __restrict__ nw, const u32* __restrict__ xrows,
-                        u32 rows, u32 cols, u32 mode, float eps, u32 accumulate, u32 sibling) {
+                        u32 rows, u32 cols, u32 mode, float eps, u32 accumulate, u32 sibling, u32 blk, u32 nblk) {
     extern __shared__ __align__(16) unsigned char qg_smem[];
     const u32 nb = cols / 32, units = cols / 128, bpr = cols / 256;
     int* xq = (int*)qg_smem;                        // [N, cols / 4]
@@ -493,8 +495,8 @@ __device__ void qgemv_k(float* __restrict__ y, u32 ldy, const u8* __restrict__ d
     float* part = xs + N * nb;                      // [rows of the block, S, N]
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 lpr = k_lanes_per_row(units), rpi = 32 / lpr, S = (units + lpr - 1) / lpr;
-    const u32 r_lo = (u32)((u64)blockIdx.x * rows / gridDim.x);
-    const u32 r_hi = (u32)((u64)(blockIdx.x + 1) * rows / gridDim.x);
+    const u32 r_lo = (u32)((u64)blk * rows / nblk);
+    const u32 r_hi = (u32)((u64)(blk + 1) * rows / nblk);
     const u32 nrows = r_hi - r_lo, items = (nrows + rpi - 1) / rpi * S;
     // The weights do not depend on the previous kernel: their first rounds stream into L2 while
     // it drains and while the prologue runs.
@@ -559,6 +561,34 @@ __device__ void qgemv_k(float* __restrict__ y, u32 ldy, const u8* __restrict__ d
         *o = accumulate ? *o + s : s;
     }
     if (sibling) pdl_wait();  // done only once the launch before is (see PK_QGEMV)
+}
+
+// The K-quant product as a launch of its own: the launch's blocks serve the whole matrix.
+template <int QT, int N, int ITEMS>
+__device__ __forceinline__ void qgemv_k_grid(float* __restrict__ y, u32 ldy, const u8* __restrict__ data,
+                                             const u16* __restrict__ hdr, const float* __restrict__ x,
+                                             const float* __restrict__ nw, const u32* __restrict__ xrows, u32 rows,
+                                             u32 cols, u32 mode, float eps, u32 accumulate, u32 sibling) {
+    qgemv_k<QT, N, ITEMS>(y, ldy, data, hdr, x, nw, xrows, rows, cols, mode, eps, accumulate, sibling, blockIdx.x,
+                          gridDim.x);
+}
+
+// ---- A weight stacked from two K-quant parts of different types (Q4_K_M's q|k and v) in one
+// launch: blocks 0..blocks_a serve part a into columns 0..rows_a of y, the others part b into
+// columns col_b..col_b + rows_b; both parts read the same x (each block runs its own prologue, as
+// in every product). One wait, ramp and tail per weight instead of a launch and its sibling. A
+// row's sum does not depend on which block serves it, so the outputs are the sibling launches'
+// bits.
+template <int QA, int QB, int N>
+__device__ void qgemv_k_pair(float* __restrict__ y, u32 ldy, const u8* __restrict__ da, const u16* __restrict__ ha,
+                             u32 rows_a, const u8* __restrict__ db, const u16* __restrict__ hb, u32 rows_b, u32 col_b,
+                             u32 blocks_a, const float* __restrict__ x, const float* __restrict__ nw,
+                             const u32* __restrict__ xrows, u32 cols, u32 mode, float eps, u32 accumulate) {
+    if (blockIdx.x < blocks_a)
+        qgemv_k<QA, N, 1>(y, ldy, da, ha, x, nw, xrows, rows_a, cols, mode, eps, accumulate, 0, blockIdx.x, blocks_a);
+    else
+        qgemv_k<QB, N, 1>(y + col_b, ldy, db, hb, x, nw, xrows, rows_b, cols, mode, eps, accumulate, 0,
+                          blockIdx.x - blocks_a, gridDim.x - blocks_a);
 }
 
 // ---- Dequantization. out [nrows, cols] bf16 ← rows first_row.. of W: one thread per unit; a
@@ -684,6 +714,22 @@ PK_QMATRIX(QT_Q4_1, q4_1) PK_QGEMV_N(QT_Q4_1, q4_1, qgemv, ) PK_QGEMV_N8(QT_Q4_1
 PK_QMATRIX(QT_Q5_0, q5_0) PK_QGEMV_N(QT_Q5_0, q5_0, qgemv, ) PK_QGEMV_N8(QT_Q5_0, q5_0, qgemv, )
 PK_QMATRIX(QT_Q5_1, q5_1) PK_QGEMV_N(QT_Q5_1, q5_1, qgemv, ) PK_QGEMV_N8(QT_Q5_1, q5_1, qgemv, )
 PK_QMATRIX(QT_Q8_0, q8_0) PK_QGEMV_N(QT_Q8_0, q8_0, qgemv, ) PK_QGEMV_N8(QT_Q8_0, q8_0, qgemv, )
-PK_QMATRIX(QT_Q4_K, q4_k) PK_QGEMV_N(QT_Q4_K, q4_k, qgemv_k, , , 1) PK_QGEMV_N8(QT_Q4_K, q4_k, qgemv_k, , , 1) PK_QGEMV_N(QT_Q4_K, q4_k, qgemv_k, _i2, , 2)
-PK_QMATRIX(QT_Q5_K, q5_k) PK_QGEMV_N(QT_Q5_K, q5_k, qgemv_k, , , 1) PK_QGEMV_N8(QT_Q5_K, q5_k, qgemv_k, , , 1) PK_QGEMV_N(QT_Q5_K, q5_k, qgemv_k, _i2, , 2)
-PK_QMATRIX(QT_Q6_K, q6_k) PK_QGEMV_N(QT_Q6_K, q6_k, qgemv_k, , , 1) PK_QGEMV_N8(QT_Q6_K, q6_k, qgemv_k, , , 1) PK_QGEMV_N(QT_Q6_K, q6_k, qgemv_k, _i2, , 2)
+PK_QMATRIX(QT_Q4_K, q4_k) PK_QGEMV_N(QT_Q4_K, q4_k, qgemv_k_grid, , , 1) PK_QGEMV_N8(QT_Q4_K, q4_k, qgemv_k_grid, , , 1) PK_QGEMV_N(QT_Q4_K, q4_k, qgemv_k_grid, _i2, , 2)
+PK_QMATRIX(QT_Q5_K, q5_k) PK_QGEMV_N(QT_Q5_K, q5_k, qgemv_k_grid, , , 1) PK_QGEMV_N8(QT_Q5_K, q5_k, qgemv_k_grid, , , 1) PK_QGEMV_N(QT_Q5_K, q5_k, qgemv_k_grid, _i2, , 2)
+PK_QMATRIX(QT_Q6_K, q6_k) PK_QGEMV_N(QT_Q6_K, q6_k, qgemv_k_grid, , , 1) PK_QGEMV_N8(QT_Q6_K, q6_k, qgemv_k_grid, , , 1) PK_QGEMV_N(QT_Q6_K, q6_k, qgemv_k_grid, _i2, , 2)
+
+// pk_qgemv_pair_A_B_nN: qgemv_k_pair of parts of types A and B, N token rows (QGEMV_PAIR_MAX_N in
+// src/qmatrix.rs).
+#define PK_QGEMV_PAIR(QA, A, QB, B, N)                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * QG_WARPS, 1)                                             \
+        pk_qgemv_pair_##A##_##B##_n##N(float* y, u32 ldy, const u8* da, const u16* ha, u32 rows_a,            \
+                                       const u8* db, const u16* hb, u32 rows_b, u32 col_b, u32 blocks_a,      \
+                                       const float* x, const float* nw, const u32* xrows, u32 cols, u32 mode, \
+                                       float eps, u32 acc) {                                                  \
+        qgemv_k_pair<QA, QB, N>(y, ldy, da, ha, rows_a, db, hb, rows_b, col_b, blocks_a, x, nw, xrows, cols,  \
+                                mode, eps, acc);                                                              \
+    }
+#define PK_QGEMV_PAIR_N(QA, A, QB, B) PK_QGEMV_PAIR(QA, A, QB, B, 1)
+PK_QGEMV_PAIR_N(QT_Q4_K, q4_k, QT_Q5_K, q5_k) PK_QGEMV_PAIR_N(QT_Q4_K, q4_k, QT_Q6_K, q6_k)
+PK_QGEMV_PAIR_N(QT_Q5_K, q5_k, QT_Q4_K, q4_k) PK_QGEMV_PAIR_N(QT_Q5_K, q5_k, QT_Q6_K, q6_k)
+PK_QGEMV_PAIR_N(QT_Q6_K, q6_k, QT_Q4_K, q4_k) PK_QGEMV_PAIR_N(QT_Q6_K, q6_k, QT_Q5_K, q5_k)

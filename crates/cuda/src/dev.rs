@@ -33,6 +33,7 @@ pub fn tuning_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Cud
         qgemv_items: v.count("PAGEKV_DEV_CUDA_QGEMV_ITEMS", d.qgemv_items, |n| (1..=2).contains(&n), "1, 2")?,
         qgemv_prefetch: v.count("PAGEKV_DEV_CUDA_QGEMV_PREFETCH", d.qgemv_prefetch, |n| n <= 8, "0..=8")?,
         qgemv_preload: v.switch("PAGEKV_DEV_CUDA_QGEMV_PRELOAD", d.qgemv_preload)?,
+        qgemv_pair: v.switch("PAGEKV_DEV_CUDA_QGEMV_PAIR", d.qgemv_pair)?,
         prefill_min_tokens: if v.switch("PAGEKV_DEV_CUDA_PREFILL", true)? {
             v.count("PAGEKV_DEV_CUDA_PREFILL_MIN", d.prefill_min_tokens, |n| n >= 1, "a token count ≥ 1")?
         } else {

@@ -105,6 +105,10 @@ impl QuantMatrix {
 /// tokens reads the weights once.
 pub const QGEMV_MAX_N: usize = 8;
 
+/// Most token rows one [`QuantOps::gemv_pair`] launch serves (`PK_QGEMV_PAIR_N` in
+/// `kernels/qmatrix.cu`); more rows take a launch per part.
+pub const QGEMV_PAIR_MAX_N: usize = 1;
+
 /// Warps per block of the decode product (`QG_WARPS` in `kernels/qmatrix.cu`).
 const QG_WARPS: usize = 32;
 
@@ -126,6 +130,20 @@ fn k_lanes_per_row(units: usize) -> usize {
     lanes
 }
 
+/// Dynamic shared memory of a decode product's int8 input: `[n, cols]` codes and `[n, cols / 32]`
+/// scales and sums.
+fn input_smem(cols: usize, n: usize) -> usize {
+    n * cols + 8 * n * (cols / 32)
+}
+
+/// Dynamic shared memory of a K-quant product block's per-slice row sums when `blocks` blocks
+/// share `w`'s rows: `[ceil(rows / blocks), slices, n]` f32.
+fn k_sums_smem(w: &QuantMatrix, blocks: usize, n: usize) -> usize {
+    let units = w.cols / 128;
+    let slices = units.div_ceil(k_lanes_per_row(units));
+    w.rows.div_ceil(blocks) * slices * n * 4
+}
+
 /// The kernels of one type.
 struct Kernels {
     /// `[n - 1]` decode products for 1..=QGEMV_MAX_N token rows.
@@ -143,6 +161,9 @@ pub struct QuantOps {
     device: Arc<CudaDevice>,
     /// In [`QuantType::ALL`]'s order.
     kernels: Vec<Kernels>,
+    /// The paired K-quant products ([`QuantOps::gemv_pair`]): `(a, b, [n - 1])` for every
+    /// ordered pair of different K-quant types, 1..=QGEMV_PAIR_MAX_N token rows.
+    pairs: Vec<(QuantType, QuantType, Vec<CudaFunction>)>,
     smem_limit: usize,
 }
 
@@ -177,7 +198,21 @@ impl QuantOps {
                 fill: module.function(&format!("pk_qfill_{s}"))?,
             });
         }
-        Ok(QuantOps { device, kernels, smem_limit })
+        let k_quants: Vec<QuantType> = QuantType::ALL.into_iter().filter(|t| t.block_values() == 256).collect();
+        let mut pairs = Vec::new();
+        for &a in &k_quants {
+            for &b in k_quants.iter().filter(|&&b| b != a) {
+                let fs = (1..=QGEMV_PAIR_MAX_N)
+                    .map(|n| {
+                        let f = module.function(&format!("pk_qgemv_pair_{}_{}_n{n}", a.suffix(), b.suffix()))?;
+                        set_max_dynamic_smem(&f, smem_limit)?;
+                        Ok(f)
+                    })
+                    .collect::<Result<Vec<_>, CudaError>>()?;
+                pairs.push((a, b, fs));
+            }
+        }
+        Ok(QuantOps { device, kernels, pairs, smem_limit })
     }
 
     fn k(&self, qt: QuantType) -> &Kernels {
@@ -194,15 +229,119 @@ impl QuantOps {
     /// sums; otherwise blocks of 32 warps over the rows.
     fn gemv_launch(&self, w: &QuantMatrix, n: usize) -> (usize, usize) {
         let sms = self.device.sm_count().max(1);
-        let input = n * w.cols + 8 * n * (w.cols / 32);
         if w.qt.block_values() == 256 {
-            let units = w.cols / 128;
-            let slices = units.div_ceil(k_lanes_per_row(units));
             let blocks = w.rows.clamp(1, sms);
-            (blocks, input + w.rows.div_ceil(blocks) * slices * n * 4)
+            (blocks, input_smem(w.cols, n) + k_sums_smem(w, blocks, n))
         } else {
-            (w.rows.div_ceil(QG_WARPS).clamp(1, sms), input)
+            (w.rows.div_ceil(QG_WARPS).clamp(1, sms), input_smem(w.cols, n))
         }
+    }
+
+    /// `(blocks of a, blocks of b, dynamic shared memory bytes)` of the paired product
+    /// (`qgemv_k_pair`): the SMs split between the parts in proportion to their bytes (at
+    /// least one block each, at most one per row), so every block streams about as many bytes.
+    fn pair_launch(&self, a: &QuantMatrix, b: &QuantMatrix, n: usize) -> (usize, usize, usize) {
+        let sms = self.device.sm_count().max(2);
+        let share = a.bytes() as f64 / (a.bytes() + b.bytes()) as f64;
+        let blocks_a = ((sms as f64 * share).round() as usize).clamp(1, sms - 1).min(a.rows);
+        let blocks_b = (sms - blocks_a).min(b.rows);
+        let sums = k_sums_smem(a, blocks_a, n).max(k_sums_smem(b, blocks_b, n));
+        (blocks_a, blocks_b, input_smem(a.cols, n) + sums)
+    }
+
+    /// The paired kernels of parts `a` then `b` (`None`: no such pair).
+    fn pair_kernels(&self, a: QuantType, b: QuantType) -> Option<&[CudaFunction]> {
+        self.pairs.iter().find(|(x, y, _)| (*x, *y) == (a, b)).map(|(_, _, fs)| fs.as_slice())
+    }
+
+    /// Whether [`Self::gemv_pair`] serves `n` token rows against parts `a` then `b`: K-quants
+    /// of different types and the same width, `1 ≤ n ≤ QGEMV_PAIR_MAX_N`, the shared memory
+    /// fits, and pairing is on (`CudaTuning::qgemv_pair`).
+    pub fn gemv_pair_serves(&self, a: &QuantMatrix, b: &QuantMatrix, n: usize) -> bool {
+        self.device.tuning().qgemv_pair
+            && a.cols == b.cols
+            && (1..=QGEMV_PAIR_MAX_N).contains(&n)
+            && self.pair_kernels(a.qt, b.qt).is_some()
+            && self.pair_launch(a, b, n).2 <= self.smem_limit
+    }
+
+    /// [`Self::gemv`] of a weight stacked from parts `a` (columns `col..col + a.rows` of `out`)
+    /// and `b` (the next `b.rows` columns) in one launch, without `sibling`: the same sums, bit
+    /// for bit, as a launch per part.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_pair(
+        &self,
+        out: &CudaSlice<f32>,
+        col: usize,
+        ldo: usize,
+        x: &CudaSlice<f32>,
+        a: &QuantMatrix,
+        b: &QuantMatrix,
+        prologue: Prologue,
+        rows: Option<&CudaSlice<u32>>,
+        first: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        let in_width = prologue.in_width(a.cols);
+        let end = first + n;
+        let width = a.rows + b.rows;
+        let bad = !self.gemv_pair_serves(a, b, n)
+            || col + width > ldo
+            || out.len() < (end - 1) * ldo + col + width
+            || ldo > u32::MAX as usize
+            || width > u32::MAX as usize
+            || (rows.is_none() && x.len() < end * in_width)
+            || rows.is_some_and(|r| r.len() < end)
+            || matches!(prologue, Prologue::RmsNorm { w: nw, .. } if nw.len() < a.cols);
+        if bad {
+            return Err(CudaError::Invalid(format!(
+                "paired quantized gemv of {n} rows against [{}, {}] {:?} and [{}, {}] {:?} into columns {col}.. of [{n}, {ldo}]",
+                a.rows, a.cols, a.qt, b.rows, b.cols, b.qt
+            )));
+        }
+        let (mode, nw, eps) = prologue.mode(&self.device);
+        let y = self.p(out) + 4 * (first * ldo + col) as u64;
+        let (xp, rp) = match rows {
+            Some(r) => (self.p(x), self.p(r) + 4 * first as u64),
+            None => (self.p(x) + 4 * (first * in_width) as u64, 0),
+        };
+        let (da, ha, db, hb) = (self.p(&a.data), self.p(&a.hdr), self.p(&b.data), self.p(&b.hdr));
+        let (blocks_a, blocks_b, smem) = self.pair_launch(a, b, n);
+        let (ld, ra, rb, col_b, ba) = (ldo as u32, a.rows as u32, b.rows as u32, a.rows as u32, blocks_a as u32);
+        let (c32, acc) = (a.cols as u32, accumulate as u32);
+        let cfg = LaunchConfig {
+            grid_dim: ((blocks_a + blocks_b) as u32, 1, 1),
+            block_dim: ((32 * QG_WARPS) as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let mut args: [*mut std::ffi::c_void; 17] = [
+            arg(&y),
+            arg(&ld),
+            arg(&da),
+            arg(&ha),
+            arg(&ra),
+            arg(&db),
+            arg(&hb),
+            arg(&rb),
+            arg(&col_b),
+            arg(&ba),
+            arg(&xp),
+            arg(&nw),
+            arg(&rp),
+            arg(&c32),
+            arg(&mode),
+            arg(&eps),
+            arg(&acc),
+        ];
+        let Some(fs) = self.pair_kernels(a.qt, b.qt) else {
+            return Err(CudaError::Invalid(format!("no paired kernel for {:?} and {:?}", a.qt, b.qt)));
+        };
+        let f = &fs[n - 1];
+        // SAFETY: `args` are pk_qgemv_pair_A_B_nN's parameters in order and type, alive for the
+        // call; sizes checked above; the caller keeps out and x apart and gathered rows in range.
+        unsafe { launch_kernel(&self.device, f, cfg, &mut args, self.device.tuning().gemv.pdl) }
+            .map_err(launch_err("cuLaunchKernelEx(pk_qgemv_pair)"))
     }
 
     /// Whether [`Self::gemv`] serves `n` token rows against `w` (`1 ≤ n ≤ QGEMV_MAX_N` and the

@@ -32,6 +32,10 @@ pub struct CudaTuning {
     /// on the previous kernel (their latency overlaps the input's prologue). On by default:
     /// about 1 % on an 8 B Q4_K_M decode step (docs/performance.md).
     pub qgemv_preload: bool,
+    /// A weight stacked from two K-quant parts of different types (Q4_K_M's q|k and v) is
+    /// multiplied by one launch (`QuantOps::gemv_pair`), its blocks split between the parts in
+    /// proportion to their bytes, instead of a launch per part.
+    pub qgemv_pair: bool,
     /// New tokens of one sequence from which a model step takes the prefill kernel
     /// (`PrefillAttention`); `usize::MAX`: never. 96 by default (see `prefill.rs`).
     pub prefill_min_tokens: usize,
@@ -75,6 +79,7 @@ impl Default for CudaTuning {
             qgemv_items: 1,
             qgemv_prefetch: 2,
             qgemv_preload: true,
+            qgemv_pair: true,
             prefill_min_tokens: 96,
             attention_pdl: true,
             graphs: true,

@@ -9,7 +9,9 @@
 //!   rows, SiLU·mul, GELU·mul) is within the bound its int8 input allows: the sum over a row of
 //!   |weight| · (the input block's amax / 254), plus float rounding;
 //! - a tile times bf16 inputs through cuBLAS into a column range (`ModelOps::matmul_cols`), the
-//!   large-batch path, within bf16 rounding.
+//!   large-batch path, within bf16 rounding;
+//! - a weight of two K-quant parts multiplied by one paired launch equals a launch per part, bit
+//!   for bit.
 //!
 //! Without a CUDA device (or without the `cuda` feature) every test prints
 //! `SKIPPED <test>: <reason>` on stderr and passes.
@@ -299,6 +301,74 @@ mod gpu {
             assert!(a.iter().any(|v| *v != 0.0), "round {r}: no output");
             let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(same, "round {r}: the sibling launch saw another input");
+        }
+    }
+
+    /// A weight stacked from two K-quant parts of different types, multiplied by one paired
+    /// launch (`QuantOps::gemv_pair`), gives the bits of a launch per part — every ordered pair of
+    /// types, every prologue, overwrite and accumulate, into a column range of a wider output
+    /// from a first-row offset — and writes nothing else.
+    #[test]
+    fn paired_launches_equal_a_launch_per_part() {
+        let Some(o) = ops("paired_launches_equal_a_launch_per_part") else { return };
+        let (dev, q) = (o.device(), o.quant());
+        if !dev.tuning().qgemv_pair {
+            skip("paired_launches_equal_a_launch_per_part", "PAGEKV_DEV_CUDA_QGEMV_PAIR is off");
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(44);
+        let k_quants = [QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K];
+        let eps = 1e-5f32;
+        for (ta, tb) in k_quants.iter().flat_map(|&a| k_quants.iter().filter(move |&&b| b != a).map(move |&b| (a, b))) {
+            // Odd row counts; 12 lane units a row (4 lanes, 3 slices) and 2 (2 lanes, 1 slice).
+            for (ra, rb, cols) in [(301usize, 77usize, 1536usize), (40, 263, 256)] {
+                let upload = |rng: &mut StdRng, qt: QuantType, rows: usize| {
+                    QuantMatrix::upload(dev, qt, rows, cols, &random_blocks(rng, qt, rows, cols)).unwrap()
+                };
+                let (wa, wb) = (upload(&mut rng, ta, ra), upload(&mut rng, tb, rb));
+                assert!(q.gemv_pair_serves(&wa, &wb, 1), "{ta:?} + {tb:?} [{cols}]: not served");
+                for mode in 0..4u32 {
+                    let (first, total, col) = (1usize, 3usize, 5usize);
+                    let ldo = ra + rb + 9;
+                    let width = if mode >= 2 { 2 * cols } else { cols };
+                    let x = up(dev, &normals(&mut rng, total * width));
+                    let nw: Vec<f32> = (0..cols).map(|_| 1.0 + 0.2 * normal(&mut rng)).collect();
+                    let nw_d = up(dev, &nw);
+                    let gather: Vec<u32> = (0..total).map(|i| ((i + 2) % total) as u32).collect();
+                    let rows_d = up(dev, &gather);
+                    let (prologue, gathered) = match mode {
+                        0 => (Prologue::Convert, None),
+                        1 => (Prologue::RmsNorm { w: &nw_d, eps }, Some(&rows_d)),
+                        2 => (Prologue::SiluMul, None),
+                        _ => (Prologue::GeluMul, None),
+                    };
+                    for accumulate in [false, true] {
+                        let init = normals(&mut rng, total * ldo);
+                        let (per_part, paired) = (up(dev, &init), up(dev, &init));
+                        q.gemv(&per_part, col, ldo, &x, &wa, prologue, gathered, first, 1, accumulate, false).unwrap();
+                        q.gemv(&per_part, col + ra, ldo, &x, &wb, prologue, gathered, first, 1, accumulate, false)
+                            .unwrap();
+                        q.gemv_pair(&paired, col, ldo, &x, &wa, &wb, prologue, gathered, first, 1, accumulate).unwrap();
+                        let (want, got) = (down(dev, &per_part), down(dev, &paired));
+                        for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                            assert_eq!(
+                                w.to_bits(),
+                                g.to_bits(),
+                                "{ta:?} + {tb:?} [{ra} + {rb}, {cols}] mode {mode} acc {accumulate}: element {i}, {g} vs {w}"
+                            );
+                        }
+                        let changed = (0..total * ldo).filter(|&i| got[i].to_bits() != init[i].to_bits()).count();
+                        assert!(changed > 0, "{ta:?} + {tb:?}: the paired launch wrote nothing");
+                        // Outside row `first`'s columns col..col + ra + rb nothing moved.
+                        for (i, g) in got.iter().enumerate() {
+                            let (t, r) = (i / ldo, i % ldo);
+                            if t != first || r < col || r >= col + ra + rb {
+                                assert_eq!(g.to_bits(), init[i].to_bits(), "{ta:?} + {tb:?}: wrote outside at {i}");
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 

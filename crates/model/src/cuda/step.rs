@@ -183,7 +183,8 @@ const QGEMV_MAX_ROWS: usize = 16;
 
 impl Products<'_> {
     /// `out [n, w.rows] (+)= prologue(x) · wᵀ` (rows `rows [n]` of `x` when given). Decode-sized
-    /// products run the fused matrix-vector kernels (prologue inside); others compute the
+    /// products run the fused matrix-vector kernels (prologue inside; a weight of two K-quant
+    /// parts in one launch where the paired kernel serves it); others compute the
     /// prologue into `staged` (the product type) and multiply with cuBLAS — quantized weights
     /// dequantized into a bf16 tile a range of rows at a time.
     #[allow(clippy::too_many_arguments)]
@@ -220,6 +221,11 @@ impl Products<'_> {
                 let q = ops.quant();
                 let ldo = w.rows();
                 let gemv_rows = self.invariant || n <= QGEMV_MAX_ROWS;
+                if let [a, b] = parts.as_slice() {
+                    if q.gemv_pair_serves(a, b, n) {
+                        return q.gemv_pair(out, 0, ldo, x, a, b, prologue, rows, 0, n, accumulate).map_err(dev);
+                    }
+                }
                 if gemv_rows && parts.iter().all(|p| q.gemv_serves(p, n.min(QGEMV_MAX_N))) {
                     // Every launch after the first reads the same x and writes other outputs: a
                     // sibling of the one before it (runs beside that one's tail).
