@@ -630,7 +630,7 @@ impl ModelOps {
         let wp = w.ptr(&self.device);
         // The split kernel's prologue reads x and the norm weights 16 bytes at a time (device
         // allocations are 256-byte aligned; this guards against views).
-        if xp % 16 != 0 || nw % 16 != 0 || wp % 16 != 0 {
+        if !xp.is_multiple_of(16) || !nw.is_multiple_of(16) || !wp.is_multiple_of(16) {
             return Err(CudaError::Invalid("gemv: x, the norm weights and W must be 16-byte aligned".into()));
         }
         let (r32, c32, acc) = (w.rows as u32, w.cols as u32, accumulate as u32);

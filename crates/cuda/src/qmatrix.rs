@@ -122,7 +122,7 @@ fn k_lanes_per_row(units: usize) -> usize {
     }
     let mut m = lanes;
     while m >= 4 {
-        if units % m == 0 {
+        if units.is_multiple_of(m) {
             return m;
         }
         m /= 2;

@@ -9,6 +9,7 @@
 //!   groups free blocks — on the hybrid cache (a block table per layer group) and on one group
 //!   (windows by masking alone), f16 and q8 caches, f32 and bf16 weights; and with the
 //!   GGUF types of Gemma 3 270M's Q4_K_M file kept quantized on the GPU.
+//!
 //! The real Gemma 3 270M is checked in `registry_models.rs`.
 //!
 //! Bounds. GELU: the CPU reads it from ggml's f16 table (llama.cpp's rounding), the GPU computes

@@ -58,7 +58,7 @@ struct Comparison<'a> {
 fn follows_the_cpu(dev: Arc<CudaDevice>, path: &Path, cmp: Comparison) {
     let Comparison { name, num_blocks, groups, weights, min_agreement } = cmp;
     let golden = golden(name);
-    let mut cpu = cpu_model(Arc::new(GgufFile::open(&path).unwrap()));
+    let mut cpu = cpu_model(Arc::new(GgufFile::open(path).unwrap()));
     let c = cpu.config.clone();
     let mut cache = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
     cache.format = KvFormat::F16;
