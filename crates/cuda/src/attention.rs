@@ -297,7 +297,8 @@ impl DecodeAttention {
 
     /// The route `auto` takes for a batch over `pages`: the partitioned route with the
     /// measured partition size of the kernel that serves the format, or the primitive route
-    /// when that would be a single partition.
+    /// when that would be a single partition or, for the tensor-core kernel, when the context
+    /// is at most `CudaTuning::tc_direct_max` tokens.
     /// In batch-invariant mode ([`CudaTuning::batch_invariant`](crate::CudaTuning)) always the
     /// partitioned route with [`INVARIANT_PARTITION`]-token partitions.
     pub fn auto_route(
@@ -315,6 +316,7 @@ impl DecodeAttention {
         let group = num_heads / g.num_kv_heads.max(1);
         let sms = self.device.sm_count();
         let ps = match self.kernel.resolve(&self.device, g.format, g.head_dim, group) {
+            "tc" if max_context <= self.device.tuning().tc_direct_max => return DecodeRoute::Primitive,
             "tc" => {
                 let hpc = tc_heads_per_cta(self.tc(), g.format, g.head_dim, g.num_kv_heads, num_seqs, sms);
                 tc_partition_size(num_seqs, g.num_kv_heads / hpc, max_context, sms)

@@ -36,6 +36,11 @@ pub struct CudaTuning {
     /// multiplied by one launch (`QuantOps::gemv_pair`), its blocks split between the parts in
     /// proportion to their bytes, instead of a launch per part.
     pub qgemv_pair: bool,
+    /// Longest context the tensor-core decode kernel's automatic route
+    /// (`DecodeAttention::auto_route`) serves as one partition, finished in place: a short
+    /// context's few partitions take less time than the merge launch they need. 256 by default
+    /// (docs/performance.md); 0: the measured partition size alone decides.
+    pub tc_direct_max: usize,
     /// New tokens of one sequence from which a model step takes the prefill kernel
     /// (`PrefillAttention`); `usize::MAX`: never. 96 by default (see `prefill.rs`).
     pub prefill_min_tokens: usize,
@@ -80,6 +85,7 @@ impl Default for CudaTuning {
             qgemv_prefetch: 2,
             qgemv_preload: true,
             qgemv_pair: true,
+            tc_direct_max: 256,
             prefill_min_tokens: 96,
             attention_pdl: true,
             graphs: true,
