@@ -226,7 +226,8 @@ impl DeviceWeights {
     /// `±1/sqrt(cols)` (activations stay of order one through the layers), norms 1, tied output
     /// when `tied`. Dense in `dtype`, or with `q4km` in the types llama.cpp's Q4_K_M preset
     /// gives each matrix (Q4_K; Q6_K for the output and, in the layers it favours, `attn_v` and
-    /// `ffn_down`; the embedding Q4_K). For throughput measurements only — not a model.
+    /// `ffn_down`; the embedding Q4_K; rows too narrow for a K-quant's 256-value blocks take
+    /// llama.cpp's fallback, `q4km_fallback`). For throughput measurements only — not a model.
     #[allow(clippy::too_many_arguments)]
     pub fn synthetic(
         device: &CudaDevice,
@@ -252,6 +253,7 @@ impl DeviceWeights {
             }
             let mut out: Vec<QuantMatrix> = Vec::new();
             for (i, &(r, qt)) in parts.iter().enumerate() {
+                let qt = q4km_fallback(qt, cols);
                 let mut m = QuantMatrix::zeros(device, qt, r, cols).map_err(dev)?;
                 ops.quant().fill_random(&mut m, scale, s.wrapping_add(1000 * i as u32)).map_err(dev)?;
                 out.push(m);
@@ -291,6 +293,20 @@ impl DeviceWeights {
         };
         weights.make_tiles(device)?;
         Ok(weights)
+    }
+}
+
+/// The type llama.cpp's quantizer writes instead of K-quant `qt` for rows of `cols` values that
+/// its 256-value blocks do not divide (SmolLM2's 576): Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0.
+fn q4km_fallback(qt: QuantType, cols: usize) -> QuantType {
+    if cols.is_multiple_of(qt.block_values()) {
+        return qt;
+    }
+    match qt {
+        QuantType::Q4_K => QuantType::Q5_0,
+        QuantType::Q5_K => QuantType::Q5_1,
+        QuantType::Q6_K => QuantType::Q8_0,
+        other => other,
     }
 }
 
@@ -377,4 +393,21 @@ fn fused(device: &CudaDevice, w: &Weights, parts: &[&Tensor], dtype: DType) -> R
         first += t.rows;
     }
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn narrow_rows_take_llama_cpps_fallback_types() {
+        assert_eq!(q4km_fallback(QuantType::Q4_K, 4096), QuantType::Q4_K);
+        assert_eq!(q4km_fallback(QuantType::Q6_K, 14336), QuantType::Q6_K);
+        assert_eq!(q4km_fallback(QuantType::Q4_K, 576), QuantType::Q5_0);
+        assert_eq!(q4km_fallback(QuantType::Q5_K, 576), QuantType::Q5_1);
+        assert_eq!(q4km_fallback(QuantType::Q6_K, 576), QuantType::Q8_0);
+        for qt in [QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K] {
+            assert!(576 % q4km_fallback(qt, 576).block_values() == 0);
+        }
+    }
 }
