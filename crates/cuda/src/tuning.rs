@@ -38,7 +38,7 @@ pub struct CudaTuning {
     pub qgemv_pair: bool,
     /// Longest context the tensor-core decode kernel's automatic route
     /// (`DecodeAttention::auto_route`) serves as one partition, finished in place: a short
-    /// context's few partitions take less time than the merge launch they need. 256 by default
+    /// context's partitions save less time than the merge launch they need costs. 256 by default
     /// (docs/performance.md); 0: the measured partition size alone decides.
     pub tc_direct_max: usize,
     /// New tokens of one sequence from which a model step takes the prefill kernel
