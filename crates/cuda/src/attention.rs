@@ -127,12 +127,20 @@ impl DecodeKernel {
 /// Partition size for the tensor-core kernel: at most one CTA per SM in all
 /// (`num_seqs × num_kv_heads × partitions ≤ sm_count`: a few CTAs more would start a second,
 /// nearly empty round on some SMs), in multiples of 64 tokens; the whole context (one
-/// partition) once the batch alone fills the machine.
+/// partition) once the batch alone fills the machine, or when the context is at most
+/// `direct_max` tokens (`CudaTuning::tc_direct_max`: a model step's merge launch costs more
+/// than a short context's partitions save).
 /// Measured on the H200 (`pagekv bench attention --device cuda`): 1×4096 best at 256, 1×32768 at 2048
 /// (1984, 17 partitions of 8 CTAs, was 4 % slower), 16×4096 and larger with one partition.
-pub fn tc_partition_size(num_seqs: usize, num_kv_heads: usize, max_context: usize, sm_count: usize) -> usize {
+pub fn tc_partition_size(
+    num_seqs: usize,
+    num_kv_heads: usize,
+    max_context: usize,
+    sm_count: usize,
+    direct_max: usize,
+) -> usize {
     let units = (num_seqs * num_kv_heads).max(1);
-    if 2 * units >= sm_count {
+    if 2 * units >= sm_count || max_context <= direct_max {
         return max_context.max(1).div_ceil(64) * 64;
     }
     let parts = (sm_count / units).max(1);
@@ -297,8 +305,8 @@ impl DecodeAttention {
 
     /// The route `auto` takes for a batch over `pages`: the partitioned route with the
     /// measured partition size of the kernel that serves the format, or the primitive route
-    /// when that would be a single partition or, for the tensor-core kernel, when the context
-    /// is at most `CudaTuning::tc_direct_max` tokens.
+    /// when that would be a single partition (for the tensor-core kernel, every context of at
+    /// most `CudaTuning::tc_direct_max` tokens).
     /// In batch-invariant mode ([`CudaTuning::batch_invariant`](crate::CudaTuning)) always the
     /// partitioned route with [`INVARIANT_PARTITION`]-token partitions.
     pub fn auto_route(
@@ -316,10 +324,10 @@ impl DecodeAttention {
         let group = num_heads / g.num_kv_heads.max(1);
         let sms = self.device.sm_count();
         let ps = match self.kernel.resolve(&self.device, g.format, g.head_dim, group) {
-            "tc" if max_context <= self.device.tuning().tc_direct_max => return DecodeRoute::Primitive,
             "tc" => {
                 let hpc = tc_heads_per_cta(self.tc(), g.format, g.head_dim, g.num_kv_heads, num_seqs, sms);
-                tc_partition_size(num_seqs, g.num_kv_heads / hpc, max_context, sms)
+                let direct_max = self.device.tuning().tc_direct_max;
+                tc_partition_size(num_seqs, g.num_kv_heads / hpc, max_context, sms, direct_max)
             }
             _ => auto_partition_size(num_seqs, g.num_kv_heads, max_context, sms),
         };
@@ -677,13 +685,20 @@ mod tests {
 
     #[test]
     fn tc_partition_size_matches_the_h200_measurements() {
-        assert_eq!(tc_partition_size(1, 8, 4096, 132), 256);
-        assert_eq!(tc_partition_size(1, 8, 32768, 132), 2048);
+        assert_eq!(tc_partition_size(1, 8, 4096, 132, 0), 256);
+        assert_eq!(tc_partition_size(1, 8, 32768, 132, 0), 2048);
         // Never more CTAs than SMs: 4 × 8 units → 4 partitions, not 5.
-        assert_eq!(tc_partition_size(4, 8, 8192, 132), 2048);
+        assert_eq!(tc_partition_size(4, 8, 8192, 132, 0), 2048);
         // 16 × 8 CTAs nearly fill 132 SMs: one partition.
-        assert_eq!(tc_partition_size(16, 8, 4096, 132), 4096);
-        assert_eq!(tc_partition_size(64, 8, 16384, 132), 16384);
-        assert_eq!(tc_partition_size(1, 1, 5, 132), 64);
+        assert_eq!(tc_partition_size(16, 8, 4096, 132, 0), 4096);
+        assert_eq!(tc_partition_size(64, 8, 16384, 132, 0), 16384);
+        assert_eq!(tc_partition_size(1, 1, 5, 132, 0), 64);
+        // Contexts of at most `direct_max` tokens are one partition (a step's span is a
+        // multiple of 256); longer ones split as before.
+        assert_eq!(tc_partition_size(1, 8, 256, 132, 0), 64);
+        assert_eq!(tc_partition_size(1, 8, 256, 132, 256), 256);
+        assert_eq!(tc_partition_size(1, 8, 100, 132, 256), 128);
+        assert_eq!(tc_partition_size(1, 8, 512, 132, 256), 64);
+        assert_eq!(tc_partition_size(1, 8, 4096, 132, 256), 256);
     }
 }
