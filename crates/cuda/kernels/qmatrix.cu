@@ -63,39 +63,44 @@ __device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
     return d;
 }
 
-// The K-quants' 6-bit scale and min of sub-block j from their 12 packed bytes (s0..s2 as words).
+// The K-quants' 6-bit scale and min of sub-block j from their 12 packed bytes (s0..s2 as words):
+// bytes 0..3 hold the scales of 0..3 (and bits 4..5 of those of 4..7), bytes 4..7 the mins of
+// 0..3 (likewise), bytes 8..11 the low 4 bits of both for 4..7. Byte k = j % 4 of each word, by
+// shifts (an array indexed by j would live in local memory).
 __device__ __forceinline__ void scale_min_k4(u32 j, u32 s0, u32 s1, u32 s2, u32& sc, u32& m) {
-    const u32 q[3] = {s0, s1, s2};
-    auto byte = [&](u32 i) { return (q[i >> 2] >> (8 * (i & 3))) & 0xffu; };
+    const u32 sh = 8 * (j & 3);
+    const u32 b0 = (s0 >> sh) & 0xffu, b1 = (s1 >> sh) & 0xffu, b2 = (s2 >> sh) & 0xffu;
     if (j < 4) {
-        sc = byte(j) & 63;
-        m = byte(j + 4) & 63;
+        sc = b0 & 63;
+        m = b1 & 63;
     } else {
-        sc = (byte(j + 4) & 0xf) | ((byte(j - 4) >> 6) << 4);
-        m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
+        sc = (b2 & 0xf) | ((b0 >> 6) << 4);
+        m = (b2 >> 4) | ((b1 >> 6) << 4);
     }
 }
 
 __device__ __forceinline__ uint4 ld_stream(const u8* p) { return __ldcs((const uint4*)p); }
 
-// Unit u of row `row` (bpr blocks per row).
-template <int QT>
-__device__ __forceinline__ void q_unit(QUnit& r, const u8* __restrict__ data, const u16* __restrict__ hdr, u64 row,
-                                       u32 u, u32 bpr) {
-    typedef QTraits<QT> T;
-    const u32 upb = T::VALUES / 32;
-    const u64 blk = row * bpr + u / upb;
-    const u32 j = u % upb;
-    const u8* p = data + blk * T::DATA;
+// Loads of a block's bytes: streaming loads from global memory (G), plain loads otherwise (a
+// block staged in shared memory).
+template <bool G>
+__device__ __forceinline__ uint4 ld_q4(const u8* p) { return G ? __ldcs((const uint4*)p) : *(const uint4*)p; }
+template <bool G>
+__device__ __forceinline__ u32 ld_q1(const u32* p) { return G ? __ldcs(p) : *p; }
+
+// Unit j of the block whose data bytes start at p and whose header halves start at h (d, then m
+// for the `_1` types; unused by Q4_K / Q5_K).
+template <int QT, bool G>
+__device__ __forceinline__ void q_unit_at(QUnit& r, const u8* __restrict__ p, const u16* __restrict__ h, u32 j) {
     if (QT == QT_Q8_0) {
-        const uint4 a = ld_stream(p), c = ld_stream(p + 16);
+        const uint4 a = ld_q4<G>(p), c = ld_q4<G>(p + 16);
         const u32 v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
 #pragma unroll
         for (int k = 0; k < 8; k++) r.w[k] = (int)v[k];
-        r.a0 = r.a1 = f16_to_f32(hdr[blk]);
+        r.a0 = r.a1 = f16_to_f32(h[0]);
         r.b = 0.0f;
     } else if (QT == QT_Q4_0 || QT == QT_Q4_1) {
-        const uint4 a = ld_stream(p);
+        const uint4 a = ld_q4<G>(p);
         const u32 v[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -103,21 +108,21 @@ __device__ __forceinline__ void q_unit(QUnit& r, const u8* __restrict__ data, co
             r.w[k] = (int)(QT == QT_Q4_0 ? sub_offset4<8>(lo) : lo);
             r.w[k + 4] = (int)(QT == QT_Q4_0 ? sub_offset4<8>(hi) : hi);
         }
-        r.a0 = r.a1 = f16_to_f32(hdr[T::HDR * blk]);
-        r.b = QT == QT_Q4_1 ? f16_to_f32(hdr[2 * blk + 1]) : 0.0f;
+        r.a0 = r.a1 = f16_to_f32(h[0]);
+        r.b = QT == QT_Q4_1 ? f16_to_f32(h[1]) : 0.0f;
     } else if (QT == QT_Q5_0 || QT == QT_Q5_1) {
         const u32* q = (const u32*)p;
-        const u32 qh = __ldcs(q);
+        const u32 qh = ld_q1<G>(q);
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const u32 qs = __ldcs(q + 1 + k);
+            const u32 qs = ld_q1<G>(q + 1 + k);
             const u32 lo = (qs & 0x0f0f0f0fu) | (spread4((qh >> (4 * k)) & 0xf) << 4);
             const u32 hi = ((qs >> 4) & 0x0f0f0f0fu) | (spread4((qh >> (16 + 4 * k)) & 0xf) << 4);
             r.w[k] = (int)(QT == QT_Q5_0 ? sub_offset4<16>(lo) : lo);
             r.w[k + 4] = (int)(QT == QT_Q5_0 ? sub_offset4<16>(hi) : hi);
         }
-        r.a0 = r.a1 = f16_to_f32(hdr[T::HDR * blk]);
-        r.b = QT == QT_Q5_1 ? f16_to_f32(hdr[2 * blk + 1]) : 0.0f;
+        r.a0 = r.a1 = f16_to_f32(h[0]);
+        r.b = QT == QT_Q5_1 ? f16_to_f32(h[1]) : 0.0f;
     } else if (QT == QT_Q4_K || QT == QT_Q5_K) {
         const u32* h = (const u32*)p;
         const u32 dd = h[0];
@@ -125,13 +130,13 @@ __device__ __forceinline__ void q_unit(QUnit& r, const u8* __restrict__ data, co
         scale_min_k4(j, h[1], h[2], h[3], sc, m);
         const float d = f16_to_f32((u16)(dd & 0xffff)), dmin = f16_to_f32((u16)(dd >> 16));
         const u32 qs_off = (QT == QT_Q4_K ? 16 : 48) + 32 * (j / 2), shift = 4 * (j & 1);
-        const uint4 a = ld_stream(p + qs_off), c = ld_stream(p + qs_off + 16);
+        const uint4 a = ld_q4<G>(p + qs_off), c = ld_q4<G>(p + qs_off + 16);
         const u32 v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
         if (QT == QT_Q4_K) {
 #pragma unroll
             for (int k = 0; k < 8; k++) r.w[k] = (int)((v[k] >> shift) & 0x0f0f0f0fu);
         } else {
-            const uint4 ha = ld_stream(p + 16), hc = ld_stream(p + 32);
+            const uint4 ha = ld_q4<G>(p + 16), hc = ld_q4<G>(p + 32);
             const u32 hv[8] = {ha.x, ha.y, ha.z, ha.w, hc.x, hc.y, hc.z, hc.w};
 #pragma unroll
             for (int k = 0; k < 8; k++) r.w[k] = (int)(((v[k] >> shift) & 0x0f0f0f0fu) | (((hv[k] >> j) & 0x01010101u) << 4));
@@ -140,8 +145,8 @@ __device__ __forceinline__ void q_unit(QUnit& r, const u8* __restrict__ data, co
         r.b = -__fmul_rn(dmin, (float)m);
     } else {  // QT_Q6_K
         const u32 n = j / 4, k4 = j % 4;
-        const uint4 la = ld_stream(p + 64 * n + 32 * (k4 & 1)), lc = ld_stream(p + 64 * n + 32 * (k4 & 1) + 16);
-        const uint4 ha = ld_stream(p + 128 + 32 * n), hc = ld_stream(p + 128 + 32 * n + 16);
+        const uint4 la = ld_q4<G>(p + 64 * n + 32 * (k4 & 1)), lc = ld_q4<G>(p + 64 * n + 32 * (k4 & 1) + 16);
+        const uint4 ha = ld_q4<G>(p + 128 + 32 * n), hc = ld_q4<G>(p + 128 + 32 * n + 16);
         const u32 lv[8] = {la.x, la.y, la.z, la.w, lc.x, lc.y, lc.z, lc.w};
         const u32 hv[8] = {ha.x, ha.y, ha.z, ha.w, hc.x, hc.y, hc.z, hc.w};
         const u32 ls = 4 * (k4 >> 1), hs = 2 * k4;
@@ -149,16 +154,39 @@ __device__ __forceinline__ void q_unit(QUnit& r, const u8* __restrict__ data, co
         for (int k = 0; k < 8; k++)
             r.w[k] = (int)sub_offset4<32>(((lv[k] >> ls) & 0x0f0f0f0fu) | (((hv[k] >> hs) & 0x03030303u) << 4));
         const u32 s = *(const u16*)(p + 192 + 8 * n + 2 * k4);
-        const float d = f16_to_f32(hdr[blk]);
+        const float d = f16_to_f32(h[0]);
         r.a0 = __fmul_rn(d, (float)(signed char)(s & 0xff));
         r.a1 = __fmul_rn(d, (float)(signed char)(s >> 8));
         r.b = 0.0f;
     }
 }
 
+// Unit u of row `row` (bpr blocks per row) in global memory.
+template <int QT>
+__device__ __forceinline__ void q_unit(QUnit& r, const u8* __restrict__ data, const u16* __restrict__ hdr, u64 row,
+                                       u32 u, u32 bpr) {
+    typedef QTraits<QT> T;
+    const u32 upb = T::VALUES / 32;
+    const u64 blk = row * bpr + u / upb;
+    q_unit_at<QT, true>(r, data + blk * T::DATA, hdr + T::HDR * blk, u % upb);
+}
+
 // Code i (0..31) of a unit as an int.
 __device__ __forceinline__ int unit_code(const QUnit& r, int i) {
     return (int)(signed char)((u32)r.w[i >> 2] >> (8 * (i & 3)));
+}
+
+// Values i0 and i0 + 1 (i0 even) of a unit as two bf16 in one word, value i0 in the low half:
+// a · code + b in f32, each rounded to nearest. The codes become floats through the 2^23 magic
+// number (a PRMT and an FADD each: full-rate, where an I2F is quarter-rate).
+__device__ __forceinline__ u32 unit_bf16x2(const QUnit& q, int i0) {
+    const float a = i0 < 16 ? q.a0 : q.a1;
+    const u32 w = (u32)q.w[i0 >> 2] ^ 0x80808080u;  // code + 128 per byte
+    const float c0 = byte_as_float(w, i0 & 3, 8388736.0f), c1 = byte_as_float(w, (i0 & 3) + 1, 8388736.0f);
+    const float v0 = __fadd_rn(__fmul_rn(a, c0), q.b), v1 = __fadd_rn(__fmul_rn(a, c1), q.b);
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v1), "f"(v0));
+    return r;
 }
 
 __device__ __forceinline__ float q_silu_mul(float g, float u) {
@@ -612,13 +640,7 @@ __device__ void qdequant_bf16(u16* __restrict__ out, const u8* __restrict__ data
             for (int k = 0; k < 4; k++) {
                 u32 w[4];
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int i0 = 8 * k + 2 * e;
-                    const float a = i0 < 16 ? q.a0 : q.a1;
-                    const float v0 = __fadd_rn(__fmul_rn(a, (float)unit_code(q, i0)), q.b);
-                    const float v1 = __fadd_rn(__fmul_rn(a, (float)unit_code(q, i0 + 1)), q.b);
-                    w[e] = (u32)f32_to_bf16(v0) | ((u32)f32_to_bf16(v1) << 16);
-                }
+                for (int e = 0; e < 4; e++) w[e] = unit_bf16x2(q, 8 * k + 2 * e);
                 // Rotated by the lane so the 16-byte stores of a warp spread over the banks.
                 ws[lane * 4 + ((k + lane) & 3)] = make_uint4(w[0], w[1], w[2], w[3]);
             }

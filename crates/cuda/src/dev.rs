@@ -34,6 +34,7 @@ pub fn tuning_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Cud
         qgemv_prefetch: v.count("PAGEKV_DEV_CUDA_QGEMV_PREFETCH", d.qgemv_prefetch, |n| n <= 8, "0..=8")?,
         qgemv_preload: v.switch("PAGEKV_DEV_CUDA_QGEMV_PRELOAD", d.qgemv_preload)?,
         qgemv_pair: v.switch("PAGEKV_DEV_CUDA_QGEMV_PAIR", d.qgemv_pair)?,
+        qmma_max_rows: v.count("PAGEKV_DEV_CUDA_QMMA_MAX_ROWS", d.qmma_max_rows, |_| true, "a token count")?,
         tc_direct_max: v.count("PAGEKV_DEV_CUDA_TC_DIRECT_MAX", d.tc_direct_max, |_| true, "a token count")?,
         prefill_min_tokens: if v.switch("PAGEKV_DEV_CUDA_PREFILL", true)? {
             v.count("PAGEKV_DEV_CUDA_PREFILL_MIN", d.prefill_min_tokens, |n| n >= 1, "a token count ≥ 1")?

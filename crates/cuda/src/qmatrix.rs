@@ -1,9 +1,10 @@
 //! Weights that stay in their GGUF block format on the device ([`QuantMatrix`]) and the kernels
 //! that multiply with them ([`QuantOps`], `kernels/qmatrix.cu`): a fused matrix-vector product
 //! for decode steps (the input quantized to int8 per 32 values in the kernel's prologue, dp4a
-//! dot products against the weights' codes), and the dequantization of row ranges into bf16
-//! tiles that cuBLAS multiplies for larger batches, or of single rows into f32 (embedding
-//! lookups).
+//! dot products against the weights' codes), a tensor-core product for more token rows that
+//! dequantizes each tile of the weight in shared memory (`kernels/qmma.cu`), and the
+//! dequantization of row ranges into bf16 tiles (cuBLAS's operand where the tensor-core
+//! product does not serve) or of single rows into f32 (embedding lookups).
 //!
 //! The device layout regroups each block's bytes so every load is aligned: the f16 fields that
 //! would break 4-byte alignment (`d`, and `m` of the `_1` types) move to a separate array, in
@@ -109,6 +110,58 @@ pub const QGEMV_MAX_N: usize = 8;
 /// `kernels/qmatrix.cu`); more rows take a launch per part.
 pub const QGEMV_PAIR_MAX_N: usize = 1;
 
+/// Weight rows, token rows and threads of one tensor-core product CTA (`QM_BM`, `QM_BN`,
+/// `QM_THREADS` in `kernels/qmma.cu`).
+const QM_BM: usize = 128;
+const QM_BN: usize = 64;
+const QM_THREADS: usize = 256;
+
+/// Most splits of a tensor-core product's reduction, and the f32 workspace their partial sums
+/// share (`[splits, n, rows]`, 16 MiB): products too large for it take fewer splits.
+const QMMA_MAX_SPLITS: usize = 16;
+const QMMA_WS_FLOATS: usize = 4 << 20;
+
+/// Values of one stage of the tensor-core product (`QmmaShape::BK`): a K-quant super-block, or
+/// four blocks of 32.
+fn qmma_bk(qt: QuantType) -> usize {
+    if qt.block_values() == 256 {
+        256
+    } else {
+        128
+    }
+}
+
+/// Dynamic shared memory of a tensor-core product CTA (`QmmaShape::SMEM`): two stages of raw
+/// blocks, their header halves and the x tile, and the bf16 weight tile.
+fn qmma_smem(qt: QuantType) -> usize {
+    let bk = qmma_bk(qt);
+    let sb = bk / qt.block_values();
+    let raw = sb * qt.data_bytes();
+    let raws = if (raw / 16) % 2 == 1 { raw } else { raw + 16 };
+    let hb = if qt == QuantType::Q6_K { 4 } else { sb * qt.hdr_halves() * 2 };
+    let row = 2 * bk + 16;
+    let stage = QM_BM * raws + QM_BM * hb + QM_BN * row;
+    2 * stage + QM_BM * row
+}
+
+/// The reduction split of a tensor-core product over `stages` stages for `tiles` CTAs a split,
+/// `slots` CTAs resident at once and at most `max_splits` splits: `(stages a split, splits)`
+/// minimizing waves × (stages a split + one, as a CTA's first copy is not overlapped), plus one
+/// stage's worth for the reduce launch when split; the fewest splits on ties.
+fn qmma_split(tiles: usize, stages: usize, slots: usize, max_splits: usize) -> (usize, usize) {
+    let slots = slots.max(1);
+    let mut best = (usize::MAX, stages, 1);
+    for s in 1..=max_splits.clamp(1, stages.max(1)) {
+        let per = stages.div_ceil(s);
+        let splits = stages.div_ceil(per);
+        let cost = (tiles * splits).div_ceil(slots) * (per + 1) + usize::from(splits > 1);
+        if cost < best.0 {
+            best = (cost, per, splits);
+        }
+    }
+    (best.1, best.2)
+}
+
 /// Warps per block of the decode product (`QG_WARPS` in `kernels/qmatrix.cu`).
 const QG_WARPS: usize = 32;
 
@@ -151,6 +204,9 @@ struct Kernels {
     /// The K-quants' one-row product taking two items a warp at a time
     /// (`CudaTuning::qgemv_items`).
     gemv_i2: Option<CudaFunction>,
+    /// The tensor-core product (`pk_qmma_T`) and how many of its CTAs an SM holds.
+    mma: CudaFunction,
+    mma_per_sm: usize,
     dequant: CudaFunction,
     rows: CudaFunction,
     fill: CudaFunction,
@@ -164,6 +220,9 @@ pub struct QuantOps {
     /// The paired K-quant products ([`QuantOps::gemv_pair`]): `(a, b, [n - 1])` for every
     /// ordered pair of different K-quant types, 1..=QGEMV_PAIR_MAX_N token rows.
     pairs: Vec<(QuantType, QuantType, Vec<CudaFunction>)>,
+    /// `pk_qmma_reduce` and the split partial sums' workspace (`QMMA_WS_FLOATS`).
+    mma_reduce: CudaFunction,
+    mma_ws: CudaSlice<f32>,
     smem_limit: usize,
 }
 
@@ -190,9 +249,21 @@ impl QuantOps {
             } else {
                 None
             };
+            let mma = module.function(&format!("pk_qmma_{s}"))?;
+            let mma_smem = qmma_smem(qt);
+            let mma_per_sm = if mma_smem <= smem_limit {
+                set_max_dynamic_smem(&mma, mma_smem)?;
+                mma.occupancy_max_active_blocks_per_multiprocessor(QM_THREADS as u32, mma_smem, None)
+                    .map_err(|e| CudaError::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?
+                    as usize
+            } else {
+                0
+            };
             kernels.push(Kernels {
                 gemv,
                 gemv_i2,
+                mma,
+                mma_per_sm,
                 dequant: module.function(&format!("pk_qdequant_{s}"))?,
                 rows: module.function(&format!("pk_qrows_{s}"))?,
                 fill: module.function(&format!("pk_qfill_{s}"))?,
@@ -212,7 +283,10 @@ impl QuantOps {
                 pairs.push((a, b, fs));
             }
         }
-        Ok(QuantOps { device, kernels, pairs, smem_limit })
+        let mma_reduce = module.function("pk_qmma_reduce")?;
+        let mma_ws =
+            device.stream().alloc_zeros::<f32>(QMMA_WS_FLOATS).map_err(|e| CudaError::driver("cuMemAlloc", e))?;
+        Ok(QuantOps { device, kernels, pairs, mma_reduce, mma_ws, smem_limit })
     }
 
     fn k(&self, qt: QuantType) -> &Kernels {
@@ -434,6 +508,98 @@ impl QuantOps {
             .map_err(launch_err("cuLaunchKernelEx(pk_qgemv)"))
     }
 
+    /// Whether [`Self::mma`] serves `n` token rows against `w`: `1 ≤ n ≤
+    /// CudaTuning::qmma_max_rows`, rows of whole stages (`qmma_bk` values), and an SM holds a
+    /// CTA of it.
+    pub fn mma_serves(&self, w: &QuantMatrix, n: usize) -> bool {
+        n >= 1
+            && n <= self.device.tuning().qmma_max_rows
+            && w.cols.is_multiple_of(qmma_bk(w.qt))
+            && self.k(w.qt).mma_per_sm > 0
+    }
+
+    /// `(row tiles, token tiles, stages a split, splits)` of the tensor-core product.
+    fn mma_grid(&self, w: &QuantMatrix, n: usize) -> (usize, usize, usize, usize) {
+        let (tm, tn) = (w.rows.div_ceil(QM_BM), n.div_ceil(QM_BN));
+        let slots = self.device.sm_count().max(1) * self.k(w.qt).mma_per_sm;
+        let max_splits = QMMA_MAX_SPLITS.min(QMMA_WS_FLOATS / (n * w.rows).max(1));
+        let (per, splits) = qmma_split(tm * tn, w.cols / qmma_bk(w.qt), slots, max_splits);
+        (tm, tn, per, splits)
+    }
+
+    /// The product of many token rows on the tensor cores: columns `col..col + w.rows` of rows
+    /// `0..n` of `out [·, ldo]` (+)= `x [n, w.cols] · wᵀ`, `x` bf16, each weight tile dequantized
+    /// to bf16 in shared memory (the values of [`Self::dequantize`]), f32 accumulation. The sums
+    /// do not depend on timing: a reduction split into parts adds them in a fixed order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mma(
+        &self,
+        out: &CudaSlice<f32>,
+        col: usize,
+        ldo: usize,
+        x: &DeviceMatrix,
+        w: &QuantMatrix,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        let bad = !self.mma_serves(w, n)
+            || x.dtype() != DType::Bf16
+            || x.cols() != w.cols
+            || x.rows() < n
+            || col + w.rows > ldo
+            || out.len() < (n - 1) * ldo + col + w.rows
+            || ldo > u32::MAX as usize;
+        if bad {
+            return Err(CudaError::Invalid(format!(
+                "tensor-core quantized product of [{}, {}] {} rows against [{}, {}] {:?} into columns {col}.. of [{n}, {ldo}]",
+                x.rows(),
+                x.cols(),
+                x.dtype().name(),
+                w.rows,
+                w.cols,
+                w.qt
+            )));
+        }
+        let (tm, tn, per, splits) = self.mma_grid(w, n);
+        let y = self.p(out) + 4 * col as u64;
+        let (xp, dp, hp, ws) = (x.device_ptr(&self.device), self.p(&w.data), self.p(&w.hdr), self.p(&self.mma_ws));
+        let (ld, ldx, r32, c32, n32) = (ldo as u32, w.cols as u32, w.rows as u32, w.cols as u32, n as u32);
+        let (acc, per32, s32) = (accumulate as u32, per as u32, splits as u32);
+        let cfg = LaunchConfig {
+            grid_dim: (tm as u32, tn as u32, splits as u32),
+            block_dim: (QM_THREADS as u32, 1, 1),
+            shared_mem_bytes: qmma_smem(w.qt) as u32,
+        };
+        let mut b = self.device.stream().launch_builder(&self.k(w.qt).mma);
+        b.arg(&y)
+            .arg(&ld)
+            .arg(&dp)
+            .arg(&hp)
+            .arg(&xp)
+            .arg(&ldx)
+            .arg(&r32)
+            .arg(&c32)
+            .arg(&n32)
+            .arg(&acc)
+            .arg(&ws)
+            .arg(&per32);
+        // SAFETY: pk_qmma_T(float*, u32, const u8*, const u16*, const u16*, u32, u32, u32, u32,
+        // u32, float*, u32); sizes checked above, the workspace holds splits · n · rows floats
+        // (mma_grid), and out does not overlap x (f32 and bf16 buffers).
+        unsafe { b.launch(cfg) }.map_err(launch_err("cuLaunchKernel(pk_qmma)"))?;
+        if splits > 1 {
+            let total = n * w.rows;
+            let blocks = total.div_ceil(256).clamp(1, 8 * self.device.sm_count().max(1));
+            let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let mut b = self.device.stream().launch_builder(&self.mma_reduce);
+            b.arg(&y).arg(&ld).arg(&ws).arg(&r32).arg(&n32).arg(&s32).arg(&acc);
+            // SAFETY: pk_qmma_reduce(float*, u32, const float*, u32, u32, u32, u32) over the
+            // splits · n · rows partial sums the launch above wrote.
+            unsafe { b.launch(cfg) }.map_err(launch_err("cuLaunchKernel(pk_qmma_reduce)"))?;
+        }
+        Ok(())
+    }
+
     /// Rows `first..first + count` of `w` into the first `count` rows of `out` (bf16,
     /// `[≥ count, w.cols]`).
     pub fn dequantize(&self, out: &DeviceMatrix, w: &QuantMatrix, first: usize, count: usize) -> Result<(), CudaError> {
@@ -500,7 +666,39 @@ impl QuantOps {
 
 #[cfg(test)]
 mod tests {
-    use super::k_lanes_per_row;
+    use super::{k_lanes_per_row, qmma_smem, qmma_split};
+    use crate::qformat::QuantType;
+
+    #[test]
+    fn tensor_core_splits_fill_the_sms_without_idle_splits() {
+        // (CTAs a split, stages, slots, most splits) → (stages a split, splits); 132 SMs.
+        // 8B gate|up at 64 tokens: 224 tiles of 16 stages — two waves of whole rows (34 stage
+        // times) beat 4 splits of 4 stages in 7 waves (35, plus the reduce).
+        assert_eq!(qmma_split(224, 16, 132, 16), (16, 1));
+        // wo: 32 tiles of 16 stages — 4 splits fill 128 SMs.
+        assert_eq!(qmma_split(32, 16, 132, 16), (4, 4));
+        // One stage, or a tile count that fills the SMs already: no split.
+        assert_eq!(qmma_split(8, 1, 132, 16), (1, 1));
+        assert_eq!(qmma_split(132, 16, 132, 16), (16, 1));
+        // The workspace caps the splits.
+        assert_eq!(qmma_split(8, 56, 132, 2).1, 2);
+        for tiles in [1, 7, 40, 131, 500] {
+            for stages in [1, 3, 16, 56, 112] {
+                let (per, splits) = qmma_split(tiles, stages, 132, 16);
+                // Every split has work, and together they cover every stage once.
+                assert!(per * (splits - 1) < stages && per * splits >= stages, "{tiles} {stages}");
+            }
+        }
+    }
+
+    #[test]
+    fn tensor_core_tiles_fit_an_h100s_shared_memory() {
+        // 227 KiB opt-in on sm_90; the largest stage is Q6_K's (208 data bytes a row).
+        for qt in QuantType::ALL {
+            assert!(qmma_smem(qt) <= 227 * 1024 - 1024, "{qt:?}: {}", qmma_smem(qt));
+        }
+        assert_eq!(qmma_smem(QuantType::Q6_K), 2 * (128 * 208 + 128 * 4 + 64 * 528) + 128 * 528);
+    }
 
     #[test]
     fn lanes_per_row_leave_no_lane_idle_where_a_divisor_allows() {

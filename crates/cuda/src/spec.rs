@@ -20,6 +20,7 @@ const BENCH: &str = include_str!("../kernels/bench.cu");
 const MODEL: &str = include_str!("../kernels/model.cu");
 const TOPK: &str = include_str!("../kernels/topk.cu");
 const QMATRIX: &str = include_str!("../kernels/qmatrix.cu");
+const QMMA: &str = include_str!("../kernels/qmma.cu");
 
 /// Which kernels a module holds and how they are specialized.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -63,7 +64,7 @@ impl ModuleSpec {
             ModuleSpec::Bench => [COMMON, BENCH].join("\n"),
             ModuleSpec::Model => [COMMON, MODEL].join("\n"),
             ModuleSpec::TopK => [COMMON, TOPK].join("\n"),
-            ModuleSpec::Quant => [COMMON, QMATRIX].join("\n"),
+            ModuleSpec::Quant => [COMMON, QMATRIX, QMMA].join("\n"),
         }
     }
 

@@ -36,6 +36,10 @@ pub struct CudaTuning {
     /// multiplied by one launch (`QuantOps::gemv_pair`), its blocks split between the parts in
     /// proportion to their bytes, instead of a launch per part.
     pub qgemv_pair: bool,
+    /// Most token rows a product with a quantized weight runs on the tensor cores with the
+    /// weight dequantized tile by tile in shared memory (`QuantOps::mma`); larger products
+    /// dequantize row ranges into a bf16 tile for cuBLAS. 0: never (docs/performance.md).
+    pub qmma_max_rows: usize,
     /// Longest context the tensor-core decode kernel's automatic route
     /// (`DecodeAttention::auto_route`) serves as one partition, finished in place: a short
     /// context's partitions save less time than the merge launch they need costs. 256 by default
@@ -85,6 +89,7 @@ impl Default for CudaTuning {
             qgemv_prefetch: 2,
             qgemv_preload: true,
             qgemv_pair: true,
+            qmma_max_rows: 256,
             tc_direct_max: 256,
             prefill_min_tokens: 96,
             attention_pdl: true,

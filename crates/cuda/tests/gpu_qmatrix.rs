@@ -11,7 +11,10 @@
 //! - a tile times bf16 inputs through cuBLAS into a column range (`ModelOps::matmul_cols`), the
 //!   large-batch path, within bf16 rounding;
 //! - a weight of two K-quant parts multiplied by one paired launch equals a launch per part, bit
-//!   for bit.
+//!   for bit;
+//! - the tensor-core product (`QuantOps::mma`: every type, one and many stages, split and whole
+//!   reductions, partial row and token tiles, overwrite and accumulate into a column range)
+//!   equals bf16 inputs times the reference rounded to bf16, within f32 accumulation.
 //!
 //! Without a CUDA device (or without the `cuda` feature) every test prints
 //! `SKIPPED <test>: <reason>` on stderr and passes.
@@ -410,5 +413,68 @@ mod gpu {
             }
         }
         assert!(worst < 1e-3, "tile product relative error {worst}");
+    }
+
+    #[test]
+    fn tensor_core_products_equal_bf16_products_of_the_reference() {
+        let Some(o) = ops("tensor_core_products_equal_bf16_products_of_the_reference") else { return };
+        let dev = o.device();
+        let q = o.quant();
+        let mut rng = StdRng::seed_from_u64(47);
+        for qt in QuantType::ALL {
+            let stage = if qt.block_values() == 256 { 256 } else { 128 };
+            // (rows, stages, tokens): a partial tile; split reductions; token tiles past the
+            // first; tall matrices whose CTAs fill the SMs unsplit (one and three stages).
+            for (rows, stages, n) in
+                [(37, 1, 1), (300, 5, 17), (130, 16, 64), (200, 2, 130), (17_000, 1, 3), (17_000, 3, 2)]
+            {
+                let cols = stages * stage;
+                assert!(q.mma_serves(&QuantMatrix::zeros(dev, qt, 1, cols).unwrap(), n), "{qt:?} {cols} {n}");
+                let bytes = random_blocks(&mut rng, qt, rows, cols);
+                let wv: Vec<f64> =
+                    reference(qt, &bytes, rows, cols).iter().map(|&v| bf16::from_f32(v).to_f32() as f64).collect();
+                let w = QuantMatrix::upload(dev, qt, rows, cols, &bytes).unwrap();
+                let x = normals(&mut rng, n * cols);
+                let xb: Vec<f64> = x.iter().map(|&v| bf16::from_f32(v).to_f32() as f64).collect();
+                let xm = DeviceMatrix::from_f32(dev, n, cols, DType::Bf16, &x).unwrap();
+                let (col, ldo) = (5, rows + 9);
+                for accumulate in [false, true] {
+                    let init: Vec<f32> = if accumulate { normals(&mut rng, n * ldo) } else { vec![f32::NAN; n * ldo] };
+                    let out = up(dev, &init);
+                    q.mma(&out, col, ldo, &xm, &w, n, accumulate).unwrap();
+                    let got = down(dev, &out);
+                    let mut worst = 0f64;
+                    for t in 0..n {
+                        for c in 0..ldo {
+                            let (g, i) = (got[t * ldo + c], init[t * ldo + c]);
+                            if c < col || c >= col + rows {
+                                assert!(g.to_bits() == i.to_bits(), "{qt:?}: column {c} of token {t} written");
+                                continue;
+                            }
+                            let r = c - col;
+                            let (xr, wr) = (&xb[t * cols..(t + 1) * cols], &wv[r * cols..(r + 1) * cols]);
+                            let before = if accumulate { i as f64 } else { 0.0 };
+                            let want: f64 = xr.iter().zip(wr).map(|(a, b)| a * b).sum::<f64>() + before;
+                            let scale: f64 = xr.iter().zip(wr).map(|(a, b)| (a * b).abs()).sum::<f64>() + before.abs();
+                            assert!(g.is_finite(), "{qt:?}: token {t} row {r} is {g}");
+                            worst = worst.max((g as f64 - want).abs() / scale.max(1e-9));
+                        }
+                    }
+                    assert!(worst < 5e-4, "{qt:?} [{rows}, {cols}] × {n} (accumulate {accumulate}): error {worst}");
+                }
+            }
+        }
+        // Inputs that do not fit are errors.
+        let w = QuantMatrix::zeros(dev, QuantType::Q4_K, 8, 256).unwrap();
+        let out = up(dev, &vec![0f32; 64 * 8]);
+        let f32x = DeviceMatrix::zeros(dev, 4, 256, DType::F32).unwrap();
+        let narrow = DeviceMatrix::zeros(dev, 4, 128, DType::Bf16).unwrap();
+        let x = DeviceMatrix::zeros(dev, 4, 256, DType::Bf16).unwrap();
+        assert!(q.mma(&out, 0, 8, &f32x, &w, 4, false).is_err());
+        assert!(q.mma(&out, 0, 8, &narrow, &w, 4, false).is_err());
+        assert!(q.mma(&out, 0, 8, &x, &w, 5, false).is_err());
+        assert!(q.mma(&out, 1, 8, &x, &w, 4, false).is_err());
+        assert!(q.mma(&out, 0, 8, &x, &w, 0, false).is_err());
+        assert!(!q.mma_serves(&QuantMatrix::zeros(dev, QuantType::Q8_0, 8, 96).unwrap(), 4));
     }
 }

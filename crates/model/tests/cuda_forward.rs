@@ -378,8 +378,11 @@ mod gpu {
         let prompt: Vec<u32> = (0..23).map(|_| rng.gen_range(0..512)).collect();
         let cache = cache_config(&cpu, KvFormat::F16);
         // Chunks of 7 (decode-sized products: the int8 matrix-vector kernel) and one chunk of 23
-        // (dequantized bf16 tiles through cuBLAS).
-        for chunk in [7, 23] {
+        // (the tensor-core product, each weight tile dequantized in shared memory; and, with it
+        // off, dequantized bf16 tiles through cuBLAS).
+        let tuning = pagekv_cuda::dev::tuning_from_env().unwrap();
+        let tiles = CudaDevice::new(0, pagekv_cuda::CudaTuning { qmma_max_rows: 0, ..tuning }).unwrap();
+        for (chunk, dev) in [(7, dev.clone()), (23, dev), (23, tiles)] {
             let (want, _) = script_chunked(&mut cpu, cache.clone(), &prompt, 12, chunk);
             let mut gpu = CudaModel::from_model(&cpu, dev.clone(), GpuWeights::Gguf).unwrap();
             assert_eq!(gpu.weights_name(), "gguf");
@@ -388,7 +391,8 @@ mod gpu {
             let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
             let err = got.iter().zip(&want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
             out(&format!(
-                "tiny quantized llama, chunks of {chunk}: max |logit diff| {err:.2e} (max |logit| {scale:.2})"
+                "tiny quantized llama, chunks of {chunk} (tensor-core product up to {} rows): max |logit diff| {err:.2e} (max |logit| {scale:.2})",
+                dev.tuning().qmma_max_rows
             ));
             // The CPU quantizes activations per 32 (Q8_0/Q8_1) or 256 (Q8_K) values, the GPU per
             // 32 (or rounds them to bf16 for tiles): both within a few tenths of a percent.

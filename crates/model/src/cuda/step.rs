@@ -185,8 +185,10 @@ impl Products<'_> {
     /// `out [n, w.rows] (+)= prologue(x) · wᵀ` (rows `rows [n]` of `x` when given). Decode-sized
     /// products run the fused matrix-vector kernels (prologue inside; a weight of two K-quant
     /// parts in one launch where the paired kernel serves it); others compute the
-    /// prologue into `staged` (the product type) and multiply with cuBLAS — quantized weights
-    /// dequantized into a bf16 tile a range of rows at a time.
+    /// prologue into `staged` (the product type) and multiply on the tensor cores: quantized
+    /// weights of up to `CudaTuning::qmma_max_rows` token rows by `QuantOps::mma` (each weight
+    /// tile dequantized in shared memory), larger ones dequantized into a bf16 tile a range of
+    /// rows at a time for cuBLAS, dense ones by cuBLAS.
     #[allow(clippy::too_many_arguments)]
     fn product(
         &self,
@@ -241,6 +243,14 @@ impl Products<'_> {
                     return Ok(());
                 }
                 stage(ops, staged, x, prologue, rows, n)?;
+                if parts.iter().all(|p| q.mma_serves(p, n)) {
+                    let mut col = 0;
+                    for p in parts {
+                        q.mma(out, col, ldo, staged, p, n, accumulate).map_err(dev)?;
+                        col += p.rows();
+                    }
+                    return Ok(());
+                }
                 let tile = self.w.tile(w.cols()).ok_or_else(|| ModelError::Device("no dequantization tile".into()))?;
                 let mut col = 0;
                 for p in parts {
