@@ -84,7 +84,7 @@ __device__ __forceinline__ uint4 ld_stream(const u8* p) { return __ldcs((const u
 // Loads of a block's bytes: streaming loads from global memory (G), plain loads otherwise (a
 // block staged in shared memory).
 template <bool G>
-__device__ __forceinline__ uint4 ld_q4(const u8* p) { return G ? __ldcs((const uint4*)p) : *(const uint4*)p; }
+__device__ __forceinline__ uint4 ld_q4(const u8* p) { return G ? ld_stream(p) : *(const uint4*)p; }
 template <bool G>
 __device__ __forceinline__ u32 ld_q1(const u32* p) { return G ? __ldcs(p) : *p; }
 
@@ -187,6 +187,12 @@ __device__ __forceinline__ u32 unit_bf16x2(const QUnit& q, int i0) {
     u32 r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v1), "f"(v0));
     return r;
+}
+
+// Values 8k .. 8k + 7 of a unit as eight bf16 (one 16-byte store).
+__device__ __forceinline__ uint4 unit_bf16x8(const QUnit& q, int k) {
+    return make_uint4(unit_bf16x2(q, 8 * k), unit_bf16x2(q, 8 * k + 2), unit_bf16x2(q, 8 * k + 4),
+                      unit_bf16x2(q, 8 * k + 6));
 }
 
 __device__ __forceinline__ float q_silu_mul(float g, float u) {
@@ -636,14 +642,9 @@ __device__ void qdequant_bf16(u16* __restrict__ out, const u8* __restrict__ data
             const u32 rl = (u32)(t / nb), u = (u32)(t % nb);
             QUnit q;
             q_unit<QT>(q, data, hdr, (u64)first_row + rl, u, bpr);
+            // Rotated by the lane so the 16-byte stores of a warp spread over the banks.
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                u32 w[4];
-#pragma unroll
-                for (int e = 0; e < 4; e++) w[e] = unit_bf16x2(q, 8 * k + 2 * e);
-                // Rotated by the lane so the 16-byte stores of a warp spread over the banks.
-                ws[lane * 4 + ((k + lane) & 3)] = make_uint4(w[0], w[1], w[2], w[3]);
-            }
+            for (int k = 0; k < 4; k++) ws[lane * 4 + ((k + lane) & 3)] = unit_bf16x8(q, k);
         }
         __syncwarp();
         // Unit t0 + c / 4's chunk c % 4 goes to out + (t0 · 32 + c · 8) bf16 values.

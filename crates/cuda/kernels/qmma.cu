@@ -111,12 +111,7 @@ __device__ __forceinline__ void qmma_dequant(u8* wt, const u8* st, u32 r0, u32 r
         q_unit_at<QT, false>(q, st + rl * S::RAWS + ub * T::DATA, h, u % UPB);
         uint4* dst = (uint4*)(wt + rl * S::ROW + 64 * u);
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            u32 w[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) w[e] = unit_bf16x2(q, 8 * k + 2 * e);
-            dst[k] = make_uint4(w[0], w[1], w[2], w[3]);
-        }
+        for (int k = 0; k < 4; k++) dst[k] = unit_bf16x8(q, k);
     }
 }
 

@@ -380,9 +380,11 @@ mod gpu {
         // Chunks of 7 (decode-sized products: the int8 matrix-vector kernel) and one chunk of 23
         // (the tensor-core product, each weight tile dequantized in shared memory; and, with it
         // off, dequantized bf16 tiles through cuBLAS).
+        // Both routes of the chunk of 23 are set here, whatever the environment's switch says.
         let tuning = pagekv_cuda::dev::tuning_from_env().unwrap();
-        let tiles = CudaDevice::new(0, pagekv_cuda::CudaTuning { qmma_max_rows: 0, ..tuning }).unwrap();
-        for (chunk, dev) in [(7, dev.clone()), (23, dev), (23, tiles)] {
+        let with =
+            |rows| CudaDevice::new(0, pagekv_cuda::CudaTuning { qmma_max_rows: rows, ..tuning.clone() }).unwrap();
+        for (chunk, dev) in [(7, dev), (23, with(23)), (23, with(0))] {
             let (want, _) = script_chunked(&mut cpu, cache.clone(), &prompt, 12, chunk);
             let mut gpu = CudaModel::from_model(&cpu, dev.clone(), GpuWeights::Gguf).unwrap();
             assert_eq!(gpu.weights_name(), "gguf");
