@@ -252,8 +252,7 @@ impl DeviceWeights {
                 return Ok(Weight::Dense(m));
             }
             let mut out: Vec<QuantMatrix> = Vec::new();
-            for (i, &(r, qt)) in parts.iter().enumerate() {
-                let qt = q4km_fallback(qt, cols);
+            for (i, &(r, qt)) in q4km_parts(parts, cols).iter().enumerate() {
                 let mut m = QuantMatrix::zeros(device, qt, r, cols).map_err(dev)?;
                 ops.quant().fill_random(&mut m, scale, s.wrapping_add(1000 * i as u32)).map_err(dev)?;
                 out.push(m);
@@ -294,6 +293,21 @@ impl DeviceWeights {
         weights.make_tiles(device)?;
         Ok(weights)
     }
+}
+
+/// The `(rows, type)` matrices of a synthetic Q4_K_M weight stacked from `parts` over rows of
+/// `cols` values: each type after [`q4km_fallback`], consecutive parts of one type as one
+/// matrix (as [`weight`] loads a file's).
+fn q4km_parts(parts: &[(usize, QuantType)], cols: usize) -> Vec<(usize, QuantType)> {
+    let mut out: Vec<(usize, QuantType)> = Vec::new();
+    for &(r, qt) in parts {
+        let qt = q4km_fallback(qt, cols);
+        match out.last_mut() {
+            Some((rows, last)) if *last == qt => *rows += r,
+            _ => out.push((r, qt)),
+        }
+    }
+    out
 }
 
 /// The type llama.cpp's quantizer writes instead of K-quant `qt` for rows of `cols` values that
@@ -409,5 +423,16 @@ mod tests {
         for qt in [QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K] {
             assert!(576 % q4km_fallback(qt, 576).block_values() == 0);
         }
+    }
+
+    #[test]
+    fn synthetic_parts_of_one_type_are_one_matrix() {
+        let (q4, q6) = (QuantType::Q4_K, QuantType::Q6_K);
+        // Llama 3 8B's wq|wk|wv: v in Q6_K (a layer with more bits) or Q4_K like q|k.
+        assert_eq!(q4km_parts(&[(5120, q4), (1024, q6)], 4096), [(5120, q4), (1024, q6)]);
+        assert_eq!(q4km_parts(&[(5120, q4), (1024, q4)], 4096), [(6144, q4)]);
+        // SmolLM2's 576-wide rows: the fallback types, merged after the fallback.
+        assert_eq!(q4km_parts(&[(640, q4), (64, q6)], 576), [(640, QuantType::Q5_0), (64, QuantType::Q8_0)]);
+        assert_eq!(q4km_parts(&[(640, q4), (64, q4), (64, q6)], 576), [(704, QuantType::Q5_0), (64, QuantType::Q8_0)]);
     }
 }
