@@ -228,49 +228,64 @@ extern "C" __global__ void pk_qkv_rope(float* __restrict__ q, float* __restrict_
     }
 }
 
-// ids [rows] ← index of the largest value of each logits row [rows, vocab] f32: the first one
-// on ties, NaN skipped, 0 for a row of NaN (as the engine's host argmax). Grid (rows), block
-// 1024.
-extern "C" __global__ void pk_argmax(u32* __restrict__ ids, const float* __restrict__ logits, u32 vocab) {
+// Argmax of logit rows: the index of the largest value, the first one on ties, NaN skipped, 0
+// for a row of NaN (as the engine's host argmax). Two launches so that a 128K–256K vocabulary is
+// read by many SMs, not one: pk_argmax_part takes the best (value, index) of each slice of `span`
+// values, pk_argmax the best of a row's slices. "Best" is order-free (the larger value, the lower
+// index on equal values, no index losing to any index), so the result is a single pass's.
+#define PK_NO_INDEX 0xffffffffu
+
+__device__ __forceinline__ void argmax_take(float& bv, u32& bi, float ov, u32 oi) {
+    if (oi != PK_NO_INDEX && (bi == PK_NO_INDEX || ov > bv || (ov == bv && oi < bi))) {
+        bv = ov;
+        bi = oi;
+    }
+}
+
+// The best (value, index) of the block's pairs, in thread 0 (any block size up to 1024).
+__device__ __forceinline__ void argmax_block(float& bv, u32& bi) {
     __shared__ float best_v[32];
     __shared__ u32 best_i[32];
-    const float* row = logits + (u64)blockIdx.x * vocab;
-    float bv = PK_NEG_INF;
-    u32 bi = 0xffffffffu;
-#pragma unroll 8
-    for (u32 j = threadIdx.x; j < vocab; j += blockDim.x) {
-        const float x = row[j];
-        if (!isnan(x) && (bi == 0xffffffffu || x > bv)) {
-            bv = x;
-            bi = j;
-        }
-    }
-    // (value, index) max with the lower index on equal values; no index loses to any index.
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (oi != 0xffffffffu && (bi == 0xffffffffu || ov > bv || (ov == bv && oi < bi))) {
-            bv = ov;
-            bi = oi;
-        }
-    }
+    for (int o = 16; o > 0; o >>= 1) argmax_take(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
     const u32 warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     if ((threadIdx.x & 31) == 0) {
         best_v[warp] = bv;
         best_i[warp] = bi;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (u32 w = 1; w < nw; w++) {
-            const float ov = best_v[w];
-            const u32 oi = best_i[w];
-            if (oi != 0xffffffffu && (bi == 0xffffffffu || ov > bv || (ov == bv && oi < bi))) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        ids[blockIdx.x] = bi == 0xffffffffu ? 0 : bi;
+    if (threadIdx.x == 0)
+        for (u32 w = 1; w < nw; w++) argmax_take(bv, bi, best_v[w], best_i[w]);
+}
+
+// part [rows, parts, 2] (value bits, index; PK_NO_INDEX: no value that is not NaN) ← the best
+// pair of values p·span .. (p + 1)·span of each row of logits [rows, vocab]. Grid (parts, rows).
+extern "C" __global__ void pk_argmax_part(u32* __restrict__ part, const float* __restrict__ logits, u32 vocab,
+                                          u32 span) {
+    const float* row = logits + (u64)blockIdx.y * vocab;
+    const u32 lo = blockIdx.x * span, hi = min(vocab, lo + span);
+    float bv = PK_NEG_INF;
+    u32 bi = PK_NO_INDEX;
+#pragma unroll 4
+    for (u32 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+        const float x = row[j];
+        if (!isnan(x)) argmax_take(bv, bi, x, j);
     }
+    argmax_block(bv, bi);
+    if (threadIdx.x == 0) {
+        u32* o = part + ((u64)blockIdx.y * gridDim.x + blockIdx.x) * 2;
+        o[0] = __float_as_uint(bv);
+        o[1] = bi;
+    }
+}
+
+// ids [rows] ← the best of each row's `parts` pairs in part [rows, parts, 2]. Grid (rows).
+extern "C" __global__ void pk_argmax(u32* __restrict__ ids, const u32* __restrict__ part, u32 parts) {
+    const u32* row = part + (u64)blockIdx.x * parts * 2;
+    float bv = PK_NEG_INF;
+    u32 bi = PK_NO_INDEX;
+    for (u32 j = threadIdx.x; j < parts; j += blockDim.x) argmax_take(bv, bi, __uint_as_float(row[2 * j]), row[2 * j + 1]);
+    argmax_block(bv, bi);
+    if (threadIdx.x == 0) ids[blockIdx.x] = bi == PK_NO_INDEX ? 0 : bi;
 }
 
 // Reads n 16-byte words and sums them (weight-read roofline: every matrix once, as a decode

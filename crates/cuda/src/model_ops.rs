@@ -123,6 +123,12 @@ struct Typed {
     fill: CudaFunction,
 }
 
+/// Most slices the argmax splits a logit row into (`pk_argmax_part`'s blocks a row), the fewest
+/// values a slice holds, and the rows one pair of argmax launches serves.
+const ARGMAX_PARTS: usize = 128;
+const ARGMAX_MIN_SPAN: usize = 1024;
+const ARGMAX_ROWS: usize = 64;
+
 /// The model kernels and a cuBLAS handle on one device's stream.
 pub struct ModelOps {
     device: Arc<CudaDevice>,
@@ -138,7 +144,10 @@ pub struct ModelOps {
     /// `[warps index][n - 1]` the split decode products for [`GemvShape::SPLIT_WARPS`].
     gemv_split: Vec<Vec<CudaFunction>>,
     gemv_shape: GemvShape,
+    argmax_part: CudaFunction,
     argmax: CudaFunction,
+    /// `[ARGMAX_ROWS, ARGMAX_PARTS, 2]` the argmax's best (value bits, index) of each slice.
+    argmax_parts: CudaSlice<u32>,
     read_sum: CudaFunction,
     /// `[4]` sink of the read kernel.
     sink: CudaSlice<u32>,
@@ -195,7 +204,12 @@ impl ModelOps {
             qkv_rope: module.function("pk_qkv_rope")?,
             rms_norm_add: module.function("pk_rms_norm_add")?,
             scale: module.function("pk_scale")?,
+            argmax_part: module.function("pk_argmax_part")?,
             argmax: module.function("pk_argmax")?,
+            argmax_parts: device
+                .stream()
+                .alloc_zeros::<u32>(ARGMAX_ROWS * ARGMAX_PARTS * 2)
+                .map_err(|e| CudaError::driver("cuMemAlloc", e))?,
             read_sum: module.function("pk_read_sum")?,
             quant: QuantOps::new(device.clone())?,
             blas,
@@ -663,15 +677,27 @@ impl ModelOps {
         if ids.len() < rows || logits.len() < rows * vocab || vocab == 0 {
             return Err(CudaError::Invalid(format!("argmax of {rows} rows of {vocab}")));
         }
-        if rows == 0 {
-            return Ok(());
+        let span = vocab.div_ceil(ARGMAX_PARTS).max(ARGMAX_MIN_SPAN);
+        let parts = vocab.div_ceil(span);
+        let (v, s, np, pp) = (vocab as u32, span as u32, parts as u32, self.p(&self.argmax_parts));
+        // ARGMAX_ROWS rows at a time: the slices' buffer holds that many.
+        for r0 in (0..rows).step_by(ARGMAX_ROWS) {
+            let n = (rows - r0).min(ARGMAX_ROWS);
+            let (i, l) = (self.p(ids) + 4 * r0 as u64, self.p(logits) + 4 * (r0 * vocab) as u64);
+            let mut b = self.device.stream().launch_builder(&self.argmax_part);
+            b.arg(&pp).arg(&l).arg(&v).arg(&s);
+            let cfg = LaunchConfig { grid_dim: (np, n as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: pk_argmax_part(u32*, const float*, u32, u32) over rows r0.. of logits
+            // (sizes checked above) into [n, parts, 2] of the slices' buffer (n ≤ ARGMAX_ROWS,
+            // parts ≤ ARGMAX_PARTS).
+            unsafe { b.launch(cfg) }.map_err(launch_err("cuLaunchKernel(pk_argmax_part)"))?;
+            let mut b = self.device.stream().launch_builder(&self.argmax);
+            b.arg(&i).arg(&pp).arg(&np);
+            let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: pk_argmax(u32*, const u32*, u32): ids r0..r0 + n, the slices just written.
+            unsafe { b.launch(cfg) }.map_err(launch_err("cuLaunchKernel(pk_argmax)"))?;
         }
-        let (i, l, v) = (self.p(ids), self.p(logits), vocab as u32);
-        let mut b = self.device.stream().launch_builder(&self.argmax);
-        b.arg(&i).arg(&l).arg(&v);
-        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: pk_argmax(u32*, const float*, u32); sizes checked above.
-        unsafe { b.launch(cfg) }.map(|_| ()).map_err(launch_err("cuLaunchKernel(pk_argmax)"))
+        Ok(())
     }
 
     /// Fills `m` with uniform values in `[-scale, scale)` from `seed` (synthetic weights).

@@ -489,37 +489,52 @@ mod gpu {
         assert!(matches!(o.gemv(&mut out, &x, &wf, Prologue::Convert, None, 1, false), Err(CudaError::Invalid(_))));
     }
 
+    /// The argmax (slices of a row on many blocks, then the best slice) takes the first maximum
+    /// and skips NaN: ties in slices far apart, NaN rows, the maximum at the last index; more
+    /// rows than one pair of launches serves, a vocabulary that is not a whole number of slices,
+    /// and one shorter than a slice.
     #[test]
     fn argmax_takes_the_first_maximum_and_skips_nan() {
         let Some(o) = ops("argmax_takes_the_first_maximum_and_skips_nan") else { return };
         let mut rng = StdRng::seed_from_u64(6);
-        let (rows, vocab) = (6, 49152);
-        let mut logits = normal(&mut rng, rows * vocab);
-        // Row 1: a tie between two indices far apart; row 2: NaN everywhere but two values;
-        // row 3: all NaN; row 4: the maximum at the last index; row 5: -inf only.
-        let r = |i: usize, j: usize| i * vocab + j;
-        logits[r(1, 40000)] = 100.0;
-        logits[r(1, 123)] = 100.0;
-        logits[r(2, 0)..r(3, 0)].fill(f32::NAN);
-        logits[r(2, 777)] = -3.0;
-        logits[r(2, 778)] = -2.0;
-        logits[r(3, 0)..r(4, 0)].fill(f32::NAN);
-        logits[r(4, vocab - 1)] = 50.0;
-        logits[r(5, 0)..r(6, 0)].fill(f32::NEG_INFINITY);
-        let host = |row: &[f32]| -> u32 {
-            let mut best: Option<(usize, f32)> = None;
-            for (i, &l) in row.iter().enumerate() {
-                if !l.is_nan() && best.is_none_or(|(_, b)| l > b) {
-                    best = Some((i, l));
-                }
+        for (rows, vocab) in [(6usize, 49152usize), (70, 151_937), (3, 100)] {
+            let mut logits = normal(&mut rng, rows * vocab);
+            let r = |i: usize, j: usize| i * vocab + j;
+            if vocab > 40000 {
+                // Row 1: a tie between two indices far apart; row 2: NaN everywhere but two values;
+                // row 3: all NaN; row 4: the maximum at the last index; row 5: -inf only.
+                logits[r(1, 40000)] = 100.0;
+                logits[r(1, 123)] = 100.0;
+                logits[r(2, 0)..r(3, 0)].fill(f32::NAN);
+                logits[r(2, 777)] = -3.0;
+                logits[r(2, 778)] = -2.0;
+                logits[r(3, 0)..r(4, 0)].fill(f32::NAN);
+                logits[r(4, vocab - 1)] = 50.0;
+                logits[r(5, 0)..r(6, 0)].fill(f32::NEG_INFINITY);
+            } else {
+                logits[r(1, 0)..r(2, 0)].fill(f32::NAN);
+                logits[r(2, 97)] = 9.0;
+                logits[r(2, 99)] = 9.0;
             }
-            best.map_or(0, |(i, _)| i as u32)
-        };
-        let want: Vec<u32> = logits.chunks(vocab).map(host).collect();
-        assert_eq!(want[1..5], [123, 778, 0, vocab as u32 - 1]);
-        let mut ids = up(o, &vec![u32::MAX; rows]);
-        o.argmax(&mut ids, &up(o, &logits), rows, vocab).unwrap();
-        assert_eq!(down(o, &ids), want);
+            let host = |row: &[f32]| -> u32 {
+                let mut best: Option<(usize, f32)> = None;
+                for (i, &l) in row.iter().enumerate() {
+                    if !l.is_nan() && best.is_none_or(|(_, b)| l > b) {
+                        best = Some((i, l));
+                    }
+                }
+                best.map_or(0, |(i, _)| i as u32)
+            };
+            let want: Vec<u32> = logits.chunks(vocab).map(host).collect();
+            if vocab > 40000 {
+                assert_eq!(want[1..5], [123, 778, 0, vocab as u32 - 1]);
+            } else {
+                assert_eq!(want[1..3], [0, 97]);
+            }
+            let mut ids = up(o, &vec![u32::MAX; rows]);
+            o.argmax(&mut ids, &up(o, &logits), rows, vocab).unwrap();
+            assert_eq!(down(o, &ids), want, "{rows} rows of {vocab}");
+        }
     }
 
     #[test]
