@@ -295,19 +295,25 @@ impl DeviceWeights {
     }
 }
 
-/// The `(rows, type)` matrices of a synthetic Q4_K_M weight stacked from `parts` over rows of
-/// `cols` values: each type after [`q4km_fallback`], consecutive parts of one type as one
-/// matrix (as [`weight`] loads a file's).
-fn q4km_parts(parts: &[(usize, QuantType)], cols: usize) -> Vec<(usize, QuantType)> {
-    let mut out: Vec<(usize, QuantType)> = Vec::new();
-    for &(r, qt) in parts {
-        let qt = q4km_fallback(qt, cols);
-        match out.last_mut() {
-            Some((rows, last)) if *last == qt => *rows += r,
-            _ => out.push((r, qt)),
+/// The index ranges of the runs of consecutive equal types in `types`: the parts of a stacked
+/// weight that become one matrix.
+fn runs_of_one_type(types: &[QuantType]) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, t) in types.iter().enumerate() {
+        match runs.last_mut() {
+            Some(r) if types[r.start] == *t => r.end = i + 1,
+            _ => runs.push(i..i + 1),
         }
     }
-    out
+    runs
+}
+
+/// The `(rows, type)` matrices of a synthetic Q4_K_M weight stacked from `parts` over rows of
+/// `cols` values: each type after [`q4km_fallback`], consecutive parts of one type as one
+/// matrix ([`runs_of_one_type`], as [`weight`] loads a file's).
+fn q4km_parts(parts: &[(usize, QuantType)], cols: usize) -> Vec<(usize, QuantType)> {
+    let types: Vec<QuantType> = parts.iter().map(|p| q4km_fallback(p.1, cols)).collect();
+    runs_of_one_type(&types).into_iter().map(|r| (parts[r.clone()].iter().map(|p| p.0).sum(), types[r.start])).collect()
 }
 
 /// The type llama.cpp's quantizer writes instead of K-quant `qt` for rows of `cols` values that
@@ -357,19 +363,14 @@ fn weight(
     match types {
         Some(types) if quant && parts.iter().all(|t| t.cols == cols) && types.iter().all(fits) => {
             let mut out: Vec<QuantMatrix> = Vec::new();
-            let mut i = 0;
-            while i < parts.len() {
-                let mut j = i + 1;
-                while j < parts.len() && types[j] == types[i] {
-                    j += 1;
-                }
-                let rows: usize = parts[i..j].iter().map(|t| t.rows).sum();
-                let mut bytes = Vec::with_capacity(rows * types[i].block_bytes() * cols / types[i].block_values());
-                for t in &parts[i..j] {
+            for run in runs_of_one_type(&types) {
+                let qt = types[run.start];
+                let rows: usize = parts[run.clone()].iter().map(|t| t.rows).sum();
+                let mut bytes = Vec::with_capacity(rows * qt.block_bytes() * cols / qt.block_values());
+                for t in &parts[run] {
                     bytes.extend_from_slice(w.bytes(t));
                 }
-                out.push(QuantMatrix::upload(device, types[i], rows, cols, &bytes).map_err(dev)?);
-                i = j;
+                out.push(QuantMatrix::upload(device, qt, rows, cols, &bytes).map_err(dev)?);
             }
             Ok(Weight::Quant(out))
         }
@@ -434,5 +435,7 @@ mod tests {
         // SmolLM2's 576-wide rows: the fallback types, merged after the fallback.
         assert_eq!(q4km_parts(&[(640, q4), (64, q6)], 576), [(640, QuantType::Q5_0), (64, QuantType::Q8_0)]);
         assert_eq!(q4km_parts(&[(640, q4), (64, q4), (64, q6)], 576), [(704, QuantType::Q5_0), (64, QuantType::Q8_0)]);
+        assert_eq!(runs_of_one_type(&[q4, q4, q6, q4]), [0..2, 2..3, 3..4]);
+        assert!(runs_of_one_type(&[]).is_empty());
     }
 }
