@@ -11,7 +11,8 @@ runs and waits for it in-kernel), so a launch's share of the step is the time fr
 the launch before to its own end. Matrix products are named by their place in a layer: the one
 after attention is wo, then gate|up, then down; those before RoPE are wq|wk|wv; those after the
 last layer are the output. Prints, per launch kind, launches a step, the median share (µs) and
-the µs a step.
+the µs a step; and the median lead, how long before the end of the launch before it began
+(its blocks were resident: positive when it overlapped, as a programmatic launch does).
 """
 import argparse
 import csv
@@ -44,7 +45,7 @@ def roles(step):
         elif role == "gate|up":
             role = "down"
         elif role in ("down", None, "output"):
-            rope_follows = any(n == "pk_qkv_rope" for _, _, n in step[i + 1:])
+            rope_follows = any(n in ("pk_qkv_rope", "pk_qkv_rope_write") for _, _, n in step[i + 1:])
             role = "wq|wk|wv" if rope_follows else "output"
         kinds.append(role + " " + name)
     return kinds
@@ -60,18 +61,20 @@ def main():
     if len(starts) < 2:
         raise SystemExit("fewer than two steps in the trace")
     pairs = list(zip(starts, starts[1:]))[-a.steps:]
-    shares, spans = {}, []
+    shares, leads, spans = {}, {}, []
     for lo, hi in pairs:
         step = ks[lo:hi]
         spans.append((step[-1][1] - step[0][0]) / 1e3)
         for i, kind in enumerate(roles(step)):
             if i > 0:
                 shares.setdefault(kind, []).append((step[i][1] - step[i - 1][1]) / 1e3)
+                leads.setdefault(kind, []).append((step[i - 1][1] - step[i][0]) / 1e3)
     n = len(pairs)
     print(f"{n} steps of {min(spans):.0f}-{max(spans):.0f} us")
-    print(f"{'launch':40} {'a step':>7} {'median us':>10} {'us a step':>10}")
+    print(f"{'launch':40} {'a step':>7} {'median us':>10} {'us a step':>10} {'lead us':>8}")
     for kind, v in sorted(shares.items(), key=lambda kv: -sum(kv[1])):
-        print(f"{kind:40} {len(v) / n:7.1f} {statistics.median(v):10.2f} {sum(v) / n:10.1f}")
+        lead = statistics.median(leads[kind])
+        print(f"{kind:40} {len(v) / n:7.1f} {statistics.median(v):10.2f} {sum(v) / n:10.1f} {lead:8.2f}")
 
 
 if __name__ == "__main__":

@@ -241,3 +241,66 @@ extern "C" __global__ void pk_cache_write(u8* __restrict__ k_codes, u8* __restri
         __syncthreads();
     }
 }
+
+// The attention input of the model step straight into the cache (rope.cuh's qkv_head): token t's
+// query heads of kv head h to q [num_tokens, nh, PK_D] f32, its key and value heads encoded into
+// their slot as pk_cache_write encodes them — the bits of pk_qkv_rope then pk_cache_write, in one
+// launch instead of two (no f32 keys and values in between).
+// Grid (num_tokens, nkv, 1 + ceil(group / warps)), block round_up(PK_D, 32) (`warps` warps,
+// group = nh / nkv): block z = 0 finishes the key (warp 0) and the value (warp 1, or warp 0 after
+// the key) and encodes them (rotated first for rotated formats); block z ≥ 1 finishes query heads
+// (z − 1)·warps + w of the group, one a warp — every head vector on a warp of its own, as in
+// pk_qkv_rope.
+// In the model step a programmatic dependent launch after the QKV product: the slot and the
+// angles (positions, uploaded before the step) are read before pdl_wait, the product after it.
+extern "C" __global__ void pk_qkv_rope_write(float* __restrict__ q, u8* __restrict__ k_codes,
+                                             u8* __restrict__ k_scales, u8* __restrict__ v_codes,
+                                             u8* __restrict__ v_scales, const u32* __restrict__ slots,
+                                             const float* __restrict__ signs, float rot_norm,
+                                             const float* __restrict__ qkv, const float* __restrict__ bias,
+                                             const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                                             const u32* __restrict__ positions, const float* __restrict__ factors,
+                                             u32 nh, u32 nkv, u32 rope_dims, u32 style, float theta_scale,
+                                             float freq_scale, float eps, u32 q_round, float q_scale,
+                                             u32 k_center) {
+    typedef Codec<PK_KC, PK_KBITS, PK_D> KC;
+    typedef Codec<PK_VC, PK_VBITS, PK_D> VC;
+    constexpr u32 WARPS = (PK_D + 31) / 32;
+    __shared__ float heads[WARPS > 1 ? WARPS : 2][PK_D]; // the warps' head vectors (z = 0: key, value)
+    __shared__ float cs[PK_D];                           // the angles' (cos, sin) [rope_dims / 2][2]
+    __shared__ u8 packed[PK_D];
+    const QkvRopeArgs a = {qkv,  bias, q_norm,      k_norm,     positions, factors, nh,      nkv,     PK_D,
+                           rope_dims, style, theta_scale, freq_scale, eps,     q_round, q_scale, k_center};
+    // The decode kernel after this one may be scheduled now; it waits for this grid's writes.
+    pdl_trigger();
+    const u32 t = blockIdx.x, h = blockIdx.y, z = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 group = nh / nkv;
+    rope_angles(cs, a, t, threadIdx.x, blockDim.x);
+    __syncthreads();
+    if (z > 0) {
+        const u32 j = (z - 1) * WARPS + warp; // query head j of the group
+        pdl_wait();
+        if (j >= group) return;
+        const u32 hh = h * group + j;
+        qkv_head(heads[warp], cs, a, t, hh, lane);
+        float* dst = q + ((u64)t * nh + hh) * PK_D;
+        for (u32 i = lane; i < PK_D; i += 32) dst[i] = heads[warp][i];
+        return;
+    }
+    const u64 sh = (u64)slots[t] * nkv + h; // (slot, head) index in the planes
+    pdl_wait();
+    for (u32 side = warp; side < 2; side += WARPS) qkv_head(heads[side], cs, a, t, nh + side * nkv + h, lane);
+    __syncthreads();
+    for (int side = 0; side < 2; side++) {
+        float* x = heads[side];
+        if (signs != nullptr) rotate_smem(x, 1, signs, rot_norm, false);
+        if (side == 0) {
+            encode_head<PK_KC, PK_KBITS>(x, packed, k_codes + sh * KC::CODE_BYTES,
+                                         (u16*)k_scales + sh * KC::NS, pk_k_bounds, pk_k_levels);
+        } else {
+            encode_head<PK_VC, PK_VBITS>(x, packed, v_codes + sh * VC::CODE_BYTES,
+                                         (u16*)v_scales + sh * VC::NS, pk_v_bounds, pk_v_levels);
+        }
+        __syncthreads();
+    }
+}

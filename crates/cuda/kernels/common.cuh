@@ -43,6 +43,7 @@ __device__ __forceinline__ u16 f32_to_bf16(float f) {
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
 // Byte i of w (0..255) as a float, via the 2^23 magic number: one PRMT and one FADD.
 __device__ __forceinline__ float byte_as_float(u32 w, int i, float bias) {
     return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440 + i)) - bias;

@@ -11,8 +11,6 @@
 // the two can be compared closely: RMSNorm sums squares in f64, RoPE builds its angles by
 // repeated f32 multiplication and rotates with the first product fused.
 
-__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
-
 template <typename T>
 __device__ __forceinline__ T from_f32(float v);
 template <>
@@ -158,74 +156,29 @@ extern "C" __global__ void pk_scale(float* __restrict__ x, u64 n, float s) {
         x[e] = __fmul_rn(x[e], s);
 }
 
-// The attention input of every token from the fused QKV product, in one pass:
-//   qkv [n, (nh + 2·nkv)·d] f32 (q heads, then k heads, then v heads), bias [(nh + 2·nkv)·d]
-//   (nullable), q_norm/k_norm [d] (nullable; per-head RMSNorm, qwen3), positions [n];
-//   q [n, nh, d], k [n, nkv, d], v [n, nkv, d] f32 out.
-// q and k are rotated (RoPE) over their first `rope_dims` dims, `style` 0: adjacent pairs
-// (2i, 2i+1), 1: neox pairs (i, i + rope_dims/2). Pair i's angle at position p is
-// freq_scale · (p · theta_scale^i / factor_i) with theta_scale^i built by i repeated f32
-// multiplications (as ggml and the CPU Rope). q is then multiplied by `q_scale` (Gemma 3 scales
-// the queries, not the scores, by its attention scale — before the rounding, as the CPU; 1
-// elsewhere). `q_round` 1: q rounded to f16, 2: to bf16 (the K·Q product sees q at the cache's
-// precision, as on the CPU). `k_center` 1: the key bias is subtracted again after RoPE (k − b_k
-// goes to the cache: every score of a query moves by the same q·b_k, which softmax cancels, and
-// a quantized cache then codes the keys' varying part instead of a bias hundreds of times larger;
-// as the CPU forward does for quantized key formats).
-// Grid (n, nh + 2·nkv), block 32: one warp per head vector.
-extern "C" __global__ void pk_qkv_rope(float* __restrict__ q, float* __restrict__ k, float* __restrict__ v,
+// The attention input of every token from the fused QKV product (rope.cuh): q [n, nh, d],
+// k [n, nkv, d], v [n, nkv, d] f32 out. Grid (n, nh + 2·nkv), block 32: one warp per head
+// vector. Dynamic shared memory: 4 · (d + rope_dims) bytes.
+extern "C" __global__ void pk_qkv_rope(float* __restrict__ q, float* __restrict__ k, float* __restrict__ v, u32 d,
                                        const float* __restrict__ qkv, const float* __restrict__ bias,
                                        const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                        const u32* __restrict__ positions, const float* __restrict__ factors,
-                                       u32 nh, u32 nkv, u32 d, u32 rope_dims, u32 style, float theta_scale,
+                                       u32 nh, u32 nkv, u32 rope_dims, u32 style, float theta_scale,
                                        float freq_scale, float eps, u32 q_round, float q_scale, u32 k_center) {
-    extern __shared__ float head[];  // [d]
+    extern __shared__ float head[];  // [d], then the angles' (cos, sin) [rope_dims / 2][2]
+    const QkvRopeArgs a = {qkv,  bias, q_norm,      k_norm,     positions, factors, nh,      nkv,     d,
+                           rope_dims, style, theta_scale, freq_scale, eps,     q_round, q_scale, k_center};
+    const u32 i = blockIdx.x, hh = blockIdx.y, lane = threadIdx.x;
+    float* cs = head + d;
+    rope_angles(cs, a, i, lane, 32);
+    __syncwarp();
     // Launched as a programmatic dependent launch after the QKV product (ModelOps::qkv_rope).
     pdl_wait();
-    const u32 i = blockIdx.x, hh = blockIdx.y, lane = threadIdx.x;
-    const u32 width = (nh + 2 * nkv) * d;
-    const float* src = qkv + (u64)i * width + (u64)hh * d;
-    const float* b = bias ? bias + (u64)hh * d : nullptr;
-    const int kind = hh < nh ? 0 : (hh < nh + nkv ? 1 : 2);  // q, k, v
-    for (u32 j = lane; j < d; j += 32) head[j] = b ? __fadd_rn(src[j], b[j]) : src[j];
-    __syncwarp();
-    const float* norm = kind == 0 ? q_norm : (kind == 1 ? k_norm : nullptr);
-    if (norm) {
-        double s = 0.0;
-        for (u32 j = lane; j < d; j += 32) s += (double)__fmul_rn(head[j], head[j]);
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        const float inv = 1.0f / sqrtf((float)(s / (double)d) + eps);
-        __syncwarp();
-        for (u32 j = lane; j < d; j += 32) head[j] = __fmul_rn(__fmul_rn(head[j], inv), norm[j]);
-        __syncwarp();
-    }
-    if (kind < 2) {
-        const u32 half = rope_dims / 2;
-        const float pos = (float)positions[i];
-        for (u32 p = lane; p < half; p += 32) {
-            float theta = pos;
-            for (u32 t = 0; t < p; t++) theta = __fmul_rn(theta, theta_scale);
-            const float f = factors ? factors[p] : 1.0f;
-            const float angle = __fmul_rn(freq_scale, __fdiv_rn(theta, f));
-            const float c = cosf(angle), s = sinf(angle);
-            const u32 a_i = style == 0 ? 2 * p : p, b_i = style == 0 ? 2 * p + 1 : p + half;
-            const float a = head[a_i], bb = head[b_i];
-            head[a_i] = fmaf(a, c, -__fmul_rn(bb, s));
-            head[b_i] = fmaf(a, s, __fmul_rn(bb, c));
-        }
-        __syncwarp();
-    }
+    const int kind = qkv_head(head, cs, a, i, hh, lane);
     float* dst = kind == 0 ? q + ((u64)i * nh + hh) * d
                : kind == 1 ? k + ((u64)i * nkv + (hh - nh)) * d
                            : v + ((u64)i * nkv + (hh - nh - nkv)) * d;
-    for (u32 j = lane; j < d; j += 32) {
-        float x = head[j];
-        if (kind == 0) x = __fmul_rn(x, q_scale);
-        if (kind == 0 && q_round == 1) x = f16_to_f32(f32_to_f16(x));
-        if (kind == 0 && q_round == 2) x = bf16_to_f32(f32_to_bf16(x));
-        if (kind == 1 && k_center && b) x = __fsub_rn(x, b[j]);
-        dst[j] = x;
-    }
+    for (u32 j = lane; j < d; j += 32) dst[j] = head[j];
 }
 
 // Argmax of logit rows: the index of the largest value, the first one on ties, NaN skipped, 0

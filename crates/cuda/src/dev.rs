@@ -42,6 +42,7 @@ pub fn tuning_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Cud
             usize::MAX
         },
         attention_pdl: v.switch("PAGEKV_DEV_CUDA_ATTN_PDL", d.attention_pdl)?,
+        qkv_write: v.switch("PAGEKV_DEV_CUDA_QKV_WRITE", d.qkv_write)?,
         graphs: v.switch("PAGEKV_DEV_CUDA_GRAPH", d.graphs)?,
         topk_chunk: match v.count("PAGEKV_DEV_CUDA_TOPK_CHUNK", 0, |c| TOP_K_CHUNKS.contains(&c), "1024, 2048, 4096")? {
             0 => None,

@@ -56,6 +56,8 @@ mod prefill;
 #[cfg(feature = "cuda")]
 mod qmatrix;
 #[cfg(feature = "cuda")]
+mod rope;
+#[cfg(feature = "cuda")]
 pub mod shapes;
 #[cfg(feature = "cuda")]
 mod spec;
@@ -79,13 +81,15 @@ pub use device::{CudaDevice, DeviceGraph};
 #[cfg(feature = "cuda")]
 pub use matrix::{DType, DeviceMatrix};
 #[cfg(feature = "cuda")]
-pub use model_ops::{ModelOps, Prologue, QkvRope, RopeParams, GEMV_MAX_N};
+pub use model_ops::{ModelOps, Prologue, GEMV_MAX_N};
 #[cfg(feature = "cuda")]
 pub use pages::{DevicePages, HostLayerCopy};
 #[cfg(feature = "cuda")]
 pub use prefill::{prefill_tiles, PrefillAttention, PrefillBatch};
 #[cfg(feature = "cuda")]
 pub use qmatrix::{QuantMatrix, QuantOps, QGEMV_MAX_N};
+#[cfg(feature = "cuda")]
+pub use rope::{QkvRope, RopeParams};
 #[cfg(feature = "cuda")]
 pub use shapes::prefill_supported;
 #[cfg(feature = "cuda")]

@@ -25,51 +25,10 @@ use crate::device::{arg, launch_err, launch_kernel, product_smem_limit, set_max_
 use crate::matrix::{DType, DeviceMatrix};
 use crate::pages::dptr;
 use crate::qmatrix::{QuantMatrix, QuantOps};
+use crate::rope::{QkvRope, RopeArgs, RopeParams};
 use crate::spec::ModuleSpec;
 use crate::tuning::{GemvShape, GEMV_ROWS_PER_WARP};
 use crate::CudaError;
-
-/// Arguments of [`ModelOps::qkv_rope`] beyond the buffers.
-#[derive(Clone, Copy, Debug)]
-pub struct RopeParams {
-    pub num_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-    /// Dimensions of each head that are rotated (even, ≤ head_dim).
-    pub rope_dims: usize,
-    /// `false`: adjacent pairs (2i, 2i+1) (llama); `true`: (i, i + rope_dims/2) (neox, qwen).
-    pub neox: bool,
-    /// `base^(-2 / rope_dims)`.
-    pub theta_scale: f32,
-    /// `1 / linear scale`.
-    pub freq_scale: f32,
-    /// Epsilon of the per-head q/k norms.
-    pub eps: f32,
-    /// Round q to the K cache's precision: 0 none, 1 f16, 2 bf16.
-    pub q_round: u32,
-    /// Multiplies q after RoPE, before the rounding (Gemma 3's attention scale, applied to the
-    /// queries; 1 for models that scale the scores).
-    pub q_scale: f32,
-}
-
-/// Device buffers of [`ModelOps::qkv_rope`]. Shapes in comments.
-pub struct QkvRope<'a> {
-    /// `[n, (num_heads + 2·num_kv_heads)·head_dim]` the fused QKV product.
-    pub qkv: &'a CudaSlice<f32>,
-    /// `[(num_heads + 2·num_kv_heads)·head_dim]` optional bias.
-    pub bias: Option<&'a CudaSlice<f32>>,
-    /// `[head_dim]` optional per-head norms.
-    pub q_norm: Option<&'a CudaSlice<f32>>,
-    pub k_norm: Option<&'a CudaSlice<f32>>,
-    /// `[rope_dims / 2]` optional frequency divisors.
-    pub factors: Option<&'a CudaSlice<f32>>,
-    /// `[n]` positions.
-    pub positions: &'a CudaSlice<u32>,
-    /// Subtract the key bias again after RoPE, so the keys written to the cache are `k − b_k`
-    /// (every score of a query moves by the same `q·b_k`, which softmax cancels; the model
-    /// decides when, for quantized caches). No effect without a bias.
-    pub center_keys: bool,
-}
 
 /// What [`ModelOps::gemv`] does to its input before the product (fused into the same launch).
 #[derive(Clone, Copy)]
@@ -311,60 +270,26 @@ impl ModelOps {
         n: usize,
     ) -> Result<(), CudaError> {
         let (nh, nkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim);
-        let width = (nh + 2 * nkv) * d;
-        let bad = a.qkv.len() < n * width
-            || q.len() < n * nh * d
-            || k.len() < n * nkv * d
-            || v.len() < n * nkv * d
-            || a.positions.len() < n
-            || a.bias.is_some_and(|b| b.len() < width)
-            || a.q_norm.is_some_and(|b| b.len() < d)
-            || a.k_norm.is_some_and(|b| b.len() < d)
-            || a.factors.is_some_and(|f| f.len() < p.rope_dims / 2)
-            || p.rope_dims > d
-            || !p.rope_dims.is_multiple_of(2);
-        if bad {
-            return Err(CudaError::Invalid(format!("qkv_rope of {n} tokens: buffer sizes or {p:?}")));
+        let r = RopeArgs::new(&self.device, a, p, q, n, "qkv_rope")?;
+        if k.len() < n * nkv * d || v.len() < n * nkv * d {
+            return Err(CudaError::Invalid(format!("qkv_rope of {n} tokens: k or v shorter than [{n}, {nkv}, {d}]")));
         }
         if n == 0 {
             return Ok(());
         }
-        let opt = |s: Option<&CudaSlice<f32>>| s.map_or(0u64, |s| self.p(s));
-        let (qp, kp, vp, xp) = (self.p(q), self.p(k), self.p(v), self.p(a.qkv));
-        let (bp, qn, kn, pp, fp) = (opt(a.bias), opt(a.q_norm), opt(a.k_norm), self.p(a.positions), opt(a.factors));
-        let (nh32, nkv32, d32, rd, style) = (nh as u32, nkv as u32, d as u32, p.rope_dims as u32, p.neox as u32);
+        let (qp, kp, vp) = (self.p(q), self.p(k), self.p(v));
         let cfg = LaunchConfig {
             grid_dim: (n as u32, (nh + 2 * nkv) as u32, 1),
             block_dim: (32, 1, 1),
-            shared_mem_bytes: (4 * d) as u32,
+            shared_mem_bytes: (4 * (d + p.rope_dims)) as u32,
         };
         // With programmatic launches pk_qkv_rope waits for the product before it in-kernel
         // (pdl_wait).
-        let k_center = a.center_keys as u32;
-        let mut args: [*mut std::ffi::c_void; 20] = [
-            arg(&qp),
-            arg(&kp),
-            arg(&vp),
-            arg(&xp),
-            arg(&bp),
-            arg(&qn),
-            arg(&kn),
-            arg(&pp),
-            arg(&fp),
-            arg(&nh32),
-            arg(&nkv32),
-            arg(&d32),
-            arg(&rd),
-            arg(&style),
-            arg(&p.theta_scale),
-            arg(&p.freq_scale),
-            arg(&p.eps),
-            arg(&p.q_round),
-            arg(&p.q_scale),
-            arg(&k_center),
-        ];
+        let mut args = [std::ptr::null_mut(); 20];
+        args[..4].copy_from_slice(&[arg(&qp), arg(&kp), arg(&vp), arg(r.head_dim())]);
+        args[4..].copy_from_slice(&r.tail());
         // SAFETY: `args` points at pk_qkv_rope's parameters, in order, of their types, alive for
-        // the call; sizes checked above.
+        // the call (`r`'s fields); sizes checked above.
         unsafe { launch_kernel(&self.device, &self.qkv_rope, cfg, &mut args, self.gemv_shape.pdl) }
             .map_err(launch_err("cuLaunchKernelEx(pk_qkv_rope)"))
     }

@@ -17,6 +17,7 @@ use half::f16;
 use kvcache::{Codec, LayerView, PageGeometry, PageStore, PlaneView, Rotation};
 
 use crate::device::{arg, launch_kernel, CudaDevice, KernelModule};
+use crate::rope::{QkvRope, RopeArgs, RopeParams};
 use crate::spec::ModuleSpec;
 use crate::CudaError;
 
@@ -213,6 +214,70 @@ impl DevicePages {
         let dev = self.device.clone();
         let programmatic = self.programmatic_writes;
         self.launch_write(layer, dptr(slots, &dev), dptr(keys, &dev), dptr(values, &dev), n, programmatic)
+    }
+
+    /// The attention input of `n` tokens from their fused QKV product, in one launch
+    /// (`pk_qkv_rope_write`): `q [n, num_heads, head_dim]` ← the finished queries, and the
+    /// finished keys and values encoded into `slots [n]` of `layer` — the same values as
+    /// [`crate::ModelOps::qkv_rope`] followed by [`Self::write_device`] of its keys and values,
+    /// without the f32 keys and values between them. A programmatic dependent launch when
+    /// writes are ([`Self::set_programmatic_writes`]). Slots as in [`Self::write_device`].
+    pub fn write_qkv(
+        &mut self,
+        layer: usize,
+        slots: &CudaSlice<u32>,
+        q: &mut CudaSlice<f32>,
+        a: &QkvRope,
+        p: &RopeParams,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let g = &self.geometry;
+        if p.head_dim != g.head_dim || p.num_kv_heads != g.num_kv_heads || slots.len() < n {
+            return Err(CudaError::Invalid(format!(
+                "write_qkv of {n} tokens: {} kv heads of {} dims and {} slots for pages of {} kv heads of {}",
+                p.num_kv_heads,
+                p.head_dim,
+                slots.len(),
+                g.num_kv_heads,
+                g.head_dim
+            )));
+        }
+        let r = RopeArgs::new(&self.device, a, p, q, n, "write_qkv")?;
+        if n == 0 {
+            return Ok(());
+        }
+        let dev = self.device.clone();
+        let lp = self.layer_ptrs(layer)?;
+        let (signs, norm) = self.rotation_args();
+        let (qp, sp) = (dptr(q, &dev), dptr(slots, &dev));
+        let f = self.module.function("pk_qkv_rope_write")?;
+        // Block z = 0 of (token, kv head) writes the key and value, blocks 1.. the group's
+        // query heads, one a warp.
+        let warps = g.head_dim.div_ceil(32);
+        let q_blocks = (p.num_heads / p.num_kv_heads).div_ceil(warps);
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, g.num_kv_heads as u32, 1 + q_blocks as u32),
+            block_dim: (warps as u32 * 32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut args = [std::ptr::null_mut(); 24];
+        args[..8].copy_from_slice(&[
+            arg(&qp),
+            arg(&lp.k_codes),
+            arg(&lp.k_scales),
+            arg(&lp.v_codes),
+            arg(&lp.v_scales),
+            arg(&sp),
+            arg(&signs),
+            arg(&norm),
+        ]);
+        args[8..].copy_from_slice(&r.tail());
+        // SAFETY: `args` points at pk_qkv_rope_write's parameters, in order, of their types, alive
+        // for the call (`r`'s fields and the locals above); buffer sizes checked above and by
+        // `RopeArgs::new`; slots are in range (the caller's contract); a programmatic launch
+        // waits for the previous kernel (pdl_wait) before it reads the product or writes.
+        unsafe { launch_kernel(&dev, &f, cfg, &mut args, self.programmatic_writes) }
+            .map_err(|e| CudaError::driver("cuLaunchKernelEx(pk_qkv_rope_write)", e))
     }
 
     /// Launches `pk_cache_write` over `n` tokens: `slots [n]`, `keys`/`values [n, num_kv_heads,

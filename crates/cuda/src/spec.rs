@@ -10,6 +10,7 @@ use crate::shapes::{tc_eager, tc_evict_first, tc_min_blocks, tc_pair, tc_shape, 
 use crate::tuning::{CudaTuning, TcTuning};
 
 const COMMON: &str = include_str!("../kernels/common.cuh");
+const ROPE: &str = include_str!("../kernels/rope.cuh");
 const CACHE_WRITE: &str = include_str!("../kernels/cache_write.cu");
 const DECODE: &str = include_str!("../kernels/decode.cu");
 const DECODE_TC: &str = include_str!("../kernels/decode_tc.cuh");
@@ -58,11 +59,11 @@ impl ModuleSpec {
     pub fn source(&self) -> String {
         match self {
             ModuleSpec::Kv { .. } => {
-                [COMMON, CACHE_WRITE, DECODE, DECODE_TC, DECODE_TC_PARTITIONED, DECODE_TC_STREAM_K, PREFILL_TC]
+                [COMMON, ROPE, CACHE_WRITE, DECODE, DECODE_TC, DECODE_TC_PARTITIONED, DECODE_TC_STREAM_K, PREFILL_TC]
                     .join("\n")
             }
             ModuleSpec::Bench => [COMMON, BENCH].join("\n"),
-            ModuleSpec::Model => [COMMON, MODEL].join("\n"),
+            ModuleSpec::Model => [COMMON, ROPE, MODEL].join("\n"),
             ModuleSpec::TopK => [COMMON, TOPK].join("\n"),
             ModuleSpec::Quant => [COMMON, QMATRIX, QMMA].join("\n"),
         }

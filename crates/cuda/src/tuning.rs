@@ -54,6 +54,11 @@ pub struct CudaTuning {
     /// lengths, then wait for its results in-kernel (`pdl_wait`) — which hides two launch gaps
     /// per layer. `false`: plain launches (same-process comparisons).
     pub attention_pdl: bool,
+    /// The model step finishes its queries, keys and values (bias, norms, RoPE) and writes the
+    /// keys and values into the cache in one launch (`DevicePages::write_qkv`), not two
+    /// (`ModelOps::qkv_rope`, then `DevicePages::write_device`): one kernel boundary less on
+    /// each layer's path to its attention. `false`: two launches (same-process comparisons).
+    pub qkv_write: bool,
     /// Capture and replay the model's decode steps as CUDA graphs.
     pub graphs: bool,
     /// A fixed chunk of the top-k partial selection (one of `TOP_K_CHUNKS`) for tuning runs;
@@ -93,6 +98,7 @@ impl Default for CudaTuning {
             tc_direct_max: 256,
             prefill_min_tokens: 96,
             attention_pdl: true,
+            qkv_write: true,
             graphs: true,
             topk_chunk: None,
             kernel_cache: None,

@@ -1,7 +1,9 @@
 //! The CUDA kernels against the CPU references, on fresh random inputs:
 //! - cache write: the codes and scales the GPU stores equal, byte for byte, what
 //!   [`kvcache::HostPages`] stores for the same tokens (every format, rotated ones too);
-//!   `copy_block` and `PageStore::read` agree with the host as well;
+//!   `copy_block` and `PageStore::read` agree with the host as well; the model step's
+//!   one-launch attention input (`DevicePages::write_qkv`) equals `ModelOps::qkv_rope` followed
+//!   by a cache write;
 //! - decode attention: `primitive` and `partitioned`, on every kernel that serves the format
 //!   (tensor-core and SIMT), against a scalar f64 reference ([`gpu::reference`], keys and values
 //!   decoded by kvcache's codecs) run over a host copy of the *same* device pages, for every
@@ -32,6 +34,7 @@ mod gpu {
     use kvcache::{HostPages, KvFormat, LayerView, PageGeometry, PageStore, NULL_BLOCK};
     use pagekv_cuda::{
         CudaDevice, CudaError, DecodeAttention, DecodeBatch, DecodeGrid, DecodeKernel, DecodeRoute, DevicePages,
+        ModelOps, QkvRope, RopeParams,
     };
     use rand::rngs::StdRng;
     use rand::seq::SliceRandom;
@@ -196,6 +199,103 @@ mod gpu {
             gpu.write_device(1, &ds, &dk, &dv, 29).expect("programmatic write_device");
             assert_same_pages(&gpu, &host, 1, &format!("{format} programmatic write_device"));
         }
+    }
+
+    /// The model step's one-launch attention input (`DevicePages::write_qkv`) equals its two
+    /// launches: the queries bit for bit those of `ModelOps::qkv_rope`, the pages byte for byte
+    /// the host's writes of its keys and values — every format, Llama 3's, SmolLM2's, Qwen2's
+    /// (biases, centred keys) and Gemma 3's (q/k norms, scaled queries, head_dim 256) heads,
+    /// both pair styles, frequency factors, plain and programmatic launches, scattered slots.
+    /// Mismatched shapes are errors.
+    #[test]
+    fn one_launch_qkv_write_equals_qkv_rope_then_cache_write() {
+        let Some(dev) = device("one_launch_qkv_write_equals_qkv_rope_then_cache_write") else { return };
+        let ops = ModelOps::new(dev.clone()).expect("model kernels load");
+        let mut rng = StdRng::seed_from_u64(0xB0B);
+        // (heads, kv heads, head_dim, rope_dims, neox, bias, norms, factors, q_scale, centred keys)
+        let cases = [
+            (32usize, 8usize, 128usize, 128usize, false, false, false, true, 1.0f32, false),
+            (9, 3, 64, 64, false, false, false, false, 1.0, false),
+            (12, 2, 128, 128, true, true, false, false, 1.0, true),
+            (4, 1, 256, 256, true, false, true, false, 0.0625, false),
+            (4, 2, 128, 64, true, true, true, false, 1.0, false),
+        ];
+        let mut checked = 0;
+        for format in FORMATS {
+            for (ci, &(nh, nkv, d, rd, neox, with_bias, with_norms, with_factors, q_scale, center)) in
+                cases.iter().enumerate()
+            {
+                let (n, width) = (7, (nh + 2 * nkv) * d);
+                let up_normal = |rng: &mut StdRng, len: usize| -> Vec<f32> { (0..len).map(|_| normal(rng)).collect() };
+                let qkv = up_normal(&mut rng, n * width);
+                let bias = up_normal(&mut rng, width);
+                let (qn, kn) = (up_normal(&mut rng, d), up_normal(&mut rng, d));
+                let factors: Vec<f32> = (0..rd / 2).map(|_| rng.gen_range(1.0f32..8.0)).collect();
+                let positions: Vec<u32> = (0..n).map(|_| rng.gen_range(0..40_000)).collect();
+                let p = RopeParams {
+                    num_heads: nh,
+                    num_kv_heads: nkv,
+                    head_dim: d,
+                    rope_dims: rd,
+                    neox,
+                    theta_scale: 500000f32.powf(-2.0 / rd as f32),
+                    freq_scale: 1.0,
+                    eps: 1e-6,
+                    q_round: [0, 1, 2][ci % 3],
+                    q_scale,
+                };
+                let (qkv_d, bias_d, qn_d, kn_d, f_d, pos_d) = (
+                    up(&dev, &qkv),
+                    up(&dev, &bias),
+                    up(&dev, &qn),
+                    up(&dev, &kn),
+                    up(&dev, &factors),
+                    up(&dev, &positions),
+                );
+                let a = QkvRope {
+                    qkv: &qkv_d,
+                    bias: with_bias.then_some(&bias_d),
+                    q_norm: with_norms.then_some(&qn_d),
+                    k_norm: with_norms.then_some(&kn_d),
+                    factors: with_factors.then_some(&f_d),
+                    positions: &pos_d,
+                    center_keys: center,
+                };
+                // The two launches: the f32 heads, then the host's write of the keys and values.
+                let nan = |len: usize| up(&dev, &vec![f32::NAN; len]);
+                let (mut q2, mut k2, mut v2) = (nan(n * nh * d), nan(n * nkv * d), nan(n * nkv * d));
+                ops.qkv_rope(&mut q2, &mut k2, &mut v2, &a, &p, n).expect("qkv_rope");
+                let g = geometry(format, 2, 6, 8, nkv, d, ci as u64);
+                let mut slots: Vec<u32> = (0..g.slots() as u32).collect();
+                slots.shuffle(&mut rng);
+                slots.truncate(n);
+                let mut host = HostPages::new(g.clone());
+                host.write(ci % 2, &slots, &down(&dev, &k2), &down(&dev, &v2));
+                // The one launch.
+                let mut gpu = DevicePages::new(dev.clone(), g.clone()).expect("device pages");
+                gpu.set_programmatic_writes(ci % 2 == 1);
+                let mut q1 = nan(n * nh * d);
+                gpu.write_qkv(ci % 2, &up(&dev, &slots), &mut q1, &a, &p, n).expect("write_qkv");
+                let what = format!("{format} case {ci}");
+                let (q1, q2) = (down(&dev, &q1), down(&dev, &q2));
+                if let Some(i) = q1.iter().zip(&q2).position(|(a, b)| a.to_bits() != b.to_bits()) {
+                    panic!("{what}: query value {i} differs: one launch {}, two launches {}", q1[i], q2[i]);
+                }
+                assert_same_pages(&gpu, &host, ci % 2, &what);
+                assert!(gpu.take_error().is_none());
+                // Shapes that do not fit the pages, or heads that do not split into groups.
+                let ds = up(&dev, &slots);
+                let mut q = nan(n * nh * d);
+                for bad in
+                    [RopeParams { head_dim: d / 2, rope_dims: d / 2, ..p }, RopeParams { rope_dims: rd - 1, ..p }]
+                {
+                    let r = gpu.write_qkv(0, &ds, &mut q, &a, &bad, n);
+                    assert!(matches!(r, Err(CudaError::Invalid(_))), "{what}: {bad:?} gave {r:?}");
+                }
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, FORMATS.len() * cases.len());
     }
 
     /// turbo's values: the GPU stores every code and every scale slot (`D` and the packed

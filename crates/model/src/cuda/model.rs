@@ -342,6 +342,7 @@ impl CudaModel {
             invariant: self.device.tuning().batch_invariant,
             prefill_tiles,
             decode_rows,
+            qkv_write: self.device.tuning().qkv_write,
         };
         let key = GraphKey::new(&st, pool.pages().id());
         let generation = (scratch_generation, self.attention.generation());

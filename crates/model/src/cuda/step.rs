@@ -55,6 +55,8 @@ pub(crate) struct Step {
     pub(crate) invariant: bool,
     pub(crate) prefill_tiles: usize,
     pub(crate) decode_rows: DecodeRows,
+    /// q, k and v finished and the cache written in one launch (`CudaTuning::qkv_write`).
+    pub(crate) qkv_write: bool,
 }
 
 /// Queues a whole forward step on the device's stream: embed, every layer, the logits of the
@@ -107,8 +109,12 @@ pub(crate) fn enqueue(
             positions: &s.positions,
             center_keys,
         };
-        ops.qkv_rope(&mut s.q, &mut s.k, &mut s.v, &a, rope, n).map_err(dev)?;
-        pool.pages_mut().write_device(plane, slots, &s.k, &s.v, n).map_err(dev)?;
+        if st.qkv_write {
+            pool.pages_mut().write_qkv(plane, slots, &mut s.q, &a, rope, n).map_err(dev)?;
+        } else {
+            ops.qkv_rope(&mut s.q, &mut s.k, &mut s.v, &a, rope, n).map_err(dev)?;
+            pool.pages_mut().write_device(plane, slots, &s.k, &s.v, n).map_err(dev)?;
+        }
         if st.decode_rows != DecodeRows::None {
             let b = DecodeBatch {
                 queries: &s.q,
