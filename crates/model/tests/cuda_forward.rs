@@ -380,11 +380,13 @@ mod gpu {
         // Chunks of 7 (decode-sized products: the int8 matrix-vector kernel) and one chunk of 23
         // (the tensor-core product, each weight tile dequantized in shared memory; and, with it
         // off, dequantized bf16 tiles through cuBLAS).
-        // Both routes of the chunk of 23 are set here, whatever the environment's switch says.
+        // Both routes of the chunk of 23 are set here, whatever the environment's switch says;
+        // the chunks of 7 run once more with q, k and v finished and written in one launch.
         let tuning = pagekv_cuda::dev::tuning_from_env().unwrap();
         let with =
             |rows| CudaDevice::new(0, pagekv_cuda::CudaTuning { qmma_max_rows: rows, ..tuning.clone() }).unwrap();
-        for (chunk, dev) in [(7, dev), (23, with(23)), (23, with(0))] {
+        let one_launch = CudaDevice::new(0, pagekv_cuda::CudaTuning { qkv_write: true, ..tuning.clone() }).unwrap();
+        for (chunk, dev) in [(7, dev), (7, one_launch), (23, with(23)), (23, with(0))] {
             let (want, _) = script_chunked(&mut cpu, cache.clone(), &prompt, 12, chunk);
             let mut gpu = CudaModel::from_model(&cpu, dev.clone(), GpuWeights::Gguf).unwrap();
             assert_eq!(gpu.weights_name(), "gguf");
@@ -393,8 +395,9 @@ mod gpu {
             let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
             let err = got.iter().zip(&want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
             out(&format!(
-                "tiny quantized llama, chunks of {chunk} (tensor-core product up to {} rows): max |logit diff| {err:.2e} (max |logit| {scale:.2})",
-                dev.tuning().qmma_max_rows
+                "tiny quantized llama, chunks of {chunk} (tensor-core product up to {} rows, one-launch q/k/v write {}): max |logit diff| {err:.2e} (max |logit| {scale:.2})",
+                dev.tuning().qmma_max_rows,
+                dev.tuning().qkv_write
             ));
             // The CPU quantizes activations per 32 (Q8_0/Q8_1) or 256 (Q8_K) values, the GPU per
             // 32 (or rounds them to bf16 for tiles): both within a few tenths of a percent.
