@@ -226,10 +226,10 @@ mod gpu {
                 cases.iter().enumerate()
             {
                 let (n, width) = (7, (nh + 2 * nkv) * d);
-                let up_normal = |rng: &mut StdRng, len: usize| -> Vec<f32> { (0..len).map(|_| normal(rng)).collect() };
-                let qkv = up_normal(&mut rng, n * width);
-                let bias = up_normal(&mut rng, width);
-                let (qn, kn) = (up_normal(&mut rng, d), up_normal(&mut rng, d));
+                let normals = |rng: &mut StdRng, len: usize| -> Vec<f32> { (0..len).map(|_| normal(rng)).collect() };
+                let qkv = normals(&mut rng, n * width);
+                let bias = normals(&mut rng, width);
+                let (qn, kn) = (normals(&mut rng, d), normals(&mut rng, d));
                 let factors: Vec<f32> = (0..rd / 2).map(|_| rng.gen_range(1.0f32..8.0)).collect();
                 let positions: Vec<u32> = (0..n).map(|_| rng.gen_range(0..40_000)).collect();
                 let p = RopeParams {
@@ -283,7 +283,7 @@ mod gpu {
                 }
                 assert_same_pages(&gpu, &host, ci % 2, &what);
                 assert!(gpu.take_error().is_none());
-                // Shapes that do not fit the pages, or heads that do not split into groups.
+                // A head shape that does not fit the pages, an odd rope_dims.
                 let ds = up(&dev, &slots);
                 let mut q = nan(n * nh * d);
                 for bad in
