@@ -3,8 +3,11 @@
 //! Needs libnvrtc, not a GPU:
 //!
 //! ```text
-//! PAGEKV_HOME=dist/home cargo run -p pagekv-cuda --features cuda --example prebuild -- 90 [quick]
+//! PAGEKV_HOME=dist/home cargo run -p pagekv-cuda --features cuda --example prebuild -- 90 [quick|writes]
 //! ```
+//!
+//! `quick` compiles the first four modules only; `writes` only the cache-write modules
+//! (`group` 0) of every format and head_dim, a fast compile check of `cache_write.cu`.
 
 use kvcache::KvFormat;
 use pagekv_cuda::compile::prebuild;
@@ -28,11 +31,12 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arch_s = args.get(1).map(String::as_str).unwrap_or("90");
     let Ok(arch_n) = arch_s.parse::<u32>() else {
-        eprintln!("usage: prebuild [ARCH like 90] [quick]");
+        eprintln!("usage: prebuild [ARCH like 90] [quick|writes]");
         std::process::exit(2);
     };
     let arch = (arch_n / 10, arch_n % 10);
     let quick = args.iter().any(|a| a == "quick");
+    let writes = args.iter().any(|a| a == "writes");
     let mut specs = vec![ModuleSpec::Bench, ModuleSpec::Model, ModuleSpec::Quant];
     // Head dims and query heads per kv head of the tests: Llama-like, SmolLM2-like, and Gemma 3's
     // (head_dim 256, 4 query heads on 1 kv head).
@@ -45,6 +49,9 @@ fn main() {
     }
     if quick {
         specs.truncate(4);
+    }
+    if writes {
+        specs.retain(|s| matches!(s, ModuleSpec::Kv { group: 0, .. }));
     }
     let tuning = match pagekv_cuda::dev::tuning_from_env() {
         Ok(t) => t,

@@ -82,6 +82,8 @@ __device__ void encode_head(const float* x, u8* packed /* smem [PK_D] */, u8* __
     } else if constexpr (C == CODEC_BF16) {
         if (live) ((u16*)codes)[d] = f32_to_bf16(v);
     } else if constexpr (C == CODEC_Q8) {
+        // A group is a warp (shapes::check_supported rejects quantized formats at other head_dims).
+        static_assert(C != CODEC_Q8 || PK_D % 32 == 0, "q8 codes need head_dim % 32 == 0");
         // d = max|x| / 127 (as f16), q = round(x / d) clamped to ±127.
         const float amax = warp_max(fabsf(v));
         const u16 sh = f32_to_f16(__fdiv_rn(amax, 127.0f));
@@ -91,6 +93,7 @@ __device__ void encode_head(const float* x, u8* packed /* smem [PK_D] */, u8* __
         codes[d] = (u8)(signed char)(int)q;
         if (lane == 0) scales[g] = sh;
     } else if constexpr (C == CODEC_Q4) {
+        static_assert(C != CODEC_Q4 || PK_D % 32 == 0, "q4 codes need head_dim % 32 == 0");
         // m = the value of largest magnitude (first one on ties), d = m / −8,
         // q = clamp(round(x / d), −8, 7) + 8; byte j = q[j] | q[j + 16] << 4.
         float best = fabsf(v);
@@ -205,6 +208,27 @@ __device__ void encode_head(const float* x, u8* packed /* smem [PK_D] */, u8* __
     }
 }
 
+// Stores one finished head vector x (PK_D values in shared memory; the key for side 0, the value
+// for side 1) into its (slot, head) entry sh of the planes: rotated in place first for rotated
+// formats, then encoded. Every thread of the block calls it; it ends with a barrier, so x and
+// packed may be reused after it.
+__device__ __forceinline__ void store_head(int side, float* x, u8* packed, u8* __restrict__ k_codes,
+                                           u8* __restrict__ k_scales, u8* __restrict__ v_codes,
+                                           u8* __restrict__ v_scales, u64 sh, const float* __restrict__ signs,
+                                           float rot_norm) {
+    typedef Codec<PK_KC, PK_KBITS, PK_D> KC;
+    typedef Codec<PK_VC, PK_VBITS, PK_D> VC;
+    if (signs != nullptr) rotate_smem(x, 1, signs, rot_norm, false);
+    if (side == 0) {
+        encode_head<PK_KC, PK_KBITS>(x, packed, k_codes + sh * KC::CODE_BYTES, (u16*)k_scales + sh * KC::NS,
+                                     pk_k_bounds, pk_k_levels);
+    } else {
+        encode_head<PK_VC, PK_VBITS>(x, packed, v_codes + sh * VC::CODE_BYTES, (u16*)v_scales + sh * VC::NS,
+                                     pk_v_bounds, pk_v_levels);
+    }
+    __syncthreads();
+}
+
 // grid (num_tokens, num_kv_heads), block round_up(PK_D, 32).
 // keys/values [num_tokens, num_kv_heads, PK_D] f32 (un-rotated); slots [num_tokens].
 // signs: [PK_D] rotation signs, or null for unrotated formats.
@@ -216,8 +240,6 @@ extern "C" __global__ void pk_cache_write(u8* __restrict__ k_codes, u8* __restri
                                           const float* __restrict__ keys, const float* __restrict__ values,
                                           const u32* __restrict__ slots, u32 num_kv_heads,
                                           const float* __restrict__ signs, float rot_norm) {
-    typedef Codec<PK_KC, PK_KBITS, PK_D> KC;
-    typedef Codec<PK_VC, PK_VBITS, PK_D> VC;
     __shared__ float x[PK_D];
     __shared__ u8 packed[PK_D];
     // The decode kernel after this one may be scheduled now; it waits for this grid's writes.
@@ -230,15 +252,7 @@ extern "C" __global__ void pk_cache_write(u8* __restrict__ k_codes, u8* __restri
         const float* in = side == 0 ? keys : values;
         for (int i = threadIdx.x; i < PK_D; i += blockDim.x) x[i] = in[src + i];
         __syncthreads();
-        if (signs != nullptr) rotate_smem(x, 1, signs, rot_norm, false);
-        if (side == 0) {
-            encode_head<PK_KC, PK_KBITS>(x, packed, k_codes + sh * KC::CODE_BYTES,
-                                         (u16*)k_scales + sh * KC::NS, pk_k_bounds, pk_k_levels);
-        } else {
-            encode_head<PK_VC, PK_VBITS>(x, packed, v_codes + sh * VC::CODE_BYTES,
-                                         (u16*)v_scales + sh * VC::NS, pk_v_bounds, pk_v_levels);
-        }
-        __syncthreads();
+        store_head(side, x, packed, k_codes, k_scales, v_codes, v_scales, sh, signs, rot_norm);
     }
 }
 
@@ -263,8 +277,6 @@ extern "C" __global__ void pk_qkv_rope_write(float* __restrict__ q, u8* __restri
                                              u32 nh, u32 nkv, u32 rope_dims, u32 style, float theta_scale,
                                              float freq_scale, float eps, u32 q_round, float q_scale,
                                              u32 k_center) {
-    typedef Codec<PK_KC, PK_KBITS, PK_D> KC;
-    typedef Codec<PK_VC, PK_VBITS, PK_D> VC;
     constexpr u32 WARPS = (PK_D + 31) / 32;
     __shared__ float heads[WARPS > 1 ? WARPS : 2][PK_D]; // the warps' head vectors (z = 0: key, value)
     __shared__ float cs[PK_D];                           // the angles' (cos, sin) [rope_dims / 2][2]
@@ -291,16 +303,6 @@ extern "C" __global__ void pk_qkv_rope_write(float* __restrict__ q, u8* __restri
     pdl_wait();
     for (u32 side = warp; side < 2; side += WARPS) qkv_head(heads[side], cs, a, t, nh + side * nkv + h, lane);
     __syncthreads();
-    for (int side = 0; side < 2; side++) {
-        float* x = heads[side];
-        if (signs != nullptr) rotate_smem(x, 1, signs, rot_norm, false);
-        if (side == 0) {
-            encode_head<PK_KC, PK_KBITS>(x, packed, k_codes + sh * KC::CODE_BYTES,
-                                         (u16*)k_scales + sh * KC::NS, pk_k_bounds, pk_k_levels);
-        } else {
-            encode_head<PK_VC, PK_VBITS>(x, packed, v_codes + sh * VC::CODE_BYTES,
-                                         (u16*)v_scales + sh * VC::NS, pk_v_bounds, pk_v_levels);
-        }
-        __syncthreads();
-    }
+    for (int side = 0; side < 2; side++)
+        store_head(side, heads[side], packed, k_codes, k_scales, v_codes, v_scales, sh, signs, rot_norm);
 }

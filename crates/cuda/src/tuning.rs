@@ -57,8 +57,8 @@ pub struct CudaTuning {
     /// The model step finishes its queries, keys and values (bias, norms, RoPE) and writes the
     /// keys and values into the cache in one launch (`DevicePages::write_qkv`), not two
     /// (`ModelOps::qkv_rope`, then `DevicePages::write_device`): one kernel boundary less on
-    /// each layer's path to its attention. Off by default until its present form (a warp per
-    /// head vector) has been measured on a GPU (docs/performance.md).
+    /// each layer's path to its attention (measured in docs/performance.md). `false`: the two
+    /// launches (same-process comparisons).
     pub qkv_write: bool,
     /// Capture and replay the model's decode steps as CUDA graphs.
     pub graphs: bool,
@@ -99,7 +99,7 @@ impl Default for CudaTuning {
             tc_direct_max: 256,
             prefill_min_tokens: 96,
             attention_pdl: true,
-            qkv_write: false,
+            qkv_write: true,
             graphs: true,
             topk_chunk: None,
             kernel_cache: None,

@@ -381,12 +381,14 @@ mod gpu {
         // (the tensor-core product, each weight tile dequantized in shared memory; and, with it
         // off, dequantized bf16 tiles through cuBLAS).
         // Both routes of the chunk of 23 are set here, whatever the environment's switch says;
-        // the chunks of 7 run once more with q, k and v finished and written in one launch.
+        // the chunks of 7 run once more through the other route of the q/k/v write (one launch
+        // that finishes q, k and v and writes the cache, or RoPE then the cache write).
         let tuning = pagekv_cuda::dev::tuning_from_env().unwrap();
         let with =
             |rows| CudaDevice::new(0, pagekv_cuda::CudaTuning { qmma_max_rows: rows, ..tuning.clone() }).unwrap();
-        let one_launch = CudaDevice::new(0, pagekv_cuda::CudaTuning { qkv_write: true, ..tuning.clone() }).unwrap();
-        for (chunk, dev) in [(7, dev), (7, one_launch), (23, with(23)), (23, with(0))] {
+        let other_write =
+            CudaDevice::new(0, pagekv_cuda::CudaTuning { qkv_write: !tuning.qkv_write, ..tuning.clone() }).unwrap();
+        for (chunk, dev) in [(7, dev), (7, other_write), (23, with(23)), (23, with(0))] {
             let (want, _) = script_chunked(&mut cpu, cache.clone(), &prompt, 12, chunk);
             let mut gpu = CudaModel::from_model(&cpu, dev.clone(), GpuWeights::Gguf).unwrap();
             assert_eq!(gpu.weights_name(), "gguf");
