@@ -3,13 +3,18 @@
 //! several copies cycled so they come from memory, beside a small matrix that stays in cache.
 //! What chose the K-quant kernels' row counts, tile thresholds and prefetch distance.
 //!
-//! `cargo run --release -p pagekv-cpu --example kquant_matvec -- TYPE ROWSxCOLS N THREADS [ISA [ORDER]]`,
+//! `cargo run --release -p pagekv-cpu --example kquant_matvec -- TYPE ROWSxCOLS N THREADS [ISA [ORDER [LAYOUT]]]`,
 //! e.g. `-- q4_k 8960x1536 1,2,4,8 2`. TYPE: q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs or iq4_nl
 //! (random codes, small scales); ISA: avx2, avx512 or, by default (or `best`), the best one; ORDER:
-//! `llama` (llama.cpp's orders, the default) or `row` (row-invariant, what the engine runs).
+//! `llama` (llama.cpp's orders, the default) or `row` (row-invariant, what the engine runs);
+//! LAYOUT: `rows` (the default) or `x16` (Q4_K rows interleaved in groups of 16, as the engine
+//! copies them where the CPU has AVX-512 VNNI).
 
 use pagekv_cpu::quant::hugepage::HugePageBuf;
-use pagekv_cpu::quant::{matmul_fused_ordered, Isa, MatmulPart, QuantScratch, SumOrder, WeightType, WeightView};
+use pagekv_cpu::quant::interleave::interleave;
+use pagekv_cpu::quant::{
+    matmul_fused_ordered, Isa, MatmulPart, QuantScratch, RowLayout, SumOrder, WeightType, WeightView,
+};
 use pagekv_cpu::threadpool::ThreadPool;
 use rand::{RngCore, SeedableRng};
 use std::time::Instant;
@@ -35,6 +40,7 @@ fn bandwidth(
     isa: Isa,
     order: SumOrder,
     ty: WeightType,
+    layout: RowLayout,
     mats: &[HugePageBuf],
     rows: usize,
     cols: usize,
@@ -50,7 +56,7 @@ fn bandwidth(
         let t = Instant::now();
         for _ in 0..reps {
             for m in mats {
-                let w = WeightView::new(ty, rows, cols, m.as_slice()).expect("matrix shape");
+                let w = WeightView::with_layout(ty, rows, cols, m.as_slice(), layout).expect("matrix shape");
                 let mut parts = [MatmulPart { w, out: &mut out }];
                 matmul_fused_ordered(isa, order, &mut parts, &x, n, &mut scratch, pool).expect("matmul");
             }
@@ -64,8 +70,8 @@ fn bandwidth(
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage =
-        "usage: kquant_matvec TYPE ROWSxCOLS N[,N..] THREADS [avx2|avx512|best [llama|row]] (e.g. q4_k 8960x1536 1,2,4 2)";
-    if !(4..=6).contains(&args.len()) {
+        "usage: kquant_matvec TYPE ROWSxCOLS N[,N..] THREADS [avx2|avx512|best [llama|row [rows|x16]]] (e.g. q4_k 8960x1536 1,2,4 2)";
+    if !(4..=7).contains(&args.len()) {
         return Err(usage.into());
     }
     let isa = match args.get(4).map(String::as_str) {
@@ -92,24 +98,36 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "q6_k" => WeightType::Q6K,
         other => return Err(format!("unknown type {other}; {usage}").into()),
     };
+    let layout = match args.get(6).map(String::as_str) {
+        None | Some("rows") => RowLayout::Rows,
+        Some("x16") => RowLayout::Q4kX16,
+        Some(other) => return Err(format!("unknown layout {other}; {usage}").into()),
+    };
     let (rows, cols) = args[1].split_once('x').ok_or(usage)?;
     let (rows, cols): (usize, usize) = (rows.parse()?, cols.parse()?);
     let ns: Vec<usize> = args[2].split(',').map(str::parse).collect::<Result<_, _>>()?;
     let pool = ThreadPool::try_new(args[3].parse()?)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-    let one = random_matrix(ty, rows, cols, &mut rng);
-    let copies = MEMORY_BYTES.div_ceil(one.len()).max(1);
-    let memory: Vec<HugePageBuf> = (0..copies)
-        .map(|_| HugePageBuf::copy_of(&random_matrix(ty, rows, cols, &mut rng)))
-        .collect::<Result<_, _>>()?;
-    // About 1 MiB: both threads' share stays in their L2.
-    let small_rows = (1 << 20) / ty.row_bytes(cols)?;
-    let cache = [HugePageBuf::copy_of(&random_matrix(ty, small_rows.max(4), cols, &mut rng))?];
-    println!("{ty:?} {rows}x{cols}, {isa:?}, {order:?}, {} threads: GB/s of weights per product", pool.n_threads());
+    let mut laid_out = |rows: usize| -> Result<HugePageBuf, Box<dyn std::error::Error>> {
+        let mut m = random_matrix(ty, rows, cols, &mut rng);
+        if layout == RowLayout::Q4kX16 {
+            interleave(&mut m, ty, rows, cols)?;
+        }
+        Ok(HugePageBuf::copy_of(&m)?)
+    };
+    let copies = MEMORY_BYTES.div_ceil(rows * ty.row_bytes(cols)?).max(1);
+    let memory: Vec<HugePageBuf> = (0..copies).map(|_| laid_out(rows)).collect::<Result<_, _>>()?;
+    // About 1 MiB: both threads' share stays in their L2 (whole groups of 16 rows).
+    let small_rows = ((1 << 20) / ty.row_bytes(cols)?).next_multiple_of(16);
+    let cache = [laid_out(small_rows)?];
+    println!(
+        "{ty:?} {rows}x{cols}, {layout:?}, {isa:?}, {order:?}, {} threads: GB/s of weights per product",
+        pool.n_threads()
+    );
     for n in ns {
-        let mem = bandwidth(isa, order, ty, &memory, rows, cols, n, 2, &pool);
-        let hot = bandwidth(isa, order, ty, &cache, small_rows.max(4), cols, n, 200, &pool);
-        println!("  n = {n:2}: from memory {mem:7.3}, in cache ({} rows) {hot:7.3}", small_rows.max(4));
+        let mem = bandwidth(isa, order, ty, layout, &memory, rows, cols, n, 2, &pool);
+        let hot = bandwidth(isa, order, ty, layout, &cache, small_rows, cols, n, 200, &pool);
+        println!("  n = {n:2}: from memory {mem:7.3}, in cache ({small_rows} rows) {hot:7.3}");
     }
     Ok(())
 }

@@ -424,7 +424,7 @@ fn shape_errors_are_reported() {
     let pool = ThreadPool::new(2);
     let mut scratch = QuantScratch::new();
     let data = vec![0u8; 2 * 20 * 2];
-    let w = WeightView { ty: WeightType::Q4_1, rows: 2, cols: 64, data: &data };
+    let w = WeightView::new(WeightType::Q4_1, 2, 64, &data).unwrap();
     let mut out = vec![0.0; 2];
     assert!(matches!(matmul(w, &[0.0; 63], 1, &mut out, &mut scratch, &pool), Err(QuantError::Length { .. })));
     assert!(matches!(matmul(w, &[0.0; 64], 1, &mut out[..1], &mut scratch, &pool), Err(QuantError::Length { .. })));
@@ -705,4 +705,74 @@ fn row_invariant_order_gives_every_row_its_one_row_result() {
             "seed {seed}: llama.cpp's {ty:?} orders no longer depend on the row count"
         );
     }
+}
+
+#[test]
+fn interleaved_q4_k_gives_the_plain_rows_bits() {
+    // RowLayout::Q4kX16 changes only where the bytes lie: every instruction set (AVX-512 with
+    // its interleaved kernels, the others through plain copies of the rows), both K-quant
+    // orders, decode and prefill row counts, alone and fused beside plain matrices.
+    use pagekv_cpu::quant::interleave::{deinterleave, interleave};
+    use pagekv_cpu::quant::RowLayout;
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    let mut scratch = QuantScratch::new();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for isa in Isa::available() {
+        for (m, k) in [(16, 256), (48, 512), (160, 1536)] {
+            for n in [1, 2, 3, 4, 5, 8, 9, 17, 33, 70] {
+                let seed = fresh_seed();
+                let mut rng = StdRng::seed_from_u64(seed);
+                let data = random_weights(&mut rng, WeightType::Q4K, m, k);
+                let mut packed = data.clone();
+                interleave(&mut packed, WeightType::Q4K, m, k).unwrap();
+                assert_ne!(packed, data, "seed {seed}");
+                let mut back = packed.clone();
+                deinterleave(&mut back, WeightType::Q4K, m, k).unwrap();
+                assert_eq!(back, data, "seed {seed}");
+                let plain = WeightView::new(WeightType::Q4K, m, k, &data).unwrap();
+                let x16 = WeightView::with_layout(WeightType::Q4K, m, k, &packed, RowLayout::Q4kX16).unwrap();
+                // A plain Q6_K matrix fused beside it, as a layer's V or down projection.
+                let q6 = random_weights(&mut rng, WeightType::Q6K, 7, k);
+                let q6 = WeightView::new(WeightType::Q6K, 7, k, &q6).unwrap();
+                let x = normal_vec(&mut rng, n * k, 1.0);
+                for order in [SumOrder::LlamaCpp, SumOrder::RowInvariant] {
+                    let run = |w: WeightView, pool: &ThreadPool, scratch: &mut QuantScratch| {
+                        let (mut out, mut side) = (vec![f32::NAN; n * m], vec![f32::NAN; n * 7]);
+                        let mut parts = [MatmulPart { w: q6, out: &mut side }, MatmulPart { w, out: &mut out }];
+                        matmul_fused_ordered(isa, order, &mut parts, &x, n, scratch, pool).unwrap();
+                        (out, side)
+                    };
+                    let (want, want_side) = run(plain, &pools[0], &mut scratch);
+                    for pool in &pools {
+                        let (got, side) = run(x16, pool, &mut scratch);
+                        let what =
+                            format!("seed {seed} {isa:?} {order:?} m={m} k={k} n={n} threads {}", pool.n_threads());
+                        assert_eq!(bits(&got), bits(&want), "{what}");
+                        assert_eq!(bits(&side), bits(&want_side), "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn interleaved_layout_errors_are_reported() {
+    use pagekv_cpu::quant::interleave::interleave;
+    use pagekv_cpu::quant::RowLayout;
+    let q4k = vec![0u8; 17 * 144];
+    // Rows that are not whole groups of 16, and types other than Q4_K.
+    let mut rows17 = q4k.clone();
+    assert!(matches!(interleave(&mut rows17, WeightType::Q4K, 17, 256), Err(QuantError::Layout { .. })));
+    assert_eq!(rows17, q4k, "a refused interleave leaves the bytes as they were");
+    let r = WeightView::with_layout(WeightType::Q4K, 17, 256, &q4k, RowLayout::Q4kX16);
+    assert!(matches!(r, Err(QuantError::Layout { .. })), "{r:?}");
+    let q6k = vec![0u8; 16 * 210];
+    let r = WeightView::with_layout(WeightType::Q6K, 16, 256, &q6k, RowLayout::Q4kX16);
+    assert!(matches!(r, Err(QuantError::Layout { .. })), "{r:?}");
+    let mut short = vec![0u8; 16 * 144 - 4];
+    assert!(matches!(interleave(&mut short, WeightType::Q4K, 16, 256), Err(QuantError::Length { .. })));
+    // An interleaved row is not contiguous, so row() refuses it rather than return other bytes.
+    let x16 = WeightView::with_layout(WeightType::Q4K, 16, 256, &q4k[..16 * 144], RowLayout::Q4kX16).unwrap();
+    assert!(matches!(x16.row(3), Err(QuantError::Layout { .. })));
 }

@@ -71,6 +71,11 @@ fn dequantize(ty: WeightType, cols: u64, data: &[u8]) -> Vec<f32> {
 
 /// The tiny model twice: matrices of `ty`, and the same values as F32.
 fn tiny_models(ty: WeightType, seed: u64) -> (Arc<GgufFile>, Arc<GgufFile>) {
+    tiny_models_with(ty, seed, false)
+}
+
+/// [`tiny_models`], with the output matrix tied to the token embedding if `tied`.
+fn tiny_models_with(ty: WeightType, seed: u64, tied: bool) -> (Arc<GgufFile>, Arc<GgufFile>) {
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut wq, mut wf) = (GgufWriter::new(), GgufWriter::new());
     for w in [&mut wq, &mut wf] {
@@ -106,7 +111,9 @@ fn tiny_models(ty: WeightType, seed: u64) -> (Arc<GgufFile>, Arc<GgufFile>) {
         matrix(&n("ffn_up.weight"), HIDDEN, FFN, s);
         matrix(&n("ffn_down.weight"), FFN, HIDDEN, 1.0 / (FFN as f32).sqrt());
     }
-    matrix("output.weight", HIDDEN, VOCAB, 4.0 * s);
+    if !tied {
+        matrix("output.weight", HIDDEN, VOCAB, 4.0 * s);
+    }
     let ones = vec![1.0f32; HIDDEN as usize];
     for w in [&mut wq, &mut wf] {
         for i in 0..LAYERS {
@@ -121,7 +128,10 @@ fn tiny_models(ty: WeightType, seed: u64) -> (Arc<GgufFile>, Arc<GgufFile>) {
 
 /// Every row of logits of one prefill of `prompt`.
 fn prefill_logits(file: Arc<GgufFile>, prompt: &[u32]) -> Vec<f32> {
-    let mut m = Model::from_file(file, AttentionConfig::default()).unwrap();
+    prefill_logits_of(Model::from_file(file, AttentionConfig::default()).unwrap(), prompt)
+}
+
+fn prefill_logits_of(mut m: Model, prompt: &[u32]) -> Vec<f32> {
     let c = &m.config;
     let mut cache = CacheConfig::new(c.num_layers, c.num_kv_heads, c.head_dim);
     cache.num_blocks = 8;
@@ -166,5 +176,44 @@ fn every_weight_format_loads_and_runs_like_its_dequantized_model() {
             worst = worst.min(corr);
         }
         eprintln!("{:>6}: lowest correlation {worst:.6} over {} positions", ty.ggml_name(), prompt.len());
+    }
+}
+
+#[test]
+fn interleaved_q4_k_copy_gives_the_file_layouts_logits() {
+    // The huge-page copy interleaves Q4_K matrices where the CPU has AVX-512 VNNI; the model's
+    // logits must not change by a bit, the tied embedding (whose rows a lookup reads) must
+    // stay in rows, and the file-layout accessors must still give the file's bytes.
+    use pagekv_cpu::quant::{Isa, RowLayout};
+    use pagekv_model::llama::weights::LoadOptions;
+    let prompt: Vec<u32> = (0..23).map(|i| (i * 53 + 7) % VOCAB as u32).collect();
+    for tied in [false, true] {
+        let (file, _) = tiny_models_with(WeightType::Q4K, 0x1e4f + tied as u64, tied);
+        let load = |copy_weights: bool, interleave_q4k: bool| {
+            let options = LoadOptions { copy_weights, interleave_q4k };
+            let m = Model::from_file_with(file.clone(), AttentionConfig::default(), options).unwrap();
+            m.weights.wait_until_resident();
+            m
+        };
+        let want = prefill_logits_of(load(false, false), &prompt);
+        let plain_copy = load(true, false);
+        let m = load(true, true);
+        let w = &m.weights;
+        let (wq, embd) = (&w.layers[0].wq, &w.token_embd);
+        let interleaves = Isa::best() == Isa::Avx512Vnni;
+        if interleaves {
+            assert_eq!(w.view(wq).layout, RowLayout::Q4kX16, "tied {tied}");
+            assert_eq!(w.view(&w.output).layout, if tied { RowLayout::Rows } else { RowLayout::Q4kX16 });
+        } else {
+            eprintln!("SKIPPED the interleaved layout: no AVX-512 VNNI here (the copy stays in rows)");
+            assert_eq!(w.view(wq).layout, RowLayout::Rows);
+        }
+        assert_eq!(w.view(embd).layout, RowLayout::Rows, "tied {tied}");
+        assert_eq!(w.bytes(wq), plain_copy.weights.bytes(wq), "bytes() gives the file's rows");
+        assert_eq!(w.file_view(wq).row(5).unwrap(), plain_copy.weights.view(wq).row(5).unwrap());
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let got = prefill_logits_of(m, &prompt);
+        assert_eq!(bits(&got), bits(&want), "tied {tied}");
+        assert_eq!(bits(&prefill_logits_of(plain_copy, &prompt)), bits(&want), "tied {tied}");
     }
 }

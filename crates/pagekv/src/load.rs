@@ -121,6 +121,6 @@ pub fn mtp_model(model: &Model, device: Device) -> Result<pagekv_engine::MtpMode
     }
     let file = model.weights.shared_file();
     let attention = AttentionConfig::from_lookup(crate::config::env_lookup)?;
-    let options = LoadOptions { copy_weights: false };
+    let options = LoadOptions { copy_weights: false, ..LoadOptions::default() };
     Ok(pagekv_engine::MtpModel::new(&c.name, move || Model::from_file_with(file, attention, options)))
 }

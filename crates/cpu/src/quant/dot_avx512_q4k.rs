@@ -1,6 +1,7 @@
 //! AVX-512 VNNI tile kernel for Q4_K × Q8_K: up to 16 weight rows × up to 32 activation rows,
 //! one output per 32-bit lane, in llama.cpp's order ([`reference_q4k`](super::reference_q4k)),
-//! straight from plain (not repacked) rows.
+//! straight from plain rows ([`q4_k`]) or from rows interleaved in groups of 16
+//! ([`q4_k_x16`], the layout of [`interleave`](super::interleave)).
 //!
 //! Lane `i` of every vector belongs to weight row `i` of the tile. Per pair of sub-blocks `p`
 //! (64 values, 32 packed bytes per row) the rows' bytes are transposed in registers into eight
@@ -15,7 +16,11 @@
 //! with the reference's per-output order, so lanes, tile shape and threads change nothing.
 //!
 //! The transposition (24 shuffles per pair of sub-blocks) and the scale unpacking are done once
-//! per tile and shared by its activation rows.
+//! per tile and shared by its activation rows. Interleaved rows already lie as `P_k` and the
+//! headers as lanes, so they are plain vector loads; one activation row (decode) then takes
+//! [`gemv_x16`], the same arithmetic with every vector in registers: about 16 instructions per
+//! row and super-block, half of the four-row kernel's
+//! ([`dot_avx512_q4k_gemv`](super::dot_avx512_q4k_gemv)) on plain rows.
 
 // Kernels index several parallel arrays by the same lane or row.
 #![allow(clippy::needless_range_loop)]
@@ -79,7 +84,15 @@ unsafe fn block_header(rows: &[*const u8; ROWS], b: usize) -> (__m512, __m512, [
         }
     }
     let load = |w: usize| _mm512_loadu_si512(words[w].as_ptr() as *const __m512i);
-    let (dd, u0, u1, u2) = (load(0), load(1), load(2), load(3));
+    unpack_header([load(0), load(1), load(2), load(3)])
+}
+
+/// [`block_header`] from the header words already in lanes: word `w` of row `i`'s block in
+/// lane `i` of `words[w]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn unpack_header(words: [__m512i; 4]) -> (__m512, __m512, [__m512i; 8], [__m512i; 4]) {
+    let [dd, u0, u1, u2] = words;
     let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
     let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
     // ggml's kmask unpacking, four rows' bytes per dword.
@@ -121,13 +134,22 @@ fn bsum_pairs(y: &BlockQ8K) -> [i32; 4] {
 pub(super) const ACTS: usize = 32;
 
 /// The tile: `out[i][t] = W_i · x_{j0 + t}` for `i < nr`, `t < nj`, every output in the gemm
-/// order (`GEMM`) or the gemv order. Codes are transposed and unpacked once per pair of
+/// order (`GEMM`) or the gemv order, from plain rows or (`X16`) one interleaved group of 16.
+/// Codes are transposed (plain rows) or loaded (interleaved) and unpacked once per pair of
 /// sub-blocks and shared by all `nj` activation rows; the accumulators live in L1.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile<const GEMM: bool>(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut TileOut) {
+unsafe fn tile<const GEMM: bool, const X16: bool>(
+    w: &[u8],
+    nr: usize,
+    a: &Acts,
+    j0: usize,
+    nj: usize,
+    out: &mut TileOut,
+) {
     let nb = a.k / QK_K;
     let rb = w.len() / nr;
     debug_assert!((1..=ROWS).contains(&nr) && nj <= ACTS && rb == nb * BLOCK && a.q8k.len() >= (j0 + nj) * nb);
+    debug_assert!(!X16 || nr == ROWS);
     // Lanes past nr repeat the last row (computed, never stored).
     let rows: [*const u8; ROWS] = std::array::from_fn(|i| w.as_ptr().add(i.min(nr - 1) * rb));
     let nibble = _mm512_set1_epi8(0x0F);
@@ -139,7 +161,7 @@ unsafe fn tile<const GEMM: bool>(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: u
     let mut isum = [_mm512_setzero_si512(); ACTS];
     let mut msum = [_mm512_setzero_si512(); ACTS];
     for b in 0..nb {
-        let (d, dmin, sc, mn) = block_header(&rows, b);
+        let (d, dmin, sc, mn) = if X16 { unpack_header(x16_words(w, b, 0)) } else { block_header(&rows, b) };
         // The scales as floats, for the gemm order's exact float form of `s0·sc0 + s1·sc1`.
         let scf: [__m512; 8] = std::array::from_fn(|j| _mm512_cvtepi32_ps(sc[j]));
         for t in 0..nj {
@@ -153,7 +175,7 @@ unsafe fn tile<const GEMM: bool>(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: u
             }
         }
         for p in 0..4 {
-            let raw = transpose_rows(&rows, b * BLOCK + 16 + 32 * p);
+            let raw = if X16 { x16_words(w, b, 4 + 8 * p) } else { transpose_rows(&rows, b * BLOCK + 16 + 32 * p) };
             let lo: [__m512i; 8] = std::array::from_fn(|k| _mm512_and_si512(raw[k], nibble));
             let hi: [__m512i; 8] = std::array::from_fn(|k| _mm512_and_si512(_mm512_srli_epi16::<4>(raw[k]), nibble));
             for t in 0..nj {
@@ -200,6 +222,93 @@ unsafe fn tile<const GEMM: bool>(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: u
     }
 }
 
+/// Words `w0..w0 + N` of super-block `b` of an interleaved group (`group`, see
+/// [`interleave`](super::interleave)): lane `i` of vector `k` holds word `w0 + k` of row `i`'s
+/// block, as [`transpose_rows`] and [`block_header`] gather them from plain rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn x16_words<const N: usize>(group: &[u8], b: usize, w0: usize) -> [__m512i; N] {
+    debug_assert!((b * WORDS + w0 + N) * 64 <= group.len());
+    let at = group.as_ptr().add((b * WORDS + w0) * 64);
+    std::array::from_fn(|k| _mm512_loadu_si512(at.add(64 * k) as *const __m512i))
+}
+
+/// 32-bit words of a super-block of one row.
+const WORDS: usize = BLOCK / 4;
+
+/// Decode over one interleaved group: `out[i][col] = W_i · x_j` in the gemv order, the
+/// tile's arithmetic for one activation row with every vector in registers.
+///
+/// No software prefetch: a task's groups are one contiguous stream, which the hardware
+/// prefetchers follow (the plain-row kernels' four interleaved row streams need one; here
+/// prefetching 4 super-blocks ahead measured slower from memory).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn gemv_x16(w: &[u8], a: &Acts, j: usize, col: usize, out: &mut TileOut) {
+    let nb = a.k / QK_K;
+    debug_assert!(w.len() == nb * BLOCK * ROWS && a.q8k.len() >= (j + 1) * nb);
+    let nibble = _mm512_set1_epi8(0x0F);
+    let (mut acc, mut accm) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for b in 0..nb {
+        let y = &a.q8k[j * nb + b];
+        let (d, dmin, sc, mn) = unpack_header(x16_words(w, b, 0));
+        let dd = _mm512_mul_ps(d, _mm512_set1_ps(y.d));
+        let dm = _mm512_mul_ps(dmin, _mm512_set1_ps(y.d));
+        let spairs = bsum_pairs(y);
+        let (mut isum, mut msum) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+        for p in 0..4 {
+            let raw: [__m512i; 8] = x16_words(w, b, 4 + 8 * p);
+            let yq = y.qs.as_ptr().add(64 * p);
+            let bcast = |at: usize| _mm512_set1_epi32(std::ptr::read_unaligned(yq.add(at) as *const i32));
+            let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+            for k in 0..8 {
+                s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(raw[k], nibble), bcast(4 * k));
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw[k]), nibble);
+                s1 = _mm512_dpbusd_epi32(s1, hi, bcast(32 + 4 * k));
+            }
+            let i = _mm512_add_epi32(_mm512_mullo_epi32(s0, sc[2 * p]), _mm512_mullo_epi32(s1, sc[2 * p + 1]));
+            isum = _mm512_add_epi32(isum, i);
+            msum = _mm512_add_epi32(msum, _mm512_madd_epi16(mn[p], _mm512_set1_epi32(spairs[p])));
+        }
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dd, acc);
+        accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), dm, accm);
+    }
+    let mut lanes = [0.0f32; ROWS];
+    _mm512_storeu_ps(lanes.as_mut_ptr(), _mm512_sub_ps(acc, accm));
+    for (i, &v) in lanes.iter().enumerate() {
+        out[i][col] = v;
+    }
+}
+
+/// Tile kernel (see [`TileFn`](super::matmul::TileFn)) over one interleaved group
+/// ([`RowLayout::Q4kX16`](super::types::RowLayout), `nr == 16`) and `nj <= 32` activation rows,
+/// each output in the order `a.gemm_acts` gives it, bit for bit what [`q4_k`] gives on the
+/// plain rows; requires AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
+pub(super) unsafe fn q4_k_x16(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut TileOut) {
+    debug_assert_eq!(nr, ROWS);
+    let split = a.gemm_acts.clamp(j0, j0 + nj) - j0;
+    if split == 0 && nj <= X16_GEMV_MAX_ACTS {
+        for t in 0..nj {
+            gemv_x16(w, a, j0 + t, t, out);
+        }
+        return;
+    }
+    if split == 0 {
+        return tile::<false, true>(w, nr, a, j0, nj, out);
+    }
+    tile::<true, true>(w, nr, a, j0, split, out);
+    if split < nj {
+        let mut rest: TileOut = Default::default();
+        tile::<false, true>(w, nr, a, j0 + split, nj - split, &mut rest);
+        for i in 0..nr {
+            out[i][split..nj].copy_from_slice(&rest[i][..nj - split]);
+        }
+    }
+}
+
+/// Up to this many gemv-order activation rows an interleaved group is read once per row by
+/// [`gemv_x16`] (everything in registers) rather than once by the tile.
+const X16_GEMV_MAX_ACTS: usize = 1;
+
 /// Tile kernel (see [`TileFn`](super::matmul::TileFn)) for `nr <= 16` rows and `nj <= 32`
 /// activation rows; requires AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
 pub(super) unsafe fn q4_k(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut TileOut) {
@@ -219,12 +328,12 @@ pub(super) unsafe fn q4_k(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, o
         return;
     }
     if split == 0 {
-        return tile::<false>(w, nr, a, j0, nj, out);
+        return tile::<false, false>(w, nr, a, j0, nj, out);
     }
-    tile::<true>(w, nr, a, j0, split, out);
+    tile::<true, false>(w, nr, a, j0, split, out);
     if split < nj {
         let mut rest: TileOut = Default::default();
-        tile::<false>(w, nr, a, j0 + split, nj - split, &mut rest);
+        tile::<false, false>(w, nr, a, j0 + split, nj - split, &mut rest);
         for i in 0..nr {
             out[i][split..nj].copy_from_slice(&rest[i][..nj - split]);
         }

@@ -17,13 +17,17 @@
 //! the tiling, the thread count or the fusion. They do depend on the row count for the
 //! K-quants under [`SumOrder::LlamaCpp`] (llama.cpp's orders, chosen by the call's row count);
 //! [`SumOrder::RowInvariant`] ([`matmul_fused_ordered`]) sums every row as a one-row call does.
+//!
+//! A matrix's [`RowLayout`] picks its kernels too: Q4_K rows interleaved in groups of 16 are
+//! read by tiles of 16 rows (and a task's rows are whole groups), with the same results.
 
 use super::activations::QuantScratch;
 use super::dot_scalar;
+use super::interleave::GROUP;
 use super::reference_q4k::gemm_rows;
 use super::reference_q6k::tiled_order;
 pub use super::types::{Acts, Isa, SumOrder, TileOut, TILE_MAX_ACTS, TILE_MAX_ROWS};
-use super::types::{Q8Kind, QuantError, SyncPtr, WeightType, WeightView};
+use super::types::{Q8Kind, QuantError, RowLayout, SyncPtr, WeightType, WeightView};
 use crate::threadpool::ThreadPool;
 
 /// Activation rows per panel (see the module docs).
@@ -72,6 +76,26 @@ macro_rules! tile_from_rows {
     };
 }
 
+/// Defines a [`TileFn`] over one interleaved Q4_K group ([`RowLayout::Q4kX16`]) that copies
+/// each row out as plain blocks and runs a [`RowFn`] on it: the layout's kernels where the
+/// instruction set has no interleaved one (same sums, so the same bits). A fallback, not a
+/// fast path: the loader interleaves only for AVX-512 VNNI, which has its own kernel.
+macro_rules! tile_from_group_rows {
+    ($name:ident, $row:path) => {
+        #[allow(unused_unsafe)]
+        pub(super) unsafe fn $name(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, out: &mut TileOut) {
+            debug_assert_eq!(nr, $crate::quant::interleave::GROUP);
+            let mut row = vec![0u8; w.len() / nr];
+            for i in 0..nr {
+                $crate::quant::interleave::group_row(w, a.k, i, &mut row);
+                // SAFETY: forwarded from the TileFn contract, one (copied) row at a time.
+                unsafe { $row(&row, a, j0, nj, out[i].first_chunk_mut::<4>().expect("tile of 4 or more acts")) };
+            }
+        }
+    };
+}
+
+tile_from_group_rows!(scalar_q4_k_x16, dot_scalar::q4_k);
 tile_from_rows!(scalar_q4_0, dot_scalar::q4_0);
 tile_from_rows!(scalar_q4_1, dot_scalar::q4_1);
 tile_from_rows!(scalar_q8_0, dot_scalar::q8_0);
@@ -101,6 +125,7 @@ mod avx2_rows {
     use super::Acts;
     use super::TileOut;
     tile_from_rows!(q4_k, kq::q4_k);
+    tile_from_group_rows!(q4_k_x16, kq::q4_k);
     tile_from_rows!(q5_k, kq::q5_k);
     tile_from_rows!(q6_k, kq::q6_k);
     tile_from_rows!(q2_k, kq::q2_k);
@@ -122,8 +147,28 @@ pub struct Kernel {
     pub tile_acts: usize,
 }
 
-/// The kernel for `ty` on `isa` (which must be available) in a product of `n` activation rows.
-fn kernel_for(isa: Isa, ty: WeightType, n: usize) -> Kernel {
+/// The kernel for a matrix of `ty` whose rows lie as `layout` says, on `isa` (which must be
+/// available), in a product of `n` activation rows.
+fn kernel_for(isa: Isa, ty: WeightType, layout: RowLayout, n: usize) -> Kernel {
+    if layout == RowLayout::Q4kX16 {
+        debug_assert_eq!(ty, WeightType::Q4K);
+        let group = |tile: TileFn| Kernel { tile, decode_rows: GROUP, tile_rows: GROUP, tile_acts: 4 };
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512Vnni {
+            use super::dot_avx512_q4k as q4;
+            return Kernel { tile: q4::q4_k_x16, decode_rows: GROUP, tile_rows: GROUP, tile_acts: q4::ACTS };
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa.has_avx2() {
+            return group(avx2_rows::q4_k_x16);
+        }
+        return group(scalar_q4_k_x16);
+    }
+    kernel_for_rows(isa, ty, n)
+}
+
+/// [`kernel_for`] plain rows.
+fn kernel_for_rows(isa: Isa, ty: WeightType, n: usize) -> Kernel {
     let rows = |tile: TileFn| Kernel { tile, decode_rows: 4, tile_rows: 1, tile_acts: 4 };
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512Vnni {
@@ -365,7 +410,7 @@ pub fn matmul_fused_ordered(
     let step = parts
         .iter()
         .map(|p| {
-            let kn = kernel_for(isa, p.w.ty, n);
+            let kn = kernel_for(isa, p.w.ty, p.w.layout, n);
             if n == 1 {
                 kn.decode_rows
             } else {
@@ -383,7 +428,7 @@ pub fn matmul_fused_ordered(
             row_bytes: p.w.row_bytes()?,
             m: p.w.rows,
             out: SyncPtr(p.out.as_mut_ptr()),
-            kernel: kernel_for(isa, p.w.ty, n),
+            kernel: kernel_for(isa, p.w.ty, p.w.layout, n),
             first_task: n_tasks,
         });
         n_tasks += p.w.rows.div_ceil(rows_per_task);

@@ -7,6 +7,8 @@
 //! - [`quantize`]: scalar reference quantizers (Q8_0, Q8_1, Q8_K for activations, as
 //!   llama.cpp's ggml-cpu makes them on x86; Q4_0, Q4_1, Q8_0 for weight test data).
 //! - [`hugepage`]: [`HugePageBuf`](hugepage::HugePageBuf), weight storage in transparent huge pages.
+//! - [`interleave`]: Q4_K rows interleaved in groups of 16 ([`RowLayout::Q4kX16`]), the layout
+//!   the AVX-512 Q4_K kernels read without transposing.
 //! - [`activations`]: [`QuantScratch`], the reusable buffer holding quantized activations.
 //! - [`matmul`]: `out[n, m] = x[n, k] · W[m, k]ᵀ` (and [`matmul_fused`] for several matrices
 //!   over the same `x`), threads over output rows, dispatching to per-ISA tile kernels
@@ -24,6 +26,7 @@ pub mod activations;
 pub mod blocks;
 pub mod dot_scalar;
 pub mod hugepage;
+pub mod interleave;
 pub mod matmul;
 pub mod quantize;
 pub mod reference;
@@ -57,4 +60,4 @@ pub use matmul::{
 };
 pub use reference::dequantize_row;
 pub use types::Isa;
-pub use types::{isa_cap, set_isa_cap, IsaCap, Q8Kind, QuantError, SumOrder, WeightType, WeightView};
+pub use types::{isa_cap, set_isa_cap, IsaCap, Q8Kind, QuantError, RowLayout, SumOrder, WeightType, WeightView};

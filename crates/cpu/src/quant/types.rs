@@ -30,6 +30,21 @@ pub enum QuantError {
     /// A kernel family this CPU cannot run.
     #[error("instruction set {0:?} is not available on this CPU")]
     IsaUnavailable(Isa),
+    /// A row layout the matrix's type or shape does not allow, or an operation that needs
+    /// plain rows.
+    #[error("a {ty:?} matrix of {rows}x{cols} cannot be used in the {layout:?} layout here")]
+    Layout { layout: RowLayout, ty: WeightType, rows: usize, cols: usize },
+}
+
+/// How a matrix's rows lie in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RowLayout {
+    /// Row after row, as in a GGUF file.
+    #[default]
+    Rows,
+    /// Q4_K rows interleaved word by word in groups of 16
+    /// ([`interleave`](super::interleave)).
+    Q4kX16,
 }
 
 /// The weight formats with matrix kernels. Discriminants are the GGML type ids.
@@ -184,12 +199,25 @@ pub struct WeightView<'a> {
     pub cols: usize,
     /// `rows * row_bytes(cols)` bytes.
     pub data: &'a [u8],
+    /// How the rows lie in `data`.
+    pub layout: RowLayout,
 }
 
 impl<'a> WeightView<'a> {
-    /// A checked view: `data` must hold exactly `rows` rows of `cols` values.
+    /// A checked view of plain rows: `data` must hold exactly `rows` rows of `cols` values.
     pub fn new(ty: WeightType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, QuantError> {
-        let view = WeightView { ty, rows, cols, data };
+        Self::with_layout(ty, rows, cols, data, RowLayout::Rows)
+    }
+
+    /// A checked view of `rows` rows of `cols` values lying in `data` as `layout` says.
+    pub fn with_layout(
+        ty: WeightType,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+        layout: RowLayout,
+    ) -> Result<Self, QuantError> {
+        let view = WeightView { ty, rows, cols, data, layout };
         view.check()?;
         Ok(view)
     }
@@ -205,11 +233,21 @@ impl<'a> WeightView<'a> {
         if self.data.len() != expected {
             return Err(QuantError::Length { what: "weight bytes", expected, actual: self.data.len() });
         }
+        if self.layout == RowLayout::Q4kX16 && !super::interleave::interleavable(self.ty, self.rows, self.cols) {
+            return Err(self.layout_error());
+        }
         Ok(())
     }
 
-    /// The bytes of row `r`.
+    fn layout_error(&self) -> QuantError {
+        QuantError::Layout { layout: self.layout, ty: self.ty, rows: self.rows, cols: self.cols }
+    }
+
+    /// The bytes of row `r` (plain rows only: an interleaved row is not contiguous).
     pub fn row(&self, r: usize) -> Result<&'a [u8], QuantError> {
+        if self.layout != RowLayout::Rows {
+            return Err(self.layout_error());
+        }
         let rb = self.row_bytes()?;
         self.data.get(r * rb..(r + 1) * rb).ok_or(QuantError::Length {
             what: "weight row",

@@ -339,7 +339,7 @@ fn q4km_more_bits(i: usize, n: usize) -> bool {
 /// The f32 values of a (small) tensor of any type.
 fn dense(w: &Weights, t: &Tensor) -> Result<Vec<f32>, ModelError> {
     let mut out = vec![0.0f32; t.rows * t.cols];
-    let view = w.view(t);
+    let view = w.file_view(t);
     for r in 0..t.rows {
         let bad = |e| ModelError::Kernel { name: t.name.clone(), source: e };
         dequantize_row(t.ty, view.row(r).map_err(bad)?, &mut out[r * t.cols..(r + 1) * t.cols]).map_err(bad)?;
@@ -394,7 +394,7 @@ fn fused(device: &CudaDevice, w: &Weights, parts: &[&Tensor], dtype: DType) -> R
     let mut buf = vec![0.0f32; chunk_rows * cols];
     let mut first = 0;
     for t in parts {
-        let view = w.view(t);
+        let view = w.file_view(t);
         let bad = |e| ModelError::Kernel { name: t.name.clone(), source: e };
         let mut r = 0;
         while r < t.rows {
