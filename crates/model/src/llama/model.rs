@@ -319,7 +319,8 @@ pub(super) fn embed(
 ) -> Result<(), ModelError> {
     let h = table.cols;
     debug_assert_eq!(x.len(), tokens.len() * h);
-    let embd = w.view(table);
+    // The file's rows whatever layout the products read (a lookup reads single rows).
+    let embd = w.file_view(table);
     for (i, &tok) in tokens.iter().enumerate() {
         let row = embd.row(tok as usize).map_err(|e| kernel(table, e))?;
         dequantize_row(embd.ty, row, &mut x[i * h..(i + 1) * h]).map_err(|e| kernel(table, e))?;
