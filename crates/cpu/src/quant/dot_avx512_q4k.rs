@@ -292,13 +292,20 @@ pub(super) unsafe fn q4_k_x16(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usiz
         }
         return;
     }
+    tiles::<true>(w, nr, a, j0, nj, split, out);
+}
+
+/// Activation rows `j0..j0 + nj` by tiles, the first `split` in the gemm order and the rest in
+/// the gemv order (a tile across `a.gemm_acts` is split in two).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn tiles<const X16: bool>(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, split: usize, out: &mut TileOut) {
     if split == 0 {
-        return tile::<false, true>(w, nr, a, j0, nj, out);
+        return tile::<false, X16>(w, nr, a, j0, nj, out);
     }
-    tile::<true, true>(w, nr, a, j0, split, out);
+    tile::<true, X16>(w, nr, a, j0, split, out);
     if split < nj {
         let mut rest: TileOut = Default::default();
-        tile::<false, true>(w, nr, a, j0 + split, nj - split, &mut rest);
+        tile::<false, X16>(w, nr, a, j0 + split, nj - split, &mut rest);
         for i in 0..nr {
             out[i][split..nj].copy_from_slice(&rest[i][..nj - split]);
         }
@@ -327,15 +334,5 @@ pub(super) unsafe fn q4_k(w: &[u8], nr: usize, a: &Acts, j0: usize, nj: usize, o
         }
         return;
     }
-    if split == 0 {
-        return tile::<false, false>(w, nr, a, j0, nj, out);
-    }
-    tile::<true, false>(w, nr, a, j0, split, out);
-    if split < nj {
-        let mut rest: TileOut = Default::default();
-        tile::<false, false>(w, nr, a, j0 + split, nj - split, &mut rest);
-        for i in 0..nr {
-            out[i][split..nj].copy_from_slice(&rest[i][..nj - split]);
-        }
-    }
+    tiles::<false>(w, nr, a, j0, nj, split, out);
 }
