@@ -712,7 +712,7 @@ fn interleaved_q4_k_gives_the_plain_rows_bits() {
     // RowLayout::Q4kX16 changes only where the bytes lie: every instruction set (AVX-512 with
     // its interleaved kernels, the others through plain copies of the rows), both K-quant
     // orders, decode and prefill row counts, alone and fused beside plain matrices.
-    use pagekv_cpu::quant::interleave::{deinterleave, interleave};
+    use pagekv_cpu::quant::interleave::{group_row, interleave, GROUP};
     use pagekv_cpu::quant::RowLayout;
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
     let mut scratch = QuantScratch::new();
@@ -726,8 +726,14 @@ fn interleaved_q4_k_gives_the_plain_rows_bits() {
                 let mut packed = data.clone();
                 interleave(&mut packed, WeightType::Q4K, m, k).unwrap();
                 assert_ne!(packed, data, "seed {seed}");
-                let mut back = packed.clone();
-                deinterleave(&mut back, WeightType::Q4K, m, k).unwrap();
+                let rb = data.len() / m;
+                let mut back = vec![0u8; data.len()];
+                for (g, group) in packed.chunks_exact(GROUP * rb).enumerate() {
+                    for i in 0..GROUP {
+                        let r = g * GROUP + i;
+                        group_row(group, k, i, &mut back[r * rb..(r + 1) * rb]);
+                    }
+                }
                 assert_eq!(back, data, "seed {seed}");
                 let plain = WeightView::new(WeightType::Q4K, m, k, &data).unwrap();
                 let x16 = WeightView::with_layout(WeightType::Q4K, m, k, &packed, RowLayout::Q4kX16).unwrap();

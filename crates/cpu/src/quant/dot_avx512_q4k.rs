@@ -18,14 +18,16 @@
 //! The transposition (24 shuffles per pair of sub-blocks) and the scale unpacking are done once
 //! per tile and shared by its activation rows. Interleaved rows already lie as `P_k` and the
 //! headers as lanes, so they are plain vector loads; one activation row (decode) then takes
-//! [`gemv_x16`], the same arithmetic with every vector in registers: about 16 instructions per
-//! row and super-block, half of the four-row kernel's
-//! ([`dot_avx512_q4k_gemv`](super::dot_avx512_q4k_gemv)) on plain rows.
+//! [`gemv_x16`], the same arithmetic with every vector in registers and, unlike the four-row
+//! kernel on plain rows ([`dot_avx512_q4k_gemv`](super::dot_avx512_q4k_gemv)), no shuffles of
+//! codes, scales or sums (`kquant_matvec -- q4_k 8960x1536 1 2 avx512 row rows|x16` compares
+//! them).
 
 // Kernels index several parallel arrays by the same lane or row.
 #![allow(clippy::needless_range_loop)]
 
 use super::blocks::{BlockQ8K, QK_K};
+use super::interleave::word_offset;
 use super::types::{Acts, TileOut};
 use std::arch::x86_64::*;
 
@@ -228,13 +230,11 @@ unsafe fn tile<const GEMM: bool, const X16: bool>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn x16_words<const N: usize>(group: &[u8], b: usize, w0: usize) -> [__m512i; N] {
-    debug_assert!((b * WORDS + w0 + N) * 64 <= group.len());
-    let at = group.as_ptr().add((b * WORDS + w0) * 64);
+    debug_assert!(word_offset(b, w0 + N, 0) <= group.len());
+    let at = group.as_ptr().add(word_offset(b, w0, 0));
+    // Word w + 1 of the 16 rows follows word w's 64 bytes.
     std::array::from_fn(|k| _mm512_loadu_si512(at.add(64 * k) as *const __m512i))
 }
-
-/// 32-bit words of a super-block of one row.
-const WORDS: usize = BLOCK / 4;
 
 /// Decode over one interleaved group: `out[i][col] = W_i · x_j` in the gemv order, the
 /// tile's arithmetic for one activation row with every vector in registers.

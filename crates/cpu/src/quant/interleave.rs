@@ -4,8 +4,8 @@
 //!
 //! A group of 16 consecutive rows keeps its bytes (`16 × row_bytes`) in place, reordered: for
 //! each super-block `b` of the rows, its 36 words (the `d`/`dmin` word, three words of packed
-//! scales, 32 words of codes), word-major — word `w` of row `i` at byte `((b · 36 + w) · 16 + i) · 4`
-//! of the group. The values and every kernel's arithmetic are unchanged, so a product over the
+//! scales, 32 words of codes), word-major — word `w` of row `i` at [`word_offset`]`(b, w, i)`
+//! `= ((b · 36 + w) · 16 + i) · 4` of the group. The values and every kernel's arithmetic are unchanged, so a product over the
 //! interleaved matrix equals the one over plain rows bit for bit.
 
 use super::blocks::QK_K;
@@ -16,6 +16,13 @@ pub const GROUP: usize = 16;
 /// 32-bit words of one Q4_K super-block of one row (144 bytes).
 const WORDS: usize = 36;
 const BLOCK: usize = 4 * WORDS;
+
+/// Where word `w` (`< 36`) of super-block `b` of row `i` (`< 16`) lies in its group, in
+/// bytes: the layout's one definition (the kernels load word `w` of the 16 rows at
+/// `word_offset(b, w, 0)`).
+pub(crate) const fn word_offset(b: usize, w: usize, i: usize) -> usize {
+    ((b * WORDS + w) * GROUP + i) * 4
+}
 
 /// Whether a `rows × cols` matrix of `ty` can be stored as [`RowLayout::Q4kX16`].
 pub fn interleavable(ty: WeightType, rows: usize, cols: usize) -> bool {
@@ -34,20 +41,18 @@ fn check(ty: WeightType, rows: usize, cols: usize, len: usize) -> Result<usize, 
     Ok(group_bytes)
 }
 
-/// Rewrites plain rows `data` (`rows × cols` of `ty`) in place as [`RowLayout::Q4kX16`].
+/// Rewrites plain rows `data` (`rows × cols` of `ty`) in place as [`RowLayout::Q4kX16`]; on an
+/// error `data` is left as it was.
 pub fn interleave(data: &mut [u8], ty: WeightType, rows: usize, cols: usize) -> Result<(), QuantError> {
     let group_bytes = check(ty, rows, cols, data.len())?;
-    let (nb, rb) = (cols / QK_K, group_bytes / GROUP);
+    let rb = group_bytes / GROUP;
     let mut plain = vec![0u8; group_bytes];
     for group in data.chunks_exact_mut(group_bytes) {
         plain.copy_from_slice(group);
-        for b in 0..nb {
-            for w in 0..WORDS {
-                for i in 0..GROUP {
-                    let src = i * rb + b * BLOCK + 4 * w;
-                    let dst = ((b * WORDS + w) * GROUP + i) * 4;
-                    group[dst..dst + 4].copy_from_slice(&plain[src..src + 4]);
-                }
+        for (i, row) in plain.chunks_exact(rb).enumerate() {
+            for (k, word) in row.chunks_exact(4).enumerate() {
+                let at = word_offset(k / WORDS, k % WORDS, i);
+                group[at..at + 4].copy_from_slice(word);
             }
         }
     }
@@ -55,28 +60,12 @@ pub fn interleave(data: &mut [u8], ty: WeightType, rows: usize, cols: usize) -> 
 }
 
 /// Row `i` (`< 16`) of one interleaved group (`16 × row_bytes` bytes of `cols` values) into
-/// `out` (`row_bytes`), as plain Q4_K blocks.
+/// `out` (`row_bytes`), as plain Q4_K blocks: the inverse of [`interleave`] for one row.
 pub fn group_row(group: &[u8], cols: usize, i: usize, out: &mut [u8]) {
     let nb = cols / QK_K;
     debug_assert!(i < GROUP && group.len() == GROUP * nb * BLOCK && out.len() == nb * BLOCK);
-    for b in 0..nb {
-        for w in 0..WORDS {
-            let src = ((b * WORDS + w) * GROUP + i) * 4;
-            out[b * BLOCK + 4 * w..b * BLOCK + 4 * w + 4].copy_from_slice(&group[src..src + 4]);
-        }
+    for (k, word) in out.chunks_exact_mut(4).enumerate() {
+        let at = word_offset(k / WORDS, k % WORDS, i);
+        word.copy_from_slice(&group[at..at + 4]);
     }
-}
-
-/// The inverse of [`interleave`]: plain rows again.
-pub fn deinterleave(data: &mut [u8], ty: WeightType, rows: usize, cols: usize) -> Result<(), QuantError> {
-    let group_bytes = check(ty, rows, cols, data.len())?;
-    let rb = group_bytes / GROUP;
-    let mut packed = vec![0u8; group_bytes];
-    for group in data.chunks_exact_mut(group_bytes) {
-        packed.copy_from_slice(group);
-        for i in 0..GROUP {
-            group_row(&packed, cols, i, &mut group[i * rb..(i + 1) * rb]);
-        }
-    }
-    Ok(())
 }

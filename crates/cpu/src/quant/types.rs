@@ -37,10 +37,9 @@ pub enum QuantError {
 }
 
 /// How a matrix's rows lie in memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RowLayout {
     /// Row after row, as in a GGUF file.
-    #[default]
     Rows,
     /// Q4_K rows interleaved word by word in groups of 16
     /// ([`interleave`](super::interleave)).
